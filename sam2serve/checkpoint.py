@@ -1,0 +1,211 @@
+"""Find, fetch, verify and load SAM2 checkpoints — or build a seeded random model.
+
+Resolution order for ``load_model(size, checkpoint=...)``:
+
+1. an explicit path (a missing file is an error, never a silent fallback);
+2. the cache directory, ``$SAM2SERVE_CACHE`` or ``~/.cache/sam2serve/checkpoints``,
+   holding Meta's file names (``sam2.1_hiera_tiny.pt``, then SAM2.0's ``sam2_hiera_tiny.pt``);
+3. a download of the SAM2.1 file from Meta's published URL into that directory, with a
+   progress bar and a sha256 check when the hash is known (set ``SAM2SERVE_OFFLINE=1``
+   to skip the attempt);
+4. otherwise a :class:`CheckpointError` that says where to put the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sam2serve.config import ModelConfig, get_config
+from sam2serve.modeling.sam2 import SAM2Image
+
+CACHE_ENV = "SAM2SERVE_CACHE"
+OFFLINE_ENV = "SAM2SERVE_OFFLINE"
+DEFAULT_CACHE_DIR = Path("~/.cache/sam2serve/checkpoints")
+SAM21_URL = "https://dl.fbaipublicfiles.com/segment_anything_2/092824/{name}"
+# sha256 of Meta's files, filled in from a verified download. An unknown hash is
+# reported (and the file kept) rather than invented.
+KNOWN_SHA256: dict[str, str] = {}
+DOWNLOAD_TIMEOUT_S = 20.0
+
+# Video/memory parameters of Meta's SAM2Base that the image path never uses.
+VIDEO_KEY_PREFIXES = (
+    "memory_attention.",
+    "memory_encoder.",
+    "obj_ptr_proj.",
+    "obj_ptr_tpos_proj.",
+    "mask_downsample.",
+)
+VIDEO_KEYS = ("maskmem_tpos_enc", "no_mem_pos_enc", "no_obj_ptr", "no_obj_embed_spatial")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be found, fetched or loaded; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class WeightsInfo:
+    """Where a model's weights came from; printed and written with every result."""
+
+    source: str  # "checkpoint" or "random"
+    path: str | None = None
+    seed: int | None = None
+
+    @property
+    def is_random(self) -> bool:
+        return self.source == "random"
+
+    def describe(self) -> str:
+        if self.is_random:
+            return f"RANDOM WEIGHTS (seed {self.seed}) - not a trained model, masks are meaningless"
+        return f"checkpoint {self.path}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"source": self.source, "path": self.path, "seed": self.seed}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR).expanduser()
+
+
+def is_video_key(key: str) -> bool:
+    return key in VIDEO_KEYS or key.startswith(VIDEO_KEY_PREFIXES)
+
+
+def resolve_checkpoint(cfg: ModelConfig, checkpoint: str | Path | None) -> Path:
+    """The checkpoint file to load for ``cfg``, following the documented order."""
+    if checkpoint is not None:
+        path = Path(checkpoint).expanduser()
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint file not found: {str(path)!r}")
+        return path
+    directory = cache_dir()
+    for name in cfg.checkpoint_names:
+        if (directory / name).is_file():
+            return directory / name
+    primary = cfg.checkpoint_names[0]
+    if os.environ.get(OFFLINE_ENV) != "1":
+        try:
+            return download(SAM21_URL.format(name=primary), directory / primary)
+        except (OSError, urllib.error.URLError) as exc:
+            reason = f"download failed ({exc})"
+    else:
+        reason = f"downloads disabled by {OFFLINE_ENV}=1"
+    raise CheckpointError(
+        f"no checkpoint for model {cfg.name!r}: {reason}. Put {primary} (or "
+        f"{', '.join(cfg.checkpoint_names[1:])}) in {directory} (set ${CACHE_ENV} to use "
+        f"another directory), pass --checkpoint PATH, or use --random-weights for a smoke run"
+    )
+
+
+def download(url: str, dest: Path) -> Path:
+    """Download ``url`` to ``dest`` atomically, with a progress bar and a sha256 check."""
+    from tqdm import tqdm
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+        total = int(response.headers.get("Content-Length") or 0) or None
+        with tempfile.NamedTemporaryFile(dir=dest.parent, delete=False) as tmp:
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {dest.name}") as bar:
+                while chunk := response.read(1 << 20):
+                    tmp.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+    expected = KNOWN_SHA256.get(dest.name)
+    if expected is not None and digest.hexdigest() != expected:
+        Path(tmp.name).unlink(missing_ok=True)
+        raise CheckpointError(
+            f"sha256 mismatch for {url}: got {digest.hexdigest()}, expected {expected}"
+        )
+    os.replace(tmp.name, dest)
+    return dest
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """The ``"model"`` state dict of an official checkpoint file, image keys only."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # unpickling errors come in many types
+        raise CheckpointError(f"cannot read checkpoint {str(path)!r}: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise CheckpointError(
+            f"{str(path)!r} is not a SAM2 checkpoint: expected a dict with a 'model' state dict"
+        )
+    return {k: v for k, v in data["model"].items() if not is_video_key(k)}
+
+
+def check_keys(model: SAM2Image, state: dict[str, torch.Tensor], path: Path) -> None:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong_shape = sorted(
+        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    )
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {', '.join(unexpected)}")
+    if wrong_shape:
+        problems.append(f"wrong shapes: {', '.join(wrong_shape)}")
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} does not fit model {model.config.name!r} "
+            f"(is it another size?): " + "; ".join(problems)
+        )
+
+
+def random_state_dict(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """A seeded random state dict in which every tensor matters.
+
+    PyTorch's default init leaves LayerNorm at one/zero and positional embeddings at
+    zero; a small perturbation of every tensor makes each parameter influence outputs.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = SAM2Image(cfg)
+    state = {}
+    for key, value in model.state_dict().items():
+        noise = torch.randn(value.shape, generator=generator, dtype=value.dtype)
+        state[key] = value + 0.02 * noise
+    return state
+
+
+def load_model(
+    size: str = "tiny",
+    checkpoint: str | Path | None = None,
+    *,
+    random_weights: bool = False,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> SAM2Image:
+    """Build the SAM2.1 image model of ``size`` with official or seeded random weights.
+
+    The returned model is in eval mode and carries ``weights_info`` (a WeightsInfo).
+    """
+    cfg = get_config(size)
+    if random_weights and checkpoint is not None:
+        raise CheckpointError("pass either a checkpoint or random_weights, not both")
+    model = SAM2Image(cfg)
+    if random_weights:
+        state = random_state_dict(cfg, seed)
+        info = WeightsInfo("random", seed=seed)
+    else:
+        path = resolve_checkpoint(cfg, checkpoint)
+        state = read_state_dict(path)
+        check_keys(model, state, path)
+        info = WeightsInfo("checkpoint", path=str(path))
+    model.load_state_dict(state, strict=True)
+    model.weights_info = info
+    return model.to(device).eval()

@@ -1,0 +1,302 @@
+"""Stateless SAM2 image predictor: ``encode(images) -> Embedding``, then
+``predict(embedding, prompts) -> Prediction`` with many prompts per decoder call.
+
+Semantics follow Meta's ``SAM2ImagePredictor``: coordinates in the original image are
+scaled to the 1024 input frame, a box is two corner points (labels 2 and 3) placed before
+the clicks, a padding point is appended, ``multimask_output=False`` picks the single-mask
+token unless it is unstable (dynamic multimask), masks are the logits upsampled to the
+original size and thresholded at 0.0, and the returned low-res logits are clamped to +-32.
+
+Nothing per request is stored on the Predictor, so one instance serves many threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sam2serve.engine.image import load_image, preprocess
+from sam2serve.modeling.sam2 import SAM2Image
+
+LOW_RES_CLAMP = 32.0
+VALID_LABELS = (-1, 0, 1, 2, 3)
+BOX_LABELS = (2, 3)
+# Prompts per decoder call: every prompt carries its own (4096 x 256) image keys after the
+# first attention layer, ~25 MB of activations each in fp32, so chunks bound the memory.
+DEFAULT_PROMPT_CHUNK = 64
+
+
+class PromptError(ValueError):
+    """A prompt the model cannot take; the message names the bad value."""
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """The image side of SAM2 for a batch of images: a plain value, safe to cache and share."""
+
+    image_embed: torch.Tensor  # (B, 256, 64, 64)
+    high_res_feats: tuple[torch.Tensor, torch.Tensor]  # (B, 32, 256, 256), (B, 64, 128, 128)
+    original_sizes: tuple[tuple[int, int], ...]  # (h, w) per image
+
+    def __len__(self) -> int:
+        return len(self.original_sizes)
+
+    def __getitem__(self, index: int) -> Embedding:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"image index {index} out of range for a batch of {len(self)}")
+        sl = slice(index, index + 1) if index != -1 else slice(-1, None)
+        return Embedding(
+            self.image_embed[sl],
+            (self.high_res_feats[0][sl], self.high_res_feats[1][sl]),
+            (self.original_sizes[index],),
+        )
+
+    @property
+    def original_size(self) -> tuple[int, int]:
+        if len(self) != 1:
+            raise ValueError(f"this embedding holds {len(self)} images; index one first")
+        return self.original_sizes[0]
+
+    @property
+    def nbytes(self) -> int:
+        tensors = (self.image_embed, *self.high_res_feats)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Masks for B prompts (objects) of one image, C candidates each (3 or 1)."""
+
+    masks: torch.Tensor  # (B, C, H, W) bool, or float logits when return_logits
+    iou_scores: torch.Tensor  # (B, C)
+    low_res_logits: torch.Tensor  # (B, C, 256, 256), clamped to +-32
+
+    def numpy(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return tuple(t.float().cpu().numpy() if t.is_floating_point() else t.cpu().numpy()
+                     for t in (self.masks, self.iou_scores, self.low_res_logits))
+
+
+def _as_float_tensor(value: Any, name: str, device: torch.device) -> torch.Tensor:
+    try:
+        tensor = torch.as_tensor(np.asarray(value, dtype=np.float32) if not isinstance(
+            value, torch.Tensor) else value, dtype=torch.float32, device=device)
+    except (TypeError, ValueError) as exc:
+        raise PromptError(f"{name} must be numeric, got {value!r:.80}: {exc}") from None
+    if not torch.isfinite(tensor).all():
+        raise PromptError(f"{name} contains NaN or infinite values")
+    return tensor
+
+
+class Predictor:
+    """Encode images and decode prompts with a :class:`SAM2Image`; holds no request state."""
+
+    def __init__(
+        self,
+        model: SAM2Image,
+        mask_threshold: float = 0.0,
+        prompt_chunk: int = DEFAULT_PROMPT_CHUNK,
+    ) -> None:
+        self.model = model
+        self.mask_threshold = mask_threshold
+        self.prompt_chunk = prompt_chunk
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.no_mem_embed.dtype
+
+    # ---------------------------------------------------------------- encode
+    @torch.inference_mode()
+    def encode(self, images: Any) -> Embedding:
+        """One image (path, bytes, PIL image, HxWx3 array) or a list of them, in one call."""
+        items = list(images) if isinstance(images, (list, tuple)) else [images]
+        if not items:
+            raise ValueError("encode() needs at least one image")
+        arrays = [load_image(item) for item in items]
+        batch = preprocess(arrays, self.model.image_size, device=self.device, dtype=self.dtype)
+        return self.encode_preprocessed(batch, [a.shape[:2] for a in arrays])
+
+    @torch.inference_mode()
+    def encode_preprocessed(
+        self, batch: torch.Tensor, original_sizes: Sequence[tuple[int, int]]
+    ) -> Embedding:
+        features = self.model.encode_image(batch)
+        sizes = tuple((int(h), int(w)) for h, w in original_sizes)
+        return Embedding(features.image_embed, features.high_res_feats, sizes)
+
+    # ---------------------------------------------------------------- predict
+    @torch.inference_mode()
+    def predict(
+        self,
+        embedding: Embedding,
+        point_coords: Any = None,
+        point_labels: Any = None,
+        boxes: Any = None,
+        mask_input: Any = None,
+        multimask_output: bool = True,
+        return_logits: bool = False,
+        normalize_coords: bool = True,
+    ) -> Prediction:
+        """Masks for one image's prompts, all of them batched through the decoder.
+
+        point_coords (N, 2) for one object or (B, N, 2) for B objects, (x, y) in pixels of
+        the original image (or in [0, 1] with ``normalize_coords=False`` meaning "already
+        in the 1024 frame" as in Meta's predictor); point_labels (N,) / (B, N): 1 foreground,
+        0 background; boxes (4,) or (B, 4) XYXY; mask_input (1, 256, 256) or (B, 1, 256, 256)
+        low-res logits of a previous prediction.
+        """
+        h, w = embedding.original_size
+        coords, labels = self.prepare_prompts(
+            (h, w), point_coords, point_labels, boxes, normalize_coords
+        )
+        masks_in = self.prepare_mask_input(mask_input, coords)
+        low_res, iou = self.decode_low_res(embedding, coords, labels, masks_in, multimask_output)
+        masks = self.upscale(low_res, (h, w), return_logits)
+        return Prediction(masks, iou, low_res.clamp(-LOW_RES_CLAMP, LOW_RES_CLAMP))
+
+    def decode_low_res(
+        self,
+        embedding: Embedding,
+        coords: torch.Tensor | None,
+        labels: torch.Tensor | None,
+        mask_input: torch.Tensor | None,
+        multimask_output: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Low-res logits (B, C, 256, 256) and IoU (B, C) for prompts in the 1024 frame,
+        decoded in chunks of ``prompt_chunk`` prompts."""
+        if len(embedding) != 1:
+            raise ValueError(f"predict() takes the embedding of one image, got {len(embedding)}")
+        total = coords.shape[0] if coords is not None else mask_input.shape[0]
+        # One mask input may serve every prompt; otherwise it is sliced with them.
+        shared_mask = mask_input is not None and mask_input.shape[0] == 1
+        logits, ious = [], []
+        for start in range(0, total, self.prompt_chunk):
+            chunk = slice(start, start + self.prompt_chunk)
+            out = self.model.decode_masks(
+                embedding.image_embed,
+                embedding.high_res_feats,
+                None if coords is None else coords[chunk],
+                None if labels is None else labels[chunk],
+                mask_input if mask_input is None or shared_mask else mask_input[chunk],
+                multimask_output,
+            )
+            logits.append(out.low_res_logits)
+            ious.append(out.iou_scores)
+        if len(logits) == 1:
+            return logits[0], ious[0]
+        return torch.cat(logits), torch.cat(ious)
+
+    def upscale(
+        self, low_res: torch.Tensor, size: tuple[int, int], return_logits: bool = False
+    ) -> torch.Tensor:
+        """Bilinear upsampling of low-res logits straight to the original size; thresholded
+        unless ``return_logits``. Done per chunk so only the bool masks stay in memory."""
+        out = []
+        for start in range(0, low_res.shape[0], self.prompt_chunk):
+            up = F.interpolate(
+                low_res[start : start + self.prompt_chunk].float(),
+                size, mode="bilinear", align_corners=False,
+            )
+            out.append(up if return_logits else up > self.mask_threshold)
+        return out[0] if len(out) == 1 else torch.cat(out)
+
+    # ---------------------------------------------------------------- prompts
+    def prepare_prompts(
+        self,
+        size: tuple[int, int],
+        point_coords: Any,
+        point_labels: Any,
+        boxes: Any,
+        normalize_coords: bool,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Validate prompts and merge boxes and points into (B, N, 2) coords in the 1024
+        frame and (B, N) int labels, box corners first."""
+        device = self.device
+        coords = labels = None
+        if point_coords is not None or point_labels is not None:
+            if point_coords is None or point_labels is None:
+                raise PromptError("point_coords and point_labels must be given together")
+            coords = _as_float_tensor(point_coords, "point_coords", device)
+            labels_f = _as_float_tensor(point_labels, "point_labels", device)
+            if coords.ndim == 2:
+                coords, labels_f = coords[None], labels_f[None]
+            if coords.ndim != 3 or coords.shape[-1] != 2 or coords.shape[1] == 0:
+                raise PromptError(
+                    f"point_coords must have shape (N, 2) or (B, N, 2) with N >= 1, "
+                    f"got {tuple(coords.shape)}"
+                )
+            if labels_f.shape != coords.shape[:2]:
+                raise PromptError(
+                    f"point_labels shape {tuple(labels_f.shape)} does not match point_coords "
+                    f"{tuple(coords.shape)}: expected {tuple(coords.shape[:2])}"
+                )
+            bad = [v for v in labels_f.unique().tolist() if v not in VALID_LABELS]
+            if bad:
+                raise PromptError(
+                    f"point_labels must be 1 (foreground) or 0 (background) (or -1, 2, 3), "
+                    f"got {bad}"
+                )
+            coords = self.to_input_frame(coords, size, normalize_coords)
+            labels = labels_f.to(torch.int32)
+        if boxes is not None:
+            box = _as_float_tensor(boxes, "boxes", device)
+            if box.ndim == 1:
+                box = box[None]
+            if box.ndim != 2 or box.shape[-1] != 4:
+                raise PromptError(
+                    f"boxes must have shape (4,) or (B, 4) as [x0, y0, x1, y1], "
+                    f"got {tuple(box.shape)}"
+                )
+            corners = self.to_input_frame(box.reshape(-1, 2, 2), size, normalize_coords)
+            corner_labels = torch.tensor(BOX_LABELS, dtype=torch.int32, device=device)
+            corner_labels = corner_labels.expand(corners.shape[0], 2)
+            if coords is None:
+                coords, labels = corners, corner_labels
+            else:
+                if corners.shape[0] != coords.shape[0]:
+                    raise PromptError(
+                        f"{corners.shape[0]} boxes but {coords.shape[0]} point groups: "
+                        "give one box per point group"
+                    )
+                coords = torch.cat([corners, coords], dim=1)
+                labels = torch.cat([corner_labels, labels], dim=1)
+        return coords, labels
+
+    def to_input_frame(
+        self, coords: torch.Tensor, size: tuple[int, int], normalize: bool
+    ) -> torch.Tensor:
+        coords = coords.clone()
+        if normalize:
+            h, w = size
+            coords[..., 0] = coords[..., 0] / w
+            coords[..., 1] = coords[..., 1] / h
+        return coords * self.model.image_size
+
+    def prepare_mask_input(self, mask_input: Any, coords: torch.Tensor | None) -> torch.Tensor | None:
+        if mask_input is None:
+            if coords is None:
+                raise PromptError("give at least one prompt: points, a box or a mask_input")
+            return None
+        masks = _as_float_tensor(mask_input, "mask_input", self.device)
+        if masks.ndim == 3:
+            masks = masks[None]
+        side = 4 * self.model.config.embedding_size
+        if masks.ndim != 4 or masks.shape[1:] != (1, side, side):
+            raise PromptError(
+                f"mask_input must have shape (1, {side}, {side}) or (B, 1, {side}, {side}) "
+                f"(the low_res_logits of a previous prediction), got {tuple(masks.shape)}"
+            )
+        if coords is not None and masks.shape[0] not in (1, coords.shape[0]):
+            raise PromptError(
+                f"{masks.shape[0]} mask inputs for {coords.shape[0]} prompts: give one per "
+                "prompt or one for all"
+            )
+        return masks.to(self.dtype)
