@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -111,21 +112,32 @@ def download(url: str, dest: Path) -> Path:
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
-        total = int(response.headers.get("Content-Length") or 0) or None
-        with tempfile.NamedTemporaryFile(dir=dest.parent, delete=False) as tmp:
+    tmp = Path(tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")[1])
+    try:
+        with (
+            urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response,
+            tmp.open("wb") as out,
+        ):
+            total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {dest.name}") as bar:
                 while chunk := response.read(1 << 20):
-                    tmp.write(chunk)
+                    out.write(chunk)
                     digest.update(chunk)
                     bar.update(len(chunk))
-    expected = KNOWN_SHA256.get(dest.name)
-    if expected is not None and digest.hexdigest() != expected:
-        Path(tmp.name).unlink(missing_ok=True)
-        raise CheckpointError(
-            f"sha256 mismatch for {url}: got {digest.hexdigest()}, expected {expected}"
-        )
-    os.replace(tmp.name, dest)
+        expected = KNOWN_SHA256.get(dest.name)
+        if expected is None:
+            print(
+                f"sam2serve: sha256 of {dest.name}: {digest.hexdigest()} "
+                "(no published hash is recorded to check it against)",
+                file=sys.stderr,
+            )
+        elif digest.hexdigest() != expected:
+            raise CheckpointError(
+                f"sha256 mismatch for {url}: got {digest.hexdigest()}, expected {expected}"
+            )
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed or partial download leaves nothing behind
     return dest
 
 

@@ -77,14 +77,19 @@ class Prediction:
     low_res_logits: torch.Tensor  # (B, C, 256, 256), clamped to +-32
 
     def numpy(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return tuple(t.float().cpu().numpy() if t.is_floating_point() else t.cpu().numpy()
-                     for t in (self.masks, self.iou_scores, self.low_res_logits))
+        return tuple(
+            t.float().cpu().numpy() if t.is_floating_point() else t.cpu().numpy()
+            for t in (self.masks, self.iou_scores, self.low_res_logits)
+        )
 
 
 def _as_float_tensor(value: Any, name: str, device: torch.device) -> torch.Tensor:
     try:
-        tensor = torch.as_tensor(np.asarray(value, dtype=np.float32) if not isinstance(
-            value, torch.Tensor) else value, dtype=torch.float32, device=device)
+        tensor = torch.as_tensor(
+            np.asarray(value, dtype=np.float32) if not isinstance(value, torch.Tensor) else value,
+            dtype=torch.float32,
+            device=device,
+        )
     except (TypeError, ValueError) as exc:
         raise PromptError(f"{name} must be numeric, got {value!r:.80}: {exc}") from None
     if not torch.isfinite(tensor).all():
@@ -203,7 +208,9 @@ class Predictor:
         for start in range(0, low_res.shape[0], self.prompt_chunk):
             up = F.interpolate(
                 low_res[start : start + self.prompt_chunk].float(),
-                size, mode="bilinear", align_corners=False,
+                size,
+                mode="bilinear",
+                align_corners=False,
             )
             out.append(up if return_logits else up > self.mask_threshold)
         return out[0] if len(out) == 1 else torch.cat(out)
@@ -280,7 +287,9 @@ class Predictor:
             coords[..., 1] = coords[..., 1] / h
         return coords * self.model.image_size
 
-    def prepare_mask_input(self, mask_input: Any, coords: torch.Tensor | None) -> torch.Tensor | None:
+    def prepare_mask_input(
+        self, mask_input: Any, coords: torch.Tensor | None
+    ) -> torch.Tensor | None:
         if mask_input is None:
             if coords is None:
                 raise PromptError("give at least one prompt: points, a box or a mask_input")

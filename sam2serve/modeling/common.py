@@ -51,4 +51,3 @@ class LayerNorm2d(nn.Module):
         var = (x - mean).pow(2).mean(1, keepdim=True)
         x = (x - mean) / torch.sqrt(var + self.eps)
         return self.weight[:, None, None] * x + self.bias[:, None, None]
-

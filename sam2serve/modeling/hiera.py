@@ -74,7 +74,9 @@ class MultiScaleAttention(nn.Module):
             q = pool_nhwc(q.reshape(b, h, w, -1), self.q_pool)
             h, w = q.shape[1:3]
             q = q.reshape(b, h * w, self.num_heads, -1)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        )
         return self.proj(out.transpose(1, 2).reshape(b, h, w, -1))
 
 

@@ -55,7 +55,10 @@ class MaskDecoder(nn.Module):
             for _ in range(self.num_mask_tokens)
         )
         self.iou_prediction_head = MLP(
-            transformer_dim, iou_head_hidden_dim, self.num_mask_tokens, iou_head_depth,
+            transformer_dim,
+            iou_head_hidden_dim,
+            self.num_mask_tokens,
+            iou_head_depth,
             sigmoid_output=True,
         )
         self.pred_obj_score_head = MLP(transformer_dim, transformer_dim, 1, 3)

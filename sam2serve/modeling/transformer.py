@@ -84,7 +84,11 @@ class TwoWayAttentionBlock(nn.Module):
         self.skip_first_layer_pe = skip_first_layer_pe
 
     def forward(
-        self, queries: torch.Tensor, keys: torch.Tensor, query_pe: torch.Tensor, key_pe: torch.Tensor
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        query_pe: torch.Tensor,
+        key_pe: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.skip_first_layer_pe:
             queries = self.self_attn(queries, queries, queries)

@@ -1,0 +1,45 @@
+"""Shared fixtures: one official-shaped random checkpoint per size, loaded into our
+model and Meta's (the oracle)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from oracle import load_meta_model, write_official_like_checkpoint
+
+SEED = 7
+
+
+@pytest.fixture(scope="session")
+def checkpoint_factory(tmp_path_factory):
+    cache: dict[str, Path] = {}
+
+    def make(size: str) -> Path:
+        if size not in cache:
+            path = tmp_path_factory.mktemp(f"ckpt_{size}") / f"sam2.1_hiera_{size}.pt"
+            cache[size] = write_official_like_checkpoint(size, SEED, path)
+        return cache[size]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(checkpoint_factory) -> Path:
+    return checkpoint_factory("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_checkpoint):
+    from sam2serve.checkpoint import load_model
+
+    return load_model("tiny", checkpoint=tiny_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def tiny_meta_model(tiny_checkpoint):
+    return load_meta_model("tiny", tiny_checkpoint)

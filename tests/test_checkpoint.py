@@ -1,0 +1,111 @@
+"""Checkpoint resolution and loading: exact keys, clear errors, seeded random weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sam2serve import checkpoint as ckpt
+from sam2serve.checkpoint import CheckpointError, load_model, random_state_dict
+from sam2serve.config import get_config
+
+
+def test_official_shaped_file_loads_and_video_keys_are_skipped(tiny_checkpoint):
+    saved = torch.load(tiny_checkpoint, weights_only=True)["model"]
+    video = [k for k in saved if ckpt.is_video_key(k)]
+    assert video, "the fixture must carry Meta's video keys"
+    model = load_model("tiny", checkpoint=tiny_checkpoint)
+    ours = model.state_dict()
+    assert set(ours) == set(saved) - set(video)
+    for key, value in ours.items():
+        assert torch.equal(value, saved[key]), key
+    assert model.weights_info.path == str(tiny_checkpoint)
+    assert not model.weights_info.is_random
+
+
+def _save_modified(tmp_path, source, edit) -> str:
+    state = dict(torch.load(source, weights_only=True)["model"])
+    edit(state)
+    path = tmp_path / "edited.pt"
+    torch.save({"model": state}, path)
+    return str(path)
+
+
+def test_missing_key_is_named(tmp_path, tiny_checkpoint):
+    path = _save_modified(
+        tmp_path, tiny_checkpoint, lambda s: s.pop("sam_mask_decoder.iou_token.weight")
+    )
+    with pytest.raises(CheckpointError, match=r"missing keys: sam_mask_decoder\.iou_token\.weight"):
+        load_model("tiny", checkpoint=path)
+
+
+def test_unexpected_key_is_named(tmp_path, tiny_checkpoint):
+    path = _save_modified(
+        tmp_path, tiny_checkpoint, lambda s: s.update({"extra.head": torch.zeros(1)})
+    )
+    with pytest.raises(CheckpointError, match=r"unexpected keys: extra\.head"):
+        load_model("tiny", checkpoint=path)
+
+
+def test_wrong_size_is_reported(tiny_checkpoint):
+    with pytest.raises(CheckpointError, match="does not fit model 'small'"):
+        load_model("small", checkpoint=tiny_checkpoint)
+
+
+def test_not_a_checkpoint(tmp_path):
+    path = tmp_path / "garbage.pt"
+    path.write_bytes(b"not a pickle")
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        load_model("tiny", checkpoint=path)
+    torch.save({"state": {}}, path)
+    with pytest.raises(CheckpointError, match="expected a dict with a 'model'"):
+        load_model("tiny", checkpoint=path)
+
+
+def test_explicit_missing_path_is_an_error(tmp_path):
+    with pytest.raises(CheckpointError, match="checkpoint file not found: '.*nope.pt'"):
+        load_model("tiny", checkpoint=tmp_path / "nope.pt")
+
+
+def test_cache_dir_resolution_prefers_sam21(tmp_path, monkeypatch):
+    monkeypatch.setenv(ckpt.CACHE_ENV, str(tmp_path))
+    cfg = get_config("tiny")
+    (tmp_path / "sam2_hiera_tiny.pt").write_bytes(b"x")
+    assert ckpt.resolve_checkpoint(cfg, None) == tmp_path / "sam2_hiera_tiny.pt"
+    (tmp_path / "sam2.1_hiera_tiny.pt").write_bytes(b"x")
+    assert ckpt.resolve_checkpoint(cfg, None) == tmp_path / "sam2.1_hiera_tiny.pt"
+
+
+def test_offline_message_says_where_to_put_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv(ckpt.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(ckpt.OFFLINE_ENV, "1")
+    with pytest.raises(CheckpointError) as err:
+        load_model("large")
+    message = str(err.value)
+    assert "sam2.1_hiera_large.pt" in message and str(tmp_path) in message
+    assert "--random-weights" in message
+
+
+def test_failed_download_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(ckpt.CACHE_ENV, str(tmp_path))
+    monkeypatch.delenv(ckpt.OFFLINE_ENV, raising=False)
+    monkeypatch.setattr(ckpt, "SAM21_URL", "http://127.0.0.1:9/{name}")  # closed port
+    with pytest.raises(CheckpointError, match="download failed"):
+        load_model("tiny")
+    assert not list(tmp_path.glob("*.pt")), "no partial file may be left behind"
+
+
+def test_unknown_size():
+    with pytest.raises(ValueError, match="unknown model size 'huge'; expected one of tiny"):
+        get_config("huge")
+
+
+def test_random_weights_are_seeded_and_every_tensor_is_perturbed():
+    cfg = get_config("tiny")
+    a, b, c = random_state_dict(cfg, 1), random_state_dict(cfg, 1), random_state_dict(cfg, 2)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+    # No tensor is left at a constant (zeros / ones of the default init).
+    assert all(v.numel() == 1 or v.std() > 0 for v in a.values())
+    model = load_model("tiny", random_weights=True, seed=1)
+    assert model.weights_info.is_random and "RANDOM WEIGHTS" in model.weights_info.describe()
