@@ -1,0 +1,131 @@
+"""NMS against hand-computed cases and a brute-force pure-Python greedy NMS."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sam2serve.engine.nms import batched_nms, box_area, box_iou, nms
+
+
+def python_iou(a: list[float], b: list[float]) -> float:
+    """IoU of two XYXY boxes, in plain Python floats."""
+    inter_w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    inter_h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = inter_w * inter_h
+    area_a = (a[2] - a[0]) * (a[3] - a[1])
+    area_b = (b[2] - b[0]) * (b[3] - b[1])
+    return inter / (area_a + area_b - inter)
+
+
+def brute_force_nms(
+    boxes: list[list[float]], scores: list[float], categories: list[int], threshold: float
+) -> list[int]:
+    """The textbook greedy algorithm, one box at a time."""
+    order = sorted(range(len(boxes)), key=lambda i: -scores[i])
+    kept: list[int] = []
+    for i in order:
+        if all(
+            categories[i] != categories[k] or python_iou(boxes[i], boxes[k]) <= threshold
+            for k in kept
+        ):
+            kept.append(i)
+    return kept
+
+
+def random_boxes(generator: torch.Generator, n: int) -> torch.Tensor:
+    """Clustered float64 boxes so that many overlap at all IoU levels."""
+    centres = torch.rand(n, 2, generator=generator, dtype=torch.float64) * 50
+    sizes = torch.rand(n, 2, generator=generator, dtype=torch.float64) * 40 + 1
+    return torch.cat([centres - sizes / 2, centres + sizes / 2], dim=1)
+
+
+def test_box_area_and_iou_by_hand():
+    boxes = torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30], [0, 0, 4, 2]])
+    assert box_area(boxes).tolist() == [100, 100, 100, 8]
+    assert box_area(boxes).dtype == torch.int64
+    iou = box_iou(boxes, boxes)
+    assert iou.dtype.is_floating_point
+    assert iou[0, 1].item() == pytest.approx(81 / 119)
+    assert iou[0, 2].item() == 0
+    assert iou[0, 3].item() == pytest.approx(8 / 100)
+    torch.testing.assert_close(iou.diagonal(), torch.ones(4))
+    torch.testing.assert_close(iou, iou.T)
+
+
+def test_nms_by_hand():
+    # A and B overlap with IoU 81/119 = 0.68; C is far away.
+    boxes = torch.tensor([[0.0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30]])
+    scores = torch.tensor([0.9, 0.8, 0.7])
+    assert nms(boxes, scores, 0.5).tolist() == [0, 2]
+    assert nms(boxes, scores, 0.7).tolist() == [0, 1, 2]
+    # Kept indices come in decreasing score order, not input order.
+    assert nms(boxes, torch.tensor([0.1, 0.8, 0.9]), 0.5).tolist() == [2, 1]
+    assert nms(boxes, scores, 0.5).dtype == torch.int64
+
+
+def test_iou_equal_to_threshold_is_not_suppressed():
+    boxes = torch.tensor([[0.0, 0, 4, 1], [0, 0, 2, 1]])  # IoU exactly 0.5
+    scores = torch.tensor([1.0, 0.5])
+    assert nms(boxes, scores, 0.5).tolist() == [0, 1]
+    assert nms(boxes, scores, 0.49).tolist() == [0]
+
+
+def test_suppressed_boxes_do_not_suppress():
+    # B overlaps A and C; A suppresses B, so C (which only overlaps B) survives.
+    boxes = torch.tensor([[0.0, 0, 10, 10], [5, 0, 15, 10], [10, 0, 20, 10]])
+    scores = torch.tensor([0.9, 0.8, 0.7])
+    assert nms(boxes, scores, 0.3).tolist() == [0, 2]
+
+
+def test_equal_scores_keep_input_order():
+    boxes = torch.tensor([[0.0, 0, 10, 10], [0, 0, 10, 10], [50, 50, 60, 60]])
+    scores = torch.tensor([0.5, 0.5, 0.5])
+    assert nms(boxes, scores, 0.5).tolist() == [0, 2]
+
+
+def test_batched_nms_categories_are_independent():
+    boxes = torch.tensor([[0.0, 0, 10, 10], [1, 1, 11, 11], [0, 0, 10, 10]])
+    scores = torch.tensor([0.9, 0.8, 0.7])
+    assert batched_nms(boxes, scores, torch.tensor([0, 0, 0]), 0.5).tolist() == [0]
+    assert batched_nms(boxes, scores, torch.tensor([0, 1, 2]), 0.5).tolist() == [0, 1, 2]
+    assert batched_nms(boxes, scores, torch.tensor([0, 1, 0]), 0.5).tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("threshold", [0.1, 0.3, 0.5, 0.7])
+def test_matches_brute_force_on_random_boxes(seed, threshold):
+    generator = torch.Generator().manual_seed(seed)
+    n = 150
+    boxes = random_boxes(generator, n)
+    scores = torch.rand(n, generator=generator, dtype=torch.float64)
+    categories = torch.randint(0, 4, (n,), generator=generator)
+    box_list, score_list = boxes.tolist(), scores.tolist()
+
+    expected_single = brute_force_nms(box_list, score_list, [0] * n, threshold)
+    assert nms(boxes, scores, threshold).tolist() == expected_single
+    expected_batched = brute_force_nms(box_list, score_list, categories.tolist(), threshold)
+    assert batched_nms(boxes, scores, categories, threshold).tolist() == expected_batched
+    # Non-trivial: something was suppressed and something survived.
+    assert 0 < len(expected_single) < n
+
+
+def test_float32_and_integer_boxes():
+    generator = torch.Generator().manual_seed(7)
+    boxes = (random_boxes(generator, 200)).round()
+    scores = torch.rand(200, generator=generator)
+    expected = brute_force_nms(boxes.tolist(), scores.tolist(), [0] * 200, 0.6)
+    assert nms(boxes.long(), scores, 0.6).tolist() == expected
+    assert nms(boxes.float(), scores, 0.6).tolist() == expected
+
+
+def test_empty_and_bad_shapes():
+    empty = nms(torch.zeros(0, 4), torch.zeros(0), 0.5)
+    assert empty.shape == (0,) and empty.dtype == torch.int64
+    assert batched_nms(torch.zeros(0, 4), torch.zeros(0), torch.zeros(0), 0.5).shape == (0,)
+    with pytest.raises(ValueError, match=r"\(N, 4\)"):
+        nms(torch.zeros(3, 5), torch.zeros(3), 0.5)
+    with pytest.raises(ValueError, match="scores"):
+        nms(torch.zeros(3, 4), torch.zeros(2), 0.5)
+    with pytest.raises(ValueError, match="idxs"):
+        batched_nms(torch.zeros(3, 4), torch.zeros(3), torch.zeros(2), 0.5)

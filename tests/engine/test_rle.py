@@ -1,0 +1,159 @@
+"""RLE encoding checked byte for byte against pycocotools (and Meta's torch encoder)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import skimage.data
+import torch
+from pycocotools import mask as coco_mask
+from reference import import_reference
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from sam2serve.engine.rle import (
+    area_from_rle,
+    coco_to_rle,
+    masks_to_rle,
+    rle_to_coco,
+    rle_to_mask,
+)
+
+
+def coco_encode(mask: np.ndarray) -> dict:
+    return coco_mask.encode(np.asfortranarray(mask.astype(np.uint8)))
+
+
+def mask_cases() -> list[tuple[str, np.ndarray]]:
+    """Named (H, W) bool masks covering the edge cases of run-length coding."""
+    rng = np.random.default_rng(0)
+    cases = [
+        ("empty", np.zeros((6, 9), bool)),
+        ("full", np.ones((6, 9), bool)),
+        ("single_pixel_first", np.pad(np.ones((1, 1), bool), ((0, 4), (0, 6)))),
+        ("single_pixel_last", np.pad(np.ones((1, 1), bool), ((4, 0), (6, 0)))),
+        ("single_pixel_middle", np.pad(np.ones((1, 1), bool), ((2, 3), (4, 1)))),
+        ("one_by_one_set", np.ones((1, 1), bool)),
+        ("one_by_one_unset", np.zeros((1, 1), bool)),
+        ("row_vector", rng.random((1, 17)) < 0.5),
+        ("column_vector", rng.random((13, 1)) < 0.5),
+        ("starts_with_one", np.eye(7, 11, dtype=bool)),
+    ]
+    for density in (0.02, 0.5, 0.98):
+        cases.append((f"random_{density}", rng.random((37, 23)) < density))
+    # A real shape: long runs, large counts, deltas of both signs.
+    cases.append(("horse", skimage.data.horse() == 0))
+    cases.append(("horse_inverted", skimage.data.horse() != 0))
+    return cases
+
+
+CASES = mask_cases()
+CASE_IDS = [name for name, _ in CASES]
+CASE_MASKS = [mask for _, mask in CASES]
+
+
+@pytest.mark.parametrize("mask", CASE_MASKS, ids=CASE_IDS)
+def test_coco_string_equals_pycocotools(mask):
+    h, w = mask.shape
+    (rle,) = masks_to_rle(torch.from_numpy(mask)[None])
+    assert rle["size"] == [h, w]
+    ours = rle_to_coco(rle)
+    assert ours["size"] == [h, w]
+    assert isinstance(ours["counts"], str)
+    assert ours["counts"].encode() == coco_encode(mask)["counts"]
+    assert ours["counts"].encode() == coco_mask.frPyObjects(rle, h, w)["counts"]
+
+
+@pytest.mark.parametrize("mask", CASE_MASKS, ids=CASE_IDS)
+def test_round_trips_and_area(mask):
+    h, w = mask.shape
+    (rle,) = masks_to_rle(torch.from_numpy(mask)[None])
+    decoded = rle_to_mask(rle)
+    assert decoded.dtype == bool and decoded.flags.c_contiguous
+    np.testing.assert_array_equal(decoded, mask)
+    assert area_from_rle(rle) == int(mask.sum()) == int(coco_mask.area(coco_encode(mask)))
+    # Our string decodes with pycocotools, and pycocotools' string decodes with ours.
+    ours = rle_to_coco(rle)
+    np.testing.assert_array_equal(
+        coco_mask.decode({"size": [h, w], "counts": ours["counts"].encode()}), mask
+    )
+    theirs = coco_encode(mask)
+    assert coco_to_rle(theirs) == rle  # bytes
+    assert coco_to_rle({"size": theirs["size"], "counts": theirs["counts"].decode()}) == rle
+
+
+def test_first_count_is_zeros_column_major():
+    mask = np.array([[1, 0, 0], [1, 1, 0]], dtype=bool)  # Fortran order: 1 1 0 1 0 0
+    (rle,) = masks_to_rle(torch.from_numpy(mask)[None])
+    assert rle == {"size": [2, 3], "counts": [0, 2, 1, 1, 2]}
+    (empty,) = masks_to_rle(torch.zeros(1, 2, 3, dtype=torch.bool))
+    assert empty["counts"] == [6]
+    (full,) = masks_to_rle(torch.ones(1, 2, 3, dtype=torch.bool))
+    assert full["counts"] == [0, 6]
+
+
+def test_batch_matches_per_mask_and_meta():
+    import_reference()
+    from sam2.utils.amg import mask_to_rle_pytorch
+
+    rng = np.random.default_rng(1)
+    masks = torch.from_numpy(rng.random((9, 31, 19)) < 0.3)
+    masks[0] = False
+    masks[1] = True
+    masks[2, 0, 0] = True
+    masks[3, 0, 0] = False
+    batched = masks_to_rle(masks)
+    assert batched == [masks_to_rle(m[None])[0] for m in masks]
+    assert batched == mask_to_rle_pytorch(masks)
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_one_host_sync_per_batch(batch):
+    """No per-mask scalar reads: one nonzero for the batch and no .item()-style syncs."""
+    masks = torch.rand(batch, 20, 30) < 0.5
+    with OpCounter() as counter:
+        masks_to_rle(masks)
+    assert counter.calls.get("nonzero", 0) == 1
+    assert counter.calls.get("_local_scalar_dense", 0) == 0
+    assert counter.calls.get("item", 0) == 0
+
+
+def test_degenerate_shapes():
+    assert masks_to_rle(torch.zeros(0, 4, 5, dtype=torch.bool)) == []
+    zero_pixels = masks_to_rle(torch.zeros(2, 0, 4, dtype=torch.bool))
+    assert zero_pixels == [{"size": [0, 4], "counts": [0]}] * 2
+    assert rle_to_coco(zero_pixels[0])["counts"].encode() == coco_encode(np.zeros((0, 4)))["counts"]
+
+
+def test_large_counts_encode_like_pycocotools():
+    # Counts near 9e6 give deltas that need many chars, of both signs.
+    for counts in ([5, 8_999_990, 5], [8_999_990, 5, 5], [0, 1, 8_999_998, 1]):
+        rle = {"size": [3000, 3000], "counts": counts}
+        ours = rle_to_coco(rle)
+        assert ours["counts"].encode() == coco_mask.frPyObjects(rle, 3000, 3000)["counts"]
+        assert coco_to_rle(ours) == rle
+
+
+def test_errors():
+    with pytest.raises(ValueError, match=r"\(B, H, W\)"):
+        masks_to_rle(torch.zeros(4, 5, dtype=torch.bool))
+    with pytest.raises(TypeError, match="float32"):
+        masks_to_rle(torch.zeros(1, 4, 5))
+    with pytest.raises(ValueError, match="sum to 5 but size"):
+        rle_to_mask({"size": [2, 3], "counts": [2, 3]})
+    with pytest.raises(ValueError, match="outside"):
+        coco_to_rle({"size": [2, 3], "counts": "6 "})
+    with pytest.raises(ValueError, match="truncated"):
+        coco_to_rle({"size": [2, 3], "counts": "6o"})
+    with pytest.raises(TypeError, match="str or bytes"):
+        coco_to_rle({"size": [2, 3], "counts": [6]})
