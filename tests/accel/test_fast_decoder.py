@@ -1,0 +1,89 @@
+"""The fast decoder computes the reference decoder's function with >= 3x fewer FLOPs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from sam2serve.accel.fast_decoder import FastMaskDecoder
+from sam2serve.checkpoint import load_model
+
+REFERENCE_GFLOP_PER_PROMPT = 3.555  # the decoder with image features copied per prompt
+
+
+@pytest.fixture(scope="module")
+def parts():
+    model = load_model("tiny", random_weights=True, seed=5)
+    g = torch.Generator().manual_seed(0)
+    image_embed = torch.randn(1, 256, 64, 64, generator=g)
+    high_res = (
+        torch.randn(1, 32, 256, 256, generator=g),
+        torch.randn(1, 64, 128, 128, generator=g),
+    )
+    return model, image_embed, high_res
+
+
+def sparse_prompts(model, kind: str, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    pe = model.sam_prompt_encoder
+    if kind == "point":
+        coords, labels = (
+            torch.rand(n, 1, 2, generator=g) * 1024,
+            torch.ones(n, 1, dtype=torch.int32),
+        )
+    elif kind == "points":
+        coords = torch.rand(n, 3, 2, generator=g) * 1024
+        labels = (torch.rand(n, 3, generator=g) > 0.5).int()
+    else:  # box + point
+        corners = torch.sort(torch.rand(n, 2, 2, generator=g) * 1024, dim=1).values
+        coords = torch.cat([corners, torch.rand(n, 1, 2, generator=g) * 1024], 1)
+        labels = torch.tensor([[2, 3, 1]]).expand(n, 3).int()
+    return pe.embed_points(coords, labels)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("kind", ["point", "points", "box_and_point"])
+def test_same_outputs_as_reference_decoder(parts, kind):
+    model, image_embed, high_res = parts
+    dec, pe = model.sam_mask_decoder, model.sam_prompt_encoder
+    sparse = sparse_prompts(model, kind, 6)
+    dense_pe, no_mask = pe.dense_positional_encoding(), pe.no_mask_dense()
+    ref_logits, ref_iou, _ = dec.predict_all_masks(image_embed, dense_pe, sparse, no_mask, high_res)
+    fast = FastMaskDecoder(dec)
+    side = fast.prepare(image_embed, dense_pe, no_mask, high_res)
+    logits, iou, rows = fast.forward(side, sparse)
+    scale = ref_logits.abs().max()
+    assert (logits - ref_logits).abs().max() / scale < 1e-5
+    assert (iou - ref_iou).abs().max() < 1e-5
+    assert rows.tolist() == list(range(6))
+
+    # Only some mask tokens, only some prompts: the same rows of the same answers.
+    keep = torch.tensor([4, 1])
+    sub_logits, sub_iou, sub_rows = fast.forward(side, sparse, [1, 2, 3], keep=lambda _: keep)
+    assert sub_rows.tolist() == [4, 1]
+    assert (sub_logits - ref_logits[keep][:, 1:]).abs().max() / scale < 1e-5
+    assert (sub_iou - ref_iou).abs().max() < 1e-5  # IoU is returned for every prompt
+
+
+@torch.inference_mode()
+def test_flops_per_prompt_at_least_3x_below_reference(parts):
+    model, image_embed, high_res = parts
+    dec, pe = model.sam_mask_decoder, model.sam_prompt_encoder
+    n = 16
+    sparse = sparse_prompts(model, "point", n)
+    dense_pe, no_mask = pe.dense_positional_encoding(), pe.no_mask_dense()
+    with FlopCounterMode(display=False) as counter:
+        dec.predict_all_masks(
+            image_embed.expand(n, -1, -1, -1).contiguous(), dense_pe, sparse, no_mask, high_res
+        )
+    reference = counter.get_total_flops() / n / 1e9
+    assert reference == pytest.approx(REFERENCE_GFLOP_PER_PROMPT, rel=1e-3)
+
+    fast = FastMaskDecoder(dec)
+    side = fast.prepare(image_embed, dense_pe, no_mask, high_res)
+    fast.forward(side, sparse[:1], [1, 2, 3])  # per-image projections, paid once per image
+    with FlopCounterMode(display=False) as counter:
+        fast.forward(side, sparse, [1, 2, 3])
+    per_prompt = counter.get_total_flops() / n / 1e9
+    assert reference / per_prompt >= 3.0, (reference, per_prompt)
