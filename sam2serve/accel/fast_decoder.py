@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from sam2serve.modeling.mask_decoder import MaskDecoder
 from sam2serve.modeling.transformer import Attention, TwoWayAttentionBlock
