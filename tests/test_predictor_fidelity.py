@@ -81,12 +81,14 @@ def test_image_features_match(pair, embedding):
         assert rel_err(ours_feat, ref_feat) < RTOL
 
 
+@pytest.mark.parametrize("decoder", ["reference", "fast"])
 @pytest.mark.parametrize("multimask", [True, False])
 @pytest.mark.parametrize(
     "case", ["one_point", "points", "box", "points_and_box", "points_and_mask", "mask_only"]
 )
-def test_predictions_match(pair, embedding, case, multimask):
+def test_predictions_match(pair, embedding, case, multimask, decoder):
     ours, meta, image = pair
+    ours = Predictor(ours.model, decoder=decoder)
     prompts = prompt_cases(*image.shape[:2])[case]
     ref_masks, ref_iou, ref_low = meta.predict(**prompts, multimask_output=multimask)
     if ref_masks.ndim == 3:  # Meta squeezes a single object
