@@ -237,7 +237,9 @@ def _resize_one(
             f"images[{index}] is {described}; expected a uint8 (H, W, 3) array "
             "(use load_image to convert)"
         )
-    pixels = torch.from_numpy(np.ascontiguousarray(image)).to(device)
+    # Decoded images are read-only views of Pillow's buffer; torch wants writable memory.
+    writable = image.flags.writeable and image.flags.c_contiguous
+    pixels = torch.from_numpy(image if writable else np.array(image, order="C")).to(device)
     # CHW and contiguous, as ToTensor produces: interpolate's result depends on layout.
     chw = pixels.permute(2, 0, 1).contiguous().to(torch.float32) / 255
     resized = torch.nn.functional.interpolate(

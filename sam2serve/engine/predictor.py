@@ -310,6 +310,9 @@ class Predictor:
                 align_corners=False,
             )
             out.append(up if return_logits else up > self.mask_threshold)
+        if not out:  # no masks: an empty batch of the right shape
+            dtype = low_res.dtype if return_logits else torch.bool
+            return low_res.new_zeros((0, low_res.shape[1], *size), dtype=dtype)
         return out[0] if len(out) == 1 else torch.cat(out)
 
     # ---------------------------------------------------------------- prompts

@@ -62,8 +62,14 @@ class SAM2Image(nn.Module):
         return self.no_mem_embed.device
 
     def encode_image(self, images: torch.Tensor) -> ImageFeatures:
-        """Normalised (B, 3, 1024, 1024) images -> the features the SAM heads consume."""
-        s0, s1, lowest = self.image_encoder(images)
+        """Normalised (B, 3, 1024, 1024) images -> the features the SAM heads consume.
+
+        The encoder may run in a lower precision than the heads (furious mode keeps the
+        heads in fp32); its outputs are cast to the heads' dtype here."""
+        encoder_dtype = self.image_encoder.neck.convs[0].conv.weight.dtype
+        heads_dtype = self.no_mem_embed.dtype
+        levels = self.image_encoder(images.to(encoder_dtype))
+        s0, s1, lowest = (level.to(heads_dtype) for level in levels)
         decoder = self.sam_mask_decoder
         image_embed = lowest + self.no_mem_embed.reshape(1, -1, 1, 1)
         return ImageFeatures(image_embed, (decoder.conv_s0(s0), decoder.conv_s1(s1)))

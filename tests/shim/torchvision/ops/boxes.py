@@ -24,7 +24,8 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torc
     iou = box_iou(boxes, boxes).tolist()
     keep: list[int] = []
     for i in order:
-        if all(iou[i][k] <= iou_threshold for k in keep):
+        # torchvision suppresses on IoU > threshold, so a NaN IoU (0/0) never suppresses.
+        if not any(iou[i][k] > iou_threshold for k in keep):
             keep.append(i)
     return torch.tensor(keep, dtype=torch.int64)
 

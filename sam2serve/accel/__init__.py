@@ -1,0 +1,1 @@
+"""Execution modes (baseline, fast, furious) and ahead-of-time artifacts."""

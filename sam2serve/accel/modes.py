@@ -1,0 +1,102 @@
+"""Execution modes: how the same model is run, from faithful to fastest.
+
+A mode is a frozen description; every surface (library, CLI, bench, server) selects modes
+by name from :data:`MODES`, so a new mode appears everywhere at once.
+
+- ``baseline``: the reference behaviour — eager fp32, the decoder as Meta wrote it, AMG in
+  batches of 64 points, MPS one prompt per decoder call, RLE one mask at a time.
+- ``fast``: lossless — the same answers up to float reassociation: the fast decoder
+  (~3x fewer FLOPs), all prompts of an image batched, the image side of the decoder
+  computed once per image, masks filtered by predicted IoU before any upscaling, RLE
+  batched with one host sync per batch.
+- ``furious``: ``fast`` plus reduced precision in the image encoder (bf16 on CPU, fp16
+  on CUDA); the decoder stays fp32 because its LayerNorm statistics are computed from
+  Gram matrices, which reduced precision would not survive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sam2serve.checkpoint import load_model
+from sam2serve.engine.predictor import Predictor
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    description: str
+    decoder: str = "reference"  # Predictor decoder: "reference" or "fast"
+    reduced_precision_encoder: bool = False
+    # AMG points per decoder call (None: the caller's value, Meta's default 64).
+    amg_points_per_batch: int | None = None
+    # The reference decodes MPS prompts one by one and converts masks to RLE one at a time.
+    batch_prompts: bool = True
+    batch_rle: bool = True
+
+    def encoder_dtype(self, device: torch.device) -> torch.dtype:
+        if not self.reduced_precision_encoder:
+            return torch.float32
+        return torch.float16 if device.type == "cuda" else torch.bfloat16
+
+
+MODES: dict[str, Mode] = {
+    mode.name: mode
+    for mode in (
+        Mode(
+            name="baseline",
+            description="eager fp32, reference decoder, AMG points_per_batch 64, MPS one "
+            "prompt per call, RLE one mask at a time",
+            batch_prompts=False,
+            batch_rle=False,
+        ),
+        Mode(
+            name="fast",
+            description="lossless: fast decoder, all prompts batched, IoU filter before "
+            "upscaling, batched RLE",
+            decoder="fast",
+            amg_points_per_batch=1024,
+        ),
+        Mode(
+            name="furious",
+            description="fast + bf16 image encoder (fp16 on CUDA)",
+            decoder="fast",
+            amg_points_per_batch=1024,
+            reduced_precision_encoder=True,
+        ),
+    )
+}
+
+
+def get_mode(name: str) -> Mode:
+    try:
+        return MODES[name]
+    except KeyError:
+        raise ValueError(f"unknown mode {name!r}; expected one of {', '.join(MODES)}") from None
+
+
+def build_predictor(
+    size: str,
+    mode: str = "baseline",
+    *,
+    checkpoint: str | None = None,
+    random_weights: bool = False,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> Predictor:
+    """Load the model of ``size`` and wrap it in a Predictor configured for ``mode``."""
+    spec = get_mode(mode)
+    model = load_model(
+        size, checkpoint=checkpoint, random_weights=random_weights, seed=seed, device=device
+    )
+    return configure_predictor(model, spec)
+
+
+def configure_predictor(model: torch.nn.Module, spec: Mode) -> Predictor:
+    """A Predictor running ``model`` (which it may convert in place) the way ``spec`` says."""
+    dtype = spec.encoder_dtype(model.device)
+    if dtype != torch.float32:
+        model.image_encoder.to(dtype)
+    return Predictor(model, decoder=spec.decoder)

@@ -1,0 +1,1001 @@
+"""The ``sam2serve`` command line: ``run`` (masks for a batch of images) and ``annotate``
+(prompt points from AMG outputs, for the point tasks).
+
+A thin shell over the engine: it expands the image arguments, loads the model once, and
+for each image times decode + encode + mask decoding + RLE, writes ``<stem>_masks.json``
+(and optionally ``<stem>_overlay.png``), then prints a latency summary. Errors a user can
+cause end in one line ``sam2serve: error: ...`` - exit 2 before any work starts, or, for
+one bad image, a skipped image and exit 1 at the end, with every other result written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import colorsys
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sam2serve.config import MODEL_SIZES, get_config
+from sam2serve.engine.amg import AMGParamError, AMGParams, finite_or_none
+from sam2serve.samples import SAMPLE_NAMES, load_sample
+from sam2serve.server.commands import add_commands as add_server_commands
+
+PROG = "sam2serve"
+TASKS = ("amg", "sps", "mps")
+DEVICES = ("cpu", "cuda")
+SAMPLES_ARG = "samples"
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
+MASKS_SUFFIX = "_masks.json"
+OVERLAY_SUFFIX = "_overlay.png"
+DEFAULT_PROMPTS_NAME = "prompts.json"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+OVERLAY_ALPHA = 0.5
+
+# Help for every AMG parameter the CLI exposes, by AMGParams field name. output_mode is
+# not a flag: the JSON output always holds COCO RLE.
+AMG_HELP: dict[str, str] = {
+    "points_per_side": "points per side of the click grid on the whole image: "
+    "points_per_side**2 clicks, each decoded into up to 3 masks",
+    "points_per_batch": "clicks decoded together; more is faster but holds more masks in memory",
+    "pred_iou_thresh": "keep masks whose predicted IoU is above this (0 turns the filter off)",
+    "stability_score_thresh": "keep masks whose stability score is at least this "
+    "(0 turns the filter off)",
+    "stability_score_offset": "logit shift either side of --mask-threshold that the stability "
+    "score compares",
+    "mask_threshold": "logit above which a pixel belongs to a mask",
+    "box_nms_thresh": "box IoU above which the lower-scoring of two masks of one crop is dropped",
+    "crop_n_layers": "extra crop layers: layer i adds (2**i)**2 overlapping crops, each encoded "
+    "again (slow)",
+    "crop_nms_thresh": "box IoU above which a mask from a larger crop loses to one from a "
+    "smaller crop",
+    "crop_overlap_ratio": "overlap of neighbouring layer-1 crops, as a fraction of the image's "
+    "short side",
+    "crop_n_points_downscale_factor": "crop layer i gets points_per_side / factor**i points "
+    "per side",
+    "point_grids": "JSON file with explicit click grids instead of --points-per-side: a list "
+    "of [[x, y], ...] grids normalised to [0, 1], one per crop layer",
+    "min_mask_region_area": "if > 0, fill holes and remove islands smaller than this many "
+    "pixels in every mask",
+    "use_m2m": "refine each mask once by decoding its click again with its own low-res logits",
+    "multimask_output": "three masks per click (whole, part, subpart); --no-multimask-output: "
+    "one per click",
+}
+AMG_FIXED = {"output_mode": "coco_rle"}
+
+
+class UsageError(Exception):
+    """A user error found before any work: one line on stderr, exit 2."""
+
+
+class ImageFailure(Exception):
+    """One image that cannot be processed: reported, skipped, exit 1 at the end."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``sam2serve: error: ...`` and no usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=34, width=100)
+
+
+def _message(text: str) -> None:
+    """A line on stderr that does not break a running progress bar."""
+    from tqdm import tqdm
+
+    tqdm.write(text, file=sys.stderr)
+
+
+def _error_line(text: str) -> None:
+    _message(f"{PROG}: error: {text}")
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _amg_defaults() -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(AMGParams)}
+
+
+def _add_amg_flags(group: argparse._ArgumentGroup) -> None:
+    defaults = _amg_defaults()
+    for name, default in defaults.items():
+        if name in AMG_FIXED:
+            continue
+        help_text = AMG_HELP[name]  # a new AMGParams field must get a flag and help here
+        if name == "point_grids":
+            group.add_argument(_flag(name), metavar="JSON_FILE", type=Path, help=help_text)
+        elif isinstance(default, bool):
+            group.add_argument(
+                _flag(name),
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"{help_text} (default: {'on' if default else 'off'})",
+            )
+        else:
+            kind = int if isinstance(default, int) else float
+            shown = f"{default:.4g}" if kind is float else default
+            group.add_argument(
+                _flag(name),
+                type=kind,
+                metavar="INT" if kind is int else "FLOAT",
+                help=f"{help_text} (default: {shown})",
+            )
+
+
+RUN_DESCRIPTION = f"""\
+Segment a batch of images with SAM 2.1 and write one JSON file of masks per image.
+
+tasks:
+  amg  automatic mask generation: a grid of clicks over the whole image, masks filtered by
+       predicted IoU and stability, duplicates removed by box NMS (Meta's
+       SAM2AutomaticMaskGenerator; every parameter is a flag below, Meta's defaults)
+  sps  single point segmentation: the FIRST point of each image's --prompts entry,
+       3 candidate masks, the one with the highest predicted IoU is kept
+  mps  multi point segmentation: EVERY point of the image's --prompts entry is its own
+       prompt, all decoded in one call; the best of 3 candidates is kept for each
+
+images:
+  files, directories (their {", ".join(e.lstrip(".") for e in IMAGE_EXTENSIONS)} files,
+  sorted; not recursive) and the word '{SAMPLES_ARG}', which stands for the bundled sample
+  photos ({", ".join(SAMPLE_NAMES)}; use ./{SAMPLES_ARG} for a directory of that name).
+
+outputs, in --out:
+  <stem>_masks.json   {{"image", "width", "height", "task", "model", "device", "weights",
+                       "params", "timings", "masks": [...]}}; each mask has "segmentation"
+                       (COCO RLE {{"size": [h, w], "counts": str}}), "area", "bbox" (XYWH),
+                       "predicted_iou", "point_coords"; amg adds "stability_score" and
+                       "crop_box". "timings" (ms) cover decode + encode + masks + RLE, not
+                       reading the file or writing the JSON.
+  <stem>_overlay.png  with --overlay: the masks in distinct colours over the image
+  stderr              a progress bar, then per-image latency p50/p90/mean and images/s
+
+weights:
+  official SAM 2.1 checkpoints by default, found in $SAM2SERVE_CACHE or
+  ~/.cache/sam2serve/checkpoints under Meta's file names (sam2.1_hiera_tiny.pt, ...) or
+  downloaded there (SAM2SERVE_OFFLINE=1 turns the download off). Random weights give
+  meaningless masks; they are announced on stderr and recorded in every JSON.
+
+exit status: 0 all written, 1 some images failed (the others are written), 2 usage error.
+"""
+
+RUN_EPILOG = f"""\
+examples:
+  {PROG} run --task amg {SAMPLES_ARG} --out out/ --fallback-random-weights --points-per-side 16
+  {PROG} run --task amg photos/ --out amg/ --checkpoint sam2.1_hiera_tiny.pt --overlay
+  {PROG} annotate amg/                      # writes amg/{DEFAULT_PROMPTS_NAME}
+  {PROG} run --task sps photos/ --out sps/ --prompts amg/{DEFAULT_PROMPTS_NAME}
+"""
+
+ANNOTATE_DESCRIPTION = f"""\
+Make point prompts for --task sps / mps from the outputs of --task amg.
+
+Reads every <stem>{MASKS_SUFFIX} written by '{PROG} run --task amg' in AMG_OUT_DIR and
+writes one JSON object mapping each image name to a list of [x, y] points: one point per
+mask, largest mask first. The point is the mask's centroid when that lies inside the mask,
+otherwise the inside point farthest from the mask's edge. So sps uses a point of the
+largest mask and mps one point per mask. Pass the file to '{PROG} run --prompts'.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Segment Anything 2 on images: batch masks from the command line.",
+        formatter_class=_HelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = commands.add_parser(
+        "run",
+        help="masks for a batch of images (amg, sps or mps)",
+        description=RUN_DESCRIPTION,
+        epilog=RUN_EPILOG,
+        formatter_class=_HelpFormatter,
+    )
+    run.set_defaults(handler=run_command)
+    run.add_argument(
+        "images",
+        nargs="+",
+        metavar="IMAGES_OR_DIRS",
+        help=f"image files, directories of images, or '{SAMPLES_ARG}'",
+    )
+    run.add_argument(
+        "--task",
+        choices=TASKS,
+        required=True,
+        help="amg (automatic masks), sps (single point) or mps (multi point)",
+    )
+    run.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="output directory (created if missing; existing files are replaced)",
+    )
+    run.add_argument(
+        "--model", choices=MODEL_SIZES, default="tiny", help="model size (default: %(default)s)"
+    )
+    weights = run.add_mutually_exclusive_group()
+    weights.add_argument(
+        "--checkpoint",
+        type=Path,
+        metavar="PATH",
+        help="an official checkpoint file (.pt) for --model "
+        "(default: Meta's file name in the cache directory)",
+    )
+    weights.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="a seeded random model instead of a checkpoint: for smoke tests, "
+        "masks are meaningless",
+    )
+    run.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="seed of the random weights (default: %(default)s)",
+    )
+    run.add_argument(
+        "--fallback-random-weights",
+        action="store_true",
+        help="use random weights if the checkpoint cannot be found or loaded "
+        "(a loud warning is printed and recorded)",
+    )
+    run.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="where the model runs (default: %(default)s)",
+    )
+    run.add_argument(
+        "--prompts",
+        type=Path,
+        metavar="FILE",
+        help="sps/mps: JSON object mapping image file name (or stem) to a list "
+        f"of [x, y] pixel points, e.g. from '{PROG} annotate'",
+    )
+    run.add_argument(
+        "--overlay",
+        action="store_true",
+        help=f"also write <stem>{OVERLAY_SUFFIX}: the masks over the image",
+    )
+    amg = run.add_argument_group("automatic mask generation (--task amg; defaults are Meta's)")
+    _add_amg_flags(amg)
+
+    annotate = commands.add_parser(
+        "annotate",
+        help="point prompts for sps/mps from amg outputs",
+        description=ANNOTATE_DESCRIPTION,
+        formatter_class=_HelpFormatter,
+    )
+    annotate.set_defaults(handler=annotate_command)
+    annotate.add_argument(
+        "amg_out_dir",
+        type=Path,
+        metavar="AMG_OUT_DIR",
+        help=f"directory with the <stem>{MASKS_SUFFIX} files of --task amg",
+    )
+    annotate.add_argument(
+        "--out",
+        type=Path,
+        metavar="FILE",
+        help=f"prompts file to write (default: AMG_OUT_DIR/{DEFAULT_PROMPTS_NAME})",
+    )
+    add_server_commands(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``sam2serve`` console script; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        return args.handler(args)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """One image to process: a file or a bundled sample, or an argument that gave none."""
+
+    name: str  # the image's file name (or sample name): the JSON "image" and prompts key
+    stem: str  # prefix of the output files
+    path: Path | None = None
+    sample: str | None = None
+    error: str | None = None  # why this argument yields no image
+
+    def pixels_source(self) -> bytes | np.ndarray:
+        """Encoded bytes of a file, or a sample's array; reading is not timed."""
+        if self.sample is not None:
+            return load_sample(self.sample)
+        assert self.path is not None
+        if not self.path.exists():
+            raise ImageFailure(f"image file not found: {str(self.path)!r}")
+        try:
+            return self.path.read_bytes()
+        except OSError as exc:
+            raise ImageFailure(f"cannot read image file {str(self.path)!r}: {exc}") from None
+
+    def decode(self, source: bytes | np.ndarray) -> np.ndarray:
+        """uint8 RGB pixels; the error names the file (decoding bytes cannot)."""
+        from sam2serve.engine.image import ImageError, load_image
+
+        try:
+            return load_image(source)
+        except ImageError as exc:
+            message = str(exc)
+        if self.path is not None:
+            try:
+                load_image(self.path)  # only to get the message with the file's name
+            except ImageError as exc:
+                message = str(exc)
+        raise ImageFailure(message)
+
+
+def expand_images(arguments: Sequence[str]) -> list[ImageInput]:
+    """Files, directories (their image files, sorted) and 'samples', in argument order."""
+    items: list[ImageInput] = []
+    for argument in arguments:
+        if argument == SAMPLES_ARG:
+            items += [ImageInput(name, name, sample=name) for name in SAMPLE_NAMES]
+            continue
+        path = Path(argument)
+        if path.is_dir():
+            files = sorted(
+                p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
+            )
+            if not files:
+                items.append(
+                    ImageInput(
+                        argument,
+                        path.name,
+                        path=path,
+                        error=(
+                            f"no image files ({', '.join(IMAGE_EXTENSIONS)}) in directory "
+                            f"{str(path)!r}"
+                        ),
+                    )
+                )
+            items += [ImageInput(p.name, p.stem, path=p) for p in files]
+        else:
+            # Missing or unreadable files are reported when their turn comes.
+            items.append(ImageInput(path.name, path.stem, path=path))
+    return _deduplicate(items)
+
+
+def _deduplicate(items: list[ImageInput]) -> list[ImageInput]:
+    """Drop repeats of one file; refuse two images that would write the same outputs."""
+    seen: set[str] = set()
+    by_stem: dict[str, ImageInput] = {}
+    unique = []
+    for item in items:
+        identity = item.sample or str(item.path.resolve() if item.path else item.name)
+        if identity in seen:
+            continue
+        seen.add(identity)
+        if item.error is None:
+            other = by_stem.get(item.stem)
+            if other is not None:
+                raise UsageError(
+                    f"images {_describe(other)} and {_describe(item)} would both write "
+                    f"{item.stem}{MASKS_SUFFIX}; rename one or run them separately"
+                )
+            by_stem[item.stem] = item
+        unique.append(item)
+    return unique
+
+
+def _describe(item: ImageInput) -> str:
+    return f"sample {item.sample!r}" if item.sample else repr(str(item.path))
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+Points = list[list[float]]
+
+
+def load_prompts(path: Path) -> dict[str, Points]:
+    """A prompts file: a JSON object mapping image name (or stem) to [[x, y], ...]."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"--prompts file not found: {str(path)!r}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read --prompts file {str(path)!r}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--prompts file {str(path)!r} is not valid JSON: {exc}") from None
+    expected = 'a JSON object like {"photo.jpg": [[x, y], ...], ...}'
+    if not isinstance(data, dict):
+        raise UsageError(
+            f"--prompts file {str(path)!r} must hold {expected}, got a {type(data).__name__}"
+        )
+    prompts: dict[str, Points] = {}
+    for key, points in data.items():
+        where = f"--prompts file {str(path)!r}, image {key!r}"
+        if not isinstance(points, list):
+            raise UsageError(f"{where}: expected a list of [x, y] points, got {points!r:.80}")
+        prompts[key] = [
+            _parse_point(point, f"{where}, point {i}") for i, point in enumerate(points)
+        ]
+    return prompts
+
+
+def _parse_point(point: Any, where: str) -> list[float]:
+    valid = (
+        isinstance(point, list)
+        and len(point) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in point)
+        and all(math.isfinite(v) for v in point)
+    )
+    if not valid:
+        raise UsageError(f"{where}: expected [x, y] with two finite numbers, got {point!r:.80}")
+    return [float(point[0]), float(point[1])]
+
+
+def match_prompts(
+    prompts: dict[str, Points], images: list[ImageInput], path: Path
+) -> dict[str, Points]:
+    """Prompts by image name; every key must name a given image (by file name or stem)."""
+    by_name = {item.name: item for item in images}
+    by_stem = {item.stem: item for item in images}
+    matched: dict[str, Points] = {}
+    unknown = []
+    for key, points in prompts.items():
+        item = by_name.get(key) or by_stem.get(key)
+        if item is None:
+            unknown.append(key)
+            continue
+        if item.name in matched:
+            raise UsageError(
+                f"--prompts file {str(path)!r} has two entries for image {item.name!r}"
+            )
+        matched[item.name] = points
+    if unknown:
+        shown = ", ".join(repr(k) for k in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        raise UsageError(
+            f"--prompts file {str(path)!r} names {len(unknown)} image(s) not given on the "
+            f"command line: {shown}; give those images too, or remove them from the file"
+        )
+    return matched
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def random_weights_banner(size: str, seed: int | None) -> str:
+    from sam2serve.checkpoint import cache_dir
+
+    bar = "!" * 78
+    return "\n".join(
+        [
+            bar,
+            f"!!! RANDOM WEIGHTS (seed {seed}): the {size} model is NOT a trained model.",
+            "!!! Every mask is meaningless: use this run only to test the pipeline.",
+            f"!!! For real masks put {get_config(size).checkpoint_names[0]} in {cache_dir()}",
+            '!!! (or pass --checkpoint PATH). Each JSON records "random": true.',
+            bar,
+        ]
+    )
+
+
+def load_model_for(args: argparse.Namespace) -> Any:
+    """The model the flags ask for; a missing checkpoint is a usage error (exit 2)."""
+    import torch
+
+    from sam2serve.checkpoint import CheckpointError, load_model
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: CUDA is not available here; use --device cpu")
+    start = time.perf_counter()
+    if args.random_weights:
+        model = load_model(args.model, random_weights=True, seed=args.seed, device=args.device)
+    else:
+        try:
+            model = load_model(args.model, checkpoint=args.checkpoint, device=args.device)
+        except CheckpointError as exc:
+            if not args.fallback_random_weights:
+                raise UsageError(str(exc)) from None
+            print(f"{PROG}: warning: {exc}", file=sys.stderr)
+            print(
+                f"{PROG}: warning: --fallback-random-weights: using random weights", file=sys.stderr
+            )
+            model = load_model(args.model, random_weights=True, seed=args.seed, device=args.device)
+    info = model.weights_info
+    if info.is_random:
+        print(random_weights_banner(args.model, info.seed), file=sys.stderr)
+    print(
+        f"{PROG}: model {args.model} on {args.device}, {info.describe()} "
+        f"(loaded in {time.perf_counter() - start:.1f} s)",
+        file=sys.stderr,
+    )
+    return model
+
+
+def weights_record(info: Any) -> dict[str, Any]:
+    record = {**info.as_dict(), "random": info.is_random}
+    if info.is_random:
+        record["warning"] = info.describe()
+    return record
+
+
+# --------------------------------------------------------------------------- amg params
+
+
+def amg_params_from(args: argparse.Namespace) -> AMGParams:
+    """AMGParams from the flags that were given (the rest keep Meta's defaults)."""
+    given = {
+        name: getattr(args, name)
+        for name in AMG_HELP
+        if name != "point_grids" and getattr(args, name) is not None
+    }
+    if args.point_grids is not None:
+        given["point_grids"] = _load_point_grids(args.point_grids)
+        given.setdefault("points_per_side", None)
+    try:
+        return AMGParams(**{**AMG_FIXED, **given})
+    except AMGParamError as exc:
+        raise UsageError(_with_flag_names(str(exc))) from None
+
+
+def _load_point_grids(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--point-grids file not found: {str(path)!r}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"--point-grids file {str(path)!r} is not readable JSON: {exc}") from None
+
+
+def _with_flag_names(message: str) -> str:
+    """AMGParams names parameters as in Python; say the flag instead."""
+    for name in sorted(AMG_HELP, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w-]){name}(?!\w)", _flag(name), message)
+    return message
+
+
+# --------------------------------------------------------------------------- run
+
+
+@dataclass
+class Timings:
+    decode_ms: float = 0.0
+    encode_ms: float = 0.0
+    masks_ms: float = 0.0
+
+    @property
+    def total_ms(self) -> float:
+        return self.decode_ms + self.encode_ms + self.masks_ms
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "decode_ms": round(self.decode_ms, 3),
+            "encode_ms": round(self.encode_ms, 3),
+            "masks_ms": round(self.masks_ms, 3),
+            "total_ms": round(self.total_ms, 3),
+        }
+
+
+class _Clock:
+    """Wall-clock stages that wait for the device, so asynchronous work is counted."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self._sync: Callable[[], None] = (
+            (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        )
+        self._last = time.perf_counter()
+
+    def lap_ms(self) -> float:
+        self._sync()
+        now = time.perf_counter()
+        elapsed, self._last = (now - self._last) * 1000, now
+        return elapsed
+
+
+@dataclass
+class Segmenter:
+    """Runs one task on one image: the timed part of the pipeline."""
+
+    task: str
+    predictor: Any
+    generator: Any = None  # MaskGenerator for amg
+
+    def __call__(
+        self, item: ImageInput, source: bytes | np.ndarray, points: Points | None
+    ) -> tuple[np.ndarray, list[dict[str, Any]], Timings]:
+        timings = Timings()
+        clock = _Clock(self.predictor.device)
+        pixels = item.decode(source)
+        timings.decode_ms = clock.lap_ms()
+        if points is not None:
+            _check_points_inside(points, pixels.shape[:2])
+        embedding = self.predictor.encode(pixels)
+        timings.encode_ms = clock.lap_ms()
+        if self.task == "amg":
+            records = [dict(r) for r in self.generator.generate(pixels, embedding=embedding)]
+        else:
+            assert points is not None
+            records = self.point_records(embedding, points)
+        timings.masks_ms = clock.lap_ms()
+        return pixels, records, timings
+
+    def point_records(self, embedding: Any, points: Points) -> list[dict[str, Any]]:
+        """The best of 3 masks for each point, every point its own prompt, one predict call."""
+        import torch
+
+        from sam2serve.engine.masks import batched_mask_to_box, box_xyxy_to_xywh
+        from sam2serve.engine.rle import area_from_rle, masks_to_rle, rle_to_coco
+
+        if not points:
+            return []
+        coords = torch.tensor(points, dtype=torch.float32)[:, None, :]  # (B, 1, 2)
+        labels = torch.ones(coords.shape[:2], dtype=torch.int32)
+        prediction = self.predictor.predict(
+            embedding, point_coords=coords, point_labels=labels, multimask_output=True
+        )
+        best = prediction.iou_scores.argmax(dim=1)
+        rows = torch.arange(len(points), device=best.device)
+        masks = prediction.masks[rows, best]  # (B, H, W) bool
+        ious = prediction.iou_scores[rows, best].float().cpu().tolist()
+        boxes = box_xyxy_to_xywh(batched_mask_to_box(masks)).float().cpu().tolist()
+        rles = masks_to_rle(masks)
+        return [
+            {
+                "segmentation": rle_to_coco(rle),
+                "area": area_from_rle(rle),
+                "bbox": box,
+                "predicted_iou": iou,
+                "point_coords": [point],
+            }
+            for rle, box, iou, point in zip(rles, boxes, ious, points, strict=True)
+        ]
+
+
+def _check_points_inside(points: Points, size: tuple[int, int]) -> None:
+    height, width = size
+    for x, y in points:
+        if not (0 <= x <= width and 0 <= y <= height):
+            raise ImageFailure(
+                f"prompt point [{x:g}, {y:g}] lies outside the {width}x{height} image "
+                "(are the prompts for another image?)"
+            )
+
+
+def run_command(args: argparse.Namespace) -> int:
+    params = amg_params_from(args)  # validated for every task: a bad value is a bad value
+    if args.task == "amg" and args.prompts is not None:
+        raise UsageError("--prompts is for --task sps and mps; amg needs no prompts")
+    if args.task != "amg" and args.prompts is None:
+        raise UsageError(
+            f"--task {args.task} needs --prompts FILE: a JSON object mapping image names to "
+            f"[[x, y], ...] points; make one from amg outputs with "
+            f"'{PROG} run --task amg IMAGES --out AMG_DIR' then '{PROG} annotate AMG_DIR'"
+        )
+    images = expand_images(args.images)
+    prompts = None
+    if args.prompts is not None:
+        prompts = match_prompts(load_prompts(args.prompts), images, args.prompts)
+    out_dir = _prepare_out_dir(args.out)
+
+    model = load_model_for(args)
+    from sam2serve.engine.amg import MaskGenerator
+    from sam2serve.engine.predictor import Predictor
+
+    predictor = Predictor(model)
+    generator = MaskGenerator(predictor, params) if args.task == "amg" else None
+    segmenter = Segmenter(args.task, predictor, generator)
+    header = {
+        "task": args.task,
+        "model": args.model,
+        "device": args.device,
+        "weights": weights_record(model.weights_info),
+        "params": _task_params(args.task, params),
+    }
+    return _run_images(images, segmenter, prompts, header, out_dir, args)
+
+
+def _task_params(task: str, params: AMGParams) -> dict[str, Any]:
+    if task == "amg":
+        return params.to_dict()
+    return {
+        "multimask_output": True,
+        "selection": "highest predicted_iou of the 3 masks of each prompt",
+        "prompts_per_image": "first point only" if task == "sps" else "every point",
+    }
+
+
+def _prepare_out_dir(out: Path) -> Path:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {str(out)!r} exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create --out directory {str(out)!r}: {exc}") from None
+    return out
+
+
+def _run_images(
+    images: list[ImageInput],
+    segmenter: Segmenter,
+    prompts: dict[str, Points] | None,
+    header: dict[str, Any],
+    out_dir: Path,
+    args: argparse.Namespace,
+) -> int:
+    from tqdm import tqdm
+
+    done: list[Timings] = []
+    failed: list[str] = []
+    progress = tqdm(
+        images, desc=f"{PROG} {args.task}", unit="image", file=sys.stderr, dynamic_ncols=True
+    )
+    for item in progress:
+        try:
+            if item.error is not None:
+                raise ImageFailure(item.error)
+            points = _points_for(item, segmenter.task, prompts, args.prompts)
+            source = item.pixels_source()
+            pixels, records, timings = segmenter(item, source, points)
+            height, width = pixels.shape[:2]
+            result = {
+                "image": item.name,
+                "source": str(item.path) if item.path else f"skimage.data.{item.sample}",
+                "width": width,
+                "height": height,
+                **header,
+                "timings": timings.as_dict(),
+                "masks": records,
+            }
+            _write_json(out_dir / f"{item.stem}{MASKS_SUFFIX}", result)
+            if args.overlay:
+                _write_overlay(
+                    out_dir / f"{item.stem}{OVERLAY_SUFFIX}",
+                    pixels,
+                    records,
+                    show_points=segmenter.task != "amg",
+                )
+        except ImageFailure as exc:
+            failed.append(item.name)
+            _error_line(f"{exc}; skipped")
+            continue
+        except Exception as exc:  # noqa: BLE001 - one image must not lose the others
+            failed.append(item.name)
+            _error_line(f"{_describe(item)} failed ({type(exc).__name__}: {exc}); skipped")
+            continue
+        done.append(timings)
+        progress.set_postfix(masks=len(records), refresh=False)
+    progress.close()
+    _print_summary(done, failed, segmenter.task, out_dir)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _points_for(
+    item: ImageInput, task: str, prompts: dict[str, Points] | None, path: Path | None
+) -> Points | None:
+    if task == "amg":
+        return None
+    assert prompts is not None
+    if item.name not in prompts:
+        raise ImageFailure(f"no prompts for image {item.name!r} in --prompts file {str(path)!r}")
+    points = prompts[item.name]
+    if not points:
+        _message(f"{PROG}: warning: the prompts for {item.name!r} are empty: no masks")
+    return points[:1] if task == "sps" else points
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write atomically: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(_format_json(data), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN/inf (an empty mask's 0/0 stability score) become null: JSON has no NaN."""
+    if isinstance(value, float):
+        return finite_or_none(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _format_json(data: dict[str, Any]) -> str:
+    """One top-level entry per line, and one line per element of a list of records:
+    easy to read and to diff, and still plain JSON."""
+    data = _json_safe(data)
+    entries = []
+    for key, value in data.items():
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            text = "[\n" + ",\n".join(f"  {json.dumps(v)}" for v in value) + "\n ]"
+        else:
+            text = json.dumps(value)
+        entries.append(f" {json.dumps(key)}: {text}")
+    return "{\n" + ",\n".join(entries) + "\n}\n"
+
+
+def _colour(index: int) -> np.ndarray:
+    """Distinct, bright colours: hues spaced by the golden ratio."""
+    hue = (index * 0.618033988749895) % 1.0
+    return np.array(colorsys.hsv_to_rgb(hue, 0.85, 1.0), dtype=np.float32) * 255
+
+
+def _write_overlay(
+    path: Path, pixels: np.ndarray, records: list[dict[str, Any]], show_points: bool
+) -> None:
+    """Masks alpha-blended over the image, largest first so small ones stay visible."""
+    from PIL import Image, ImageDraw
+
+    from sam2serve.engine.rle import coco_to_rle, rle_to_mask
+
+    canvas = pixels.astype(np.float32)
+    order = sorted(range(len(records)), key=lambda i: -records[i]["area"])
+    for rank, index in enumerate(order):
+        mask = rle_to_mask(coco_to_rle(records[index]["segmentation"]))
+        canvas[mask] = (1 - OVERLAY_ALPHA) * canvas[mask] + OVERLAY_ALPHA * _colour(rank)
+    image = Image.fromarray(np.rint(canvas).clip(0, 255).astype(np.uint8))
+    if show_points:
+        draw = ImageDraw.Draw(image)
+        radius = max(3, round(min(image.size) / 150))
+        for record in records:
+            for x, y in record["point_coords"]:
+                draw.ellipse(
+                    (x - radius, y - radius, x + radius, y + radius),
+                    fill=(255, 255, 255),
+                    outline=(0, 0, 0),
+                    width=1,
+                )
+    image.save(path)
+
+
+def _print_summary(done: list[Timings], failed: list[str], task: str, out_dir: Path) -> None:
+    shown = ", ".join(failed[:10]) + (", ..." if len(failed) > 10 else "")
+    lines = [
+        f"{PROG}: {task}: {len(done)} image(s) written to {str(out_dir)!r}, "
+        f"{len(failed)} failed" + (f" ({shown})" if failed else "")
+    ]
+    if done:
+        totals = np.array([t.total_ms for t in done])
+        p50, p90 = np.percentile(totals, [50, 90])
+        per_second = len(done) / (totals.sum() / 1000) if totals.sum() > 0 else float("inf")
+        lines.append(
+            f"{PROG}: latency per image (decode + encode + masks + RLE): p50 {p50:.1f} ms, "
+            f"p90 {p90:.1f} ms, mean {totals.mean():.1f} ms; {per_second:.2f} images/s"
+        )
+        lines.append(
+            f"{PROG}: mean per stage: decode {np.mean([t.decode_ms for t in done]):.1f} ms, "
+            f"encode {np.mean([t.encode_ms for t in done]):.1f} ms, "
+            f"masks {np.mean([t.masks_ms for t in done]):.1f} ms"
+        )
+    print("\n".join(lines), file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- annotate
+
+
+def prompt_point(mask: np.ndarray) -> list[float] | None:
+    """A point inside ``mask``: its centroid if inside, else the point farthest from the
+    edge (maximum of the distance transform). None for an empty mask.
+
+    Points are pixel coordinates (x = column, y = row), as the predictor takes them.
+    """
+    rows, cols = np.nonzero(mask)
+    if rows.size == 0:
+        return None
+    cx, cy = float(cols.mean()), float(rows.mean())
+    if mask[round(cy), round(cx)]:
+        return [round(cx, 2), round(cy, 2)]
+    from scipy import ndimage
+
+    # Padding makes the image border count as outside, so the point keeps off it too.
+    distance = ndimage.distance_transform_edt(np.pad(mask, 1))[1:-1, 1:-1]
+    row, col = np.unravel_index(int(np.argmax(distance)), distance.shape)
+    return [float(col), float(row)]
+
+
+def annotate_file(path: Path) -> tuple[str, Points]:
+    """Image name and prompt points (largest mask first) of one amg output file."""
+    from sam2serve.engine.rle import coco_to_rle, rle_to_mask
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ImageFailure(f"cannot read {str(path)!r}: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("masks"), list):
+        raise ImageFailure(f'{str(path)!r} is not a {PROG} output (no "masks" list)')
+    if data.get("task") != "amg":
+        raise ImageFailure(
+            f"{str(path)!r} holds {data.get('task')!r} results; annotate needs --task amg outputs"
+        )
+    name = data.get("image") or path.name[: -len(MASKS_SUFFIX)]
+    try:
+        masks = sorted(data["masks"], key=lambda m: -int(m["area"]))  # stable for ties
+        points = []
+        for record in masks:
+            point = prompt_point(rle_to_mask(coco_to_rle(record["segmentation"])))
+            if point is not None:
+                points.append(point)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ImageFailure(f"{str(path)!r} has a malformed mask record: {exc!r}") from None
+    return str(name), points
+
+
+def annotate_command(args: argparse.Namespace) -> int:
+    directory: Path = args.amg_out_dir
+    if not directory.is_dir():
+        raise UsageError(f"AMG_OUT_DIR {str(directory)!r} is not a directory")
+    files = sorted(directory.glob(f"*{MASKS_SUFFIX}"))
+    if not files:
+        raise UsageError(
+            f"no *{MASKS_SUFFIX} files in {str(directory)!r}; run "
+            f"'{PROG} run --task amg IMAGES --out {directory}' first"
+        )
+    out: Path = args.out or directory / DEFAULT_PROMPTS_NAME
+    prompts: dict[str, Points] = {}
+    failed = 0
+    for path in files:
+        try:
+            name, points = annotate_file(path)
+        except ImageFailure as exc:
+            failed += 1
+            _error_line(f"{exc}; skipped")
+            continue
+        if name in prompts:
+            failed += 1
+            _error_line(f"{str(path)!r} repeats image {name!r}; skipped")
+            continue
+        prompts[name] = points
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _write_json(out, prompts)
+    except OSError as exc:
+        raise UsageError(f"cannot write prompts file {str(out)!r}: {exc}") from None
+    total = sum(len(p) for p in prompts.values())
+    print(
+        f"{PROG}: wrote {total} prompt point(s) for {len(prompts)} image(s) to "
+        f"{str(out)!r}" + (f"; {failed} file(s) failed" if failed else ""),
+        file=sys.stderr,
+    )
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,670 @@
+"""Automatic mask generation (AMG): prompt SAM2 with a grid of points, keep the good masks.
+
+Parameters, defaults, record fields and record order are those of Meta's
+``SAM2AutomaticMaskGenerator``; the pipeline is the same too:
+
+    for each crop (the whole image, then 2^i x 2^i overlapping crops per extra layer):
+        encode the crop once
+        for each batch of ``points_per_batch`` grid points (in crop pixels):
+            decode one foreground click per point (3 masks each, or 1)
+            [use_m2m: decode again with the same click and the mask's low-res logits]
+            keep masks with predicted IoU > pred_iou_thresh
+            upsample logits to the crop size; keep stability >= stability_score_thresh
+            threshold, box, drop masks cut off by a crop edge, pad to the image, RLE
+        box NMS within the crop (box_nms_thresh, by predicted IoU)
+    box NMS across crops (crop_nms_thresh, smaller crops win)
+    [min_mask_region_area: fill small holes, drop small islands, NMS again]
+
+What differs from Meta's code, and why:
+
+- The predicted-IoU filter runs *before* upsampling. It only reads the IoU head, so the
+  result is identical, and masks it drops are never upsampled to full size.
+- Upsampling, the stability score and thresholding run per chunk of masks, so only the
+  boolean masks of a batch are alive at full size, never all of its float logits.
+- ``min_mask_region_area`` is applied to the final full-resolution masks with SciPy (the
+  clean-up SAM 1's generator runs, which Meta's SAM2 class still carries as
+  ``postprocess_small_regions``). Meta's SAM2 generator instead hands the area to its
+  predictor, which edits low-res logits with a CUDA-only kernel and silently skips it
+  elsewhere; here the clean-up really runs, on any device.
+- Ties in NMS scores keep their input order (engine.nms sorts stably). Across crops all
+  masks of one crop tie (score 1 / crop area), as do all cleaned or all untouched masks
+  after ``min_mask_region_area``; torchvision orders such ties by torch's unstable sort,
+  so Meta's record order there is an accident of the sort algorithm, and ours is the
+  order of the step before (decreasing predicted IoU within a crop).
+- Unknown keyword arguments are an error instead of being ignored, and every parameter
+  is validated with a message that names the bad value.
+
+Nothing about one image is stored on the generator: ``generate`` is safe to call from
+several threads that share one :class:`MaskGenerator` (and so one model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict
+
+import numpy as np
+import torch
+
+from sam2serve.engine.image import ImageSource, load_image
+from sam2serve.engine.masks import (
+    batched_mask_to_box,
+    box_xyxy_to_xywh,
+    build_all_layer_point_grids,
+    calculate_stability_score,
+    generate_crop_boxes,
+    is_box_near_crop_edge,
+    remove_small_regions,
+    uncrop_boxes_xyxy,
+    uncrop_masks,
+    uncrop_points,
+)
+from sam2serve.engine.nms import batched_nms, box_area
+from sam2serve.engine.predictor import LOW_RES_CLAMP, Embedding, Predictor
+from sam2serve.engine.rle import Rle, area_from_rle, masks_to_rle, rle_to_coco, rle_to_mask
+
+__all__ = [
+    "OUTPUT_MODES",
+    "AMGParamError",
+    "AMGParams",
+    "MaskGenerator",
+    "MaskRecord",
+    "OutputMode",
+    "Progress",
+    "finite_or_none",
+]
+
+OutputMode = Literal["binary_mask", "uncompressed_rle", "coco_rle"]
+OUTPUT_MODES: tuple[str, ...] = ("binary_mask", "uncompressed_rle", "coco_rle")
+PointGrid = tuple[tuple[float, float], ...]
+# progress(done, total): decoder batches finished so far and in all, over all crops.
+Progress = Callable[[int, int], None]
+
+
+class MaskRecord(TypedDict):
+    """One generated mask, with the keys and value types of Meta's generator."""
+
+    segmentation: np.ndarray | Rle  # (H, W) bool, or an RLE dict depending on output_mode
+    area: int  # pixels in the mask
+    bbox: list[float]  # XYWH around the mask
+    predicted_iou: float  # the model's own estimate of the mask's quality
+    point_coords: list[list[float]]  # [[x, y]]: the click that produced the mask
+    stability_score: float  # IoU of the mask thresholded at +- stability_score_offset
+    crop_box: list[float]  # XYWH of the crop the mask was found in
+
+
+def finite_or_none(value: float) -> float | None:
+    """JSON has no NaN: an empty mask's stability score (0/0, NaN as in Meta's records)
+    is written as null by the CLI and the server."""
+    return value if math.isfinite(value) else None
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+class AMGParamError(ValueError):
+    """An AMG parameter a user got wrong; the message names it and what is accepted."""
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise AMGParamError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise AMGParamError(f"{name} must be an integer >= {minimum}, got {value}")
+    return int(value)
+
+
+def _check_float(
+    name: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    high_inclusive: bool = True,
+) -> float:
+    if low is None and high is None:
+        accepted = "a finite number"
+    else:
+        upper = "]" if high_inclusive else ")"
+        accepted = (
+            f"a number in [{low}, {high}{upper}" if high is not None else f"a number >= {low}"
+        )
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise AMGParamError(f"{name} must be {accepted}, got {value!r}")
+    number = float(value)
+    too_high = high is not None and (number > high if high_inclusive else number >= high)
+    if not math.isfinite(number) or (low is not None and number < low) or too_high:
+        raise AMGParamError(f"{name} must be {accepted}, got {value!r}")
+    return number
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise AMGParamError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _check_point_grids(value: Any, n_layers: int) -> tuple[PointGrid, ...]:
+    """Normalise explicit grids to tuples of (x, y) in [0, 1], one grid per crop layer."""
+    if isinstance(value, np.ndarray) and value.ndim == 2:
+        raise AMGParamError(
+            "point_grids must be a list of (N, 2) grids, one per crop layer; "
+            "wrap a single grid in a list"
+        )
+    try:
+        grids = [np.asarray(grid, dtype=np.float64) for grid in value]
+    except (TypeError, ValueError) as exc:
+        raise AMGParamError(
+            f"point_grids must be a list of (N, 2) arrays of numbers, got {value!r:.80}: {exc}"
+        ) from None
+    if len(grids) < n_layers + 1:
+        raise AMGParamError(
+            f"point_grids has {len(grids)} grid(s) but crop_n_layers={n_layers} needs "
+            f"{n_layers + 1} (one for the whole image and one per crop layer)"
+        )
+    for layer, grid in enumerate(grids):
+        if grid.ndim != 2 or grid.shape[1] != 2 or grid.shape[0] == 0:
+            raise AMGParamError(
+                f"point_grids[{layer}] must have shape (N, 2) with N >= 1, got {grid.shape}"
+            )
+        if not (np.isfinite(grid).all() and (grid >= 0).all() and (grid <= 1).all()):
+            raise AMGParamError(
+                f"point_grids[{layer}] must hold (x, y) normalised to [0, 1], got values in "
+                f"[{np.nanmin(grid):g}, {np.nanmax(grid):g}]"
+            )
+    return tuple(tuple((float(x), float(y)) for x, y in grid) for grid in grids)
+
+
+@dataclass(frozen=True)
+class AMGParams:
+    """Every parameter of automatic mask generation, with Meta's defaults.
+
+    Built from keyword arguments or from a mapping (``AMGParams.from_dict``, for the CLI
+    and the server); validated on construction, so a bad value fails early with a
+    message that names it. Immutable and hashable, so it can key a cache.
+    """
+
+    # Points per side of the grid on the whole image (points_per_side**2 clicks); None
+    # when ``point_grids`` gives the clicks explicitly. Exactly one of the two is set.
+    points_per_side: int | None = 32
+    # Clicks decoded together; more is faster but holds more masks in memory at once.
+    points_per_batch: int = 64
+    # Keep masks whose predicted IoU is > this (0 turns the filter off).
+    pred_iou_thresh: float = 0.8
+    # Keep masks whose stability score is >= this (0 turns the filter off).
+    stability_score_thresh: float = 0.95
+    # The logit shift either side of mask_threshold the stability score compares.
+    stability_score_offset: float = 1.0
+    # Logit above which a pixel is in the mask.
+    mask_threshold: float = 0.0
+    # Box IoU above which the lower-scoring of two masks of one crop is dropped.
+    box_nms_thresh: float = 0.7
+    # Extra crop layers: layer i adds (2^i)^2 overlapping crops, each encoded anew.
+    crop_n_layers: int = 0
+    # Box IoU above which a mask from a larger crop loses to one from a smaller crop.
+    crop_nms_thresh: float = 0.7
+    # Overlap of neighbouring layer-1 crops as a fraction of the image's short side.
+    crop_overlap_ratio: float = 512 / 1500
+    # Layer i's grid has points_per_side / factor**i points per side.
+    crop_n_points_downscale_factor: int = 1
+    # Explicit grids of (x, y) in [0, 1], one per crop layer; excludes points_per_side.
+    point_grids: tuple[PointGrid, ...] | None = None
+    # If > 0, fill holes and drop islands smaller than this many pixels, then NMS again.
+    min_mask_region_area: int = 0
+    # "binary_mask" (H, W) bool arrays, "uncompressed_rle" or "coco_rle" (string counts).
+    output_mode: OutputMode = "binary_mask"
+    # Refine each mask once, decoding its click again with its own low-res logits.
+    use_m2m: bool = False
+    # Three masks per click (whole, part, subpart); False: one, chosen by the model.
+    multimask_output: bool = True
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)  # normalise types on a frozen instance
+
+        put("crop_n_layers", _check_int("crop_n_layers", self.crop_n_layers, 0))
+        factor = _check_int(
+            "crop_n_points_downscale_factor", self.crop_n_points_downscale_factor, 1
+        )
+        put("crop_n_points_downscale_factor", factor)
+        if (self.points_per_side is None) == (self.point_grids is None):
+            raise AMGParamError(
+                "give exactly one of points_per_side and point_grids (set "
+                "points_per_side=None to use point_grids); got "
+                f"points_per_side={self.points_per_side!r} and point_grids="
+                f"{'None' if self.point_grids is None else 'a list of grids'}"
+            )
+        if self.points_per_side is not None:
+            side = _check_int("points_per_side", self.points_per_side, 1)
+            deepest = factor**self.crop_n_layers
+            if side < deepest:
+                raise AMGParamError(
+                    f"points_per_side={side} leaves no points in crop layer "
+                    f"{self.crop_n_layers}: it is divided by crop_n_points_downscale_factor"
+                    f"**layer = {deepest}; use points_per_side >= {deepest}"
+                )
+            put("points_per_side", side)
+        else:
+            put("point_grids", _check_point_grids(self.point_grids, self.crop_n_layers))
+        put("points_per_batch", _check_int("points_per_batch", self.points_per_batch, 1))
+        for name in (
+            "pred_iou_thresh",
+            "stability_score_thresh",
+            "box_nms_thresh",
+            "crop_nms_thresh",
+        ):
+            put(name, _check_float(name, getattr(self, name), 0.0, 1.0))
+        put(
+            "stability_score_offset",
+            _check_float("stability_score_offset", self.stability_score_offset, 0.0),
+        )
+        put("mask_threshold", _check_float("mask_threshold", self.mask_threshold))
+        put(
+            "crop_overlap_ratio",
+            _check_float(
+                "crop_overlap_ratio", self.crop_overlap_ratio, 0.0, 1.0, high_inclusive=False
+            ),
+        )
+        put(
+            "min_mask_region_area", _check_int("min_mask_region_area", self.min_mask_region_area, 0)
+        )
+        if self.output_mode not in OUTPUT_MODES:
+            raise AMGParamError(
+                f"output_mode must be one of {', '.join(map(repr, OUTPUT_MODES))}, "
+                f"got {self.output_mode!r}"
+            )
+        put("use_m2m", _check_bool("use_m2m", self.use_m2m))
+        put("multimask_output", _check_bool("multimask_output", self.multimask_output))
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> AMGParams:
+        """Parameters from a mapping (JSON, CLI); unknown names are an error, not ignored."""
+        return cls().replace(**values)
+
+    def replace(self, **changes: Any) -> AMGParams:
+        """A copy with some parameters changed (and validated)."""
+        unknown = sorted(set(changes) - set(self.field_names()))
+        if unknown:
+            raise AMGParamError(
+                f"unknown AMG parameter(s) {', '.join(unknown)}; accepted: "
+                f"{', '.join(self.field_names())}"
+            )
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready values (grids as nested lists)."""
+        values = dataclasses.asdict(self)
+        if self.point_grids is not None:
+            values["point_grids"] = [[list(p) for p in grid] for grid in self.point_grids]
+        return values
+
+    def layer_point_grids(self) -> list[np.ndarray]:
+        """(N, 2) float64 grid of normalised (x, y) clicks for each crop layer."""
+        if self.point_grids is not None:
+            return [np.asarray(grid, dtype=np.float64) for grid in self.point_grids]
+        assert self.points_per_side is not None
+        return build_all_layer_point_grids(
+            self.points_per_side, self.crop_n_layers, self.crop_n_points_downscale_factor
+        )
+
+
+# --------------------------------------------------------------------------- mask sets
+
+
+@dataclass(frozen=True)
+class _Masks:
+    """Masks kept so far, in image coordinates: RLEs on the host, the rest on the device.
+
+    Meta's ``MaskData`` reduced to the fields AMG needs; every tensor has one row per RLE.
+    """
+
+    rles: list[Rle]
+    boxes: torch.Tensor  # (N, 4) int64 XYXY, inclusive max, image frame
+    iou_preds: torch.Tensor  # (N,) float32
+    stability_scores: torch.Tensor  # (N,) float32
+    points: torch.Tensor  # (N, 2) float32, the click, image frame
+    crop_boxes: torch.Tensor  # (N, 4) int64 XYXY of the crop the mask came from
+
+    def __len__(self) -> int:
+        return len(self.rles)
+
+    @staticmethod
+    def empty(device: torch.device) -> _Masks:
+        def zeros(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        return _Masks(
+            [],
+            zeros(0, 4, dtype=torch.int64),
+            zeros(0, dtype=torch.float32),
+            zeros(0, dtype=torch.float32),
+            zeros(0, 2, dtype=torch.float32),
+            zeros(0, 4, dtype=torch.int64),
+        )
+
+    def select(self, index: torch.Tensor) -> _Masks:
+        """The masks at ``index`` (int64 positions, in that order)."""
+        positions = index.tolist()
+        return _Masks(
+            [self.rles[i] for i in positions],
+            self.boxes[index],
+            self.iou_preds[index],
+            self.stability_scores[index],
+            self.points[index],
+            self.crop_boxes[index],
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[_Masks], device: torch.device) -> _Masks:
+        if not parts:
+            return _Masks.empty(device)
+        if len(parts) == 1:
+            return parts[0]
+        return _Masks(
+            [rle for part in parts for rle in part.rles],
+            *(
+                torch.cat([getattr(p, name) for p in parts])
+                for name in ("boxes", "iou_preds", "stability_scores", "points", "crop_boxes")
+            ),
+        )
+
+
+def _nms(boxes: torch.Tensor, scores: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Greedy box NMS over all masks as one category, as Meta calls it."""
+    return batched_nms(boxes.float(), scores, torch.zeros_like(boxes[:, 0]), threshold)
+
+
+def _batches(n_items: int, batch_size: int) -> Iterator[slice]:
+    for start in range(0, n_items, batch_size):
+        yield slice(start, start + batch_size)
+
+
+# --------------------------------------------------------------------------- generator
+
+
+class MaskGenerator:
+    """Segment everything in an image with a :class:`Predictor` and AMG parameters.
+
+    ``MaskGenerator(predictor, points_per_side=16, output_mode="coco_rle")`` or
+    ``MaskGenerator(predictor, AMGParams.from_dict(config))``; keyword arguments override
+    the fields of ``params``. The generator holds only the predictor and the parameters.
+    """
+
+    def __init__(
+        self, predictor: Predictor, params: AMGParams | None = None, **overrides: Any
+    ) -> None:
+        if params is not None and not isinstance(params, AMGParams):
+            raise AMGParamError(
+                f"params must be an AMGParams (or give the parameters as keyword "
+                f"arguments), got {type(params).__name__}"
+            )
+        self.predictor = predictor
+        self.params = (params or AMGParams()).replace(**overrides)
+        self._layer_grids = self.params.layer_point_grids()  # derived from params only
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        image: ImageSource,
+        *,
+        embedding: Embedding | None = None,
+        progress: Progress | None = None,
+    ) -> list[MaskRecord]:
+        """Mask records for ``image`` (a path, encoded bytes, a PIL image or an array).
+
+        ``embedding``: the image's embedding if already computed (e.g. cached); it is
+        used for the whole-image crop instead of encoding again. ``progress(done, total)``
+        is called after each decoder batch.
+
+        Records come in Meta's order: smaller crops first, then by decreasing predicted
+        IoU within a crop; with ``min_mask_region_area``, masks the clean-up left alone
+        come before those it changed.
+        """
+        pixels = load_image(image)
+        if embedding is not None and (
+            len(embedding) != 1 or embedding.original_size != pixels.shape[:2]
+        ):
+            raise ValueError(
+                f"embedding is for {list(embedding.original_sizes)} but the image is "
+                f"{pixels.shape[:2]}: pass the embedding of this one image"
+            )
+        masks = self._generate_masks(pixels, embedding, progress)
+        if self.params.min_mask_region_area > 0:
+            masks = self._remove_small_regions(masks)
+        return self._records(masks)
+
+    # ------------------------------------------------------------------ pipeline
+    def _generate_masks(
+        self, image: np.ndarray, embedding: Embedding | None, progress: Progress | None
+    ) -> _Masks:
+        p = self.params
+        height, width = image.shape[:2]
+        crop_boxes, layer_idxs = generate_crop_boxes(
+            (height, width), p.crop_n_layers, p.crop_overlap_ratio
+        )
+        n_batches = [
+            math.ceil(len(self._layer_grids[layer]) / p.points_per_batch) for layer in layer_idxs
+        ]
+        ticker = _Ticker(progress, sum(n_batches))
+        parts = []
+        for crop_box, layer in zip(crop_boxes, layer_idxs, strict=True):
+            whole_image = crop_box == [0, 0, width, height]
+            crop_embedding = embedding if whole_image else None
+            parts.append(self._process_crop(image, crop_box, layer, crop_embedding, ticker))
+        masks = _Masks.concat(parts, self.predictor.device)
+        if len(crop_boxes) > 1 and len(masks):
+            # Duplicates between crops: prefer the mask from the smaller crop, which saw
+            # the object at a higher resolution.
+            keep = _nms(masks.boxes, 1 / box_area(masks.crop_boxes), p.crop_nms_thresh)
+            masks = masks.select(keep)
+        return masks
+
+    def _process_crop(
+        self,
+        image: np.ndarray,
+        crop_box: list[int],
+        layer: int,
+        embedding: Embedding | None,
+        ticker: _Ticker,
+    ) -> _Masks:
+        x0, y0, x1, y1 = crop_box
+        crop = image[y0:y1, x0:x1]
+        crop_size = (crop.shape[0], crop.shape[1])
+        if embedding is None:
+            embedding = self.predictor.encode(crop)
+        # Grid scaled to crop pixels in float64, then float32 for the model, as Meta does.
+        grid = self._layer_grids[layer] * np.array(crop_size[::-1], dtype=np.float64)
+        points = torch.as_tensor(grid, dtype=torch.float32, device=self.predictor.device)
+        parts = []
+        for batch in _batches(len(points), self.params.points_per_batch):
+            parts.append(
+                self._process_batch(embedding, points[batch], crop_box, crop_size, image.shape[:2])
+            )
+            ticker.tick()
+        masks = _Masks.concat(parts, self.predictor.device)
+        if not len(masks):
+            return masks
+        return masks.select(_nms(masks.boxes, masks.iou_preds, self.params.box_nms_thresh))
+
+    def _process_batch(
+        self,
+        embedding: Embedding,
+        points: torch.Tensor,
+        crop_box: list[int],
+        crop_size: tuple[int, int],
+        image_size: tuple[int, int],
+    ) -> _Masks:
+        """Masks for one batch of clicks (crop pixels), filtered, in image coordinates."""
+        p = self.params
+        predictor = self.predictor
+        coords = predictor.to_input_frame(points[:, None, :], crop_size, normalize=True)
+        labels = torch.ones(coords.shape[:2], dtype=torch.int32, device=coords.device)
+        low_res, iou_preds = predictor.decode_low_res(
+            embedding, coords, labels, None, p.multimask_output
+        )
+        # One row per mask from here on; each mask remembers its click.
+        points = points.repeat_interleave(low_res.shape[1], dim=0)
+        low_res, iou_preds = low_res.flatten(0, 1), iou_preds.flatten(0, 1)
+        if p.use_m2m:
+            low_res, iou_preds = self._refine(embedding, points, low_res, crop_size)
+        iou_preds = iou_preds.float()
+
+        if p.pred_iou_thresh > 0.0:
+            keep = iou_preds > p.pred_iou_thresh
+            low_res, iou_preds, points = low_res[keep], iou_preds[keep], points[keep]
+        masks, stability = self._upscale(low_res, crop_size)
+        if p.stability_score_thresh > 0.0:
+            keep = stability >= p.stability_score_thresh
+            masks, iou_preds, points, stability = (
+                masks[keep],
+                iou_preds[keep],
+                points[keep],
+                stability[keep],
+            )
+
+        boxes = batched_mask_to_box(masks)
+        # A box touching a crop edge that is not an image edge is likely a cut-off object.
+        height, width = image_size
+        keep = ~is_box_near_crop_edge(boxes, crop_box, [0, 0, width, height])
+        masks, boxes, iou_preds, points, stability = (
+            masks[keep],
+            boxes[keep],
+            iou_preds[keep],
+            points[keep],
+            stability[keep],
+        )
+
+        rles = masks_to_rle(uncrop_masks(masks, crop_box, height, width))
+        crop_boxes = torch.tensor(crop_box, dtype=torch.int64, device=boxes.device)
+        return _Masks(
+            rles,
+            uncrop_boxes_xyxy(boxes, crop_box),
+            iou_preds,
+            stability,
+            uncrop_points(points, crop_box),
+            crop_boxes.expand(len(rles), 4),
+        )
+
+    def _refine(
+        self,
+        embedding: Embedding,
+        points: torch.Tensor,
+        low_res: torch.Tensor,
+        crop_size: tuple[int, int],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """use_m2m: decode each mask's click again with the mask's (clamped) low-res
+        logits as the mask prompt, single-mask output, as Meta's ``refine_with_m2m``."""
+        coords = self.predictor.to_input_frame(points[:, None, :], crop_size, normalize=True)
+        labels = torch.ones(coords.shape[:2], dtype=torch.int32, device=coords.device)
+        mask_input = low_res.clamp(-LOW_RES_CLAMP, LOW_RES_CLAMP)[:, None]
+        refined, iou_preds = [], []
+        for batch in _batches(len(points), self.params.points_per_batch):
+            logits, iou = self.predictor.decode_low_res(
+                embedding, coords[batch], labels[batch], mask_input[batch], False
+            )
+            refined.append(logits[:, 0])
+            iou_preds.append(iou[:, 0])
+        return torch.cat(refined), torch.cat(iou_preds)
+
+    def _upscale(
+        self, low_res: torch.Tensor, crop_size: tuple[int, int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bool masks at crop size and their stability scores from (N, 256, 256) logits.
+
+        Logits are upsampled straight to the crop size, as Meta does, one chunk at a time:
+        only a chunk's float logits and the batch's bool masks are ever alive.
+        """
+        p = self.params
+        masks, stability = [], []
+        for chunk in _batches(low_res.shape[0], self.predictor.prompt_chunk):
+            logits = self.predictor.upscale(low_res[chunk, None], crop_size, return_logits=True)
+            logits = logits[:, 0]
+            stability.append(
+                calculate_stability_score(
+                    logits, p.mask_threshold, p.stability_score_offset
+                ).float()
+            )
+            masks.append(logits > p.mask_threshold)
+        if not masks:
+            device = low_res.device
+            return (
+                torch.zeros((0, *crop_size), dtype=torch.bool, device=device),
+                torch.zeros(0, dtype=torch.float32, device=device),
+            )
+        return torch.cat(masks), torch.cat(stability)
+
+    def _remove_small_regions(self, masks: _Masks) -> _Masks:
+        """Fill holes, then drop islands, smaller than min_mask_region_area; then NMS with
+        masks that needed no change preferred (SAM 1's ``postprocess_small_regions``)."""
+        if not len(masks):
+            return masks
+        area = self.params.min_mask_region_area
+        changed_rows, cleaned = [], []
+        for row, rle in enumerate(masks.rles):
+            mask, filled = remove_small_regions(rle_to_mask(rle), area, mode="holes")
+            mask, dropped = remove_small_regions(mask, area, mode="islands")
+            if filled or dropped:
+                changed_rows.append(row)
+                cleaned.append(mask)
+        device = masks.boxes.device
+        rles, boxes = list(masks.rles), masks.boxes.clone()
+        unchanged = torch.ones(len(masks), dtype=torch.float32, device=device)
+        if changed_rows:
+            new_masks = torch.from_numpy(np.stack(cleaned)).to(device)
+            rows = torch.tensor(changed_rows, dtype=torch.int64, device=device)
+            boxes[rows] = batched_mask_to_box(new_masks)
+            unchanged[rows] = 0.0
+            for row, rle in zip(changed_rows, masks_to_rle(new_masks), strict=True):
+                rles[row] = rle
+        nms_thresh = max(self.params.box_nms_thresh, self.params.crop_nms_thresh)
+        keep = _nms(boxes, unchanged, nms_thresh)
+        updated = dataclasses.replace(masks, rles=rles, boxes=boxes)
+        return updated.select(keep)
+
+    def _records(self, masks: _Masks) -> list[MaskRecord]:
+        """Meta's record dicts; the per-mask tensors cross to the host here, once each."""
+        mode = self.params.output_mode
+        if mode == "binary_mask":
+            segmentations: list[Any] = [rle_to_mask(rle) for rle in masks.rles]
+        elif mode == "coco_rle":
+            segmentations = [rle_to_coco(rle) for rle in masks.rles]
+        else:
+            segmentations = masks.rles
+        # Meta moves everything to float32 numpy before writing records, so boxes and
+        # crop boxes are lists of floats; the same values here.
+        bboxes = box_xyxy_to_xywh(masks.boxes).float().cpu().tolist()
+        crop_boxes = box_xyxy_to_xywh(masks.crop_boxes).float().cpu().tolist()
+        points = masks.points.float().cpu().tolist()
+        iou_preds = masks.iou_preds.cpu().tolist()
+        stability = masks.stability_scores.cpu().tolist()
+        return [
+            MaskRecord(
+                segmentation=segmentations[i],
+                area=area_from_rle(masks.rles[i]),
+                bbox=bboxes[i],
+                predicted_iou=iou_preds[i],
+                point_coords=[points[i]],
+                stability_score=stability[i],
+                crop_box=crop_boxes[i],
+            )
+            for i in range(len(masks))
+        ]
+
+
+class _Ticker:
+    """Counts finished decoder batches for the optional progress callback."""
+
+    def __init__(self, progress: Progress | None, total: int) -> None:
+        self.progress, self.total, self.done = progress, total, 0
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total)

@@ -1,0 +1,28 @@
+"""The HTTP service: ``create_app(settings, predictor=None)`` and its parts.
+
+app.py (routes and the request flow), schemas.py (the API contract), settings.py (model
+and limits), cache.py (embedding and mask caches), batching.py (the model worker),
+metrics.py (Prometheus), errors.py (one error shape), commands.py (``serve`` and
+``loadtest``), loadtest.py (the load generator).
+
+``create_app`` and ``ServerSettings`` are importable from here; FastAPI is only imported
+when ``create_app`` is first used, so the CLI can register its commands cheaply.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ServerSettings", "create_app"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "create_app":
+        from sam2serve.server.app import create_app
+
+        return create_app
+    if name == "ServerSettings":
+        from sam2serve.server.settings import ServerSettings
+
+        return ServerSettings
+    raise AttributeError(f"module 'sam2serve.server' has no attribute {name!r}")

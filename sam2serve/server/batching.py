@@ -1,0 +1,291 @@
+"""The model worker: one thread that runs every piece of model work, batching encodes.
+
+The event loop never runs the model. Handlers submit jobs to a bounded queue and await
+their futures; the worker thread takes them in order. An encode job at the head of the
+queue waits up to ``max_wait_s`` (measured from when it was queued) for more encode jobs,
+then up to ``max_batch_size`` images go through ONE ``Predictor.encode`` call. Other jobs
+(mask decoding, AMG, warm-up) run one at a time. The model is used by this one thread
+only, and the predictor holds no request state, so requests cannot see each other's data.
+
+When ``max_queue`` jobs are already waiting, :meth:`ModelWorker.submit` raises
+:class:`QueueFull` at once (the service answers 503 with Retry-After) instead of letting
+latency grow without bound. A job whose requester gave up is removed from the queue
+(:meth:`JobHandle.cancel`); a running job is told through :attr:`JobContext.cancelled`,
+which long jobs (AMG) check between decoder batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sam2serve.engine.predictor import Embedding, Predictor
+
+log = logging.getLogger("sam2serve.server")
+
+ENCODE = "encode"
+# Exponential moving average weight of the latest job's run time (for Retry-After).
+_EWMA_WEIGHT = 0.2
+MAX_RETRY_AFTER_S = 60
+
+
+class QueueFull(Exception):
+    """The model queue is full; try again after ``retry_after_s`` seconds."""
+
+    def __init__(self, depth: int, retry_after_s: int) -> None:
+        super().__init__(f"{depth} model jobs are already waiting")
+        self.depth = depth
+        self.retry_after_s = retry_after_s
+
+
+class JobCancelled(Exception):
+    """Raised inside a job that noticed its requester has gone away."""
+
+
+class WorkerStopped(RuntimeError):
+    """The worker was stopped before the job ran (the server is shutting down)."""
+
+
+@dataclass(frozen=True)
+class JobTiming:
+    """Where a job's time went: waiting in the queue, then running (its batch's run)."""
+
+    queue_s: float
+    run_s: float
+    batch_size: int = 1
+
+
+@dataclass
+class JobContext:
+    """Handed to a job's function: lets a long job stop early when nobody waits for it."""
+
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def check(self) -> None:
+        if self.cancelled.is_set():
+            raise JobCancelled("the request was abandoned (timeout or disconnect)")
+
+
+@dataclass(eq=False)
+class _Job:
+    kind: str
+    future: Future
+    enqueued: float
+    context: JobContext
+    fn: Callable[[JobContext], Any] | None = None
+    pixels: np.ndarray | None = None
+
+
+class JobHandle:
+    """A queued job: its future resolves to ``(result, JobTiming)``."""
+
+    def __init__(self, worker: ModelWorker, job: _Job) -> None:
+        self._worker = worker
+        self._job = job
+
+    @property
+    def future(self) -> Future:
+        return self._job.future
+
+    def cancel(self) -> None:
+        """Drop the job if it has not started; otherwise ask it to stop early."""
+        self._worker._cancel(self._job)
+
+
+# Called after each batch: kind, batch size, per-job queue seconds, run seconds.
+BatchObserver = Callable[[str, int, list[float], float], None]
+
+
+class ModelWorker:
+    """One thread running model jobs from a bounded queue, encodes batched together."""
+
+    def __init__(
+        self,
+        predictor: Predictor,
+        *,
+        max_batch_size: int = 4,
+        max_wait_s: float = 0.01,
+        max_queue: int = 32,
+        on_batch: BatchObserver | None = None,
+    ) -> None:
+        if max_batch_size < 1 or max_queue < 1 or max_wait_s < 0:
+            raise ValueError("max_batch_size and max_queue must be >= 1, max_wait_s >= 0")
+        self.predictor = predictor
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self.max_queue = max_queue
+        self._on_batch = on_batch
+        self._pending: deque[_Job] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._busy = False
+        self._mean_run_s = 1.0  # a prior until the first job has run
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="sam2serve-model", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Fail every waiting job, let the running one finish, and end the thread."""
+        with self._cond:
+            self._stopping = True
+            pending = list(self._pending)
+            self._pending.clear()
+            self._cond.notify_all()
+        for job in pending:
+            if job.future.set_running_or_notify_cancel():
+                job.future.set_exception(WorkerStopped("the server is shutting down"))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ submitting
+    def submit_encode(self, pixels: np.ndarray) -> JobHandle:
+        """Encode one uint8 (H, W, 3) image; resolves to ``(Embedding, JobTiming)``."""
+        return self._submit(ENCODE, pixels=pixels)
+
+    def submit(self, kind: str, fn: Callable[[JobContext], Any]) -> JobHandle:
+        """Run ``fn(context)`` alone on the worker; resolves to ``(result, JobTiming)``."""
+        if kind == ENCODE:
+            raise ValueError("use submit_encode for encode jobs")
+        return self._submit(kind, fn=fn)
+
+    def _submit(self, kind: str, **payload: Any) -> JobHandle:
+        job = _Job(kind, Future(), time.monotonic(), JobContext(), **payload)
+        with self._cond:
+            if self._stopping:
+                raise WorkerStopped("the server is shutting down")
+            if len(self._pending) >= self.max_queue:
+                raise QueueFull(len(self._pending), self._retry_after_locked())
+            self._pending.append(job)
+            self._cond.notify_all()
+        return JobHandle(self, job)
+
+    def _cancel(self, job: _Job) -> None:
+        with self._cond:
+            try:
+                self._pending.remove(job)
+            except ValueError:
+                pass  # already taken by the worker
+        job.context.cancelled.set()
+        job.future.cancel()  # succeeds only if the job has not started
+
+    # ------------------------------------------------------------------ state
+    @property
+    def depth(self) -> int:
+        """Jobs waiting to run (not counting the one running)."""
+        with self._cond:
+            return len(self._pending)
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    def retry_after_s(self) -> int:
+        with self._cond:
+            return self._retry_after_locked()
+
+    def _retry_after_locked(self) -> int:
+        """Seconds until the queue has likely drained: jobs ahead times the mean run time."""
+        estimate = (len(self._pending) + 1) * self._mean_run_s
+        return int(min(MAX_RETRY_AFTER_S, max(1, math.ceil(estimate))))
+
+    # ------------------------------------------------------------------ the thread
+    def _loop(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            live = [job for job in batch if job.future.set_running_or_notify_cancel()]
+            if live:
+                self._run(live)
+
+    def _next_batch(self) -> list[_Job] | None:
+        with self._cond:
+            while not self._pending and not self._stopping:
+                self._cond.wait()
+            if self._stopping:
+                return None
+            head = self._pending.popleft()
+            batch = [head]
+            if head.kind != ENCODE or self.max_batch_size == 1:
+                return batch
+            deadline = head.enqueued + self.max_wait_s
+            while True:
+                self._take_encodes(batch)
+                remaining = deadline - time.monotonic()
+                if len(batch) >= self.max_batch_size or remaining <= 0 or self._stopping:
+                    return batch
+                self._cond.wait(remaining)
+
+    def _take_encodes(self, batch: list[_Job]) -> None:
+        """Move waiting encode jobs into ``batch`` (keeping other jobs' order)."""
+        for job in [j for j in self._pending if j.kind == ENCODE]:
+            if len(batch) >= self.max_batch_size:
+                return
+            self._pending.remove(job)
+            batch.append(job)
+
+    def _run(self, jobs: list[_Job]) -> None:
+        started = time.monotonic()
+        queue_s = [started - job.enqueued for job in jobs]
+        self._busy = True
+        try:
+            if jobs[0].kind == ENCODE:
+                results: list[Any] = self._encode(jobs)
+            else:
+                job = jobs[0]
+                assert job.fn is not None
+                results = [job.fn(job.context)]
+        except BaseException as exc:  # every waiter must hear of the failure
+            self._finish(jobs[0].kind, len(jobs), queue_s, time.monotonic() - started)
+            for job in jobs:
+                job.future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        finally:
+            self._busy = False
+        run_s = time.monotonic() - started
+        # Observed before the waiters resume, so metrics already count what they answer.
+        self._finish(jobs[0].kind, len(jobs), queue_s, run_s)
+        for job, result, waited in zip(jobs, results, queue_s, strict=True):
+            job.future.set_result((result, JobTiming(waited, run_s, len(jobs))))
+
+    def _encode(self, jobs: list[_Job]) -> list[Embedding]:
+        embedding = self.predictor.encode([job.pixels for job in jobs])
+        if len(jobs) == 1:
+            return [embedding]
+        # Indexing gives views of the batch tensors; copies let each image's entry be
+        # cached and freed on its own (and make Embedding.nbytes its true footprint).
+        return [_own_copy(embedding[i]) for i in range(len(jobs))]
+
+    def _finish(self, kind: str, size: int, queue_s: list[float], run_s: float) -> None:
+        with self._cond:
+            per_job = run_s / size if kind == ENCODE else run_s
+            self._mean_run_s += _EWMA_WEIGHT * (per_job - self._mean_run_s)
+        if self._on_batch is not None:
+            try:
+                self._on_batch(kind, size, queue_s, run_s)
+            except Exception:  # metrics must never fail a job
+                log.exception("batch observer failed")
+
+
+def _own_copy(embedding: Embedding) -> Embedding:
+    return Embedding(
+        embedding.image_embed.clone(),
+        (embedding.high_res_feats[0].clone(), embedding.high_res_feats[1].clone()),
+        embedding.original_sizes,
+    )

@@ -1,0 +1,114 @@
+"""The service's settings: which model to load and every limit, as one frozen dataclass.
+
+The ``serve`` command fills it from flags; tests build it directly. Every value is
+checked on construction, so a bad limit fails at start with a message that names it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+MiB = 1024 * 1024
+
+# One fp32 embedding of any model size is 16 MiB (image_embed 4 + high-res features 12).
+DEFAULT_CACHE_BYTES = 512 * MiB
+# One mask's low-res logits are 256 x 256 fp32 = 256 KiB: 64 MiB keeps the last 256 masks.
+DEFAULT_MASK_CACHE_BYTES = 64 * MiB
+DEFAULT_API_KEY_ENV = "SAM2SERVE_API_KEY"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the app loads and the limits it enforces (all sizes in bytes, times in s/ms)."""
+
+    # ---- the model (ignored when create_app is handed a ready predictor)
+    model: str = "tiny"
+    mode: str = "baseline"
+    checkpoint: str | None = None
+    random_weights: bool = False
+    seed: int = 0
+    device: str = "cpu"
+
+    # ---- limits on one request
+    # Largest encoded image (the file's bytes, after base64 decoding): larger -> 413.
+    max_upload_bytes: int = 16 * MiB
+    # Largest decoded image, width * height, read from the header before decoding: -> 413.
+    max_pixels: int = 40_000_000
+    # Prompt groups (objects) in one /v1/segment request.
+    max_objects: int = 64
+    # Points in one object (a box counts as two more).
+    max_points_per_object: int = 32
+    # Clicks one /v1/amg request may decode over all crops (points_per_side**2 on the image).
+    max_amg_points: int = 4096
+    # Wall time a request may take, queueing included: then 503 "timeout" with Retry-After.
+    request_timeout_s: float = 120.0
+
+    # ---- batching and the model queue
+    # Images encoded together in one encoder call.
+    max_batch_size: int = 4
+    # How long the first encode job of a batch waits for others to join it.
+    max_wait_ms: float = 10.0
+    # Model jobs waiting (not yet running) before new ones get 503 "overloaded".
+    max_queue: int = 32
+
+    # ---- caches
+    # Byte budget of the embedding cache (Embedding.nbytes), least recently used evicted.
+    cache_bytes: int = DEFAULT_CACHE_BYTES
+    # Byte budget of the store of returned masks' low-res logits (for mask_id refinement).
+    mask_cache_bytes: int = DEFAULT_MASK_CACHE_BYTES
+
+    # ---- access
+    # When set, /v1/* and /metrics need "Authorization: Bearer KEY" or "X-API-Key: KEY".
+    api_key: str | None = None
+    # Origins allowed by CORS; empty: no CORS headers at all (browsers refuse cross-origin).
+    cors_origins: tuple[str, ...] = ()
+
+    # ---- start-up
+    # Run one encode and one decode before /readyz reports ready.
+    warmup: bool = True
+
+    def __post_init__(self) -> None:
+        positive_ints = (
+            "max_upload_bytes",
+            "max_pixels",
+            "max_objects",
+            "max_points_per_object",
+            "max_amg_points",
+            "max_batch_size",
+            "max_queue",
+        )
+        for name in positive_ints:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("cache_bytes", "mask_cache_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0 (0 disables), got {value!r}")
+        if not (
+            isinstance(self.request_timeout_s, (int, float))
+            and math.isfinite(self.request_timeout_s)
+            and self.request_timeout_s > 0
+        ):
+            raise ValueError(
+                f"request_timeout_s must be a number > 0, got {self.request_timeout_s!r}"
+            )
+        if not (
+            isinstance(self.max_wait_ms, (int, float))
+            and math.isfinite(self.max_wait_ms)
+            and self.max_wait_ms >= 0
+        ):
+            raise ValueError(f"max_wait_ms must be a number >= 0, got {self.max_wait_ms!r}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be empty (leave it unset to disable it)")
+        object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest request body: a base64 image (4/3 of its bytes) plus 1 MiB of JSON."""
+        return math.ceil(self.max_upload_bytes * 4 / 3) + MiB
+
+    def replace(self, **changes: object) -> ServerSettings:
+        return dataclasses.replace(self, **changes)

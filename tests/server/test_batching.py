@@ -1,0 +1,189 @@
+"""The model worker on its own, with a predictor stand-in that records its calls."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import wait
+
+import numpy as np
+import pytest
+import torch
+
+from sam2serve.engine.predictor import Embedding
+from sam2serve.server.batching import JobCancelled, ModelWorker, QueueFull, WorkerStopped
+
+
+class RecordingPredictor:
+    """encode() returns embeddings whose image_embed holds the image's first pixel, so each
+    result can be traced back to its image; it blocks while ``gate`` is closed."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def encode(self, images):
+        self.entered.set()
+        assert self.gate.wait(timeout=30)
+        self.batches.append(len(images))
+        marks = torch.tensor([float(image[0, 0, 0]) for image in images])
+        return Embedding(
+            marks.reshape(-1, 1, 1, 1).expand(-1, 2, 2, 2).clone(),
+            (torch.zeros(len(images), 1, 4, 4), torch.zeros(len(images), 1, 2, 2)),
+            tuple(image.shape[:2] for image in images),
+        )
+
+
+def image(mark: int) -> np.ndarray:
+    return np.full((4, 6, 3), mark, dtype=np.uint8)
+
+
+@pytest.fixture
+def predictor():
+    return RecordingPredictor()
+
+
+def make_worker(predictor, **kwargs) -> ModelWorker:
+    worker = ModelWorker(predictor, **kwargs)
+    worker.start()
+    return worker
+
+
+def test_encodes_queued_together_run_as_one_batch(predictor):
+    predictor.gate.clear()
+    worker = make_worker(predictor, max_batch_size=4, max_wait_s=0.0)
+    try:
+        first = worker.submit_encode(image(1))
+        assert predictor.entered.wait(5)  # the first runs alone; the next three queue up
+        others = [worker.submit_encode(image(mark)) for mark in (2, 3, 4)]
+        predictor.gate.set()
+        results = [h.future.result(timeout=10) for h in [first, *others]]
+    finally:
+        worker.stop()
+    assert predictor.batches == [1, 3]
+    for mark, (embedding, timing) in zip((1, 2, 3, 4), results, strict=True):
+        assert len(embedding) == 1 and embedding.original_size == (4, 6)
+        assert float(embedding.image_embed.flatten()[0]) == mark  # each gets its own image
+        assert timing.batch_size == (1 if mark == 1 else 3)
+
+
+def test_batch_members_are_independent_copies(predictor):
+    predictor.gate.clear()
+    worker = make_worker(predictor, max_batch_size=2, max_wait_s=0.0)
+    try:
+        worker.submit_encode(image(9))
+        assert predictor.entered.wait(5)
+        handles = [worker.submit_encode(image(m)) for m in (1, 2)]
+        predictor.gate.set()
+        embeddings = [h.future.result(timeout=10)[0] for h in handles]
+    finally:
+        worker.stop()
+    # Each cached entry owns exactly its bytes (no view into the whole batch).
+    assert all(e.image_embed.untyped_storage().nbytes() == e.image_embed.nbytes for e in embeddings)
+
+
+def test_first_encode_waits_for_company_up_to_max_wait(predictor):
+    worker = make_worker(predictor, max_batch_size=2, max_wait_s=5.0)
+    try:
+        first = worker.submit_encode(image(1))
+        second = worker.submit_encode(image(2))
+        wait([first.future, second.future], timeout=10)
+    finally:
+        worker.stop()
+    assert predictor.batches == [2]  # a full batch does not wait out max_wait
+
+
+def test_other_jobs_run_alone_in_order(predictor):
+    worker = make_worker(predictor, max_batch_size=4, max_wait_s=0.0)
+    order: list[str] = []
+    try:
+        handles = [
+            worker.submit(f"job{i}", lambda ctx, i=i: order.append(f"job{i}") or i)
+            for i in range(3)
+        ]
+        results = [h.future.result(timeout=10)[0] for h in handles]
+    finally:
+        worker.stop()
+    assert results == [0, 1, 2] and order == ["job0", "job1", "job2"]
+
+
+def test_full_queue_refuses_with_retry_after(predictor):
+    predictor.gate.clear()
+    worker = make_worker(predictor, max_batch_size=1, max_queue=1)
+    try:
+        running = worker.submit_encode(image(1))
+        assert predictor.entered.wait(5)
+        queued = worker.submit_encode(image(2))
+        with pytest.raises(QueueFull) as refused:
+            worker.submit_encode(image(3))
+        assert refused.value.retry_after_s >= 1 and refused.value.depth == 1
+        predictor.gate.set()
+        assert running.future.result(timeout=10) and queued.future.result(timeout=10)
+    finally:
+        worker.stop()
+
+
+def test_cancel_removes_a_waiting_job(predictor):
+    predictor.gate.clear()
+    worker = make_worker(predictor, max_batch_size=1)
+    try:
+        worker.submit_encode(image(1))
+        assert predictor.entered.wait(5)
+        dropped = worker.submit_encode(image(2))
+        assert worker.depth == 1
+        dropped.cancel()
+        assert worker.depth == 0 and dropped.future.cancelled()
+        predictor.gate.set()
+        kept = worker.submit_encode(image(3))
+        kept.future.result(timeout=10)
+    finally:
+        worker.stop()
+    assert predictor.batches == [1, 1]  # the cancelled image was never encoded
+
+
+def test_cancel_tells_a_running_job(predictor):
+    worker = make_worker(predictor)
+    started = threading.Event()
+
+    def long_job(context):
+        started.set()
+        for _ in range(500):
+            context.check()
+            time.sleep(0.01)
+        return "finished"
+
+    try:
+        handle = worker.submit("amg", long_job)
+        assert started.wait(5)
+        handle.cancel()
+        with pytest.raises(JobCancelled):
+            handle.future.result(timeout=10)
+    finally:
+        worker.stop()
+
+
+def test_a_failing_job_fails_only_its_waiters(predictor):
+    worker = make_worker(predictor)
+    try:
+        failing = worker.submit("decode", lambda ctx: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            failing.future.result(timeout=10)
+        assert worker.submit("decode", lambda ctx: "ok").future.result(timeout=10)[0] == "ok"
+    finally:
+        worker.stop()
+
+
+def test_stop_fails_waiting_jobs(predictor):
+    predictor.gate.clear()
+    worker = make_worker(predictor, max_batch_size=1)
+    worker.submit_encode(image(1))
+    assert predictor.entered.wait(5)
+    waiting = worker.submit_encode(image(2))
+    threading.Timer(0.2, predictor.gate.set).start()
+    worker.stop(timeout=10)
+    with pytest.raises(WorkerStopped):
+        waiting.future.result(timeout=1)
+    with pytest.raises(WorkerStopped):
+        worker.submit_encode(image(3))
