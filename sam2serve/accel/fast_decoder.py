@@ -478,6 +478,9 @@ class FastMaskDecoder:
         iou = self.decoder.iou_prediction_head(hs[:, 0])
         rows = torch.arange(iou.shape[0], device=iou.device) if keep is None else keep(iou)
         if keep is not None:
+            if rows.numel() == 0:  # nothing survives: no pixel work at all
+                h, w = side.size
+                return iou.new_zeros((0, len(masks), 4 * h, 4 * w)), iou, rows
             hs, keys = hs[rows], keys.select(rows)
         logits = self.masks_from_keys(side, keys, hs[:, 1:], masks)
         return logits, iou, rows

@@ -64,7 +64,7 @@ from sam2serve.engine.masks import (
     uncrop_points,
 )
 from sam2serve.engine.nms import batched_nms, box_area
-from sam2serve.engine.predictor import LOW_RES_CLAMP, Embedding, Predictor
+from sam2serve.engine.predictor import LOW_RES_CLAMP, DecoderContext, Embedding, Predictor
 from sam2serve.engine.rle import Rle, area_from_rle, masks_to_rle, rle_to_coco, rle_to_mask
 
 __all__ = [
@@ -482,10 +482,12 @@ class MaskGenerator:
         # Grid scaled to crop pixels in float64, then float32 for the model, as Meta does.
         grid = self._layer_grids[layer] * np.array(crop_size[::-1], dtype=np.float64)
         points = torch.as_tensor(grid, dtype=torch.float32, device=self.predictor.device)
+        # The decoder's per-image work (the fast decoder's image side) is done once per crop.
+        context = self.predictor.decoder_context(embedding)
         parts = []
         for batch in _batches(len(points), self.params.points_per_batch):
             parts.append(
-                self._process_batch(embedding, points[batch], crop_box, crop_size, image.shape[:2])
+                self._process_batch(context, points[batch], crop_box, crop_size, image.shape[:2])
             )
             ticker.tick()
         masks = _Masks.concat(parts, self.predictor.device)
@@ -495,7 +497,7 @@ class MaskGenerator:
 
     def _process_batch(
         self,
-        embedding: Embedding,
+        context: DecoderContext,
         points: torch.Tensor,
         crop_box: list[int],
         crop_size: tuple[int, int],
@@ -506,14 +508,18 @@ class MaskGenerator:
         predictor = self.predictor
         coords = predictor.to_input_frame(points[:, None, :], crop_size, normalize=True)
         labels = torch.ones(coords.shape[:2], dtype=torch.int32, device=coords.device)
-        low_res, iou_preds = predictor.decode_low_res(
-            embedding, coords, labels, None, p.multimask_output
+        # Prompts none of whose masks can pass the predicted-IoU filter get no logits at
+        # all (the fast decoder skips their upscaling); m2m re-scores, so it sees them all.
+        min_iou = p.pred_iou_thresh if p.pred_iou_thresh > 0.0 and not p.use_m2m else None
+        low_res, iou_preds, rows = predictor.decode_low_res_filtered(
+            context, coords, labels, None, p.multimask_output, min_iou
         )
+        iou_preds, points = iou_preds[rows], points[rows]
         # One row per mask from here on; each mask remembers its click.
         points = points.repeat_interleave(low_res.shape[1], dim=0)
         low_res, iou_preds = low_res.flatten(0, 1), iou_preds.flatten(0, 1)
         if p.use_m2m:
-            low_res, iou_preds = self._refine(embedding, points, low_res, crop_size)
+            low_res, iou_preds = self._refine(context, points, low_res, crop_size)
         iou_preds = iou_preds.float()
 
         if p.pred_iou_thresh > 0.0:
@@ -554,7 +560,7 @@ class MaskGenerator:
 
     def _refine(
         self,
-        embedding: Embedding,
+        context: DecoderContext,
         points: torch.Tensor,
         low_res: torch.Tensor,
         crop_size: tuple[int, int],
@@ -567,7 +573,7 @@ class MaskGenerator:
         refined, iou_preds = [], []
         for batch in _batches(len(points), self.params.points_per_batch):
             logits, iou = self.predictor.decode_low_res(
-                embedding, coords[batch], labels[batch], mask_input[batch], False
+                context, coords[batch], labels[batch], mask_input[batch], False
             )
             refined.append(logits[:, 0])
             iou_preds.append(iou[:, 0])

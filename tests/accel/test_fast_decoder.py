@@ -65,6 +65,11 @@ def test_same_outputs_as_reference_decoder(parts, kind):
     assert (sub_logits - ref_logits[keep][:, 1:]).abs().max() / scale < 1e-5
     assert (sub_iou - ref_iou).abs().max() < 1e-5  # IoU is returned for every prompt
 
+    none = torch.zeros(0, dtype=torch.int64)
+    empty_logits, all_iou, empty_rows = fast.forward(side, sparse, [1, 2, 3], keep=lambda _: none)
+    assert empty_logits.shape == (0, 3, 256, 256) and empty_rows.numel() == 0
+    assert all_iou.shape == (6, 4)
+
 
 @torch.inference_mode()
 def test_flops_per_prompt_at_least_3x_below_reference(parts):

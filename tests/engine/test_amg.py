@@ -44,9 +44,11 @@ def content_key(image: np.ndarray) -> str:
 class CachingPredictor(Predictor):
     """Our Predictor with encodings cached by image content (test speed only)."""
 
-    def __init__(self, model: Any) -> None:
-        super().__init__(model)
-        self.cache: dict[str, Embedding] = {}
+    def __init__(
+        self, model: Any, decoder: str = "reference", cache: dict[str, Embedding] | None = None
+    ) -> None:
+        super().__init__(model, decoder=decoder)
+        self.cache: dict[str, Embedding] = {} if cache is None else cache
         self.encode_calls = 0  # per generate() crop, cached or not
         self.lock = threading.Lock()
 
@@ -72,6 +74,18 @@ def images() -> dict[str, np.ndarray]:
 @pytest.fixture(scope="session")
 def predictor(tiny_model) -> CachingPredictor:
     return CachingPredictor(tiny_model)
+
+
+@pytest.fixture(scope="session")
+def fast_predictor(tiny_model, predictor) -> CachingPredictor:
+    """The fast decoder (fast and furious modes), sharing the encodings."""
+    return CachingPredictor(tiny_model, decoder="fast", cache=predictor.cache)
+
+
+@pytest.fixture(scope="session")
+def meta_records() -> dict[str, list[dict[str, Any]]]:
+    """Meta's output per fidelity case, computed once for both of our decoders."""
+    return {}
 
 
 @pytest.fixture(scope="session")
@@ -306,12 +320,19 @@ FIDELITY_CASES = {
 }
 
 
+@pytest.mark.parametrize("decoder", ["reference", "fast"])
 @pytest.mark.parametrize("case", list(FIDELITY_CASES))
-def test_matches_meta(case, images, predictor, meta_generator):
+def test_matches_meta(
+    case, decoder, images, predictor, fast_predictor, meta_generator, meta_records
+):
     image_name, params, min_count = FIDELITY_CASES[case]
     image = images[image_name]
-    ours = MaskGenerator(predictor, **params).generate(image)
-    theirs = meta_generator(**params).generate(image)
+    ours = MaskGenerator(fast_predictor if decoder == "fast" else predictor, **params).generate(
+        image
+    )
+    if case not in meta_records:
+        meta_records[case] = meta_generator(**params).generate(image)
+    theirs = meta_records[case]
     if params.get("crop_n_layers", 0) > 0:
         theirs = pair_by_origin(ours, theirs)
     agreement = assert_records_match(ours, theirs)
