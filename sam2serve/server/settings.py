@@ -25,7 +25,7 @@ class ServerSettings:
 
     # ---- the model (ignored when create_app is handed a ready predictor)
     model: str = "tiny"
-    mode: str = "baseline"
+    mode: str = "fast"
     checkpoint: str | None = None
     random_weights: bool = False
     seed: int = 0

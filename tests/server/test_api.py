@@ -43,7 +43,7 @@ def test_healthz_and_readyz(client):
     ready = client.get("/readyz")
     assert ready.status_code == 200
     body = ready.json()
-    assert body["status"] == "ready" and body["model"] == "tiny" and body["mode"] == "baseline"
+    assert body["status"] == "ready" and body["model"] == "tiny" and body["mode"] == "fast"
     assert body["weights"]["source"] == "random" and body["dtype"] == "float32"
 
 
@@ -328,7 +328,7 @@ def test_metrics_exposition(client, chelsea_id):
         "sam2serve_queue_depth",
         "process_resident_memory_bytes",
         "sam2serve_process_peak_rss_bytes",
-        'sam2serve_model_info{device="cpu",dtype="float32",mode="baseline",model="tiny"',
+        'sam2serve_model_info{device="cpu",dtype="float32",mode="fast",model="tiny"',
     ):
         assert expected in text, expected
     samples = scrape(client)
