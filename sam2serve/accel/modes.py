@@ -85,8 +85,19 @@ def build_predictor(
     random_weights: bool = False,
     seed: int = 0,
     device: str | torch.device = "cpu",
+    artifacts: str | None = None,
 ) -> Predictor:
-    """Load the model of ``size`` and wrap it in a Predictor configured for ``mode``."""
+    """Load the model of ``size`` and wrap it in a Predictor configured for ``mode``;
+    with ``artifacts`` (a ``sam2serve export`` directory) start from those instead,
+    checked against their manifest, with no compilation."""
+    if artifacts is not None:
+        from sam2serve.accel.export import load_artifacts
+
+        if checkpoint is not None or random_weights:
+            raise ValueError(
+                "artifacts carry their weights: give no checkpoint or random_weights with them"
+            )
+        return load_artifacts(artifacts, size, mode)
     spec = get_mode(mode)
     model = load_model(
         size, checkpoint=checkpoint, random_weights=random_weights, seed=seed, device=device

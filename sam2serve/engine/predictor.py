@@ -12,7 +12,7 @@ Nothing per request is stored on the Predictor, so one instance serves many thre
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from sam2serve.accel.fast_decoder import FastMaskDecoder, ImageSide
 from sam2serve.engine.image import load_image, preprocess
-from sam2serve.modeling.sam2 import SAM2Image
+from sam2serve.modeling.sam2 import ImageFeatures, SAM2Image
 
 LOW_RES_CLAMP = 32.0
 VALID_LABELS = (-1, 0, 1, 2, 3)
@@ -131,10 +131,14 @@ class Predictor:
         mask_threshold: float = 0.0,
         prompt_chunk: int = DEFAULT_PROMPT_CHUNK,
         decoder: str = "reference",
+        image_encoder: Callable[[torch.Tensor], ImageFeatures] | None = None,
     ) -> None:
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
         self.model = model
+        # The image path can run elsewhere (an ahead-of-time compiled artifact); by default
+        # it is the model's own encode_image.
+        self.image_encoder = model.encode_image if image_encoder is None else image_encoder
         self.mask_threshold = mask_threshold
         self.prompt_chunk = prompt_chunk
         self.decoder = decoder
@@ -163,7 +167,7 @@ class Predictor:
     def encode_preprocessed(
         self, batch: torch.Tensor, original_sizes: Sequence[tuple[int, int]]
     ) -> Embedding:
-        features = self.model.encode_image(batch)
+        features = self.image_encoder(batch)
         sizes = tuple((int(h), int(w)) for h, w in original_sizes)
         return Embedding(features.image_embed, features.high_res_feats, sizes)
 

@@ -41,11 +41,13 @@ class ImageEncoder(nn.Module):
 
 
 class SAM2Image(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, with_image_encoder: bool = True) -> None:
+        """``with_image_encoder=False`` builds the SAM heads only, for when the image path
+        runs from an ahead-of-time artifact (no trunk to initialise or hold)."""
         super().__init__()
         self.config = cfg
         self.image_size = cfg.image_size
-        self.image_encoder = ImageEncoder(cfg)
+        self.image_encoder = ImageEncoder(cfg) if with_image_encoder else None
         size = cfg.embedding_size
         self.sam_prompt_encoder = PromptEncoder(
             embed_dim=cfg.d_model,

@@ -848,6 +848,7 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
             random_weights=settings.random_weights,
             seed=settings.seed,
             device=settings.device,
+            artifacts=settings.artifacts,
         )
     service = Service(settings, predictor)
 

@@ -119,6 +119,12 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
         help="seeded random weights instead of a checkpoint: for smoke and "
         "load tests only, masks are meaningless",
     )
+    weights.add_argument(
+        "--artifacts",
+        metavar="DIR",
+        help="start from 'sam2serve export' artifacts (weights included, no compilation); "
+        "--model and --mode must match their manifest",
+    )
     model.add_argument(
         "--seed",
         type=int,
@@ -374,6 +380,7 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
         mode=args.mode,
         checkpoint=args.checkpoint,
         random_weights=args.random_weights,
+        artifacts=args.artifacts,
         seed=args.seed,
         device=args.device,
         max_upload_bytes=args.max_upload_mib,
@@ -431,9 +438,11 @@ def serve_command(args: argparse.Namespace) -> int:
     from sam2serve.checkpoint import CheckpointError
     from sam2serve.server.app import create_app
 
+    from sam2serve.accel.export import ArtifactError
+
     try:
         app = create_app(settings)
-    except CheckpointError as exc:
+    except (CheckpointError, ArtifactError) as exc:
         return _error(str(exc))
     info = app.state.service.predictor.model.weights_info
     if info.is_random:

@@ -28,6 +28,7 @@ class ServerSettings:
     mode: str = "fast"
     checkpoint: str | None = None
     random_weights: bool = False
+    artifacts: str | None = None  # a 'sam2serve export' directory (weights included)
     seed: int = 0
     device: str = "cpu"
 

@@ -1,0 +1,81 @@
+"""``sam2serve export``: write ahead-of-time artifacts for fast start-up."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from sam2serve.config import MODEL_SIZES
+
+EXPORT_DESCRIPTION = """\
+Export the model for the fast or furious mode as ahead-of-time artifacts: the whole image
+path as OpenVINO IR (converted from sam2serve's own PyTorch modules), the prompt encoder
+and mask decoder weights, and manifest.json (model, mode, precision, runtime versions,
+shapes, sha256 of every file, the command). Load them with --artifacts DIR in
+'sam2serve run', 'sam2serve serve' and 'sam2serve bench': no compilation and no
+checkpoint at start-up; a mismatch with the manifest is a clear error.
+
+example:
+  sam2serve export --model tiny --mode furious --checkpoint sam2.1_hiera_tiny.pt --out art/
+"""
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="ahead-of-time artifacts (OpenVINO IR + manifest)",
+        description=EXPORT_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model", choices=MODEL_SIZES, default="tiny", help="model size (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("fast", "furious"),
+        default="furious",
+        help="fast: f32 encoder (lossless); furious: bf16 encoder (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("openvino",),
+        default="openvino",
+        help="artifact runtime (default: %(default)s)",
+    )
+    parser.add_argument("--out", required=True, metavar="DIR", help="directory to write")
+    weights = parser.add_mutually_exclusive_group()
+    weights.add_argument("--checkpoint", metavar="PATH", help="official checkpoint file")
+    weights.add_argument(
+        "--random-weights", action="store_true", help="a seeded random model (smoke tests only)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed for --random-weights")
+    parser.set_defaults(handler=export_command)
+
+
+def export_command(args: argparse.Namespace) -> int:
+    from sam2serve.accel.export import ArtifactError, export_artifacts
+    from sam2serve.checkpoint import CheckpointError
+
+    try:
+        manifest = export_artifacts(
+            args.model,
+            args.mode,
+            args.out,
+            backend=args.backend,
+            checkpoint=args.checkpoint,
+            random_weights=args.random_weights,
+            seed=args.seed,
+            command=shlex.join(["sam2serve", *sys.argv[1:]]),
+        )
+    except (ArtifactError, CheckpointError, OSError) as exc:
+        print(f"sam2serve: error: {exc}", file=sys.stderr)
+        return 2
+    if args.random_weights:
+        print("sam2serve: WARNING: exported RANDOM WEIGHTS - not a trained model", file=sys.stderr)
+    print(
+        f"sam2serve: wrote {args.out} ({manifest['model']}, {manifest['mode']}, "
+        f"{manifest['precision']}) in {manifest['export_seconds']} s",
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,213 @@
+"""Ahead-of-time artifacts: export once, start replicas without compiling.
+
+``export_artifacts`` writes into a directory:
+
+- ``image_encoder.xml`` / ``.bin``: the whole image path (Hiera trunk, FPN neck, the
+  decoder's high-res projections and ``no_mem_embed``) as OpenVINO IR, converted with
+  ``openvino.convert_model`` from our own module, batch dimension dynamic;
+- ``heads.pt``: the prompt encoder's and mask decoder's weights (``weights_only`` loadable);
+- ``manifest.json``: what was exported and how — model, mode, precision, runtime versions,
+  shapes, the sha256 of every file, the weights' origin and the command.
+
+``load_artifacts`` checks the manifest against the request and the installed runtime
+before anything is loaded; every mismatch is an :class:`ArtifactError` that names it.
+OpenVINO compiles the IR for the CPU in about a second, with no torch.compile at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sam2serve.accel.modes import Mode, get_mode
+from sam2serve.checkpoint import WeightsInfo, load_model
+from sam2serve.config import get_config
+from sam2serve.engine.predictor import Predictor
+from sam2serve.modeling.sam2 import ImageFeatures, SAM2Image
+
+MANIFEST = "manifest.json"
+ENCODER_XML = "image_encoder.xml"
+ENCODER_BIN = "image_encoder.bin"
+HEADS = "heads.pt"
+FORMAT_VERSION = 1
+BACKENDS = ("openvino",)
+OUTPUT_NAMES = ("image_embed", "high_res_s0", "high_res_s1")
+
+
+class ArtifactError(RuntimeError):
+    """Artifacts that are missing, corrupt or do not match what was asked for."""
+
+
+class _ImagePath(torch.nn.Module):
+    """encode_image as a module with tensor outputs, the unit that is exported."""
+
+    def __init__(self, model: SAM2Image) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        features = self.model.encode_image(images)
+        return features.image_embed, *features.high_res_feats
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _openvino_precision(spec: Mode) -> str:
+    # fast is lossless: keep f32 (OpenVINO would pick bf16 on a CPU that has it).
+    return "bf16" if spec.reduced_precision_encoder else "f32"
+
+
+def export_artifacts(
+    size: str,
+    mode: str,
+    out: str | Path,
+    *,
+    backend: str = "openvino",
+    checkpoint: str | None = None,
+    random_weights: bool = False,
+    seed: int = 0,
+    command: str | None = None,
+) -> dict:
+    """Export the model of ``size`` for ``mode`` into ``out``; returns the manifest."""
+    if backend not in BACKENDS:
+        raise ArtifactError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    spec = get_mode(mode)
+    if spec.decoder != "fast":
+        raise ArtifactError(f"export is for the fast and furious modes, got {mode!r}")
+    import openvino as ov
+
+    model = load_model(size, checkpoint, random_weights=random_weights, seed=seed)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    side = model.image_size
+    example = torch.zeros(1, 3, side, side)
+    started = time.perf_counter()
+    with torch.inference_mode():
+        reference = _ImagePath(model).eval()(example)
+    converted = ov.convert_model(
+        _ImagePath(model).eval(),
+        example_input=example,
+        input=[ov.PartialShape([-1, 3, side, side])],
+    )
+    for output, name in zip(converted.outputs, OUTPUT_NAMES):
+        output.get_tensor().set_names({name})
+    ov.save_model(converted, out / ENCODER_XML, compress_to_fp16=False)
+    heads = {k: v for k, v in model.state_dict().items() if not k.startswith("image_encoder.")}
+    torch.save(heads, out / HEADS)
+    manifest = {
+        "format": FORMAT_VERSION,
+        "model": size,
+        "mode": mode,
+        "backend": backend,
+        "device": "cpu",
+        "precision": _openvino_precision(spec),
+        "runtime": {"openvino": ov.__version__, "torch": torch.__version__},
+        "input": {"name": "images", "shape": ["batch", 3, side, side], "dtype": "float32"},
+        "outputs": {
+            name: {"shape": ["batch", *t.shape[1:]], "dtype": "float32"}
+            for name, t in zip(OUTPUT_NAMES, reference)
+        },
+        "weights": model.weights_info.as_dict(),
+        "files": {name: _sha256(out / name) for name in (ENCODER_XML, ENCODER_BIN, HEADS)},
+        "export_seconds": round(time.perf_counter() - started, 1),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+        "command": command or " ".join(sys.argv),
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def read_manifest(directory: str | Path) -> dict:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise ArtifactError(
+            f"no {MANIFEST} in {str(directory)!r}: not an export directory "
+            "(make one with 'sam2serve export')"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{str(path)!r} is not valid JSON: {exc}") from None
+    if manifest.get("format") != FORMAT_VERSION:
+        raise ArtifactError(
+            f"{str(path)!r} has format {manifest.get('format')!r}; this "
+            f"sam2serve reads format {FORMAT_VERSION}: export again"
+        )
+    return manifest
+
+
+def check_manifest(manifest: dict, directory: Path, size: str | None, mode: str | None) -> None:
+    """Every mismatch between the artifacts and the request or the runtime, named."""
+    import openvino as ov
+
+    problems = []
+    if size is not None and manifest["model"] != size:
+        problems.append(f"model is {manifest['model']!r}, asked for {size!r}")
+    if mode is not None and manifest["mode"] != mode:
+        problems.append(f"mode is {manifest['mode']!r}, asked for {mode!r}")
+    if manifest["runtime"]["openvino"] != ov.__version__:
+        problems.append(
+            f"exported with OpenVINO {manifest['runtime']['openvino']}, "
+            f"installed is {ov.__version__}"
+        )
+    for name, expected in manifest["files"].items():
+        path = directory / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif _sha256(path) != expected:
+            problems.append(f"{name} does not match its sha256 in the manifest")
+    if problems:
+        raise ArtifactError(
+            f"artifacts in {str(directory)!r} cannot be used: " + "; ".join(problems)
+        )
+
+
+@dataclass
+class OpenVINOImageEncoder:
+    """Runs the exported image path; returns the same ImageFeatures as encode_image."""
+
+    compiled: object  # openvino.CompiledModel
+
+    def __call__(self, images: torch.Tensor) -> ImageFeatures:
+        # A fresh infer request per call: safe from several threads at once.
+        request = self.compiled.create_infer_request()
+        outputs = request.infer({0: images.float().cpu().numpy()}, share_outputs=False)
+        embed, s0, s1 = (torch.from_numpy(outputs[i]) for i in range(3))
+        return ImageFeatures(embed, (s0, s1))
+
+
+def load_artifacts(
+    directory: str | Path, size: str | None = None, mode: str | None = None
+) -> Predictor:
+    """A Predictor whose image path runs from the exported IR: no compilation, no checkpoint."""
+    import openvino as ov
+
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    check_manifest(manifest, directory, size, mode)
+    spec = get_mode(manifest["mode"])
+    model = SAM2Image(get_config(manifest["model"]), with_image_encoder=False)
+    model.load_state_dict(torch.load(directory / HEADS, weights_only=True), strict=True)
+    info = manifest["weights"]
+    model.weights_info = WeightsInfo(info["source"], path=info.get("path"), seed=info.get("seed"))
+    model.eval()
+    core = ov.Core()
+    hint = "bf16" if manifest["precision"] == "bf16" else "f32"
+    compiled = core.compile_model(
+        str(directory / ENCODER_XML), "CPU", {"INFERENCE_PRECISION_HINT": hint}
+    )
+    return Predictor(model, decoder=spec.decoder, image_encoder=OpenVINOImageEncoder(compiled))

@@ -1,0 +1,82 @@
+"""Exported artifacts give the same answers, start without compiling, and refuse mismatches."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from skimage import data
+
+from sam2serve.accel.export import ArtifactError, export_artifacts, load_artifacts
+from sam2serve.accel.modes import build_predictor
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("artifacts")
+    export_artifacts("tiny", "fast", out, random_weights=True, seed=4, command="test")
+    return out
+
+
+def test_artifacts_match_the_eager_model(exported):
+    import torch._dynamo.utils as dynamo_utils
+
+    dynamo_utils.counters.clear()
+    loaded = load_artifacts(exported, "tiny", "fast")
+    eager = build_predictor("tiny", "fast", random_weights=True, seed=4)
+    images = [data.coffee(), data.chelsea()]
+    ours, ref = loaded.encode(images), eager.encode(images)  # a batch: batch dim is dynamic
+    for i in range(2):
+        scale = ref[i].image_embed.abs().max()
+        assert (ours[i].image_embed - ref[i].image_embed).abs().max() / scale < 1e-4
+    points = np.array([[[120, 80]], [[300, 200]]], np.float32)
+    a = loaded.predict(ours[0], points, np.ones((2, 1)))
+    b = eager.predict(ref[0], points, np.ones((2, 1)))
+    for x, y in zip(a.masks.flatten(0, 1), b.masks.flatten(0, 1)):
+        assert (x & y).sum() / (x | y).sum() >= 0.999
+    assert loaded.model.weights_info.is_random and loaded.model.image_encoder is None
+    # Nothing was compiled: no TorchDynamo frame at all.
+    assert not dynamo_utils.counters["frames"], dict(dynamo_utils.counters["frames"])
+
+
+def test_manifest_describes_the_export(exported):
+    manifest = json.loads((exported / "manifest.json").read_text())
+    assert manifest["model"] == "tiny" and manifest["mode"] == "fast"
+    assert manifest["precision"] == "f32" and manifest["command"] == "test"
+    assert manifest["outputs"]["image_embed"]["shape"] == ["batch", 256, 64, 64]
+    assert set(manifest["files"]) == {"image_encoder.xml", "image_encoder.bin", "heads.pt"}
+    assert manifest["weights"]["source"] == "random"
+
+
+@pytest.mark.parametrize(
+    ("size", "mode", "message"),
+    [
+        ("large", None, "model is 'tiny', asked for 'large'"),
+        (None, "furious", "mode is 'fast', asked for 'furious'"),
+    ],
+)
+def test_mismatched_request_is_named(exported, size, mode, message):
+    with pytest.raises(ArtifactError, match=message):
+        load_artifacts(exported, size, mode)
+
+
+def test_tampered_or_missing_files_are_named(exported, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(exported, copy)
+    with (copy / "heads.pt").open("ab") as f:
+        f.write(b"x")
+    with pytest.raises(ArtifactError, match="heads.pt does not match its sha256"):
+        load_artifacts(copy)
+    (copy / "image_encoder.bin").unlink()
+    with pytest.raises(ArtifactError, match="image_encoder.bin is missing"):
+        load_artifacts(copy)
+    with pytest.raises(ArtifactError, match="no manifest.json"):
+        load_artifacts(tmp_path)
+
+
+def test_export_refuses_the_baseline_mode(tmp_path):
+    with pytest.raises(ArtifactError, match="fast and furious"):
+        export_artifacts("tiny", "baseline", tmp_path, random_weights=True)
