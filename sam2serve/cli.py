@@ -19,20 +19,24 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sam2serve.accel.modes import MODES
 from sam2serve.config import MODEL_SIZES, get_config
 from sam2serve.engine.amg import AMGParamError, AMGParams, finite_or_none
+from sam2serve.engine.tasks import TASKS, prompt_point, prompt_points
 from sam2serve.samples import SAMPLE_NAMES, load_sample
 from sam2serve.server.commands import add_commands as add_server_commands
 
+__all__ = ["build_parser", "main", "prompt_point"]  # prompt_point: annotate's rule
+
 PROG = "sam2serve"
-TASKS = ("amg", "sps", "mps")
+DEFAULT_MODE = "fast"  # the fastest lossless mode: the same masks as baseline, sooner
 DEVICES = ("cpu", "cuda")
 SAMPLES_ARG = "samples"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
@@ -152,7 +156,15 @@ tasks:
   sps  single point segmentation: the FIRST point of each image's --prompts entry,
        3 candidate masks, the one with the highest predicted IoU is kept
   mps  multi point segmentation: EVERY point of the image's --prompts entry is its own
-       prompt, all decoded in one call; the best of 3 candidates is kept for each
+       prompt; the best of 3 candidates is kept for each
+
+modes (--mode; the masks are the same in baseline and fast):
+  baseline  the reference behaviour: eager fp32, Meta's decoder, AMG 64 points per batch,
+            mps one prompt per decoder call, masks to RLE one at a time
+  fast      (default) lossless: fast decoder, all prompts of an image decoded together,
+            only the chosen masks upscaled, batched RLE
+  furious   fast + a reduced-precision image encoder (bf16 on CPU, fp16 on CUDA); masks
+            may differ slightly: measure with '{PROG} bench'
 
 images:
   files, directories (their {", ".join(e.lstrip(".") for e in IMAGE_EXTENSIONS)} files,
@@ -160,12 +172,13 @@ images:
   photos ({", ".join(SAMPLE_NAMES)}; use ./{SAMPLES_ARG} for a directory of that name).
 
 outputs, in --out:
-  <stem>_masks.json   {{"image", "width", "height", "task", "model", "device", "weights",
-                       "params", "timings", "masks": [...]}}; each mask has "segmentation"
-                       (COCO RLE {{"size": [h, w], "counts": str}}), "area", "bbox" (XYWH),
-                       "predicted_iou", "point_coords"; amg adds "stability_score" and
-                       "crop_box". "timings" (ms) cover decode + encode + masks + RLE, not
-                       reading the file or writing the JSON.
+  <stem>_masks.json   {{"image", "width", "height", "task", "model", "mode", "device",
+                       "weights", "params", "timings", "masks": [...]}}; each mask has
+                       "segmentation" (COCO RLE {{"size": [h, w], "counts": str}}), "area",
+                       "bbox" (XYWH), "predicted_iou", "point_coords"; amg adds
+                       "stability_score" and "crop_box". "timings" (ms) cover decode +
+                       encode + masks + RLE (and "stages", finer), not reading the file or
+                       writing the JSON.
   <stem>_overlay.png  with --overlay: the masks in distinct colours over the image
   stderr              a progress bar, then per-image latency p50/p90/mean and images/s
 
@@ -269,6 +282,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the model runs (default: %(default)s)",
     )
     run.add_argument(
+        "--mode",
+        choices=tuple(MODES),
+        default=DEFAULT_MODE,
+        help="how the model runs: "
+        + "; ".join(f"{name}: {mode.description}" for name, mode in MODES.items())
+        + " (default: %(default)s)",
+    )
+    run.add_argument(
         "--prompts",
         type=Path,
         metavar="FILE",
@@ -302,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help=f"prompts file to write (default: AMG_OUT_DIR/{DEFAULT_PROMPTS_NAME})",
     )
+    _add_bench_parser(commands)
     add_server_commands(commands)
     return parser
 
@@ -309,7 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sam2serve`` console script; returns the exit status."""
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(argv)
+        args.argv = argv  # the exact command, for reports that must say how to rerun them
         return args.handler(args)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -591,98 +615,64 @@ def _with_flag_names(message: str) -> str:
 
 @dataclass
 class Timings:
+    """Milliseconds per image: decode, encode (preprocessing + image encoder) and masks
+    (prompt decoding, post-processing, RLE), plus the finer stages of engine.tasks."""
+
     decode_ms: float = 0.0
     encode_ms: float = 0.0
     masks_ms: float = 0.0
+    stages: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_stages(cls, ms: dict[str, float]) -> Timings:
+        return cls(
+            decode_ms=ms["decode"],
+            encode_ms=ms["preprocess"] + ms["encode"],
+            masks_ms=ms["decode_masks"] + ms["postprocess"] + ms["rle"],
+            stages=dict(ms),
+        )
 
     @property
     def total_ms(self) -> float:
         return self.decode_ms + self.encode_ms + self.masks_ms
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "decode_ms": round(self.decode_ms, 3),
             "encode_ms": round(self.encode_ms, 3),
             "masks_ms": round(self.masks_ms, 3),
             "total_ms": round(self.total_ms, 3),
+            "stages": {f"{name}_ms": round(ms, 3) for name, ms in self.stages.items()},
         }
-
-
-class _Clock:
-    """Wall-clock stages that wait for the device, so asynchronous work is counted."""
-
-    def __init__(self, device: Any) -> None:
-        import torch
-
-        self._sync: Callable[[], None] = (
-            (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-        )
-        self._last = time.perf_counter()
-
-    def lap_ms(self) -> float:
-        self._sync()
-        now = time.perf_counter()
-        elapsed, self._last = (now - self._last) * 1000, now
-        return elapsed
 
 
 @dataclass
 class Segmenter:
-    """Runs one task on one image: the timed part of the pipeline."""
+    """Runs one task on one image (engine.tasks, as the mode says): the timed part."""
 
     task: str
     predictor: Any
+    mode: Any  # accel.modes.Mode: how prompts are batched and masks turned into RLE
     generator: Any = None  # MaskGenerator for amg
 
     def __call__(
         self, item: ImageInput, source: bytes | np.ndarray, points: Points | None
     ) -> tuple[np.ndarray, list[dict[str, Any]], Timings]:
-        timings = Timings()
-        clock = _Clock(self.predictor.device)
-        pixels = item.decode(source)
-        timings.decode_ms = clock.lap_ms()
+        from sam2serve.engine import tasks
+
+        timer = tasks.StageTimer(self.predictor.device)
+        with timer.stage("decode"):
+            pixels = item.decode(source)
         if points is not None:
             _check_points_inside(points, pixels.shape[:2])
-        embedding = self.predictor.encode(pixels)
-        timings.encode_ms = clock.lap_ms()
+        flags = self.mode
         if self.task == "amg":
-            records = [dict(r) for r in self.generator.generate(pixels, embedding=embedding)]
-        else:
-            assert points is not None
-            records = self.point_records(embedding, points)
-        timings.masks_ms = clock.lap_ms()
-        return pixels, records, timings
-
-    def point_records(self, embedding: Any, points: Points) -> list[dict[str, Any]]:
-        """The best of 3 masks for each point, every point its own prompt, one predict call."""
-        import torch
-
-        from sam2serve.engine.masks import batched_mask_to_box, box_xyxy_to_xywh
-        from sam2serve.engine.rle import area_from_rle, masks_to_rle, rle_to_coco
-
-        if not points:
-            return []
-        coords = torch.tensor(points, dtype=torch.float32)[:, None, :]  # (B, 1, 2)
-        labels = torch.ones(coords.shape[:2], dtype=torch.int32)
-        prediction = self.predictor.predict(
-            embedding, point_coords=coords, point_labels=labels, multimask_output=True
-        )
-        best = prediction.iou_scores.argmax(dim=1)
-        rows = torch.arange(len(points), device=best.device)
-        masks = prediction.masks[rows, best]  # (B, H, W) bool
-        ious = prediction.iou_scores[rows, best].float().cpu().tolist()
-        boxes = box_xyxy_to_xywh(batched_mask_to_box(masks)).float().cpu().tolist()
-        rles = masks_to_rle(masks)
-        return [
-            {
-                "segmentation": rle_to_coco(rle),
-                "area": area_from_rle(rle),
-                "bbox": box,
-                "predicted_iou": iou,
-                "point_coords": [point],
-            }
-            for rle, box, iou, point in zip(rles, boxes, ious, points, strict=True)
-        ]
+            records = tasks.amg(self.generator, pixels, flags=flags, timer=timer)
+        elif self.task == "sps" and points:
+            records = tasks.sps(self.predictor, pixels, points[0], flags=flags, timer=timer)
+        else:  # mps, or sps without a point: the image is still encoded, no masks
+            records = tasks.mps(self.predictor, pixels, points or [], flags=flags, timer=timer)
+        return pixels, records, Timings.from_stages(timer.ms)
 
 
 def _check_points_inside(points: Points, size: tuple[int, int]) -> None:
@@ -712,15 +702,17 @@ def run_command(args: argparse.Namespace) -> int:
     out_dir = _prepare_out_dir(args.out)
 
     model = load_model_for(args)
-    from sam2serve.engine.amg import MaskGenerator
-    from sam2serve.engine.predictor import Predictor
+    from sam2serve.accel.modes import configure_predictor
+    from sam2serve.engine.tasks import mask_generator
 
-    predictor = Predictor(model)
-    generator = MaskGenerator(predictor, params) if args.task == "amg" else None
-    segmenter = Segmenter(args.task, predictor, generator)
+    mode = MODES[args.mode]
+    predictor = configure_predictor(model, mode)
+    generator = mask_generator(predictor, params, mode) if args.task == "amg" else None
+    segmenter = Segmenter(args.task, predictor, mode, generator)
     header = {
         "task": args.task,
         "model": args.model,
+        "mode": args.mode,
         "device": args.device,
         "weights": weights_record(model.weights_info),
         "params": _task_params(args.task, params),
@@ -905,36 +897,22 @@ def _print_summary(done: list[Timings], failed: list[str], task: str, out_dir: P
             f"encode {np.mean([t.encode_ms for t in done]):.1f} ms, "
             f"masks {np.mean([t.masks_ms for t in done]):.1f} ms"
         )
+        stages = done[0].stages
+        lines.append(
+            f"{PROG}: finer: "
+            + ", ".join(
+                f"{name.replace('_', ' ')} {np.mean([t.stages[name] for t in done]):.1f} ms"
+                for name in stages
+            )
+        )
     print("\n".join(lines), file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- annotate
 
 
-def prompt_point(mask: np.ndarray) -> list[float] | None:
-    """A point inside ``mask``: its centroid if inside, else the point farthest from the
-    edge (maximum of the distance transform). None for an empty mask.
-
-    Points are pixel coordinates (x = column, y = row), as the predictor takes them.
-    """
-    rows, cols = np.nonzero(mask)
-    if rows.size == 0:
-        return None
-    cx, cy = float(cols.mean()), float(rows.mean())
-    if mask[round(cy), round(cx)]:
-        return [round(cx, 2), round(cy, 2)]
-    from scipy import ndimage
-
-    # Padding makes the image border count as outside, so the point keeps off it too.
-    distance = ndimage.distance_transform_edt(np.pad(mask, 1))[1:-1, 1:-1]
-    row, col = np.unravel_index(int(np.argmax(distance)), distance.shape)
-    return [float(col), float(row)]
-
-
 def annotate_file(path: Path) -> tuple[str, Points]:
     """Image name and prompt points (largest mask first) of one amg output file."""
-    from sam2serve.engine.rle import coco_to_rle, rle_to_mask
-
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -947,12 +925,7 @@ def annotate_file(path: Path) -> tuple[str, Points]:
         )
     name = data.get("image") or path.name[: -len(MASKS_SUFFIX)]
     try:
-        masks = sorted(data["masks"], key=lambda m: -int(m["area"]))  # stable for ties
-        points = []
-        for record in masks:
-            point = prompt_point(rle_to_mask(coco_to_rle(record["segmentation"])))
-            if point is not None:
-                points.append(point)
+        points = prompt_points(data["masks"])  # largest mask first
     except (KeyError, TypeError, ValueError) as exc:
         raise ImageFailure(f"{str(path)!r} has a malformed mask record: {exc!r}") from None
     return str(name), points
@@ -992,6 +965,194 @@ def annotate_command(args: argparse.Namespace) -> int:
     print(
         f"{PROG}: wrote {total} prompt point(s) for {len(prompts)} image(s) to "
         f"{str(out)!r}" + (f"; {failed} file(s) failed" if failed else ""),
+        file=sys.stderr,
+    )
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+# --------------------------------------------------------------------------- bench
+
+BENCH_DESCRIPTION = """\
+Measure the published SAM2 experiment on this machine: AMG, SPS and MPS latency per
+image (decode + segmentation + RLE), first-iteration time, start-up time, peak memory and
+accuracy against the baseline (mIoU, fail count), one row per mode.
+
+Every mode and task runs in its own fresh process, with its own empty compile cache
+(--warm repeats a compiling mode on the cache its cold run filled). The baseline always
+runs first: SPS prompts are the centre point of its largest AMG mask, MPS prompts the
+centre points of all its AMG masks, and every other mode's masks are compared with its
+masks. Mode 'reference' runs Meta's own sam2 code on the same weights when the sam2
+package is installed. With --random-weights AMG keeps next to no masks, so the point
+tasks then use grid prompts (SPS: the image centre; MPS: --mps-prompts grid points) and
+the report says so.
+
+outputs, in --out (default bench/results): NAME.csv (every number), NAME.md (tables
+shaped like the published ones, with the command, machine and date) and NAME.png (where
+the time goes, by stage). The Markdown tables are also printed.
+"""
+
+BENCH_EPILOG = f"""\
+examples:
+  {PROG} bench --task all --model tiny --modes reference,baseline,fast,furious \\
+      --images samples --n 4 --random-weights
+  {PROG} bench --task amg --modes baseline,fast --images photos/ --n 100 \\
+      --checkpoint sam2.1_hiera_tiny.pt --points-per-side 16
+"""
+
+
+def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
+    from sam2serve.bench.runner import PROMPT_POLICIES, REFERENCE
+
+    bench = commands.add_parser(
+        "bench",
+        help="latency, memory and accuracy of the modes (the published SAM2 experiment)",
+        description=BENCH_DESCRIPTION,
+        epilog=BENCH_EPILOG,
+        formatter_class=_HelpFormatter,
+    )
+    bench.set_defaults(handler=bench_command)
+    bench.add_argument(
+        "--task",
+        choices=(*TASKS, "all"),
+        default="all",
+        help="which task to measure, or all three (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--model", choices=MODEL_SIZES, default="tiny", help="model size (default: %(default)s)"
+    )
+    bench.add_argument(
+        "--modes",
+        default=",".join((REFERENCE, *MODES)),
+        metavar="LIST",
+        help="comma-separated modes, each a row: "
+        f"{', '.join((REFERENCE, *MODES))} (default: %(default)s; baseline is always run)",
+    )
+    bench.add_argument(
+        "--images",
+        default=SAMPLES_ARG,
+        metavar="DIR|samples",
+        help=f"a directory of images, or '{SAMPLES_ARG}' for the bundled photos "
+        "(default: %(default)s)",
+    )
+    bench.add_argument(
+        "--n",
+        type=int,
+        metavar="N",
+        help="images to run, cycling through the directory or the samples "
+        "(default: every image of the directory; the 4 samples)",
+    )
+    weights = bench.add_mutually_exclusive_group(required=True)
+    weights.add_argument(
+        "--checkpoint", type=Path, metavar="PATH", help="an official checkpoint file for --model"
+    )
+    weights.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="seeded random weights, written once as an official-shaped checkpoint that "
+        "every mode loads (masks are meaningless, the work is real)",
+    )
+    bench.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="random weights seed (default: 0)"
+    )
+    bench.add_argument(
+        "--device", choices=DEVICES, default="cpu", help="where to run (default: %(default)s)"
+    )
+    bench.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench/results"),
+        metavar="DIR",
+        help="where NAME.csv / .md / .png go (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--name",
+        metavar="NAME",
+        help="file name of the outputs (default: bench_MODEL_DEVICE)",
+    )
+    bench.add_argument(
+        "--point-prompts",
+        choices=PROMPT_POLICIES,
+        default="auto",
+        help="where SPS / MPS prompts come from: the baseline's AMG masks (amg), a grid "
+        "(grid), or auto: grid with random weights, amg otherwise (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--mps-prompts",
+        type=int,
+        default=64,
+        metavar="N",
+        help="MPS prompts per image when they come from the grid (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--warm",
+        action="store_true",
+        help="also run each mode that compiles a second time, on the compile cache its "
+        "cold run filled",
+    )
+    bench.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="give up on a run (one mode, one task) after this long (default: no limit)",
+    )
+    bench.add_argument(
+        "--work-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep the runs' specs, raw results and images here (default: a temporary "
+        "directory, removed at the end)",
+    )
+    amg = bench.add_argument_group("automatic mask generation (defaults are Meta's)")
+    _add_amg_flags(amg)
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    import shlex
+
+    from sam2serve.bench.report import markdown, write_outputs
+    from sam2serve.bench.runner import BenchConfig, BenchError, run_bench
+
+    params = amg_params_from(args)
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not modes:
+        raise UsageError("--modes is empty; give e.g. --modes baseline,fast")
+    if args.n is not None and args.n < 1:
+        raise UsageError(f"--n must be at least 1, got {args.n}")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: CUDA is not available here; use --device cpu")
+    config = BenchConfig(
+        tasks=TASKS if args.task == "all" else (args.task,),
+        model=args.model,
+        modes=modes,
+        images=args.images,
+        n=args.n,
+        checkpoint=args.checkpoint,
+        random_weights=args.random_weights,
+        seed=args.seed,
+        device=args.device,
+        amg_params=params,
+        out_dir=args.out,
+        name=args.name or f"bench_{args.model}_{args.device}",
+        mps_prompts=args.mps_prompts,
+        point_prompts=args.point_prompts,
+        warm=args.warm,
+        command=f"{PROG} " + shlex.join(getattr(args, "argv", [])),
+        work_dir=args.work_dir,
+        timeout_s=args.timeout,
+    )
+    try:
+        result = run_bench(config)
+    except BenchError as exc:
+        raise UsageError(str(exc)) from None
+    paths = write_outputs(result, config.out_dir, config.name)
+    print(markdown(result, paths["png"].name))
+    failed = [f"{run.task} {run.label}" for run in result.runs if not run.ok]
+    print(
+        f"{PROG}: bench: wrote {', '.join(str(p) for p in paths.values())}"
+        + (f"; not measured: {', '.join(failed)}" if failed else ""),
         file=sys.stderr,
     )
     return EXIT_FAILED if failed else EXIT_OK

@@ -118,9 +118,7 @@ def _accuracy(
     order_by_area: bool,
 ) -> Accuracy:
     if len(candidate) != len(baseline):
-        raise ValueError(
-            f"{len(candidate)} images to compare with {len(baseline)} baseline images"
-        )
+        raise ValueError(f"{len(candidate)} images to compare with {len(baseline)} baseline images")
     fails = masks = exact = 0
     image_ious = []
     for records, reference in zip(candidate, baseline, strict=True):

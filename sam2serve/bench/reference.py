@@ -53,7 +53,9 @@ def missing_requirements() -> list[str]:
     """The packages mode ``reference`` needs that cannot be imported (without importing
     them: importing sam2 initialises Hydra)."""
     return [
-        package for module, package in REQUIREMENTS.items() if importlib.util.find_spec(module) is None
+        package
+        for module, package in REQUIREMENTS.items()
+        if importlib.util.find_spec(module) is None
     ]
 
 
@@ -88,9 +90,7 @@ def meta_config_name(size: str, checkpoint: Path | None = None) -> str:
     return f"configs/sam2.1/sam2.1_hiera_{letter}.yaml"
 
 
-def build_meta_model(
-    size: str, checkpoint: Path | None, device: str = "cpu"
-) -> torch.nn.Module:
+def build_meta_model(size: str, checkpoint: Path | None, device: str = "cpu") -> torch.nn.Module:
     """Meta's SAM2Base via ``build_sam2`` (its defaults, as its users call it); with no
     checkpoint, Meta's own initialisation under a fixed seed."""
     activate()
@@ -118,11 +118,17 @@ class _TimedTransforms:
         return _timed(self._timer, "preprocess", self._transforms, image)
 
     def postprocess_masks(self, *args: Any, **kwargs: Any) -> Any:
-        return _timed(self._timer, "postprocess", self._transforms.postprocess_masks, *args, **kwargs)
+        return _timed(
+            self._timer, "postprocess", self._transforms.postprocess_masks, *args, **kwargs
+        )
 
 
 def _timed(
-    timer: Callable[[], StageTimer | None], stage: str, function: Callable, *args: Any, **kwargs: Any
+    timer: Callable[[], StageTimer | None],
+    stage: str,
+    function: Callable,
+    *args: Any,
+    **kwargs: Any,
 ) -> Any:
     current = timer()
     if current is None:
@@ -214,5 +220,7 @@ def _meta_amg_kwargs(params: AMGParams) -> dict[str, Any]:
     kwargs = params.to_dict()
     kwargs["output_mode"] = "uncompressed_rle"  # COCO strings are made with ours, timed as RLE
     if kwargs["point_grids"] is not None:
-        kwargs["point_grids"] = [np.asarray(grid, dtype=np.float64) for grid in kwargs["point_grids"]]
+        kwargs["point_grids"] = [
+            np.asarray(grid, dtype=np.float64) for grid in kwargs["point_grids"]
+        ]
     return kwargs

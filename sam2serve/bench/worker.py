@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import sys
@@ -25,6 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+__all__ = ["SPAWN_TIME_ENV", "main", "run", "write_checkpoint"]
 
 # Set by the parent just before it starts this process: "start to ready" includes the
 # interpreter's start and every import.
@@ -149,7 +150,9 @@ def run(spec_path: Path, result_path: Path) -> int:
         latency_ms = (time.perf_counter() - start) * 1000
         latencies.append(latency_ms)
         stages.append(dict(timer.ms))
-        records.append([{"segmentation": r["segmentation"], "area": int(r["area"])} for r in result])
+        records.append(
+            [{"segmentation": r["segmentation"], "area": int(r["area"])} for r in result]
+        )
         print(
             f"{label} image {index + 1}/{len(images)} {Path(path).name}: "
             f"{latency_ms:.0f} ms, {len(result)} masks",
@@ -170,6 +173,8 @@ def run(spec_path: Path, result_path: Path) -> int:
             torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
         ),
         "torch_threads": torch.get_num_threads(),
+        "pid": os.getpid(),
+        "compile_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
         **info,
     }
     tmp = result_path.with_name(result_path.name + ".tmp")
@@ -222,6 +227,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-__all__ = ["SPAWN_TIME_ENV", "main", "math"]

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, ContextManager, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -147,7 +147,7 @@ class StageTimer:
         return {f"{name}_ms": round(value, digits) for name, value in self.ms.items()}
 
 
-def _stage(timer: StageTimer | None, name: str) -> ContextManager[None]:
+def _stage(timer: StageTimer | None, name: str) -> AbstractContextManager[None]:
     return timer.stage(name) if timer is not None else nullcontext()
 
 
@@ -191,9 +191,7 @@ def decode(image: ImageSource, timer: StageTimer | None = None) -> np.ndarray:
         return load_image(image)
 
 
-def encode(
-    predictor: Predictor, pixels: np.ndarray, timer: StageTimer | None = None
-) -> Embedding:
+def encode(predictor: Predictor, pixels: np.ndarray, timer: StageTimer | None = None) -> Embedding:
     """The embedding of one decoded image: preprocessing and the image encoder, timed apart."""
     with _stage(timer, "preprocess"):
         batch = preprocess(
@@ -261,7 +259,8 @@ def amg(
     pixels = decode(image, timer)
     embedding = _embedding_for(generator.predictor, pixels, embedding, timer)
     if timer is not None:
-        generator = MaskGenerator(_TimedPredictor(generator.predictor, timer), params)  # type: ignore[arg-type]
+        timed = _TimedPredictor(generator.predictor, timer)
+        generator = MaskGenerator(timed, params)  # type: ignore[arg-type]
     with _stage(timer, "postprocess"):
         records = generator.generate(pixels, embedding=embedding)
     return [dict(record) for record in records]

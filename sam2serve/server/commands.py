@@ -435,10 +435,9 @@ def serve_command(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from sam2serve.accel.export import ArtifactError
     from sam2serve.checkpoint import CheckpointError
     from sam2serve.server.app import create_app
-
-    from sam2serve.accel.export import ArtifactError
 
     try:
         app = create_app(settings)

@@ -7,7 +7,6 @@ import shutil
 
 import numpy as np
 import pytest
-import torch
 from skimage import data
 
 from sam2serve.accel.export import ArtifactError, export_artifacts, load_artifacts
