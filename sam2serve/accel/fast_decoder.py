@@ -23,6 +23,7 @@ side per-prompt from the start, and those go through the reference decoder.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,32 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """(B, N, H*dh) -> (B, H, N, dh)."""
     b, n, c = x.shape
     return x.reshape(b, n, num_heads, c // num_heads).transpose(1, 2)
+
+
+def shared_times_prompts(shared: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
+    """(1, H, N, dh) shared image rows x (B, H, T, dh) prompt vectors -> (B, H, N, T).
+
+    A broadcast matmul would copy ``shared`` once per prompt; folding the prompts into the
+    column dimension makes it one (H, N, dh) @ (H, dh, B*T) product and no copy."""
+    b, h, t, d = vectors.shape
+    n = shared.shape[2]
+    folded = vectors.permute(1, 3, 0, 2).reshape(h, d, b * t)
+    return (shared[0] @ folded).reshape(h, n, b, t).permute(2, 0, 1, 3)
+
+
+def prompts_times_shared_rows(vectors: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, dh) prompt vectors x (1, H, N, dh) shared rows -> (B, H, T, N), one
+    (H, B*T, dh) @ (H, dh, N) product with no copy of ``shared``."""
+    b, h, t, d = vectors.shape
+    folded = vectors.transpose(0, 1).reshape(h, b * t, d)
+    return (folded @ shared[0].transpose(1, 2)).reshape(h, b, t, -1).transpose(0, 1)
+
+
+def prompts_times_shared(weights: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, N) per-prompt weights x (1, H, N, dh) shared rows -> (B, H, T, dh)."""
+    b, h, t, n = weights.shape
+    folded = weights.transpose(0, 1).reshape(h, b * t, n)
+    return (folded @ shared[0]).reshape(h, b, t, -1).transpose(0, 1)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
@@ -88,8 +115,10 @@ class SymbolicKeys:
             [self.a.shape[0], self.const_coef.shape[0]] + [f.coef.shape[0] for f in self.families]
         )
 
+    @functools.cached_property
     def family_parts(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(coef (B, 4096, R), vectors (B, R, C)) of all families; R = 0 before the first."""
+        """(coef (B, 4096, R), vectors (B, R, C)) of all families; R = 0 before the first.
+        Concatenated once per keys value: several projections read it."""
         if not self.families:
             b, n, c = self.batch, self.a.shape[1], self.const_vecs.shape[1]
             return self.a.new_zeros((b, n, 0)), self.a.new_zeros((b, 0, c))
@@ -115,9 +144,10 @@ class SymbolicKeys:
             self.const_vecs,
         )
 
+    @functools.cached_property
     def low_rank(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Families and constant vectors together: (coef (B, 4096, R+K), vecs (B, R+K, C))."""
-        coef, vecs = self.family_parts()
+        coef, vecs = self.family_parts
         b = coef.shape[0]
         const_coef = self.const_coef.expand(b, -1, -1)
         const_vecs = self.const_vecs.expand(b, -1, -1)
@@ -189,31 +219,27 @@ class FastMaskDecoder:
         with_pe: bool,
         name: str,
     ) -> torch.Tensor:
-        """(B, H, 4096, T): sum_d (W_h (keys_i [+ P_i]) + b_h)_d * vectors[b, h, t, d]."""
-        num_heads = vectors.shape[1]
+        """(B, H, T, 4096): sum_d (W_h (keys_i [+ P_i]) + b_h)_d * vectors[b, h, t, d].
+
+        Positions last: both attentions' softmaxes then run over contiguous rows."""
+        b, num_heads, t, _ = vectors.shape
         shared = split_heads(
             side.project_keys(weight, keys.gain, f"{name}|{keys.gain_name}"), num_heads
         )
-        out = keys.a.unsqueeze(1) * (shared @ vectors.transpose(-1, -2))
+        scale = keys.a.transpose(1, 2).unsqueeze(1)  # (B or 1, 1, 1, 4096)
+        out = prompts_times_shared_rows(vectors, shared) * scale
         if with_pe:
-            out = out + split_heads(side.project_pe(weight, name), num_heads) @ vectors.transpose(
-                -1, -2
-            )
-        low_rank = self._low_rank_head_products(keys, weight, vectors)  # (B, H, 4096, T)
-        out = out + low_rank
+            pe = split_heads(side.project_pe(weight, name), num_heads)
+            out = out + prompts_times_shared_rows(vectors, pe)
+        coef, vecs = keys.low_rank
+        projected = (vecs @ weight.T).reshape(vecs.shape[0], -1, num_heads, vectors.shape[3])
+        small = torch.einsum("brhd,bhtd->bhtr", projected, vectors)  # (B, H, T, R)
+        low_rank = small.reshape(b, num_heads * t, -1) @ coef.transpose(1, 2)  # (B, H*T, 4096)
+        out = out + low_rank.reshape(b, num_heads, t, -1)
         if bias is not None:
-            b_h = bias.reshape(num_heads, 1, -1)  # (H, 1, dh)
-            out = out + (b_h.unsqueeze(0) * vectors).sum(-1).unsqueeze(2)
+            b_h = bias.reshape(1, num_heads, 1, -1)  # (1, H, 1, dh)
+            out = out + (b_h * vectors).sum(-1, keepdim=True)
         return out
-
-    def _low_rank_head_products(
-        self, keys: SymbolicKeys, weight: torch.Tensor, vectors: torch.Tensor
-    ) -> torch.Tensor:
-        num_heads, dh = vectors.shape[1], vectors.shape[3]
-        coef, vecs = keys.low_rank()
-        projected = (vecs @ weight.T).reshape(vecs.shape[0], -1, num_heads, dh)  # (B, R, H, dh)
-        small = torch.einsum("brhd,bhtd->bhrt", projected, vectors)  # (B, H, R, T)
-        return torch.einsum("bir,bhrt->bhit", coef, small)
 
     def weighted_values(
         self,
@@ -229,8 +255,8 @@ class FastMaskDecoder:
         shared = split_heads(
             side.project_keys(weight, keys.gain, f"{name}|{keys.gain_name}"), num_heads
         )  # (1, H, 4096, dh)
-        out = (probs * keys.a.transpose(1, 2).unsqueeze(1)) @ shared  # (B, H, T, dh)
-        coef, vecs = keys.low_rank()
+        out = prompts_times_shared(probs * keys.a.transpose(1, 2).unsqueeze(1), shared)
+        coef, vecs = keys.low_rank
         mixed = torch.einsum("bhti,bir->bhtr", probs, coef)  # (B, H, T, R)
         dh = weight.shape[0] // num_heads
         projected = (vecs @ weight.T).reshape(vecs.shape[0], vecs.shape[1], num_heads, dh)
@@ -243,7 +269,7 @@ class FastMaskDecoder:
     ) -> torch.Tensor:
         """(B, 4096, out) = W keys_i, materialised (used for the upscaling convolution)."""
         shared = side.project_keys(weight, keys.gain, f"{name}|{keys.gain_name}")
-        coef, vecs = keys.low_rank()
+        coef, vecs = keys.low_rank
         return keys.a * shared + coef @ (vecs @ weight.T)
 
     def add_attention_output(
@@ -267,7 +293,7 @@ class FastMaskDecoder:
         """LayerNorm of symbolic keys: statistics from Gram matrices, result symbolic."""
         channels = keys.gain.shape[0]
         k_mean, k_sumsq = side.gained_keys_stats(keys.gain, keys.gain_name)
-        coef, vecs = keys.family_parts()  # (B, 4096, R), (B, R, C)
+        coef, vecs = keys.family_parts  # (B, 4096, R), (B, R, C)
         batch = coef.shape[0]
         const_coef = keys.const_coef.expand(batch, -1, -1)
         consts = keys.const_vecs  # (K, C)
@@ -289,7 +315,7 @@ class FastMaskDecoder:
                 ),
                 num_heads,
             )  # (1, H, 4096, dh)
-            prod = proj @ fam.values.transpose(-1, -2)  # (B, H, 4096, T)
+            prod = shared_times_prompts(proj, fam.values)  # (B, H, 4096, T)
             cross.append(prod.permute(0, 2, 1, 3).reshape(batch, prod.shape[2], -1))
         cross_kv = torch.cat(cross, dim=-1)  # (B, 4096, R)
         cross_ke = side.memo(
@@ -344,7 +370,7 @@ class FastMaskDecoder:
         scale = 1.0 / math.sqrt(q.shape[-1])
         # k = Wk (keys + P) + bk; the bias is the same for every position: softmax drops it.
         logits = self.scores(side, keys, attn.k_proj.weight, None, q, True, f"{name}.k")
-        probs = torch.softmax(logits.transpose(-1, -2) * scale, dim=-1)  # (B, H, T, 4096)
+        probs = torch.softmax(logits * scale, dim=-1)  # (B, H, T, 4096)
         out = self.weighted_values(
             side, keys, attn.v_proj.weight, attn.v_proj.bias, probs, f"{name}.v"
         )
@@ -366,10 +392,10 @@ class FastMaskDecoder:
         scale = 1.0 / math.sqrt(k.shape[-1])
         logits = self.scores(
             side, keys, attn.q_proj.weight, attn.q_proj.bias, k, True, f"{name}.q"
-        )  # (B, H, 4096, T)
-        probs = torch.softmax(logits * scale, dim=-1)
-        b, h, n, t = probs.shape
-        coef = probs.permute(0, 2, 1, 3).reshape(b, n, h * t)
+        )  # (B, H, T, 4096)
+        probs = torch.softmax(logits * scale, dim=2)  # over the tokens
+        b, h, t, n = probs.shape
+        coef = probs.permute(0, 3, 1, 2).reshape(b, n, h * t)
         return Family(coef, v, attn.out_proj.weight, torch.ones_like(attn.out_proj.bias), name)
 
     # ------------------------------------------------------------------ the decoder
