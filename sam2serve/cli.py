@@ -31,6 +31,7 @@ from sam2serve.config import MODEL_SIZES, get_config
 from sam2serve.engine.amg import AMGParamError, AMGParams, finite_or_none
 from sam2serve.engine.tasks import TASKS, prompt_point, prompt_points
 from sam2serve.samples import SAMPLE_NAMES, load_sample
+from sam2serve.accel.commands import add_commands as add_export_commands
 from sam2serve.server.commands import add_commands as add_server_commands
 
 __all__ = ["build_parser", "main", "prompt_point"]  # prompt_point: annotate's rule
@@ -325,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_bench_parser(commands)
     add_server_commands(commands)
+    add_export_commands(commands)
     return parser
 
 
@@ -1149,10 +1151,12 @@ def bench_command(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     paths = write_outputs(result, config.out_dir, config.name)
     print(markdown(result, paths["png"].name))
-    failed = [f"{run.task} {run.label}" for run in result.runs if not run.ok]
+    failed = [f"{run.task} {run.label}" for run in result.runs if not run.ok and not run.skipped]
+    skipped = [f"{run.task} {run.label}" for run in result.runs if run.skipped]
     print(
         f"{PROG}: bench: wrote {', '.join(str(p) for p in paths.values())}"
-        + (f"; not measured: {', '.join(failed)}" if failed else ""),
+        + (f"; skipped: {', '.join(skipped)}" if skipped else "")
+        + (f"; FAILED: {', '.join(failed)}" if failed else ""),
         file=sys.stderr,
     )
     return EXIT_FAILED if failed else EXIT_OK

@@ -20,6 +20,7 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 
 from sam2serve import cli
+from sam2serve.engine import tasks
 from sam2serve.engine.amg import AMGParams
 
 # Small grids keep this file fast; thresholds at 0 so random weights still give masks.
@@ -304,6 +305,7 @@ def test_missing_cached_checkpoint_says_where_to_put_it(tmp_path, image_dir, mon
         (["--points-per-side", "many"], "invalid int value: 'many'"),
         (["--pred-iou-thresh", "1.5"], "--pred-iou-thresh must be a number in [0.0, 1.0]"),
         (["--model", "huge"], "invalid choice: 'huge'"),
+        (["--mode", "turbo"], "invalid choice: 'turbo'"),
     ],
 )
 def test_bad_flag_values_are_one_line_errors(tmp_path, image_dir, flags, fragment):
@@ -431,3 +433,51 @@ def test_json_output_has_no_nan():
     parsed = _json.loads(text)  # strict JSON parsers reject NaN
     assert parsed["masks"][0]["stability_score"] is None and parsed["x"] == 1.5
     assert "NaN" not in text
+
+
+# --------------------------------------------------------------------------- modes
+
+
+def test_modes_change_the_speed_not_the_masks(image_dir, prompts_file, tmp_path):
+    """mps in the reference way (baseline) and the default (fast) way: the same records,
+    up to a few edge pixels of float rounding; the mode is recorded in the JSON."""
+    results = {}
+    for mode in ("baseline", None):
+        out = tmp_path / (mode or "default")
+        flags = ["--mode", mode] if mode else []
+        code, stderr = run_cli(
+            "run", "--task", "mps", image_dir, "--out", out, "--random-weights",
+            "--prompts", prompts_file, *flags,
+        )  # fmt: skip
+        assert code == 0, stderr
+        assert "decode masks" in stderr and "rle" in stderr  # the finer stage summary
+        results[mode] = load_result(out / "coffee_masks.json")
+    baseline, default = results["baseline"], results[None]
+    assert cli.DEFAULT_MODE == "fast"
+    assert (baseline["mode"], default["mode"]) == ("baseline", "fast")
+    stages = default["timings"]["stages"]
+    assert set(stages) == {f"{s}_ms" for s in tasks.STAGES}
+    assert default["timings"]["total_ms"] == pytest.approx(sum(stages.values()), abs=0.05)
+    assert len(baseline["masks"]) == len(default["masks"]) > 0
+    for a, b in zip(baseline["masks"], default["masks"], strict=True):
+        assert a["point_coords"] == b["point_coords"]
+        assert a["predicted_iou"] == pytest.approx(b["predicted_iou"], abs=1e-4)
+        mask_a, mask_b = (
+            mask_utils.decode(
+                {"size": r["segmentation"]["size"], "counts": r["segmentation"]["counts"].encode()}
+            )
+            for r in (a, b)
+        )
+        assert np.logical_xor(mask_a, mask_b).sum() <= max(5, mask_a.sum() // 1000)
+
+
+def test_help_lists_the_modes_and_the_bench_command(capsys):
+    assert cli.main(["run", "--help"]) == 0
+    run_help = capsys.readouterr().out
+    for mode in ("baseline", "fast", "furious"):
+        assert mode in run_help
+    assert "(default: fast)" in run_help
+    assert cli.main(["bench", "--help"]) == 0
+    bench_help = capsys.readouterr().out
+    for flag in ("--modes", "--n", "--random-weights", "--pred-iou-thresh", "--mps-prompts"):
+        assert flag in bench_help

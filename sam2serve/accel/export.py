@@ -210,4 +210,9 @@ def load_artifacts(
     compiled = core.compile_model(
         str(directory / ENCODER_XML), "CPU", {"INFERENCE_PRECISION_HINT": hint}
     )
-    return Predictor(model, decoder=spec.decoder, image_encoder=OpenVINOImageEncoder(compiled))
+    return Predictor(
+        model,
+        decoder=spec.decoder,
+        prompt_chunk=spec.prompt_chunk,
+        image_encoder=OpenVINOImageEncoder(compiled),
+    )

@@ -1,0 +1,389 @@
+"""The benchmark's outputs: a CSV (every number), a Markdown report shaped like the
+published tables (one row per mode, factors against the baseline of the same run) and a
+PNG chart of where each mode's time goes. Drawn with Pillow only."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sam2serve.bench.runner import BASELINE, BenchResult, RunResult
+from sam2serve.engine.tasks import STAGES
+
+__all__ = ["CSV_COLUMNS", "csv_text", "markdown", "render_chart", "write_outputs"]
+
+TASK_TITLES = {
+    "amg": "AMG (automatic mask generation)",
+    "sps": "SPS (single point segmentation)",
+    "mps": "MPS (multi point segmentation)",
+}
+STAGE_TITLES = {
+    "decode": "decode",
+    "preprocess": "preprocess",
+    "encode": "encode",
+    "decode_masks": "decode masks",
+    "postprocess": "postprocess",
+    "rle": "RLE",
+}
+STAGE_COLOURS = {
+    "decode": (141, 160, 203),
+    "preprocess": (166, 216, 84),
+    "encode": (252, 141, 98),
+    "decode_masks": (102, 194, 165),
+    "postprocess": (231, 138, 195),
+    "rle": (255, 217, 47),
+}
+CSV_COLUMNS = (
+    "task",
+    "mode",
+    "cache",
+    "images",
+    "first_iter_ms",
+    "p50_ms",
+    "p90_ms",
+    "p99_ms",
+    "mean_ms",
+    "max_ms",
+    "images_per_s",
+    "ready_s",
+    "peak_mem_mb",
+    "masks_per_image",
+    "miou",
+    "fails",
+    "compared_images",
+    "compared_masks",
+    "exact_masks",
+    "p50_speedup",
+    "p90_speedup",
+    "mean_speedup",
+    "first_iter_speedup",
+    *(f"{stage}_ms" for stage in STAGES),
+    "error",
+)
+
+
+def _baseline(result: BenchResult, task: str) -> RunResult | None:
+    for run in result.runs:
+        if run.task == task and run.mode == BASELINE and run.cache == "cold" and run.ok:
+            return run
+    return None
+
+
+def _speedup(run: RunResult, baseline: RunResult | None, attribute: str) -> float | None:
+    if baseline is None or not run.ok:
+        return None
+    value = getattr(run.stats, attribute)
+    reference = getattr(baseline.stats, attribute)
+    return reference / value if value > 0 else None
+
+
+def _row(run: RunResult, baseline: RunResult | None) -> dict[str, object]:
+    stats, accuracy = run.stats, run.accuracy
+    row: dict[str, object] = dict.fromkeys(CSV_COLUMNS, "")
+    row.update(task=run.task, mode=run.label, cache=run.cache, error=run.error or "")
+    if stats is not None:
+        row.update(
+            images=stats.images,
+            first_iter_ms=round(stats.first_ms, 2),
+            p50_ms=round(stats.p50_ms, 2),
+            p90_ms=round(stats.p90_ms, 2),
+            p99_ms=round(stats.p99_ms, 2),
+            mean_ms=round(stats.mean_ms, 2),
+            max_ms=round(stats.max_ms, 2),
+            images_per_s=round(stats.images_per_s, 4),
+            ready_s=round(run.ready_s or 0.0, 3),
+            peak_mem_mb=round(run.peak_mem_mb or 0.0, 1),
+            masks_per_image=round(run.masks_per_image or 0.0, 3),
+        )
+        for column, attribute in (
+            ("p50_speedup", "p50_ms"),
+            ("p90_speedup", "p90_ms"),
+            ("mean_speedup", "mean_ms"),
+            ("first_iter_speedup", "first_ms"),
+        ):
+            factor = _speedup(run, baseline, attribute)
+            row[column] = "" if factor is None else round(factor, 3)
+        for stage in STAGES:
+            row[f"{stage}_ms"] = round(run.stages_ms.get(stage, 0.0), 2)
+    if accuracy is not None:
+        row.update(
+            miou="" if accuracy.miou is None else round(accuracy.miou, 6),
+            fails=accuracy.fails,
+            compared_images=accuracy.compared_images,
+            compared_masks=accuracy.masks,
+            exact_masks=accuracy.exact,
+        )
+    return row
+
+
+def csv_text(result: BenchResult) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for run in result.runs:
+        writer.writerow(_row(run, _baseline(result, run.task)))
+    return out.getvalue()
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _ms(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _with_factor(text: str, factor: float | None) -> str:
+    return text if factor is None else f"{text} ({factor:.2f}x)"
+
+
+def _accuracy_cells(run: RunResult) -> list[str]:
+    accuracy = run.accuracy
+    if accuracy is None:
+        return ["", "", ""]
+    miou = "n/a" if accuracy.miou is None else f"{accuracy.miou:.4f}"
+    exact = f"{accuracy.exact}/{accuracy.masks}" if accuracy.masks else "-"
+    return [miou, str(accuracy.fails), exact]
+
+
+def _task_table(result: BenchResult, task: str) -> list[str]:
+    baseline = _baseline(result, task)
+    header = (
+        "| mode | p50 ms | p90 ms | p99 ms | mean ms | max ms | first iter ms | images/s "
+        "| start→ready s | peak mem MB | masks/img | mIoU | fails | exact masks |"
+    )
+    lines = [header, _separator(header)]
+    for run in (r for r in result.runs if r.task == task):
+        if not run.ok:
+            lines.append(f"| {run.label} | {run.error} |" + " |" * (header.count("|") - 3))
+            continue
+        stats = run.stats
+        assert stats is not None
+
+        def factor(attribute: str, run: RunResult = run) -> float | None:
+            return _speedup(run, baseline, attribute)
+
+        throughput = None
+        if baseline is not None and baseline.stats and baseline.stats.images_per_s > 0:
+            throughput = stats.images_per_s / baseline.stats.images_per_s
+        cells = [
+            run.label,
+            _with_factor(_ms(stats.p50_ms), factor("p50_ms")),
+            _with_factor(_ms(stats.p90_ms), factor("p90_ms")),
+            _ms(stats.p99_ms),
+            _with_factor(_ms(stats.mean_ms), factor("mean_ms")),
+            _ms(stats.max_ms),
+            _with_factor(_ms(stats.first_ms), factor("first_ms")),
+            _with_factor(f"{stats.images_per_s:.3g}", throughput),
+            f"{run.ready_s:.1f}",
+            f"{run.peak_mem_mb:,.0f}",
+            f"{run.masks_per_image:.2f}",
+            *_accuracy_cells(run),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _separator(header: str) -> str:
+    return "|" + "---|" * (header.count("|") - 1)
+
+
+def _stage_table(result: BenchResult) -> list[str]:
+    header = (
+        "| task | mode | "
+        + " | ".join(STAGE_TITLES[s] for s in STAGES)
+        + " | sum | largest stage |"
+    )
+    lines = [header, _separator(header)]
+    for run in result.runs:
+        if not run.ok:
+            continue
+        total = sum(run.stages_ms.values())
+        largest = max(STAGES, key=lambda s: run.stages_ms.get(s, 0.0))
+        share = run.stages_ms[largest] / total if total > 0 else 0.0
+        cells = [run.task, run.label]
+        cells += [_ms(run.stages_ms.get(stage, 0.0)) for stage in STAGES]
+        cells += [_ms(total), f"{STAGE_TITLES[largest]} ({share:.0%})"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _amg_parameters(result: BenchResult) -> str:
+    from sam2serve.engine.amg import AMGParams
+
+    params = result.config.amg_params
+    defaults = AMGParams(output_mode=params.output_mode)
+    changed = [
+        f"{name}={getattr(params, name)!r}"
+        for name in AMGParams.field_names()
+        if name not in ("output_mode", "point_grids")
+        and getattr(params, name) != getattr(defaults, name)
+    ]
+    if params.point_grids is not None:
+        changed.append(f"point_grids=({sum(len(g) for g in params.point_grids)} points)")
+    clicks = (
+        f"{params.points_per_side}x{params.points_per_side} = {params.points_per_side**2} clicks"
+        if params.points_per_side is not None
+        else "explicit point grids"
+    )
+    text = f"{clicks} per image; "
+    text += (
+        ("changed from Meta's defaults: " + ", ".join(changed)) if changed else "Meta's defaults"
+    )
+    return text
+
+
+def markdown(result: BenchResult, chart_name: str | None = None) -> str:
+    config, machine = result.config, result.machine
+    distinct = list(dict.fromkeys(image.name for image in result.images))
+    sizes = ", ".join(
+        f"{image.name} {image.width}x{image.height}"
+        for image in {image.name: image for image in result.images}.values()
+    )
+    device = machine.cuda_device if config.device == "cuda" else "CPU only"
+    load = "{:.2f} {:.2f} {:.2f}"
+    lines = [
+        f"# sam2serve bench: SAM 2.1 {config.model}, {config.device}",
+        "",
+        f"- **command:** `{config.command}`",
+        f"- **date:** {result.started} (the run took {result.duration_s / 60:.1f} min)",
+        f"- **machine:** {machine.cpu}, {machine.logical_cores} logical cores "
+        f"(torch uses {machine.torch_threads} threads), "
+        + (f"{machine.memory_gb:.0f} GiB RAM, " if machine.memory_gb else "")
+        + f"{machine.os}; {device}",
+        f"- **software:** Python {machine.python}, torch {machine.torch}"
+        + (f", Meta's sam2 {machine.sam2} (mode reference)" if machine.sam2 else ""),
+        (
+            f"- **load average (1/5/15 min):** {load.format(*result.load_start)} at the "
+            f"start, {load.format(*result.load_end)} at the end"
+        ),
+        f"- **weights:** {result.weights}",
+        (
+            f"- **images:** {len(result.images)} = {len(distinct)} distinct image(s) cycled "
+            f"({config.images}; {sizes})"
+        ),
+        f"- **AMG:** {_amg_parameters(result)}",
+    ]
+    for task, text in result.prompts.items():
+        lines.append(f"- **{task.upper()} prompts:** {text}")
+    for note in result.notes:
+        lines.append(f"- **note:** {note}")
+    lines += [
+        "",
+        "Latency is per image: decode + segmentation + RLE (reading the file excluded), in a "
+        "fresh process per mode and task. The first image is reported on its own (*first "
+        "iter*); p50 / p90 / p99 / mean / max are over the other images. images/s counts every "
+        "image, the first included. Factors in parentheses are against the baseline of this "
+        "run (higher is better). *start→ready*: process start to model ready. *peak mem*: "
+        + ("max allocated on the GPU" if config.device == "cuda" else "max RSS of the process")
+        + ". mIoU / fails / exact masks compare each mode's masks with the baseline's "
+        "(AMG: an image fails when its mask count differs; masks paired in area order).",
+    ]
+    for task in config.tasks:
+        lines += ["", f"## {TASK_TITLES[task]}", "", *_task_table(result, task)]
+        notes = sorted({note for run in result.runs if run.task == task for note in run.notes})
+        lines += [f"\n_{note}._" for note in notes]
+    lines += [
+        "",
+        "## Where the time goes",
+        "",
+        (
+            "Mean ms per image over the steady-state images, by stage. *decode masks* is the "
+            "prompt encoder and mask decoder; *postprocess* is everything else between the "
+            "decoder and the RLE (upscaling, thresholds, stability scores, boxes, NMS)."
+        ),
+        "",
+        *_stage_table(result),
+    ]
+    if chart_name:
+        lines += ["", f"![latency by stage]({chart_name})"]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- chart
+
+
+def _font(size: int) -> Any:  # a Pillow font of either kind
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1 has one bitmap size
+        return ImageFont.load_default()
+
+
+def render_chart(result: BenchResult) -> bytes:
+    """PNG: one panel per task, one stacked bar per mode (mean ms by stage), the p50 and
+    its factor against the baseline written beside it."""
+    from PIL import Image, ImageDraw
+
+    width, left, right, bar, gap = 1100, 170, 260, 24, 10
+    title_font, font = _font(18), _font(14)
+    panels = [(task, [r for r in result.runs if r.task == task]) for task in result.config.tasks]
+    height = 70 + sum(50 + len(runs) * (bar + gap) for _, runs in panels) + 20
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    config = result.config
+    draw.text(
+        (left, 10),
+        f"sam2serve bench: SAM 2.1 {config.model} on {config.device}, "
+        f"{len(result.images)} images - mean ms per image by stage",
+        fill="black",
+        font=title_font,
+    )
+    x = left
+    for stage in STAGES:  # legend
+        draw.rectangle((x, 40, x + 14, 54), fill=STAGE_COLOURS[stage])
+        draw.text((x + 18, 40), STAGE_TITLES[stage], fill="black", font=font)
+        x += 24 + int(draw.textlength(STAGE_TITLES[stage], font=font)) + 16
+    y = 70
+    plot = width - left - right
+    for task, runs in panels:
+        draw.text((10, y + 8), TASK_TITLES[task], fill="black", font=title_font)
+        y += 40
+        baseline = _baseline(result, task)
+        longest = max((sum(r.stages_ms.values()) for r in runs if r.ok), default=0.0)
+        scale = plot / longest if longest > 0 else 0.0
+        for run in runs:
+            draw.text((10, y + 4), run.label, fill="black", font=font)
+            if not run.ok:
+                draw.text((left, y + 4), run.error or "failed", fill=(160, 0, 0), font=font)
+                y += bar + gap
+                continue
+            x = float(left)
+            for stage in STAGES:
+                length = run.stages_ms.get(stage, 0.0) * scale
+                if length > 0:
+                    draw.rectangle((x, y, x + length, y + bar), fill=STAGE_COLOURS[stage])
+                x += length
+            assert run.stats is not None
+            factor = _speedup(run, baseline, "p50_ms")
+            label = f"p50 {run.stats.p50_ms:.0f} ms" + (
+                f"  ({factor:.2f}x)" if factor is not None else ""
+            )
+            draw.text((x + 8, y + 4), label, fill="black", font=font)
+            y += bar + gap
+        y += 10
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def write_outputs(result: BenchResult, out_dir: Path, name: str) -> dict[str, Path]:
+    """``<name>.csv``, ``<name>.md`` and ``<name>.png`` in ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {kind: out_dir / f"{name}.{kind}" for kind in ("csv", "md", "png")}
+    writers: Sequence[tuple[str, Callable[[], str | bytes]]] = (
+        ("csv", lambda: csv_text(result)),
+        ("md", lambda: markdown(result, paths["png"].name)),
+        ("png", lambda: render_chart(result)),
+    )
+    for kind, make in writers:
+        content = make()
+        if isinstance(content, bytes):
+            paths[kind].write_bytes(content)
+        else:
+            paths[kind].write_text(content, encoding="utf-8")
+    return paths

@@ -1,0 +1,491 @@
+"""The benchmark's parent process: plan the runs, start one worker per run, compare.
+
+For every task and mode a fresh worker process runs every image (see
+:mod:`sam2serve.bench.worker`), so start-up and first-iteration costs are real. Each run
+gets its own empty ``TORCHINDUCTOR_CACHE_DIR`` (a cold compile cache); with ``warm`` a
+mode that compiles runs a second time on the cache its cold run filled.
+
+The baseline runs first: its AMG masks give the SPS / MPS prompts (as in the published
+experiment: the centre point of the largest mask for SPS, of every mask for MPS), and
+every other run's masks are compared with its masks. With random weights AMG keeps next
+to no masks, so point prompts then come from a grid instead and the results say so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sam2serve.bench import metrics
+from sam2serve.bench.machine import MachineInfo, load_average, machine_info
+from sam2serve.bench.reference import MISSING_MESSAGE, missing_requirements
+from sam2serve.bench.worker import SPAWN_TIME_ENV
+from sam2serve.engine.amg import AMGParams
+from sam2serve.engine.masks import build_point_grid
+from sam2serve.engine.tasks import STAGES, TASKS, prompt_points
+
+__all__ = [
+    "BASELINE",
+    "REFERENCE",
+    "BenchConfig",
+    "BenchImage",
+    "BenchResult",
+    "RunResult",
+    "grid_prompts",
+    "prepare_images",
+    "run_bench",
+]
+
+BASELINE = "baseline"
+REFERENCE = "reference"
+PROMPT_POLICIES = ("auto", "amg", "grid")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
+SAMPLES = "samples"
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+
+class BenchError(Exception):
+    """A problem with the benchmark's inputs, found before any run (one line for the user)."""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    tasks: tuple[str, ...]
+    model: str
+    modes: tuple[str, ...]
+    images: str  # "samples" or a directory
+    n: int | None  # images (cycled); None: every image of the directory, or 4 samples
+    checkpoint: Path | None
+    random_weights: bool
+    seed: int
+    device: str
+    amg_params: AMGParams
+    out_dir: Path
+    name: str
+    mps_prompts: int = 64
+    point_prompts: str = "auto"
+    warm: bool = False
+    command: str = ""
+    work_dir: Path | None = None  # kept when given; a temporary directory otherwise
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class BenchImage:
+    path: Path
+    name: str
+    height: int
+    width: int
+
+
+@dataclass
+class RunResult:
+    """One worker's run of one task in one mode, summarised."""
+
+    task: str
+    mode: str
+    label: str  # the mode, plus "(warm)" for a warm-cache repeat
+    cache: str  # "cold" or "warm"
+    stats: metrics.LatencyStats | None = None
+    ready_s: float | None = None
+    peak_mem_mb: float | None = None
+    masks_per_image: float | None = None
+    stages_ms: dict[str, float] = field(default_factory=dict)  # steady-state means
+    accuracy: metrics.Accuracy | None = None
+    error: str | None = None
+    skipped: bool = False  # not run on purpose (e.g. sam2 missing), not a failure
+    notes: list[str] = field(default_factory=list)
+    records: list[list[dict[str, Any]]] | None = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.stats is not None
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    machine: MachineInfo
+    images: list[BenchImage]
+    runs: list[RunResult]
+    weights: str
+    prompts: dict[str, str]  # task -> how its prompts were made
+    notes: list[str]
+    load_start: tuple[float, float, float]
+    load_end: tuple[float, float, float]
+    started: str
+    duration_s: float
+
+
+def _log(message: str) -> None:
+    print(f"sam2serve bench: {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def prepare_images(source: str, n: int | None, work: Path) -> list[BenchImage]:
+    """The benchmark's image files, cycled to ``n``: the bundled samples (written once
+    as PNG, so decoding is real and lossless) or a directory's image files, sorted."""
+    from sam2serve.engine.image import load_image
+
+    if source == SAMPLES:
+        from PIL import Image
+
+        from sam2serve.samples import SAMPLE_NAMES, load_sample
+
+        directory = work / "images"
+        directory.mkdir(parents=True, exist_ok=True)
+        files = []
+        for name in SAMPLE_NAMES:
+            path = directory / f"{name}.png"
+            Image.fromarray(load_sample(name)).save(path)
+            files.append(path)
+    else:
+        directory = Path(source)
+        if not directory.is_dir():
+            raise BenchError(f"--images {source!r} is neither '{SAMPLES}' nor a directory")
+        files = sorted(
+            p for p in directory.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
+        )
+        if not files:
+            raise BenchError(
+                f"--images directory {source!r} has no image files ({', '.join(IMAGE_EXTENSIONS)})"
+            )
+    count = n if n is not None else len(files)
+    if count < 1:
+        raise BenchError(f"--n must be at least 1, got {count}")
+    sizes = {}
+    for path in files[:count]:
+        try:
+            sizes[path] = load_image(path).shape[:2]
+        except ValueError as exc:
+            raise BenchError(str(exc)) from None
+    chosen = [files[i % len(files)] for i in range(count)]
+    return [BenchImage(p, p.name, *sizes[p]) for p in chosen]
+
+
+def grid_prompts(image: BenchImage, task: str, count: int) -> list[list[float]]:
+    """Prompts that do not need masks: SPS the image centre, MPS ``count`` points of an
+    AMG-style grid (cell centres of a ceil(sqrt(count))-per-side grid, row by row)."""
+    if task == "sps":
+        return [[image.width / 2, image.height / 2]]
+    side = math.ceil(math.sqrt(count))
+    grid = build_point_grid(side)[:count] * np.array([image.width, image.height])
+    return [[round(float(x), 2), round(float(y), 2)] for x, y in grid]
+
+
+def _point_prompts(
+    task: str,
+    images: Sequence[BenchImage],
+    amg_records: list[list[dict[str, Any]]] | None,
+    use_grid: bool,
+    count: int,
+) -> tuple[list[list[list[float]]], str]:
+    """Per image prompts for ``task`` and a sentence saying where they came from."""
+    if use_grid or amg_records is None:
+        what = "the image centre" if task == "sps" else f"{count} grid points per image"
+        return [grid_prompts(image, task, count) for image in images], f"{what} (grid)"
+    prompts, fallbacks = [], 0
+    for image, records in zip(images, amg_records, strict=True):
+        points = prompt_points(records)
+        if not points:
+            fallbacks += 1
+            points = grid_prompts(image, task, count)
+        prompts.append(points[:1] if task == "sps" else points)
+    what = (
+        "the centre point of the largest baseline AMG mask"
+        if task == "sps"
+        else "the centre points of all baseline AMG masks"
+    )
+    if fallbacks:
+        what += f"; {fallbacks} image(s) without AMG masks used grid prompts"
+    return prompts, what
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _worker_env(cache_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(PACKAGE_ROOT) + (os.pathsep + path if path else "")
+    return env
+
+
+def _start_worker(
+    args: list[str], env: dict[str, str], timeout_s: float | None
+) -> subprocess.CompletedProcess:
+    env = {**env, SPAWN_TIME_ENV: repr(time.time())}
+    return subprocess.run(
+        [sys.executable, "-m", "sam2serve.bench.worker", *args],
+        env=env,
+        timeout=timeout_s,
+        stdout=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+
+
+def _write_checkpoint(config: BenchConfig, work: Path) -> Path:
+    path = work / f"random_{config.model}_seed{config.seed}.pt"
+    done = _start_worker(
+        [
+            "write-checkpoint",
+            "--model",
+            config.model,
+            "--seed",
+            str(config.seed),
+            "--out",
+            str(path),
+        ],
+        _worker_env(work / "inductor" / "checkpoint"),
+        config.timeout_s,
+    )
+    if done.returncode != 0 or not path.exists():
+        raise BenchError(f"could not write the random-weights checkpoint (exit {done.returncode})")
+    return path
+
+
+def _summarise(run: RunResult, data: dict[str, Any]) -> None:
+    latencies = data["latencies_ms"]
+    run.stats = metrics.latency_stats(latencies)
+    run.ready_s = data["ready_s"]
+    cuda_mb = data.get("cuda_max_allocated_mb")
+    run.peak_mem_mb = cuda_mb if cuda_mb is not None else data["peak_rss_mb"]
+    run.records = data["records"]
+    run.masks_per_image = float(np.mean([len(r) for r in run.records]))
+    steady = data["stages_ms"][1:] or data["stages_ms"]
+    run.stages_ms = {stage: float(np.mean([s[stage] for s in steady])) for stage in STAGES}
+    if not data.get("rle_stage", True):
+        run.notes.append("RLE is counted in post-processing")
+
+
+def _run_worker(
+    config: BenchConfig,
+    work: Path,
+    task: str,
+    mode: str,
+    cache: str,
+    checkpoint: Path,
+    images: Sequence[BenchImage],
+    prompts: list[list[list[float]]] | None,
+) -> RunResult:
+    label = mode if cache == "cold" else f"{mode} (warm)"
+    run = RunResult(task=task, mode=mode, label=label, cache=cache)
+    slug = f"{task}-{mode}-{cache}"
+    spec = {
+        "task": task,
+        "mode": mode,
+        "label": label,
+        "model": config.model,
+        "device": config.device,
+        "checkpoint": str(checkpoint),
+        "images": [str(image.path) for image in images],
+        "prompts": prompts,
+        "amg_params": config.amg_params.to_dict(),
+    }
+    spec_path, result_path = work / f"{slug}.spec.json", work / f"{slug}.result.json"
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    result_path.unlink(missing_ok=True)
+    # A cold run gets an empty compile cache; its warm repeat reuses what it filled.
+    cache_dir = work / "inductor" / f"{task}-{mode}"
+    _log(f"{task} {label}: {len(images)} image(s) in a fresh process ({cache} compile cache)")
+    try:
+        done = _start_worker(
+            ["run", str(spec_path), str(result_path)], _worker_env(cache_dir), config.timeout_s
+        )
+    except subprocess.TimeoutExpired:
+        run.error = f"timed out after {config.timeout_s:g} s"
+        return run
+    if done.returncode != 0 or not result_path.exists():
+        run.error = f"worker failed (exit status {done.returncode}; its error is above)"
+        return run
+    _summarise(run, json.loads(result_path.read_text(encoding="utf-8")))
+    return run
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def mode_compiles(mode: str) -> bool:
+    """Whether ``mode`` compiles (a truthy ``compile`` attribute on its Mode)."""
+    if mode == REFERENCE:
+        return False
+    from sam2serve.accel.modes import get_mode
+
+    return bool(getattr(get_mode(mode), "compile", False))
+
+
+def _plan_modes(modes: Sequence[str], notes: list[str]) -> list[str]:
+    from sam2serve.accel.modes import MODES
+
+    known = [REFERENCE, *MODES]
+    unknown = [m for m in modes if m not in known]
+    if unknown:
+        raise BenchError(
+            f"unknown mode(s) {', '.join(map(repr, unknown))}; expected some of {', '.join(known)}"
+        )
+    ordered = list(dict.fromkeys(modes))
+    if BASELINE not in ordered:
+        notes.append("baseline was added: prompts and accuracy are measured against it")
+    else:
+        ordered.remove(BASELINE)
+    return [BASELINE, *ordered]
+
+
+def _compare(task: str, run: RunResult, baseline: RunResult | None) -> None:
+    if not run.ok or baseline is None or not baseline.ok:
+        return
+    assert run.records is not None and baseline.records is not None
+    compare = metrics.amg_accuracy if task == "amg" else metrics.point_accuracy
+    run.accuracy = compare(run.records, baseline.records)
+
+
+def run_bench(config: BenchConfig) -> BenchResult:
+    for task in config.tasks:
+        if task not in TASKS:
+            raise BenchError(f"unknown task {task!r}; expected {', '.join(TASKS)} or all")
+    if config.point_prompts not in PROMPT_POLICIES:
+        raise BenchError(
+            f"--point-prompts must be one of {', '.join(PROMPT_POLICIES)}, got "
+            f"{config.point_prompts!r}"
+        )
+    if config.mps_prompts < 1:
+        raise BenchError(f"--mps-prompts must be at least 1, got {config.mps_prompts}")
+    if config.checkpoint is not None and not config.checkpoint.is_file():
+        raise BenchError(f"--checkpoint file not found: {str(config.checkpoint)!r}")
+    if config.checkpoint is None and not config.random_weights:
+        raise BenchError("give --checkpoint PATH (official SAM 2.1 weights) or --random-weights")
+    notes: list[str] = []
+    modes = _plan_modes(config.modes, notes)
+
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    load_start = load_average()
+    clock = time.perf_counter()
+    machine = machine_info()
+    temporary = None
+    if config.work_dir is None:
+        temporary = tempfile.TemporaryDirectory(prefix="sam2serve-bench-")
+        work = Path(temporary.name)
+    else:
+        work = config.work_dir
+        work.mkdir(parents=True, exist_ok=True)
+    try:
+        images = prepare_images(config.images, config.n, work)
+        if config.random_weights:
+            checkpoint = _write_checkpoint(config, work)
+            weights = (
+                f"random (seed {config.seed}), written once as an official-shaped checkpoint "
+                "that every mode loads: the masks are meaningless, the work is real"
+            )
+        else:
+            assert config.checkpoint is not None
+            checkpoint = config.checkpoint
+            weights = f"checkpoint {checkpoint.name}"
+        missing = missing_requirements() if REFERENCE in modes else []
+        if missing:
+            message = MISSING_MESSAGE.format(missing=", ".join(missing))
+            _log(message)
+            notes.append(message)
+        use_grid = config.point_prompts == "grid" or (
+            config.point_prompts == "auto" and config.random_weights
+        )
+        point_tasks = [t for t in config.tasks if t != "amg"]
+        runs: list[RunResult] = []
+        prompts_used: dict[str, str] = {}
+        baseline_amg: RunResult | None = None
+
+        def run_task(task: str, prompts: list | None) -> None:
+            baseline = None
+            for mode in modes:
+                if mode == REFERENCE and missing:
+                    skip = RunResult(task, mode, mode, "cold", error="not run: sam2 not installed")
+                    skip.skipped = True
+                    runs.append(skip)
+                    continue
+                caches = ["cold", "warm"] if config.warm and mode_compiles(mode) else ["cold"]
+                for cache in caches:
+                    run = _run_worker(config, work, task, mode, cache, checkpoint, images, prompts)
+                    if mode == BASELINE and cache == "cold":
+                        baseline = run
+                    _compare(task, run, baseline)
+                    runs.append(run)
+                    _log(_one_line(run))
+
+        tasks = list(config.tasks)
+        if point_tasks and not use_grid and "amg" not in tasks:
+            # The prompts come from the baseline's AMG masks, so that run is needed anyway.
+            baseline_amg = _run_worker(
+                config, work, "amg", BASELINE, "cold", checkpoint, images, None
+            )
+            if not baseline_amg.ok:
+                raise BenchError("the baseline AMG run that makes the prompts failed")
+            notes.append("the baseline AMG run that made the point prompts is not reported")
+        for task in tasks:
+            if task == "amg":
+                run_task("amg", None)
+                baseline_amg = next(r for r in runs if r.task == "amg" and r.mode == BASELINE)
+                if baseline_amg.ok and not baseline_amg.masks_per_image:
+                    notes.append(
+                        "the baseline's AMG kept no masks (with random weights the predicted "
+                        "IoUs are about 0.5, under pred_iou_thresh): AMG time is the encoder "
+                        "and the decoder, post-processing and RLE have nothing to do, and "
+                        "AMG mIoU is n/a; --pred-iou-thresh 0 --stability-score-thresh 0 "
+                        "keep masks"
+                    )
+                continue
+            amg_records = baseline_amg.records if baseline_amg and baseline_amg.ok else None
+            prompts, prompts_used[task] = _point_prompts(
+                task, images, amg_records, use_grid, config.mps_prompts
+            )
+            if use_grid and config.random_weights:
+                prompts_used[task] += (
+                    "; random weights: AMG keeps next to no masks, so its masks cannot make "
+                    "the prompts"
+                )
+            run_task(task, prompts)
+    finally:
+        if temporary is not None:
+            temporary.cleanup()
+    for run in runs:
+        run.records = None  # compared; the masks are not reported
+    return BenchResult(
+        config=config,
+        machine=machine,
+        images=images,
+        runs=runs,
+        weights=weights,
+        prompts=prompts_used,
+        notes=notes,
+        load_start=load_start,
+        load_end=load_average(),
+        started=started,
+        duration_s=time.perf_counter() - clock,
+    )
+
+
+def _one_line(run: RunResult) -> str:
+    if not run.ok:
+        return f"{run.task} {run.label}: {run.error}"
+    assert run.stats is not None
+    text = (
+        f"{run.task} {run.label}: p50 {run.stats.p50_ms:.0f} ms, first {run.stats.first_ms:.0f} ms, "
+        f"ready {run.ready_s:.1f} s, {run.masks_per_image:.1f} masks/image"
+    )
+    if run.accuracy is not None and run.mode != BASELINE:
+        miou = "n/a" if run.accuracy.miou is None else f"{run.accuracy.miou:.4f}"
+        text += f", mIoU {miou}, fails {run.accuracy.fails}"
+    return text
