@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from sam2serve.accel.commands import add_commands as add_export_commands
 from sam2serve.accel.modes import MODES
 from sam2serve.config import MODEL_SIZES, get_config
 from sam2serve.engine.amg import AMGParamError, AMGParams, finite_or_none
 from sam2serve.engine.tasks import TASKS, prompt_point, prompt_points
 from sam2serve.samples import SAMPLE_NAMES, load_sample
-from sam2serve.accel.commands import add_commands as add_export_commands
 from sam2serve.server.commands import add_commands as add_server_commands
 
 __all__ = ["build_parser", "main", "prompt_point"]  # prompt_point: annotate's rule

@@ -79,3 +79,12 @@ def test_tampered_or_missing_files_are_named(exported, tmp_path):
 def test_export_refuses_the_baseline_mode(tmp_path):
     with pytest.raises(ArtifactError, match="fast and furious"):
         export_artifacts("tiny", "baseline", tmp_path, random_weights=True)
+
+
+def test_export_command_reports_a_missing_checkpoint(tmp_path, capsys):
+    from sam2serve.cli import main
+
+    status = main(["export", "--out", str(tmp_path / "art"), "--checkpoint", "/nope/x.pt"])
+    err = capsys.readouterr().err
+    assert status == 2 and "checkpoint file not found: '/nope/x.pt'" in err
+    assert "Traceback" not in err
