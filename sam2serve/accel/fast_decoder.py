@@ -352,10 +352,6 @@ class FastMaskDecoder:
         )
 
     # ------------------------------------------------------------------ attention pieces
-    @staticmethod
-    def _attend_tokens(attn: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        return attn(q, k, v)
-
     def token_to_image(
         self,
         side: ImageSide,

@@ -836,6 +836,17 @@ async def require_api_key(
         )
 
 
+def require_image(data: bytes | None, why: str = "") -> None:
+    """422 naming the missing image and the two ways to send one."""
+    if data is None:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"image: field required (base64 'image', or a multipart file part '{IMAGE_PART}')"
+            + why,
+        )
+
+
 def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> FastAPI:
     """The app for ``settings``; loads the model unless a ``predictor`` is given."""
     if predictor is None:
@@ -930,13 +941,7 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
         async def work() -> Response:
             clock = RequestClock()
             _, data = await read(request, schemas.EmbeddingRequest)
-            if data is None:
-                raise ApiError(
-                    422,
-                    "invalid_request",
-                    "image: field required (base64 'image', or a multipart file "
-                    f"part '{IMAGE_PART}')",
-                )
+            require_image(data)
             image = await service.image_from_bytes(data, clock)
             return _json(schemas.EmbeddingResponse(**image_fields(image), **clock.timed()))
 
@@ -1005,13 +1010,7 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
         async def work() -> Response:
             clock = RequestClock()
             body, data = await read(request, schemas.AMGRequest)
-            if data is None:
-                raise ApiError(
-                    422,
-                    "invalid_request",
-                    "image: field required (base64 'image', or a multipart file "
-                    f"part '{IMAGE_PART}'); AMG needs the pixels, not an image_id",
-                )
+            require_image(data, "; AMG needs the pixels, not an image_id")
             params = amg_params(body.params, settings)
             generator = MaskGenerator(predictor, **params.to_dict())
             pixels = await service.decode(data)
