@@ -1,7 +1,10 @@
 """The HTTP service: ``create_app(settings, predictor=None)`` and its parts.
 
-app.py (routes and the request flow), schemas.py (the API contract), settings.py (model
-and limits), cache.py (embedding and mask caches), batching.py (the model worker),
+app.py (the app factory and routes), service.py (the request flow: caches, shared
+encodes, model jobs), request_body.py (JSON or multipart bodies), uploads.py (base64 and
+image decoding with their limits), prompts.py (prompt checks and decoding), auth.py (the
+API key), body_limit.py (the body size limit), schemas.py (the API contract), settings.py
+(model and limits), cache.py (embedding and mask caches), batching.py (the model worker),
 metrics.py (Prometheus), errors.py (one error shape), commands.py (``serve`` and
 ``loadtest``), loadtest.py (the load generator).
 

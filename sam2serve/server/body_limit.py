@@ -1,0 +1,56 @@
+"""The request body size limit, as ASGI middleware."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sam2serve.server.errors import ApiError, error_body
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over ``limit`` bytes: at once from Content-Length, or as soon as a
+    streamed body passes the limit (pure ASGI, so the body is never buffered whole here)."""
+
+    def __init__(self, app: ASGIApp, limit: int, observe: Callable[[int, str], None]) -> None:
+        self.app = app
+        self.limit = limit
+        self.observe = observe
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", ())).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            self.observe(413, "upload_too_large")
+            body = json.dumps(error_body("upload_too_large", self._message(int(declared))))
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body.encode()})
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise ApiError(413, "upload_too_large", self._message(received))
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+    def _message(self, size: int) -> str:
+        return (
+            f"request body of {size} bytes or more is over the limit of {self.limit} bytes "
+            f"(max_upload_bytes and base64 overhead); send a smaller image"
+        )

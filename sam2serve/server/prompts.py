@@ -1,0 +1,165 @@
+"""From a request's prompts to the engine: limits, bounds, and the decoder inputs.
+
+For /v1/segment: the prompt counts (checked before any image work), every point and box
+inside the image, and the objects decoded in as few decoder calls as the engine allows.
+For /v1/amg: the AMG parameters, and the number of clicks they would decode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from sam2serve.engine.amg import AMGParamError, AMGParams
+from sam2serve.engine.masks import batched_mask_to_box, box_xyxy_to_xywh
+from sam2serve.engine.predictor import Embedding, Predictor
+from sam2serve.engine.rle import Rle, masks_to_rle
+from sam2serve.server import schemas
+from sam2serve.server.errors import ApiError
+from sam2serve.server.settings import ServerSettings
+
+
+@dataclass(frozen=True)
+class DecodedMasks:
+    """What the decoder job hands back: per object, per candidate."""
+
+    rles: list[list[Rle]]
+    scores: list[list[float]]
+    boxes: list[list[list[float]]]  # XYWH
+    low_res_logits: list[torch.Tensor]  # per object (C, 256, 256)
+
+
+def check_prompt_counts(request: schemas.SegmentRequest, settings: ServerSettings) -> None:
+    """The prompt limits, checked before any image work."""
+    if len(request.objects) > settings.max_objects:
+        raise ApiError(
+            422,
+            "too_many_prompts",
+            f"objects: {len(request.objects)} objects; at most {settings.max_objects} per "
+            "request (max_objects)",
+        )
+    for i, obj in enumerate(request.objects):
+        if len(obj.points) > settings.max_points_per_object:
+            raise ApiError(
+                422,
+                "too_many_prompts",
+                f"objects[{i}].points: {len(obj.points)} points; at most "
+                f"{settings.max_points_per_object} per object (max_points_per_object)",
+            )
+
+
+def check_prompt_bounds(request: schemas.SegmentRequest, size: tuple[int, int]) -> None:
+    """Every point and box inside the image; the message names the object and the value."""
+    height, width = size
+    for i, obj in enumerate(request.objects):
+        for j, point in enumerate(obj.points):
+            if point.x > width or point.y > height:
+                raise ApiError(
+                    422,
+                    "invalid_request",
+                    f"objects[{i}].points[{j}]: ({point.x:g}, {point.y:g}) lies outside the "
+                    f"{width}x{height} image; accepted: 0 <= x <= {width}, 0 <= y <= {height}",
+                )
+        if obj.box is not None:
+            x0, y0, x1, y1 = obj.box
+            if min(x0, y0) < 0 or x1 > width or y1 > height:
+                raise ApiError(
+                    422,
+                    "invalid_request",
+                    f"objects[{i}].box: {obj.box} is not inside the {width}x{height} image; "
+                    f"accepted: 0 <= x0 <= x1 <= {width}, 0 <= y0 <= y1 <= {height}",
+                )
+
+
+def padded_prompts(objects: list[schemas.ObjectPrompt]) -> tuple[np.ndarray, np.ndarray]:
+    """(B, N, 2) coords and (B, N) labels: box corners (labels 2, 3) then the clicks, each
+    object padded to the longest with SAM's "not a point" label -1."""
+    sequences = []
+    for obj in objects:
+        coords: list[tuple[float, float]] = []
+        labels: list[int] = []
+        if obj.box is not None:
+            x0, y0, x1, y1 = obj.box
+            coords += [(x0, y0), (x1, y1)]
+            labels += [2, 3]
+        coords += [(p.x, p.y) for p in obj.points]
+        labels += [p.label for p in obj.points]
+        sequences.append((coords, labels))
+    longest = max(len(labels) for _, labels in sequences)
+    all_coords = np.zeros((len(objects), longest, 2), dtype=np.float32)
+    all_labels = np.full((len(objects), longest), -1, dtype=np.int32)
+    for b, (coords, labels) in enumerate(sequences):
+        all_coords[b, : len(coords)] = coords
+        all_labels[b, : len(labels)] = labels
+    return all_coords, all_labels
+
+
+def decode_objects(
+    predictor: Predictor,
+    embedding: Embedding,
+    objects: list[schemas.ObjectPrompt],
+    mask_inputs: list[torch.Tensor | None],
+    multimask_output: bool,
+) -> DecodedMasks:
+    """Masks for every object: one decoder call for all of them (two when only some
+    objects carry a previous mask: the decoder takes a mask for all prompts or none)."""
+    groups = [
+        [i for i, m in enumerate(mask_inputs) if m is None],
+        [i for i, m in enumerate(mask_inputs) if m is not None],
+    ]
+    n = len(objects)
+    rles: list[list[Rle]] = [[] for _ in range(n)]
+    scores: list[list[float]] = [[] for _ in range(n)]
+    boxes: list[list[list[float]]] = [[] for _ in range(n)]
+    low_res: list[torch.Tensor] = [torch.empty(0)] * n
+    for group in (g for g in groups if g):
+        coords, labels = padded_prompts([objects[i] for i in group])
+        masks_in = None
+        if mask_inputs[group[0]] is not None:
+            masks_in = torch.stack([mask_inputs[i] for i in group])  # (B, 1, 256, 256)
+        prediction = predictor.predict(
+            embedding,
+            point_coords=coords,
+            point_labels=labels,
+            mask_input=masks_in,
+            multimask_output=multimask_output,
+        )
+        count, candidates = prediction.iou_scores.shape
+        flat = prediction.masks.reshape(count * candidates, *prediction.masks.shape[2:])
+        group_rles = masks_to_rle(flat)
+        group_boxes = box_xyxy_to_xywh(batched_mask_to_box(flat)).float().cpu().tolist()
+        group_scores = prediction.iou_scores.float().cpu().tolist()
+        for row, index in enumerate(group):
+            span = slice(row * candidates, (row + 1) * candidates)
+            rles[index] = group_rles[span]
+            boxes[index] = group_boxes[span]
+            scores[index] = group_scores[row]
+            low_res[index] = prediction.low_res_logits[row]
+    return DecodedMasks(rles, scores, boxes, low_res)
+
+
+def amg_params(options: schemas.AMGOptions, settings: ServerSettings) -> AMGParams:
+    values = options.model_dump()
+    if values["point_grids"] is not None and "points_per_side" not in options.model_fields_set:
+        values["points_per_side"] = None  # explicit grids replace the default grid
+    try:
+        params = AMGParams.from_dict({**values, "output_mode": "uncompressed_rle"})
+    except AMGParamError as exc:
+        raise ApiError(422, "invalid_request", f"params: {exc}") from None
+    clicks = amg_clicks(params)
+    if clicks > settings.max_amg_points:
+        raise ApiError(
+            422,
+            "too_many_prompts",
+            f"params: these AMG parameters decode {clicks} clicks over all crops; at most "
+            f"{settings.max_amg_points} per request (max_amg_points): lower points_per_side "
+            "or crop_n_layers",
+        )
+    return params
+
+
+def amg_clicks(params: AMGParams) -> int:
+    """Clicks AMG decodes: each layer's grid once per crop of that layer."""
+    return sum(len(grid) * 4**layer for layer, grid in enumerate(params.layer_point_grids()))

@@ -1,0 +1,349 @@
+"""What one app shares between requests, and how a request reaches the model.
+
+:class:`Service` owns the model worker (one thread, batched encodes, bounded queue), the
+embedding and mask caches and the metrics. Embeddings are cached by content hash
+(:mod:`sam2serve.server.cache`); concurrent requests for the same uncached image share one
+encode (a :class:`_Flight`). A client that gives up cancels its model jobs; every failure
+a client can see is an :class:`~sam2serve.server.errors.ApiError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from sam2serve.engine.predictor import Embedding, Predictor
+from sam2serve.server.batching import (
+    JobCancelled,
+    JobContext,
+    JobHandle,
+    JobTiming,
+    ModelWorker,
+    QueueFull,
+    WorkerStopped,
+)
+from sam2serve.server.cache import (
+    EmbeddingCache,
+    EmbeddingKey,
+    MaskCache,
+    StoredMask,
+    image_id_of,
+    looks_like_image_id,
+)
+from sam2serve.server.errors import ApiError
+from sam2serve.server.metrics import Metrics
+from sam2serve.server.settings import ServerSettings
+from sam2serve.server.uploads import decode_image
+
+log = logging.getLogger("sam2serve.server")
+
+WARMUP_SIDE = 64
+
+
+@dataclass
+class _Flight:
+    """An encode in progress that several requests for the same image may wait on."""
+
+    handle: JobHandle
+    task: asyncio.Task
+    waiters: int = 0
+
+
+@dataclass
+class ImageState:
+    """An image's embedding and what it cost this request."""
+
+    key: EmbeddingKey
+    embedding: Embedding
+    cached: bool
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.embedding.original_size
+
+
+@dataclass
+class RequestClock:
+    """Model time and queue time of one request, over its jobs."""
+
+    queue_s: float = 0.0
+    run_s: float = 0.0
+
+    def add_job(self, timing: JobTiming) -> None:
+        self.queue_s += timing.queue_s
+        self.run_s += timing.run_s
+
+    def timed(self) -> dict[str, float]:
+        return {
+            "inference_ms": round(self.run_s * 1000, 3),
+            "queue_ms": round(self.queue_s * 1000, 3),
+        }
+
+
+class Service:
+    """Everything one app shares between requests: model worker, caches, metrics."""
+
+    def __init__(self, settings: ServerSettings, predictor: Predictor) -> None:
+        self.settings = settings
+        self.predictor = predictor
+        self.model_name = predictor.model.config.name
+        self.dtype_name = str(predictor.dtype).removeprefix("torch.")
+        self.metrics = Metrics()
+        self.cache = EmbeddingCache(settings.cache_bytes)
+        self.masks = MaskCache(settings.mask_cache_bytes)
+        self.worker = ModelWorker(
+            predictor,
+            max_batch_size=settings.max_batch_size,
+            max_wait_s=settings.max_wait_ms / 1000,
+            max_queue=settings.max_queue,
+            on_batch=self.metrics.observe_batch,
+        )
+        self.metrics.watch(
+            {"embeddings": self.cache.stats, "masks": self.masks.stats},
+            lambda: self.worker.depth,
+        )
+        weights = getattr(predictor.model, "weights_info", None)
+        self.weights = weights.as_dict() if weights is not None else {"source": "unknown"}
+        self.metrics.model_info.info(
+            {
+                "model": self.model_name,
+                "mode": settings.mode,
+                "device": str(predictor.device),
+                "dtype": self.dtype_name,
+                "weights": str(self.weights.get("source")),
+            }
+        )
+        self.ready = False
+        self._flights: dict[EmbeddingKey, _Flight] = {}
+        self._warmup_task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self.worker.start()
+        if self.settings.warmup:
+            self._warmup_task = asyncio.create_task(self._warm_up())
+        else:
+            self._set_ready()
+
+    async def stop(self) -> None:
+        if self._warmup_task is not None:
+            self._warmup_task.cancel()
+        await asyncio.to_thread(self.worker.stop, 30.0)
+
+    def _set_ready(self) -> None:
+        self.ready = True
+        self.metrics.ready.set(1)
+
+    async def _warm_up(self) -> None:
+        """One encode and one decode, so the first request does not pay for lazy init."""
+
+        def run(context: JobContext) -> None:
+            pixels = np.full((WARMUP_SIDE, WARMUP_SIDE, 3), 128, dtype=np.uint8)
+            embedding = self.predictor.encode(pixels)
+            self.predictor.predict(
+                embedding, point_coords=[[WARMUP_SIDE / 2] * 2], point_labels=[1]
+            )
+
+        try:
+            await asyncio.wrap_future(self.worker.submit("warmup", run).future)
+        except Exception:  # a failed warm-up leaves the server not ready
+            log.exception("warm-up failed; /readyz stays 503")
+            return
+        self._set_ready()
+
+    def key_for(self, image_id: str) -> EmbeddingKey:
+        return EmbeddingKey(image_id, self.model_name, self.settings.mode, self.dtype_name)
+
+    def retry_headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.worker.retry_after_s())}
+
+    # ------------------------------------------------------------------ model jobs
+    async def run_job(self, kind: str, fn: Callable[[JobContext], Any], clock: RequestClock) -> Any:
+        """Run ``fn`` on the model worker; a requester that gives up cancels the job."""
+        handle = self._submit(lambda: self.worker.submit(kind, fn))
+        try:
+            result, timing = await asyncio.wrap_future(handle.future)
+        except asyncio.CancelledError:
+            handle.cancel()
+            raise
+        except JobCancelled as exc:  # only if the job saw a cancel this request did not ask
+            raise ApiError(503, "cancelled", str(exc), headers=self.retry_headers()) from None
+        except WorkerStopped as exc:
+            raise ApiError(503, "shutting_down", str(exc)) from None
+        clock.add_job(timing)
+        return result
+
+    def _submit(self, submit: Callable[[], JobHandle]) -> JobHandle:
+        try:
+            return submit()
+        except QueueFull as exc:
+            raise ApiError(
+                503,
+                "overloaded",
+                f"the server is busy: {exc.depth} model jobs are waiting (max_queue "
+                f"{self.settings.max_queue}); retry after {exc.retry_after_s} s",
+                headers={"Retry-After": str(exc.retry_after_s)},
+            ) from None
+        except WorkerStopped as exc:
+            raise ApiError(503, "shutting_down", str(exc)) from None
+
+    # ------------------------------------------------------------------ embeddings
+    def cached_image(self, image_id: str) -> ImageState:
+        """The cached embedding of an image_id this server issued, or 404."""
+        if not looks_like_image_id(image_id):
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"image_id: expected the 64-character hex id a previous response returned, "
+                f"got {image_id[:80]!r}",
+            )
+        key = self.key_for(image_id)
+        embedding = self.cache.get(key)
+        if embedding is None:
+            raise ApiError(
+                404,
+                "unknown_image_id",
+                f"image_id {image_id!r} is not in the embedding cache (evicted, or never "
+                f"issued by this server for model {self.model_name!r}); send the image itself",
+            )
+        return ImageState(key, embedding, cached=True)
+
+    async def image_from_bytes(
+        self,
+        data: bytes,
+        clock: RequestClock,
+        pixels: np.ndarray | None = None,
+        check_size: Callable[[tuple[int, int]], None] | None = None,
+    ) -> ImageState:
+        """The embedding of an uploaded image: from the cache, from an encode already under
+        way for the same bytes, or from a new (batched) encode.
+
+        ``pixels``: the image already decoded, if the caller needed it anyway.
+        ``check_size(size)``: the request's checks that need the image size, run before
+        anything is encoded (and on the cached size otherwise).
+        """
+        key = self.key_for(image_id_of(data))
+        embedding = self.cache.get(key)
+        if embedding is not None:
+            return self._checked(ImageState(key, embedding, cached=True), check_size)
+        flight = self._flights.get(key)
+        if flight is None:
+            if pixels is None:
+                pixels = await self.decode(data)
+            if check_size is not None:
+                check_size(pixels.shape[:2])
+            if key in self.cache:  # another request finished it meanwhile
+                return ImageState(key, self.cache.get(key), cached=True)
+            flight = self._flights.get(key) or self._start_flight(key, pixels)
+        flight.waiters += 1
+        try:
+            embedding, timing = await asyncio.shield(flight.task)
+        except asyncio.CancelledError:
+            if flight.waiters == 1 and not flight.task.done():
+                # Nobody else wants it: drop the encode if it has not started (a started
+                # one still finishes and is cached), and let new requests start afresh.
+                flight.handle.cancel()
+                self._flights.pop(key, None)
+            current = asyncio.current_task()
+            if current is not None and current.cancelling() == 0:  # the encode, not us
+                raise ApiError(
+                    503,
+                    "cancelled",
+                    "the shared encode of this image was dropped; retry",
+                    headers=self.retry_headers(),
+                ) from None
+            raise
+        except WorkerStopped as exc:
+            raise ApiError(503, "shutting_down", str(exc)) from None
+        finally:
+            flight.waiters -= 1
+        clock.add_job(timing)
+        return self._checked(ImageState(key, embedding, cached=False), check_size)
+
+    @staticmethod
+    def _checked(
+        image: ImageState, check_size: Callable[[tuple[int, int]], None] | None
+    ) -> ImageState:
+        if check_size is not None:
+            check_size(image.size)
+        return image
+
+    async def decode(self, data: bytes) -> np.ndarray:
+        started = time.perf_counter()
+        pixels = await asyncio.to_thread(decode_image, data, self.settings.max_pixels)
+        self.metrics.stage_latency.labels("decode_image").observe(time.perf_counter() - started)
+        return pixels
+
+    def _start_flight(self, key: EmbeddingKey, pixels: np.ndarray) -> _Flight:
+        handle = self._submit(lambda: self.worker.submit_encode(pixels))
+
+        async def finish() -> tuple[Embedding, JobTiming]:
+            try:
+                embedding, timing = await asyncio.wrap_future(handle.future)
+                self.cache.put(key, embedding)  # even if every requester has timed out
+                return embedding, timing
+            finally:
+                self._flights.pop(key, None)
+
+        task = asyncio.create_task(finish())
+        task.add_done_callback(_consume_exception)
+        flight = _Flight(handle, task)
+        self._flights[key] = flight
+        return flight
+
+    async def resolve_image(
+        self,
+        data: bytes | None,
+        image_id: str | None,
+        clock: RequestClock,
+        check_size: Callable[[tuple[int, int]], None] | None = None,
+    ) -> ImageState:
+        if (data is None) == (image_id is None):
+            raise ApiError(
+                422,
+                "invalid_request",
+                "give exactly one of: the image (base64 'image' field, or a multipart file "
+                "part named 'image') or an 'image_id' from a previous response",
+            )
+        if image_id is not None:
+            return self._checked(self.cached_image(image_id), check_size)
+        assert data is not None
+        return await self.image_from_bytes(data, clock, check_size=check_size)
+
+    # ------------------------------------------------------------------ masks by reference
+    def store_mask(self, image: EmbeddingKey, low_res_logits: torch.Tensor) -> str:
+        mask_id = secrets.token_urlsafe(16)
+        self.masks.put(mask_id, StoredMask(image, low_res_logits.clone()))
+        return mask_id
+
+    def stored_mask(self, mask_id: str, image: EmbeddingKey, where: str) -> torch.Tensor:
+        stored = self.masks.get(mask_id)
+        if stored is None:
+            raise ApiError(
+                404,
+                "unknown_mask_id",
+                f"{where}: mask_id {mask_id[:80]!r} is not in the mask cache (evicted, or "
+                "never issued); send the object's prompts without it",
+            )
+        if stored.image != image:
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"{where}: mask_id {mask_id!r} belongs to another image; a mask can only "
+                "refine prompts on the image it was predicted for",
+            )
+        return stored.low_res_logits
+
+
+def _consume_exception(task: asyncio.Task) -> None:
+    """Mark a background task's exception as seen (its waiters got it, or there were none)."""
+    if not task.cancelled():
+        task.exception()
