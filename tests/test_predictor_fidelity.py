@@ -88,7 +88,8 @@ def test_image_features_match(pair, embedding):
 )
 def test_predictions_match(pair, embedding, case, multimask, decoder):
     ours, meta, image = pair
-    ours = Predictor(ours.model, decoder=decoder)
+    # fast_min_prompts=1: every case goes through the decoder under test, even one prompt.
+    ours = Predictor(ours.model, decoder=decoder, fast_min_prompts=1)
     prompts = prompt_cases(*image.shape[:2])[case]
     ref_masks, ref_iou, ref_low = meta.predict(**prompts, multimask_output=multimask)
     if ref_masks.ndim == 3:  # Meta squeezes a single object
@@ -121,3 +122,17 @@ def test_chunked_decoding_equals_one_call(pair, embedding):
     chunked = Predictor(ours.model, prompt_chunk=3).predict(embedding, points, labels)
     torch.testing.assert_close(chunked.low_res_logits, whole.low_res_logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(chunked.iou_scores, whole.iou_scores, atol=1e-6, rtol=1e-6)
+
+
+def test_fast_decoder_waits_for_enough_prompts(pair, embedding):
+    """One click is decoded the reference way (the fast image side would not pay off);
+    enough prompts build the fast image side once, and later decodes of the image reuse it."""
+    ours, _, _ = pair
+    predictor = Predictor(ours.model, decoder="fast", fast_min_prompts=4)
+    context = predictor.decoder_context(embedding)
+    one = torch.tensor([[[300.0, 200.0]]]), torch.tensor([[1]])
+    predictor.decode_low_res(context, *one, None, True)
+    assert "side" not in context.__dict__
+    many = torch.rand(4, 1, 2) * 1024, torch.ones(4, 1, dtype=torch.int64)
+    predictor.decode_low_res(context, *many, None, True)
+    assert "side" in context.__dict__ and context.use_fast(1)

@@ -27,6 +27,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -163,9 +164,9 @@ class ImageSide:
     pe: torch.Tensor  # (1, 4096, C)
     high_res_feats: tuple[torch.Tensor, torch.Tensor]
     size: tuple[int, int]
-    cache: dict[str, torch.Tensor] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)
 
-    def memo(self, name: str, compute) -> torch.Tensor:
+    def memo(self, name: str, compute: Callable[[], Any]) -> Any:
         if name not in self.cache:
             self.cache[name] = compute()
         return self.cache[name]
@@ -176,6 +177,26 @@ class ImageSide:
 
     def project_pe(self, weight: torch.Tensor, name: str) -> torch.Tensor:
         return self.memo(f"P@{name}", lambda: self.pe @ weight.T)
+
+    def upscaling_features(self, decoder: MaskDecoder) -> tuple[torch.Tensor, torch.Tensor]:
+        """The high-res features plus the transposed convolutions' biases, in the
+        channels-last "parent pixel, then sub-pixel" order of ``masks_from_keys``:
+        s1 (1, 4096, 4, 64) and s0 (1, 4096 * 16, 32)."""
+
+        def compute() -> tuple[torch.Tensor, torch.Tensor]:
+            dc1, dc2 = decoder.output_upscaling[0], decoder.output_upscaling[3]
+            feat_s0, feat_s1 = self.high_res_feats
+            h, w = self.size
+            c1, c0 = feat_s1.shape[1], feat_s0.shape[1]
+            # feat_s1 pixel (2i + di, 2j + dj) -> [i * w + j, di * 2 + dj, c]
+            s1 = feat_s1[:1].reshape(c1, h, 2, w, 2).permute(1, 3, 2, 4, 0)
+            s1 = s1.reshape(1, h * w, 4, c1) + dc1.bias
+            # feat_s0 pixel (4i + 2di + ei, 4j + 2dj + ej) -> [(i, j, di, dj, ei, ej), c]
+            s0 = feat_s0[:1].reshape(c0, h, 2, 2, w, 2, 2).permute(1, 4, 2, 5, 3, 6, 0)
+            s0 = s0.reshape(1, h * w * 16, c0) + dc2.bias
+            return s1.contiguous(), s0.contiguous()
+
+        return self.memo("upscaling", compute)
 
     def gained_keys_stats(self, gain: torch.Tensor, gain_name: str) -> tuple[torch.Tensor, ...]:
         """Per-position mean and sum of squares of gain * K."""
@@ -458,26 +479,37 @@ class FastMaskDecoder:
         mask_indices: list[int],
     ) -> torch.Tensor:
         """Upscaling + hypernetwork dot products: (B, len(mask_indices), 256, 256) logits
-        for the mask tokens ``mask_indices`` whose final states are ``mask_tokens_out``."""
+        for the mask tokens ``mask_indices`` whose final states are ``mask_tokens_out``.
+
+        Both ConvTranspose2d(k=2, s=2) are per-pixel linear maps (every output pixel reads
+        exactly one input pixel), so the upscaling runs channels-last as two matmuls with
+        the pixels kept in "parent pixel, then sub-pixel" order: LayerNorm2d becomes one
+        fused layer_norm over the last dimension, no convolution and no NCHW permute is
+        needed until the final logits, and the high-res features are laid out the same way
+        once per image."""
         dec = self.decoder
         dc1, ln1, act1, dc2, act2 = dec.output_upscaling
-        # ConvTranspose2d(k=2, s=2) is a per-position linear map C -> (out, 2, 2).
-        c_in, c_out = dc1.weight.shape[:2]
-        w1 = dc1.weight.reshape(c_in, c_out * 4).T  # (out*4, C)
-        dense = self.dense_projection(side, keys, w1, "dc1")  # (B, 4096, out*4)
-        b = dense.shape[0]
-        h, w = side.size
-        x = dense.reshape(b, h, w, c_out, 2, 2).permute(0, 3, 1, 4, 2, 5)
-        x = x.reshape(b, c_out, 2 * h, 2 * w) + dc1.bias.reshape(1, -1, 1, 1)
-        feat_s0, feat_s1 = side.high_res_feats
-        x = act1(ln1(x + feat_s1))
-        x = act2(dc2(x) + feat_s0)
+        c_in, c_mid = dc1.weight.shape[:2]
+        c_out = dc2.weight.shape[1]
+        # Rows ordered (sub-pixel, channel): (4 * c_mid, c_in).
+        w1 = dc1.weight.permute(2, 3, 1, 0).reshape(4 * c_mid, c_in)
+        dense = self.dense_projection(side, keys, w1, "dc1-cl")  # (B, 4096, 4 * c_mid)
+        b, n = dense.shape[:2]
+        s1, s0 = side.upscaling_features(dec)
+        x = (dense.view(b, n, 4, c_mid) + s1).view(b, n * 4, c_mid)
+        x = act1(torch.nn.functional.layer_norm(x, (c_mid,), ln1.weight, ln1.bias, ln1.eps))
+        w2 = dc2.weight.permute(0, 2, 3, 1).reshape(c_mid, 4 * c_out)  # (c_mid, (sub, c))
+        y = (x @ w2).view(b, n * 16, c_out) + s0
+        y = act2(y)
         mlps = dec.output_hypernetworks_mlps
         hyper = torch.stack(
             [mlps[m](mask_tokens_out[:, j]) for j, m in enumerate(mask_indices)], dim=1
-        )
-        _, c, hu, wu = x.shape
-        return (hyper @ x.reshape(b, c, hu * wu)).reshape(b, -1, hu, wu)
+        )  # (B, M, c_out)
+        logits = hyper @ y.transpose(1, 2)  # (B, M, pixels in (i, j, di, dj, ei, ej) order)
+        h, w = side.size
+        m = logits.shape[1]
+        logits = logits.view(b, m, h, w, 2, 2, 2, 2).permute(0, 1, 2, 4, 6, 3, 5, 7)
+        return logits.reshape(b, m, 4 * h, 4 * w)
 
     def forward(
         self,

@@ -12,6 +12,7 @@ Nothing per request is stored on the Predictor, so one instance serves many thre
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,10 @@ BOX_LABELS = (2, 3)
 # first attention layer, ~25 MB of activations each in fp32, so chunks bound the memory.
 DEFAULT_PROMPT_CHUNK = 64
 DECODERS = ("reference", "fast")
+# Below this many prompts per image the fast decoder's per-image side (~60 ms on this CPU,
+# about one reference prompt) does not pay off and the reference decoder is used: with
+# one prompt the reference decoder took 48 ms against the fast one's 101 ms (bench, SPS).
+FAST_DECODER_MIN_PROMPTS = 4
 MULTIMASK_TOKENS = [1, 2, 3]
 ALL_MASK_TOKENS = [0, 1, 2, 3]
 
@@ -111,10 +116,33 @@ def _as_float_tensor(value: Any, name: str, device: torch.device) -> torch.Tenso
 @dataclass(frozen=True)
 class DecoderContext:
     """What the decoder precomputes once per image (the fast decoder's image side); build
-    it with :meth:`Predictor.decoder_context` and pass it to every decode of that image."""
+    it with :meth:`Predictor.decoder_context` and pass it to every decode of that image.
+
+    The fast decoder's image side costs about as much as decoding one prompt the
+    reference way (projections of the 4096 image keys), so it is built lazily, on the
+    first decode with enough prompts to pay for it, and then kept for the image."""
 
     embedding: Embedding
-    side: ImageSide | None
+    fast_decoder: FastMaskDecoder | None = None
+    prompt_encoder: Any = None
+    fast_min_prompts: int = FAST_DECODER_MIN_PROMPTS
+
+    @functools.cached_property
+    def side(self) -> ImageSide:
+        if self.fast_decoder is None:
+            raise ValueError("this context has no fast decoder")
+        return self.fast_decoder.prepare(
+            self.embedding.image_embed,
+            self.prompt_encoder.dense_positional_encoding(),
+            self.prompt_encoder.no_mask_dense(),
+            self.embedding.high_res_feats,
+        )
+
+    def use_fast(self, prompts: int) -> bool:
+        """Whether ``prompts`` prompts (without mask inputs) go through the fast decoder."""
+        if self.fast_decoder is None:
+            return False
+        return prompts >= self.fast_min_prompts or "side" in self.__dict__
 
 
 class Predictor:
@@ -122,7 +150,9 @@ class Predictor:
 
     ``decoder="fast"`` decodes prompts without a mask input through
     :class:`~sam2serve.accel.fast_decoder.FastMaskDecoder` (the same answers, ~3x fewer
-    FLOPs); ``"reference"`` runs the module as Meta wrote it (batched, features broadcast).
+    FLOPs) once an image has ``fast_min_prompts`` prompts to decode (fewer go through the
+    reference decoder, which is cheaper for them); ``"reference"`` runs the module as Meta
+    wrote it (batched, features broadcast).
     """
 
     def __init__(
@@ -132,6 +162,7 @@ class Predictor:
         prompt_chunk: int = DEFAULT_PROMPT_CHUNK,
         decoder: str = "reference",
         image_encoder: Callable[[torch.Tensor], ImageFeatures] | None = None,
+        fast_min_prompts: int = FAST_DECODER_MIN_PROMPTS,
     ) -> None:
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
@@ -143,6 +174,7 @@ class Predictor:
         self.prompt_chunk = prompt_chunk
         self.decoder = decoder
         self.fast_decoder = FastMaskDecoder(model.sam_mask_decoder) if decoder == "fast" else None
+        self.fast_min_prompts = fast_min_prompts
 
     @property
     def device(self) -> torch.device:
@@ -205,16 +237,9 @@ class Predictor:
         """Per-image decoder state for ``embedding`` (one image); cheap in reference mode."""
         if len(embedding) != 1:
             raise ValueError(f"predict() takes the embedding of one image, got {len(embedding)}")
-        if self.fast_decoder is None:
-            return DecoderContext(embedding, None)
-        encoder = self.model.sam_prompt_encoder
-        side = self.fast_decoder.prepare(
-            embedding.image_embed,
-            encoder.dense_positional_encoding(),
-            encoder.no_mask_dense(),
-            embedding.high_res_feats,
+        return DecoderContext(
+            embedding, self.fast_decoder, self.model.sam_prompt_encoder, self.fast_min_prompts
         )
-        return DecoderContext(embedding, side)
 
     def decode_low_res(
         self,
@@ -251,11 +276,12 @@ class Predictor:
         total = coords.shape[0] if coords is not None else mask_input.shape[0]
         # One mask input may serve every prompt; otherwise it is sliced with them.
         shared_mask = mask_input is not None and mask_input.shape[0] == 1
+        fast = mask_input is None and context.use_fast(total)
         logits, ious, kept = [], [], []
         for start in range(0, total, self.prompt_chunk):
             chunk = slice(start, start + self.prompt_chunk)
             chunk_masks = mask_input if mask_input is None or shared_mask else mask_input[chunk]
-            if context.side is not None and mask_input is None:
+            if fast:
                 low, iou, rows = self._decode_fast(
                     context.side, coords[chunk], labels[chunk], multimask_output, min_iou
                 )
