@@ -28,6 +28,7 @@ import numpy as np
 
 from sam2serve.accel.commands import add_commands as add_export_commands
 from sam2serve.accel.modes import MODES
+from sam2serve.cluster.commands import add_commands as add_cluster_commands
 from sam2serve.config import MODEL_SIZES, get_config
 from sam2serve.engine.amg import AMGParamError, AMGParams, finite_or_none
 from sam2serve.engine.tasks import TASKS, prompt_point, prompt_points
@@ -327,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_parser(commands)
     add_server_commands(commands)
     add_export_commands(commands)
+    add_cluster_commands(commands)
     return parser
 
 
@@ -1003,7 +1005,7 @@ examples:
 
 
 def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
-    from sam2serve.bench.runner import PROMPT_POLICIES, REFERENCE
+    from sam2serve.bench.runner import PROMPT_POLICIES, REFERENCE, REFERENCES
 
     bench = commands.add_parser(
         "bench",
@@ -1027,7 +1029,10 @@ def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
         default=",".join((REFERENCE, *MODES)),
         metavar="LIST",
         help="comma-separated modes, each a row: "
-        f"{', '.join((REFERENCE, *MODES))} (default: %(default)s; baseline is always run)",
+        f"{', '.join((*REFERENCES, *MODES))}; fast and furious also as NAME+aot (image path "
+        "from 'sam2serve export' artifacts, exported once before the runs) or NAME+jit "
+        "(converted with OpenVINO at start-up); reference-bf16 is Meta's code under bf16 "
+        "autocast (default: %(default)s; baseline is always run)",
     )
     bench.add_argument(
         "--images",

@@ -70,6 +70,41 @@ def _openvino_precision(spec: Mode) -> str:
     return "bf16" if spec.reduced_precision_encoder else "f32"
 
 
+def convert_image_path(model: SAM2Image) -> tuple[object, tuple[torch.Tensor, ...]]:
+    """The image path of ``model`` as an OpenVINO model (batch dimension dynamic), and its
+    eager outputs on the example input (their shapes go into the manifest)."""
+    import openvino as ov
+
+    side = model.image_size
+    example = torch.zeros(1, 3, side, side)
+    with torch.inference_mode():
+        reference = _ImagePath(model).eval()(example)
+    converted = ov.convert_model(
+        _ImagePath(model).eval(),
+        example_input=example,
+        input=[ov.PartialShape([-1, 3, side, side])],
+    )
+    for output, name in zip(converted.outputs, OUTPUT_NAMES):
+        output.get_tensor().set_names({name})
+    return converted, reference
+
+
+def compile_for_cpu(model: object, precision: str) -> OpenVINOImageEncoder:
+    """Compile an OpenVINO model (an IR path or an in-memory model) for the CPU."""
+    import openvino as ov
+
+    hint = "bf16" if precision == "bf16" else "f32"
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
+    return OpenVINOImageEncoder(compiled)
+
+
+def openvino_image_encoder(model: SAM2Image, spec: Mode) -> OpenVINOImageEncoder:
+    """Convert and compile the image path at start-up: the alternative to artifacts
+    (tens of seconds for tiny, measured by ``sam2serve bench`` as mode ``NAME+jit``)."""
+    converted, _ = convert_image_path(model)
+    return compile_for_cpu(converted, _openvino_precision(spec))
+
+
 def export_artifacts(
     size: str,
     mode: str,
@@ -92,19 +127,10 @@ def export_artifacts(
     model = load_model(size, checkpoint, random_weights=random_weights, seed=seed)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    side = model.image_size
-    example = torch.zeros(1, 3, side, side)
     started = time.perf_counter()
-    with torch.inference_mode():
-        reference = _ImagePath(model).eval()(example)
-    converted = ov.convert_model(
-        _ImagePath(model).eval(),
-        example_input=example,
-        input=[ov.PartialShape([-1, 3, side, side])],
-    )
-    for output, name in zip(converted.outputs, OUTPUT_NAMES):
-        output.get_tensor().set_names({name})
+    converted, reference = convert_image_path(model)
     ov.save_model(converted, out / ENCODER_XML, compress_to_fp16=False)
+    side = model.image_size
     heads = {k: v for k, v in model.state_dict().items() if not k.startswith("image_encoder.")}
     torch.save(heads, out / HEADS)
     manifest = {
@@ -194,7 +220,6 @@ def load_artifacts(
     directory: str | Path, size: str | None = None, mode: str | None = None
 ) -> Predictor:
     """A Predictor whose image path runs from the exported IR: no compilation, no checkpoint."""
-    import openvino as ov
 
     directory = Path(directory)
     manifest = read_manifest(directory)
@@ -205,14 +230,9 @@ def load_artifacts(
     info = manifest["weights"]
     model.weights_info = WeightsInfo(info["source"], path=info.get("path"), seed=info.get("seed"))
     model.eval()
-    core = ov.Core()
-    hint = "bf16" if manifest["precision"] == "bf16" else "f32"
-    compiled = core.compile_model(
-        str(directory / ENCODER_XML), "CPU", {"INFERENCE_PRECISION_HINT": hint}
-    )
     return Predictor(
         model,
         decoder=spec.decoder,
         prompt_chunk=spec.prompt_chunk,
-        image_encoder=OpenVINOImageEncoder(compiled),
+        image_encoder=compile_for_cpu(str(directory / ENCODER_XML), manifest["precision"]),
     )

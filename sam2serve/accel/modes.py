@@ -76,6 +76,34 @@ MODES: dict[str, Mode] = {
 }
 
 
+# How the image path of a fast/furious mode starts; ``sam2serve bench --modes`` takes them as
+# suffixes (``furious+aot``). Plain names run the image path in eager PyTorch.
+VARIANTS: dict[str, str] = {
+    "aot": "image path from 'sam2serve export' artifacts (OpenVINO IR), no compilation at "
+    "start-up",
+    "jit": "image path converted and compiled with OpenVINO at start-up (the alternative "
+    "to artifacts)",
+}
+ENCODER_BACKENDS = ("torch", "openvino")
+
+
+def split_variant(label: str) -> tuple[str, str | None]:
+    """``"furious+aot"`` -> ``("furious", "aot")``; ``"fast"`` -> ``("fast", None)``.
+    Both parts are checked: an unknown one is a ValueError that names it."""
+    name, _, variant = label.partition("+")
+    mode = get_mode(name)
+    if not variant:
+        return name, None
+    if variant not in VARIANTS:
+        raise ValueError(
+            f"unknown mode variant {variant!r} in {label!r}; expected one of "
+            f"{', '.join('+' + v for v in VARIANTS)}"
+        )
+    if mode.decoder != "fast":
+        raise ValueError(f"+{variant} is for the fast and furious modes, got {label!r}")
+    return name, variant
+
+
 def get_mode(name: str) -> Mode:
     try:
         return MODES[name]
@@ -92,10 +120,17 @@ def build_predictor(
     seed: int = 0,
     device: str | torch.device = "cpu",
     artifacts: str | None = None,
+    encoder_backend: str = "torch",
 ) -> Predictor:
     """Load the model of ``size`` and wrap it in a Predictor configured for ``mode``;
     with ``artifacts`` (a ``sam2serve export`` directory) start from those instead,
-    checked against their manifest, with no compilation."""
+    checked against their manifest, with no compilation. ``encoder_backend="openvino"``
+    converts and compiles the image path with OpenVINO at start-up (CPU only)."""
+    if encoder_backend not in ENCODER_BACKENDS:
+        raise ValueError(
+            f"encoder_backend must be one of {', '.join(ENCODER_BACKENDS)}, got "
+            f"{encoder_backend!r}"
+        )
     if artifacts is not None:
         from sam2serve.accel.export import load_artifacts
 
@@ -108,11 +143,24 @@ def build_predictor(
     model = load_model(
         size, checkpoint=checkpoint, random_weights=random_weights, seed=seed, device=device
     )
-    return configure_predictor(model, spec)
+    return configure_predictor(model, spec, encoder_backend)
 
 
-def configure_predictor(model: torch.nn.Module, spec: Mode) -> Predictor:
+def configure_predictor(
+    model: torch.nn.Module, spec: Mode, encoder_backend: str = "torch"
+) -> Predictor:
     """A Predictor running ``model`` (which it may convert in place) the way ``spec`` says."""
+    if encoder_backend == "openvino":
+        from sam2serve.accel.export import openvino_image_encoder
+
+        if model.device.type != "cpu":
+            raise ValueError(f"the OpenVINO image path runs on the CPU, not on {model.device}")
+        if spec.decoder != "fast":
+            raise ValueError(f"the OpenVINO image path is for fast and furious, not {spec.name}")
+        encoder = openvino_image_encoder(model, spec)
+        return Predictor(
+            model, decoder=spec.decoder, prompt_chunk=spec.prompt_chunk, image_encoder=encoder
+        )
     dtype = spec.encoder_dtype(model.device)
     if dtype != torch.float32:
         model.image_encoder.to(dtype)

@@ -141,9 +141,18 @@ class ReferenceRunner:
     """Meta's code for one task; ``runner(image_bytes, points, timer) -> records``."""
 
     def __init__(
-        self, task: str, size: str, checkpoint: Path, device: str, params: AMGParams
+        self,
+        task: str,
+        size: str,
+        checkpoint: Path,
+        device: str,
+        params: AMGParams,
+        autocast_bf16: bool = False,
     ) -> None:
         self.torchvision = activate()
+        # Mode reference-bf16: Meta's code under torch.autocast(bfloat16), as its README
+        # suggests for speed (its image predictor runs whatever autocast is active).
+        self.autocast = torch.autocast(torch.device(device).type, torch.bfloat16, autocast_bf16)
         import sam2.automatic_mask_generator as meta_amg
         from sam2.sam2_image_predictor import SAM2ImagePredictor
         from sam2.utils.amg import mask_to_rle_pytorch
@@ -176,7 +185,7 @@ class ReferenceRunner:
         self.timer = timer
         try:
             pixels = decode(image, timer)
-            with torch.no_grad():
+            with torch.no_grad(), self.autocast:
                 if self.task == "amg":
                     return self._amg(pixels, timer)
                 return self._points(pixels, points or [], timer)

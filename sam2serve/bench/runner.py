@@ -49,6 +49,8 @@ __all__ = [
 
 BASELINE = "baseline"
 REFERENCE = "reference"
+REFERENCE_BF16 = "reference-bf16"  # Meta's code under torch.autocast(bfloat16)
+REFERENCES = (REFERENCE, REFERENCE_BF16)
 PROMPT_POLICIES = ("auto", "amg", "grid")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 SAMPLES = "samples"
@@ -296,6 +298,7 @@ def _run_worker(
         "images": [str(image.path) for image in images],
         "prompts": prompts,
         "amg_params": config.amg_params.to_dict(),
+        "artifacts": str(_artifacts_dir(work, mode)) if mode.endswith("+aot") else None,
     }
     spec_path, result_path = work / f"{slug}.spec.json", work / f"{slug}.result.json"
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
@@ -317,26 +320,74 @@ def _run_worker(
     return run
 
 
+def _artifacts_dir(work: Path, mode: str) -> Path:
+    return work / "artifacts" / mode.partition("+")[0]
+
+
+def _export_artifacts(
+    config: BenchConfig, work: Path, modes: Sequence[str], checkpoint: Path, notes: list[str]
+) -> None:
+    """``sam2serve export`` once per base mode of the ``+aot`` modes, before any run, so
+    their workers start from artifacts like a replica would."""
+    for mode in modes:
+        if not mode.endswith("+aot"):
+            continue
+        base, out = mode.partition("+")[0], _artifacts_dir(work, mode)
+        _log(f"exporting {config.model} {base} artifacts for {mode}")
+        done = _start_worker(
+            [
+                "export",
+                "--model",
+                config.model,
+                "--mode",
+                base,
+                "--checkpoint",
+                str(checkpoint),
+                "--out",
+                str(out),
+            ],
+            dict(os.environ),
+            config.timeout_s,
+        )
+        if done.returncode != 0:
+            raise BenchError(f"exporting the artifacts for {mode} failed (its error is above)")
+        seconds = json.loads(done.stdout.strip().splitlines()[-1])["export_seconds"]
+        notes.append(
+            f"{mode}: artifacts exported once before the runs ('sam2serve export', "
+            f"{seconds:.0f} s); its worker loads them with no compilation"
+        )
+
+
 # --------------------------------------------------------------------------- the run
 
 
 def mode_compiles(mode: str) -> bool:
-    """Whether ``mode`` compiles (a truthy ``compile`` attribute on its Mode)."""
-    if mode == REFERENCE:
+    """Whether ``mode`` compiles at start-up (a ``+jit`` variant, or a truthy ``compile``
+    attribute on its Mode)."""
+    if mode in REFERENCES:
         return False
-    from sam2serve.accel.modes import get_mode
+    from sam2serve.accel.modes import get_mode, split_variant
 
-    return bool(getattr(get_mode(mode), "compile", False))
+    name, variant = split_variant(mode)
+    return variant == "jit" or bool(getattr(get_mode(name), "compile", False))
 
 
 def _plan_modes(modes: Sequence[str], notes: list[str]) -> list[str]:
-    from sam2serve.accel.modes import MODES
+    from sam2serve.accel.modes import MODES, VARIANTS, split_variant
 
-    known = [REFERENCE, *MODES]
-    unknown = [m for m in modes if m not in known]
+    unknown = []
+    for mode in modes:
+        if mode in REFERENCES:
+            continue
+        try:
+            split_variant(mode)
+        except ValueError as exc:
+            unknown.append(f"{mode!r} ({exc})")
     if unknown:
+        known = [*REFERENCES, *MODES]
         raise BenchError(
-            f"unknown mode(s) {', '.join(map(repr, unknown))}; expected some of {', '.join(known)}"
+            f"unknown mode(s) {', '.join(unknown)}; expected some of {', '.join(known)}, "
+            f"fast and furious also as NAME+{' or NAME+'.join(VARIANTS)}"
         )
     ordered = list(dict.fromkeys(modes))
     if BASELINE not in ordered:
@@ -395,7 +446,8 @@ def run_bench(config: BenchConfig) -> BenchResult:
             assert config.checkpoint is not None
             checkpoint = config.checkpoint
             weights = f"checkpoint {checkpoint.name}"
-        missing = missing_requirements() if REFERENCE in modes else []
+        _export_artifacts(config, work, modes, checkpoint, notes)
+        missing = missing_requirements() if set(REFERENCES) & set(modes) else []
         if missing:
             message = MISSING_MESSAGE.format(missing=", ".join(missing))
             _log(message)
@@ -411,7 +463,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
         def run_task(task: str, prompts: list | None) -> None:
             baseline = None
             for mode in modes:
-                if mode == REFERENCE and missing:
+                if mode in REFERENCES and missing:
                     skip = RunResult(task, mode, mode, "cold", error="not run: sam2 not installed")
                     skip.skipped = True
                     runs.append(skip)

@@ -7,6 +7,9 @@ RLE, stage by stage. The result file holds the per-image latencies and stages, t
 peak memory. The parent (:mod:`sam2serve.bench.runner`) starts one worker per run, so
 imports, model loading, first-iteration costs and compile caches are really cold.
 
+``python -m sam2serve.bench.worker export --model SIZE --mode MODE --checkpoint PATH --out DIR``
+writes ``sam2serve export`` artifacts of those weights for the ``+aot`` modes.
+
 ``python -m sam2serve.bench.worker write-checkpoint --model SIZE --seed N --out PATH``
 writes the seeded random weights as an official-shaped checkpoint (``{"model": ...}``,
 with Meta's video-path tensors when Meta's ``sam2`` is installed, so Meta's strict loader
@@ -70,16 +73,28 @@ class _EngineRunner:
     """Our engine in one of the modes of :data:`sam2serve.accel.modes.MODES`."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        from sam2serve.accel.modes import configure_predictor, get_mode
+        from sam2serve.accel.modes import (
+            build_predictor,
+            configure_predictor,
+            get_mode,
+            split_variant,
+        )
         from sam2serve.checkpoint import load_model
         from sam2serve.engine import tasks
         from sam2serve.engine.amg import AMGParams
 
         self.tasks = tasks
         self.task = spec["task"]
-        self.mode = get_mode(spec["mode"])
-        model = load_model(spec["model"], checkpoint=spec["checkpoint"], device=spec["device"])
-        self.predictor = configure_predictor(model, self.mode)
+        name, variant = split_variant(spec["mode"])
+        self.mode = get_mode(name)
+        if variant == "aot":
+            self.predictor = build_predictor(spec["model"], name, artifacts=spec["artifacts"])
+        else:
+            model = load_model(
+                spec["model"], checkpoint=spec["checkpoint"], device=spec["device"]
+            )
+            backend = "openvino" if variant == "jit" else "torch"
+            self.predictor = configure_predictor(model, self.mode, backend)
         params = AMGParams.from_dict(spec["amg_params"])
         self.generator = tasks.mask_generator(self.predictor, params, self.mode)
         self.timer: Any = None
@@ -104,7 +119,7 @@ class _EngineRunner:
 
 
 def _make_runner(spec: dict[str, Any]) -> tuple[Runner, dict[str, Any]]:
-    if spec["mode"] == "reference":
+    if spec["mode"] in ("reference", "reference-bf16"):
         from sam2serve.bench.reference import ReferenceRunner
         from sam2serve.engine.amg import AMGParams
 
@@ -114,6 +129,7 @@ def _make_runner(spec: dict[str, Any]) -> tuple[Runner, dict[str, Any]]:
             Path(spec["checkpoint"]),
             spec["device"],
             AMGParams.from_dict(spec["amg_params"]),
+            autocast_bf16=spec["mode"] == "reference-bf16",
         )
         return runner, {"torchvision": runner.torchvision, "rle_stage": True}
     engine = _EngineRunner(spec)
@@ -209,6 +225,15 @@ def write_checkpoint(size: str, seed: int, out: Path) -> int:
     return 0
 
 
+def export(size: str, mode: str, checkpoint: Path, out: Path) -> int:
+    """``sam2serve export`` of the benchmark's weights, for the ``+aot`` modes."""
+    from sam2serve.accel.export import export_artifacts
+
+    manifest = export_artifacts(size, mode, out, checkpoint=str(checkpoint))
+    print(json.dumps({"path": str(out), "export_seconds": manifest["export_seconds"]}))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sam2serve.bench.worker")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -219,9 +244,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ckpt.add_argument("--model", required=True)
     ckpt.add_argument("--seed", type=int, required=True)
     ckpt.add_argument("--out", type=Path, required=True)
+    exp = commands.add_parser("export", help="artifacts of the benchmark's weights")
+    exp.add_argument("--model", required=True)
+    exp.add_argument("--mode", required=True)
+    exp.add_argument("--checkpoint", type=Path, required=True)
+    exp.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args.spec, args.result)
+    if args.command == "export":
+        return export(args.model, args.mode, args.checkpoint, args.out)
     return write_checkpoint(args.model, args.seed, args.out)
 
 
