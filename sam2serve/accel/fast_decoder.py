@@ -67,6 +67,12 @@ def prompts_times_shared(weights: torch.Tensor, shared: torch.Tensor) -> torch.T
     return (folded @ shared[0]).reshape(h, b, t, -1).transpose(0, 1)
 
 
+def gelu_(x: torch.Tensor, act: torch.nn.GELU) -> torch.Tensor:
+    """``act(x)`` in place: the upscaling's activations are the largest per-prompt tensors,
+    and a fresh output for each would be one more pass over memory."""
+    return torch.ops.aten.gelu_(x, approximate=act.approximate)
+
+
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """(B, H, N, dh) -> (B, N, H*dh)."""
     b, h, n, d = x.shape
@@ -181,7 +187,7 @@ class ImageSide:
     def upscaling_features(self, decoder: MaskDecoder) -> tuple[torch.Tensor, torch.Tensor]:
         """The high-res features plus the transposed convolutions' biases, in the
         channels-last "parent pixel, then sub-pixel" order of ``masks_from_keys``:
-        s1 (1, 4096, 4, 64) and s0 (1, 4096 * 16, 32)."""
+        s1 (1, 4096, 4 * 64) and s0 (1, 4096 * 4, 4 * 32)."""
 
         def compute() -> tuple[torch.Tensor, torch.Tensor]:
             dc1, dc2 = decoder.output_upscaling[0], decoder.output_upscaling[3]
@@ -190,10 +196,10 @@ class ImageSide:
             c1, c0 = feat_s1.shape[1], feat_s0.shape[1]
             # feat_s1 pixel (2i + di, 2j + dj) -> [i * w + j, di * 2 + dj, c]
             s1 = feat_s1[:1].reshape(c1, h, 2, w, 2).permute(1, 3, 2, 4, 0)
-            s1 = s1.reshape(1, h * w, 4, c1) + dc1.bias
+            s1 = (s1.reshape(1, h * w, 4, c1) + dc1.bias).reshape(1, h * w, 4 * c1)
             # feat_s0 pixel (4i + 2di + ei, 4j + 2dj + ej) -> [(i, j, di, dj, ei, ej), c]
             s0 = feat_s0[:1].reshape(c0, h, 2, 2, w, 2, 2).permute(1, 4, 2, 5, 3, 6, 0)
-            s0 = s0.reshape(1, h * w * 16, c0) + dc2.bias
+            s0 = (s0.reshape(1, h * w * 16, c0) + dc2.bias).reshape(1, h * w * 4, 4 * c0)
             return s1.contiguous(), s0.contiguous()
 
         return self.memo("upscaling", compute)
@@ -284,14 +290,6 @@ class FastMaskDecoder:
         out = out + torch.einsum("bhtr,brhd->bhtd", mixed, projected)
         out = merge_heads(out)
         return out + bias
-
-    def dense_projection(
-        self, side: ImageSide, keys: SymbolicKeys, weight: torch.Tensor, name: str
-    ) -> torch.Tensor:
-        """(B, 4096, out) = W keys_i, materialised (used for the upscaling convolution)."""
-        shared = side.project_keys(weight, keys.gain, f"{name}|{keys.gain_name}")
-        coef, vecs = keys.low_rank
-        return keys.a * shared + coef @ (vecs @ weight.T)
 
     def add_attention_output(
         self, keys: SymbolicKeys, family: Family, bias: torch.Tensor
@@ -493,14 +491,19 @@ class FastMaskDecoder:
         c_out = dc2.weight.shape[1]
         # Rows ordered (sub-pixel, channel): (4 * c_mid, c_in).
         w1 = dc1.weight.permute(2, 3, 1, 0).reshape(4 * c_mid, c_in)
-        dense = self.dense_projection(side, keys, w1, "dc1-cl")  # (B, 4096, 4 * c_mid)
-        b, n = dense.shape[:2]
+        shared = side.project_keys(w1, keys.gain, f"dc1-cl|{keys.gain_name}")
         s1, s0 = side.upscaling_features(dec)
-        x = (dense.view(b, n, 4, c_mid) + s1).view(b, n * 4, c_mid)
-        x = act1(torch.nn.functional.layer_norm(x, (c_mid,), ln1.weight, ln1.bias, ln1.eps))
-        w2 = dc2.weight.permute(0, 2, 3, 1).reshape(c_mid, 4 * c_out)  # (c_mid, (sub, c))
-        y = (x @ w2).view(b, n * 16, c_out) + s0
-        y = act2(y)
+        coef, vecs = keys.low_rank
+        # dc1(keys) + bias + feat_s1 = s1 + a * (W K) + coef @ (vecs W^T): two fused ops.
+        x = torch.baddbmm(torch.addcmul(s1, keys.a, shared), coef, vecs @ w1.T)
+        b, n = x.shape[:2]
+        x = x.view(b, n * 4, c_mid)
+        x = torch.nn.functional.layer_norm(x, (c_mid,), ln1.weight, ln1.bias, ln1.eps)
+        x = gelu_(x, act1)
+        # dc2 as (c_mid -> (sub-pixel, c_out)), with its bias and feat_s0 as the addend.
+        w2 = dc2.weight.permute(0, 2, 3, 1).reshape(c_mid, 4 * c_out)
+        y = torch.baddbmm(s0.expand(b, -1, -1), x, w2.expand(b, -1, -1))
+        y = gelu_(y, act2).view(b, n * 16, c_out)
         mlps = dec.output_hypernetworks_mlps
         hyper = torch.stack(
             [mlps[m](mask_tokens_out[:, j]) for j, m in enumerate(mask_indices)], dim=1
