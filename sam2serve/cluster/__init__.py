@@ -1,0 +1,11 @@
+"""The service as a Ray Serve application: autoscaled replicas loading shared artifacts.
+
+- :mod:`config`     the config file (a Ray Serve config file), checked with named errors
+- :mod:`artifacts`  artifacts from a directory or an fsspec URI (copied to a local cache)
+- :mod:`readiness`  warm-up, the replica's report, its cold-start metrics
+- :mod:`ingress`    the ASGI wrapper around the service app (routing, stamps, metrics)
+- :mod:`app`        the deployment (``SAM2Replica``) and the application builders
+- :mod:`lifecycle`  ``cluster up | status | down``
+- :mod:`client`     a retrying client; :mod:`protocol` the headers it shares with replicas
+- :mod:`burst`      the burst benchmark; :mod:`commands` the CLI
+"""

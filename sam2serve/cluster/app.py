@@ -1,0 +1,141 @@
+"""The service as a Ray Serve application: one deployment per model/mode.
+
+Each replica of :class:`SAM2Replica` loads ``sam2serve export`` artifacts (a shared
+directory, or an fsspec URI copied to a local cache, checked against the manifest), runs
+one encode and one decode, and only then finishes its constructor, so Ray Serve routes
+to it only once it is warm. It then serves the very app ``sam2serve serve`` serves
+(:func:`sam2serve.server.app.create_app`), wrapped by :class:`ReplicaIngress`.
+
+Within a replica, concurrent encodes are batched across requests by the app's model
+worker (``server.max_batch_size`` / ``server.max_wait_ms`` in the config file).
+
+``build_app(args)`` is the application builder that ``import_path`` names in the config
+file (``serve deploy``, ``serve run``, KubeRay); ``bind_app(spec)`` builds the same
+application with the file's deployment options applied, for ``sam2serve cluster up``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+
+from sam2serve.cluster.config import AppSpec, ReplicaArgs, deployment_name
+from sam2serve.cluster.ingress import ReplicaIngress
+from sam2serve.cluster.readiness import (
+    ReadinessMetrics,
+    ReplicaReport,
+    compile_frames,
+    process_start_time,
+    record_ray_metrics,
+    warm_up,
+)
+
+log = logging.getLogger("sam2serve.cluster")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldImage:
+    """What the multiplexing cache holds for an image id: only the fact that this
+    replica has (or is computing) its embedding; the embedding lives in the app's cache."""
+
+    image_id: str
+
+
+@serve.deployment
+@serve.ingress()
+class SAM2Replica:
+    """One replica: warm model from shared artifacts, the service app, readiness report."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        constructor_started = time.time()
+        from sam2serve.accel.export import load_artifacts
+        from sam2serve.cluster.artifacts import resolve_artifacts
+        from sam2serve.server.app import create_app
+
+        self.args = ReplicaArgs.from_dict(args)
+        stages = {"process_to_constructor": max(0.0, constructor_started - process_start_time())}
+        clock = time.perf_counter()
+        local = resolve_artifacts(self.args.artifacts, self.args.artifacts_cache)
+        stages["fetch_artifacts"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        predictor = load_artifacts(local.directory, self.args.model, self.args.mode)
+        stages["load_artifacts"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        warm_up(predictor)
+        stages["warmup"] = time.perf_counter() - clock
+
+        context = serve.get_replica_context()
+        weights = predictor.model.weights_info
+        self.report = ReplicaReport(
+            replica=context.replica_id.unique_id,
+            deployment=context.deployment,
+            app=context.app_name,
+            model=self.args.model,
+            mode=self.args.mode,
+            artifacts_source=local.source,
+            artifacts_dir=str(local.directory),
+            artifacts_copied=local.copied,
+            manifest_sha256=local.manifest_sha256,
+            weights=weights.as_dict(),
+            compile_frames=compile_frames(),
+            stages_s={k: round(v, 3) for k, v in stages.items()},
+        )
+        if weights.is_random:
+            log.warning("replica %s serves %s", self.report.replica, weights.describe())
+        api_key = os.environ.get(self.args.api_key_env) if self.args.api_key_env else None
+        self.service_app = create_app(self.args.settings(api_key or None), predictor)
+        self.metrics = ReadinessMetrics(self.report)
+        self.ray_metrics = record_ray_metrics(self.report)  # kept: exported while alive
+
+        async def hold(image_id: str) -> HeldImage:
+            return HeldImage(image_id)
+
+        # Built here, not as a decorated method, because its size comes from the config.
+        self.hold = serve.multiplexed(max_num_models_per_replica=self.args.images_per_replica)(hold)
+        log.info("replica ready: %s", self.report.as_dict())
+
+    def __serve_build_asgi_app__(self) -> ReplicaIngress:
+        return ReplicaIngress(
+            self.service_app,
+            self.report,
+            self.metrics,
+            hold=self.hold,
+            multiplexed_id=serve.get_multiplexed_model_id,
+        )
+
+    async def check_health(self) -> None:
+        """Ray Serve's health check: the app's own /readyz must answer 200."""
+        import httpx
+
+        transport = httpx.ASGITransport(app=self.service_app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://replica") as client:
+            answer = await client.get("/readyz")
+        if answer.status_code != 200:
+            raise RuntimeError(f"/readyz answered {answer.status_code}: {answer.text[:200]}")
+
+    def describe(self) -> dict[str, Any]:
+        """The readiness report (also served at GET /cluster/replica)."""
+        return self.report.as_dict()
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    """The application builder named by ``import_path`` in the config file."""
+    checked = ReplicaArgs.from_dict(args)
+    name = deployment_name(checked.model, checked.mode)
+    return SAM2Replica.options(name=name).bind(dataclasses.asdict(checked))
+
+
+def bind_app(spec: AppSpec) -> Application:
+    """The application of one config entry, with its deployment options applied."""
+    name = deployment_name(spec.args.model, spec.args.mode)
+    deployment = SAM2Replica.options(name=name, **spec.deployment)
+    return deployment.bind(dataclasses.asdict(spec.args))
+
+
+__all__ = ["SAM2Replica", "bind_app", "build_app"]

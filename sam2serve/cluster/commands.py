@@ -1,0 +1,357 @@
+"""``sam2serve cluster up | status | down | burst``: argparse subcommands and handlers.
+
+``add_commands(subparsers)`` registers ``cluster`` on the main CLI. Ray is imported only
+when a handler runs, so ``sam2serve --help`` stays fast and works without Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PROG = "sam2serve"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DEFAULT_CONFIG = "deploy/serve_tiny.yaml"
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=36, width=100)
+
+
+CLUSTER_DESCRIPTION = """\
+Run the service as a Ray Serve application: one deployment per model/mode, autoscaled
+replicas that start from shared 'sam2serve export' artifacts and report ready only when
+warm. The config file is a Ray Serve config file (see deploy/serve_tiny.yaml and
+docs/cluster.md), so the same file works with 'serve deploy' and KubeRay's RayService.
+
+commands:
+  up      start a local Ray (or use --address) and deploy every application of the file
+  status  applications, deployments, replicas by state, replica actors
+  down    delete the applications; stop the local Ray that 'up' started
+  burst   N images at once per task (AMG, SPS, MPS): execution and queue time p50/p90,
+          replicas over time, replica cold start; Markdown + CSV
+"""
+
+UP_EPILOG = f"""\
+examples:
+  {PROG} export --model tiny --mode fast --random-weights --out /srv/sam2/tiny-fast
+  {PROG} cluster up --config {DEFAULT_CONFIG}
+  {PROG} cluster status
+  curl -s -F image=@photo.jpg http://127.0.0.1:8000/v1/embeddings
+  {PROG} cluster down
+"""
+
+BURST_EPILOG = f"""\
+example (the committed result):
+  {PROG} cluster burst --config deploy/serve_burst.yaml --n 16 --points-per-side 8 \\
+      --ray-address auto --out bench/results/burst_cpu.md --csv bench/results/burst_cpu.csv
+"""
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``cluster`` and its subcommands on the main parser's subcommands."""
+    cluster = subparsers.add_parser(
+        "cluster",
+        help="the service on Ray Serve: up, status, down, burst benchmark",
+        description=CLUSTER_DESCRIPTION,
+        formatter_class=_HelpFormatter,
+    )
+    commands = cluster.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
+
+    up = commands.add_parser(
+        "up",
+        help="deploy the config file's applications (local Ray unless --address)",
+        description="Deploy every application of a cluster config file and wait until its "
+        "replicas are warm. Without --address, a local Ray head is started with 'ray start' "
+        "(it keeps running after this command; 'cluster down' stops it) and every "
+        "artifacts directory of the file must exist here.",
+        epilog=UP_EPILOG,
+        formatter_class=_HelpFormatter,
+    )
+    up.set_defaults(handler=up_command)
+    up.add_argument(
+        "--config",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help=f"Ray Serve config file with sam2serve applications (e.g. {DEFAULT_CONFIG})",
+    )
+    _add_address(up)
+    up.add_argument(
+        "--num-cpus",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="CPUs the local Ray offers; each replica takes ray_actor_options.num_cpus "
+        "(default: this machine's, %(default)s)",
+    )
+    up.add_argument(
+        "--ray-port", type=int, default=6379, metavar="PORT", help="local Ray's GCS port"
+    )
+    up.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8080,
+        metavar="PORT",
+        help="local Ray's Prometheus endpoint: ray_serve_* and ray_sam2serve_* metrics "
+        "(default: %(default)s)",
+    )
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="give up if the applications are not running after this long (default: %(default)s)",
+    )
+
+    status = commands.add_parser(
+        "status",
+        help="applications, deployments and replicas by state",
+        formatter_class=_HelpFormatter,
+    )
+    status.set_defaults(handler=status_command)
+    _add_address(status)
+
+    down = commands.add_parser(
+        "down",
+        help="delete the applications; stop the local Ray that 'up' started",
+        formatter_class=_HelpFormatter,
+    )
+    down.set_defaults(handler=down_command)
+    _add_address(down)
+
+    _add_burst(commands)
+
+
+def _add_address(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="an existing Ray cluster (e.g. 'auto', 'ray://head:10001', 'head:6379'); "
+        "default: the local Ray that 'cluster up' started",
+    )
+
+
+def _add_burst(commands: argparse._SubParsersAction) -> None:
+    from sam2serve.cluster import burst as burst_module
+    from sam2serve.cluster.burst import TASKS, BurstConfig
+
+    d = BurstConfig(url="")
+    burst = commands.add_parser(
+        "burst",
+        help="burst benchmark: N images at once per task, autoscaling",
+        description=(burst_module.__doc__ or "").strip(),
+        epilog=BURST_EPILOG,
+        formatter_class=_HelpFormatter,
+    )
+    burst.set_defaults(handler=burst_command)
+    target = burst.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="the application's URL, e.g. http://127.0.0.1:8000")
+    target.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="take the URL and min_replicas from this config file's application",
+    )
+    burst.add_argument(
+        "--app", metavar="NAME", help="with --config: which application (default: the first)"
+    )
+    burst.add_argument(
+        "--n", type=int, default=d.n, metavar="N", help="images per task (default: %(default)s)"
+    )
+    burst.add_argument(
+        "--tasks",
+        default=",".join(TASKS),
+        metavar="LIST",
+        help="comma-separated tasks, run in this order (default: %(default)s)",
+    )
+    burst.add_argument(
+        "--points-per-side",
+        type=int,
+        default=d.points_per_side,
+        metavar="N",
+        help="AMG grid, N*N clicks per image (default: %(default)s)",
+    )
+    burst.add_argument(
+        "--mps-points",
+        type=int,
+        default=d.mps_points,
+        metavar="N",
+        help="MPS prompts per image, on a grid (default: %(default)s)",
+    )
+    burst.add_argument(
+        "--max-side",
+        type=int,
+        default=d.max_side,
+        metavar="PX",
+        help="downscale the sample photos to this longer side (default: %(default)s)",
+    )
+    burst.add_argument(
+        "--multiplex",
+        action="store_true",
+        help="send each image's id as Ray Serve's multiplexed model id",
+    )
+    burst.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="poll replicas over time and wait for min_replicas before each task "
+        "(e.g. 'auto'; default: no polling)",
+    )
+    burst.add_argument(
+        "--min-replicas",
+        type=int,
+        metavar="N",
+        help="replicas to wait for before each task (default: the config's min_replicas, or 1)",
+    )
+    burst.add_argument(
+        "--timeout",
+        type=float,
+        default=d.timeout_s,
+        metavar="S",
+        help="client timeout per request (default: %(default)s)",
+    )
+    burst.add_argument("--out", type=Path, metavar="FILE.md", help="write the Markdown report")
+    burst.add_argument("--csv", type=Path, metavar="FILE.csv", help="write every request as CSV")
+
+
+def _error(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def up_command(args: argparse.Namespace) -> int:
+    from sam2serve.cluster.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return _error(str(exc))
+    if args.num_cpus < 1:
+        return _error(f"--num-cpus must be at least 1, got {args.num_cpus}")
+    from sam2serve.cluster.lifecycle import ClusterError, LocalRay, status_lines, up
+
+    local = LocalRay(args.num_cpus, args.ray_port, args.metrics_port)
+    try:
+        urls = up(config, args.address, local, args.timeout)
+    except (ClusterError, ConfigError) as exc:
+        return _error(str(exc))
+    for spec, url in zip(config.apps, urls, strict=True):
+        print(f"{PROG}: {spec.name} ({spec.args.model}, {spec.args.mode}) at {url}")
+    print("\n".join(status_lines(args.address)))
+    return EXIT_OK
+
+
+def status_command(args: argparse.Namespace) -> int:
+    from sam2serve.cluster.lifecycle import ClusterError, status_lines
+
+    try:
+        print("\n".join(status_lines(args.address)))
+    except ClusterError as exc:
+        return _error(str(exc))
+    return EXIT_OK
+
+
+def down_command(args: argparse.Namespace) -> int:
+    from sam2serve.cluster.lifecycle import ClusterError, down
+
+    try:
+        for line in down(args.address):
+            print(f"{PROG}: {line}")
+    except ClusterError as exc:
+        return _error(str(exc))
+    return EXIT_OK
+
+
+def _burst_target(args: argparse.Namespace) -> tuple[str, int, str | None, dict[str, Any]]:
+    """URL, min_replicas, application name and deployment options of the target."""
+    from sam2serve.cluster.config import load_config
+
+    if args.config is None:
+        return args.url, args.min_replicas or 1, args.app, {}
+    config = load_config(args.config)
+    apps = [a for a in config.apps if args.app in (None, a.name)]
+    if not apps:
+        names = ", ".join(a.name for a in config.apps)
+        raise ValueError(f"--app {args.app!r} is not in {args.config}; it has: {names}")
+    spec = apps[0]
+    scaling = spec.deployment.get("autoscaling_config") or {}
+    minimum = args.min_replicas or scaling.get(
+        "min_replicas", spec.deployment.get("num_replicas", 1)
+    )
+    return config.url(spec), int(minimum), spec.name, spec.deployment
+
+
+def burst_command(args: argparse.Namespace) -> int:
+    import httpx
+
+    from sam2serve.bench.machine import load_average, machine_info
+    from sam2serve.cluster.burst import BurstConfig, BurstError, markdown, run_burst, write_csv
+    from sam2serve.cluster.config import ConfigError
+
+    try:
+        url, minimum, app, deployment = _burst_target(args)
+        config = BurstConfig(
+            url=url,
+            n=args.n,
+            tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()),
+            points_per_side=args.points_per_side,
+            mps_points=args.mps_points,
+            max_side=args.max_side,
+            timeout_s=args.timeout,
+            multiplex=args.multiplex,
+            ray_address=args.ray_address,
+            app=app,
+            min_replicas=minimum,
+        )
+        config.check()
+    except (ConfigError, BurstError, ValueError) as exc:
+        return _error(str(exc))
+    try:
+        replica = httpx.get(url.rstrip("/") + "/cluster/replica", timeout=30).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return _error(f"no sam2serve cluster answers at {url}: {exc}")
+    load_before = load_average()
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    result = run_burst(config, say=lambda line: print(f"{PROG}: {line}", file=sys.stderr))
+    load_after = load_average()
+    machine = machine_info()
+    weights = replica.get("weights", {})
+    header = {
+        "command": "`"
+        + " ".join([PROG, *map(shlex.quote, getattr(args, "argv", sys.argv[1:]))])
+        + "`",
+        "date": started,
+        "machine": f"{machine.cpu}, {machine.logical_cores} logical cores, "
+        f"{machine.memory_gb:.0f} GiB, {machine.os}, Python {machine.python}, torch {machine.torch}",
+        "load average (1/5/15 min)": f"before {'/'.join(f'{x:.2f}' for x in load_before)}, "
+        f"after {'/'.join(f'{x:.2f}' for x in load_after)}",
+        "model": f"{replica.get('model')} ({replica.get('mode')}), from export artifacts "
+        f"(manifest sha256 {str(replica.get('manifest_sha256'))[:12]}...)",
+        "weights": "RANDOM WEIGHTS (no checkpoint can be downloaded here): masks are "
+        "meaningless, the work is real"
+        if weights.get("source") == "random"
+        else str(weights),
+        "workload": f"{config.n} distinct images per task (bundled samples, longer side "
+        f"{config.max_side} px); AMG points_per_side {config.points_per_side}; SPS 1 point; "
+        f"MPS {config.mps_points} points; all N sent at once; client retries 5xx",
+        "deployment": ", ".join(f"{k}={v}" for k, v in deployment.items()) or "(not given)",
+    }
+    report = markdown(result, header)
+    print(report)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report, encoding="utf-8")
+    if args.csv is not None:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        write_csv(result, args.csv)
+    failed = sum(not r.ok for r in result.records)
+    if failed:
+        print(f"{PROG}: burst: {failed} request(s) were not answered", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK

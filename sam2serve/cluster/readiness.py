@@ -1,0 +1,147 @@
+"""How a replica becomes ready, and what it reports about it.
+
+A replica is ready only when warm: its constructor fetches the artifacts, loads them
+(checked against their manifest), runs one encode and one decode, and only then returns,
+which is when Ray Serve marks it RUNNING and routes traffic to it. The time from the
+replica's process start to that point is its cold start; it is kept per stage in a
+:class:`ReplicaReport` and exported as Prometheus gauges (our ``/metrics``) and as Ray
+Serve metrics (Ray's metrics endpoint, next to ``ray_serve_*``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+WARMUP_SIDE = 64
+# Ray Serve histogram boundaries for the cold start, in seconds.
+START_BUCKETS_S = [1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0]
+STAGES = ("process_to_constructor", "fetch_artifacts", "load_artifacts", "warmup")
+
+
+def process_start_time() -> float:
+    """Wall-clock time this process started (Linux /proc), else now."""
+    try:
+        with open(f"/proc/{os.getpid()}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        start_ticks = int(fields[19])  # field 22 of stat: starttime, in clock ticks
+        with open("/proc/stat", encoding="ascii") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+def compile_frames() -> int:
+    """TorchDynamo frames compiled in this process (0: nothing was torch.compile'd)."""
+    import torch._dynamo.utils as dynamo_utils
+
+    return sum(dynamo_utils.counters["frames"].values())
+
+
+def warm_up(predictor: Any) -> None:
+    """One encode and one decode, so no request pays for lazy initialisation."""
+    pixels = np.full((WARMUP_SIDE, WARMUP_SIDE, 3), 128, dtype=np.uint8)
+    embedding = predictor.encode(pixels)
+    predictor.predict(embedding, point_coords=[[WARMUP_SIDE / 2] * 2], point_labels=[1])
+
+
+@dataclass
+class ReplicaReport:
+    """Who this replica is, where its model came from, and how long it took to be ready."""
+
+    replica: str
+    deployment: str
+    app: str
+    model: str
+    mode: str
+    artifacts_source: str  # the configured path or URI
+    artifacts_dir: str  # the local directory loaded
+    artifacts_copied: bool  # fetched through fsspec on this start
+    manifest_sha256: str
+    weights: dict[str, Any]
+    compile_frames: int
+    pid: int = field(default_factory=os.getpid)
+    stages_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def start_to_ready_s(self) -> float:
+        return sum(self.stages_s.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "start_to_ready_s": round(self.start_to_ready_s, 3)}
+
+
+class ReadinessMetrics:
+    """The cold start as Prometheus text for our /metrics, and as Ray Serve metrics."""
+
+    def __init__(self, report: ReplicaReport) -> None:
+        from prometheus_client import CollectorRegistry, Gauge, Info
+
+        self.registry = CollectorRegistry()
+        start = Gauge(
+            "sam2serve_replica_start_to_ready_seconds",
+            "Time from this replica's process start to ready (warm), by stage; "
+            "stage 'total' is the sum.",
+            ["replica", "stage"],
+            registry=self.registry,
+        )
+        for stage, seconds in report.stages_s.items():
+            start.labels(report.replica, stage).set(seconds)
+        start.labels(report.replica, "total").set(report.start_to_ready_s)
+        Gauge(
+            "sam2serve_replica_compile_frames",
+            "TorchDynamo frames this replica compiled (0 when it started from artifacts).",
+            ["replica"],
+            registry=self.registry,
+        ).labels(report.replica).set(report.compile_frames)
+        Info(
+            "sam2serve_replica",
+            "The replica, its deployment and where its artifacts came from.",
+            registry=self.registry,
+        ).info(
+            {
+                "replica": report.replica,
+                "deployment": report.deployment,
+                "app": report.app,
+                "artifacts": report.artifacts_source,
+                "manifest_sha256": report.manifest_sha256,
+                "copied": str(report.artifacts_copied).lower(),
+            }
+        )
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+def record_ray_metrics(report: ReplicaReport) -> tuple[Any, ...]:
+    """The cold start as Ray Serve metrics (tagged with deployment and replica by Ray).
+
+    Returns the metric objects: the caller keeps them, since Ray stops exporting a
+    metric whose object is garbage-collected."""
+    if "ray" not in sys.modules:
+        return ()
+    from ray.serve.metrics import Gauge, Histogram
+
+    tags = {"model": report.model, "mode": report.mode}
+    gauge = Gauge(
+        "sam2serve_replica_start_to_ready_seconds",
+        description="Time from replica process start to ready (warm).",
+        tag_keys=("model", "mode"),
+    )
+    gauge.set(report.start_to_ready_s, tags=tags)
+    histogram = Histogram(
+        "sam2serve_replica_cold_start_seconds",
+        description="Replica cold starts: process start to ready (warm).",
+        boundaries=START_BUCKETS_S,
+        tag_keys=("model", "mode"),
+    )
+    histogram.observe(report.start_to_ready_s, tags=tags)
+    return gauge, histogram

@@ -1,0 +1,43 @@
+"""Artifacts from a path or an fsspec URI: copied once to a cache, checked by the manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+
+import pytest
+
+from sam2serve.accel.export import ArtifactError, load_artifacts
+from sam2serve.cluster.artifacts import resolve_artifacts
+
+
+def test_a_uri_is_copied_once_and_loads(exported_artifacts, tmp_path):
+    cache = tmp_path / "cache"
+    uri = exported_artifacts.resolve().as_uri()  # file://...: goes through fsspec
+    first = resolve_artifacts(uri, cache)
+    again = resolve_artifacts(uri, cache)
+    assert first.copied and not again.copied and first.directory == again.directory
+    assert first.directory.parent == cache
+    manifest = (exported_artifacts / "manifest.json").read_bytes()
+    assert first.manifest_sha256 == hashlib.sha256(manifest).hexdigest()
+    predictor = load_artifacts(first.directory, "tiny", "fast")
+    assert predictor.model.weights_info.is_random
+
+
+def test_a_corrupt_copy_is_refused_by_the_manifest(exported_artifacts, tmp_path):
+    source = tmp_path / "source"
+    shutil.copytree(exported_artifacts, source)
+    with (source / "heads.pt").open("ab") as f:
+        f.write(b"corrupt")
+    local = resolve_artifacts(source.as_uri(), tmp_path / "cache")
+    with pytest.raises(ArtifactError, match="heads.pt does not match its sha256"):
+        load_artifacts(local.directory, "tiny", "fast")
+
+
+def test_missing_locations_are_named(tmp_path):
+    with pytest.raises(ArtifactError, match="artifacts directory '/nonexistent/x' does not"):
+        resolve_artifacts("/nonexistent/x")
+    with pytest.raises(ArtifactError, match="no manifest.json at artifacts URI"):
+        resolve_artifacts((tmp_path).as_uri(), tmp_path / "cache")
+    with pytest.raises(ArtifactError, match="cannot open artifacts URI 'nosuch://a'"):
+        resolve_artifacts("nosuch://a", tmp_path / "cache")
