@@ -264,6 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a seeded random model instead of a checkpoint: for smoke tests, "
         "masks are meaningless",
     )
+    weights.add_argument(
+        "--artifacts",
+        type=Path,
+        metavar="DIR",
+        help=f"start from '{PROG} export' artifacts (weights included; the image path runs "
+        "in OpenVINO, nothing is compiled); checked against their manifest and --model/--mode",
+    )
     run.add_argument(
         "--seed",
         type=int,
@@ -572,6 +579,28 @@ def load_model_for(args: argparse.Namespace) -> Any:
     return model
 
 
+def predictor_from_artifacts(args: argparse.Namespace) -> Any:
+    """A Predictor from export artifacts; a mismatch or a missing file is a usage error."""
+    from sam2serve.accel.export import ArtifactError, load_artifacts
+
+    if args.device != "cpu":
+        raise UsageError("--artifacts runs the image path in OpenVINO on the CPU: use --device cpu")
+    start = time.perf_counter()
+    try:
+        predictor = load_artifacts(args.artifacts, args.model, args.mode)
+    except ArtifactError as exc:
+        raise UsageError(str(exc)) from None
+    info = predictor.model.weights_info
+    if info.is_random:
+        print(random_weights_banner(args.model, info.seed), file=sys.stderr)
+    print(
+        f"{PROG}: model {args.model} from artifacts {str(args.artifacts)!r}, {info.describe()} "
+        f"(ready in {time.perf_counter() - start:.1f} s, nothing compiled)",
+        file=sys.stderr,
+    )
+    return predictor
+
+
 def weights_record(info: Any) -> dict[str, Any]:
     record = {**info.as_dict(), "random": info.is_random}
     if info.is_random:
@@ -705,12 +734,16 @@ def run_command(args: argparse.Namespace) -> int:
         prompts = match_prompts(load_prompts(args.prompts), images, args.prompts)
     out_dir = _prepare_out_dir(args.out)
 
-    model = load_model_for(args)
     from sam2serve.accel.modes import configure_predictor
     from sam2serve.engine.tasks import mask_generator
 
     mode = MODES[args.mode]
-    predictor = configure_predictor(model, mode)
+    if args.artifacts is not None:
+        predictor = predictor_from_artifacts(args)
+        model = predictor.model
+    else:
+        model = load_model_for(args)
+        predictor = configure_predictor(model, mode)
     generator = mask_generator(predictor, params, mode) if args.task == "amg" else None
     segmenter = Segmenter(args.task, predictor, mode, generator)
     header = {

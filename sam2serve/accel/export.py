@@ -230,9 +230,6 @@ def load_artifacts(
     info = manifest["weights"]
     model.weights_info = WeightsInfo(info["source"], path=info.get("path"), seed=info.get("seed"))
     model.eval()
-    return Predictor(
-        model,
-        decoder=spec.decoder,
-        prompt_chunk=spec.prompt_chunk,
-        image_encoder=compile_for_cpu(str(directory / ENCODER_XML), manifest["precision"]),
+    return spec.predictor(
+        model, compile_for_cpu(str(directory / ENCODER_XML), manifest["precision"])
     )

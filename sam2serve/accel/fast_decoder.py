@@ -181,8 +181,13 @@ class ImageSide:
         """(1, 4096, out) = (gain * K) @ weight.T, once per image."""
         return self.memo(f"K@{name}", lambda: (self.keys * gain) @ weight.T)
 
-    def project_pe(self, weight: torch.Tensor, name: str) -> torch.Tensor:
-        return self.memo(f"P@{name}", lambda: self.pe @ weight.T)
+    def project_pe(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, name: str
+    ) -> torch.Tensor:
+        """(1, 4096, out) = P @ weight.T (+ bias), once per image."""
+        if bias is None:
+            return self.memo(f"P@{name}", lambda: self.pe @ weight.T)
+        return self.memo(f"P@{name}+b", lambda: torch.addmm(bias, self.pe[0], weight.T)[None])
 
     def upscaling_features(self, decoder: MaskDecoder) -> tuple[torch.Tensor, torch.Tensor]:
         """The high-res features plus the transposed convolutions' biases, in the
@@ -218,9 +223,13 @@ class ImageSide:
 class FastMaskDecoder:
     """Computes ``MaskDecoder.predict_all_masks`` for prompts without a mask input."""
 
-    def __init__(self, decoder: MaskDecoder) -> None:
+    def __init__(self, decoder: MaskDecoder, upscaling_dtype: torch.dtype = torch.float32) -> None:
         self.decoder = decoder
         self.transformer = decoder.transformer
+        # Mode furious runs the second half of the upscaling (the largest per-prompt
+        # tensors: 256 x 256 x 32) and the hypernetwork products in bf16 / fp16; everything
+        # before stays fp32, the Gram-based LayerNorm statistics included.
+        self.upscaling_dtype = upscaling_dtype
 
     # ------------------------------------------------------------------ image side
     def prepare(
@@ -243,10 +252,9 @@ class FastMaskDecoder:
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         vectors: torch.Tensor,
-        with_pe: bool,
         name: str,
     ) -> torch.Tensor:
-        """(B, H, T, 4096): sum_d (W_h (keys_i [+ P_i]) + b_h)_d * vectors[b, h, t, d].
+        """(B, H, T, 4096): sum_d (W_h (keys_i + P_i) + b_h)_d * vectors[b, h, t, d].
 
         Positions last: both attentions' softmaxes then run over contiguous rows."""
         b, num_heads, t, _ = vectors.shape
@@ -254,19 +262,17 @@ class FastMaskDecoder:
             side.project_keys(weight, keys.gain, f"{name}|{keys.gain_name}"), num_heads
         )
         scale = keys.a.transpose(1, 2).unsqueeze(1)  # (B or 1, 1, 1, 4096)
-        out = prompts_times_shared_rows(vectors, shared) * scale
-        if with_pe:
-            pe = split_heads(side.project_pe(weight, name), num_heads)
-            out = out + prompts_times_shared_rows(vectors, pe)
+        # The positional part and the bias are the same for every prompt: W P + b is
+        # projected once per image, so each prompt pays one product for both.
+        pe = split_heads(side.project_pe(weight, bias, name), num_heads)
         coef, vecs = keys.low_rank
         projected = (vecs @ weight.T).reshape(vecs.shape[0], -1, num_heads, vectors.shape[3])
         small = torch.einsum("brhd,bhtd->bhtr", projected, vectors)  # (B, H, T, R)
-        low_rank = small.reshape(b, num_heads * t, -1) @ coef.transpose(1, 2)  # (B, H*T, 4096)
-        out = out + low_rank.reshape(b, num_heads, t, -1)
-        if bias is not None:
-            b_h = bias.reshape(1, num_heads, 1, -1)  # (1, H, 1, dh)
-            out = out + (b_h * vectors).sum(-1, keepdim=True)
-        return out
+        # The low-rank part first, then the shared parts accumulated into it in place: one
+        # (B, H, T, 4096) buffer instead of a new one per term.
+        out = (small.reshape(b, num_heads * t, -1) @ coef.transpose(1, 2)).view(b, num_heads, t, -1)
+        out.add_(prompts_times_shared_rows(vectors, pe))
+        return out.addcmul_(prompts_times_shared_rows(vectors, shared), scale)
 
     def weighted_values(
         self,
@@ -384,7 +390,7 @@ class FastMaskDecoder:
         q = split_heads(attn.q_proj(queries_with_pe), num_heads)  # (B, H, T, dh)
         scale = 1.0 / math.sqrt(q.shape[-1])
         # k = Wk (keys + P) + bk; the bias is the same for every position: softmax drops it.
-        logits = self.scores(side, keys, attn.k_proj.weight, None, q, True, f"{name}.k")
+        logits = self.scores(side, keys, attn.k_proj.weight, None, q, f"{name}.k")
         probs = torch.softmax(logits * scale, dim=-1)  # (B, H, T, 4096)
         out = self.weighted_values(
             side, keys, attn.v_proj.weight, attn.v_proj.bias, probs, f"{name}.v"
@@ -406,7 +412,7 @@ class FastMaskDecoder:
         v = split_heads(attn.v_proj(queries), num_heads)
         scale = 1.0 / math.sqrt(k.shape[-1])
         logits = self.scores(
-            side, keys, attn.q_proj.weight, attn.q_proj.bias, k, True, f"{name}.q"
+            side, keys, attn.q_proj.weight, attn.q_proj.bias, k, f"{name}.q"
         )  # (B, H, T, 4096)
         probs = torch.softmax(logits * scale, dim=2)  # over the tokens
         b, h, t, n = probs.shape
@@ -499,16 +505,20 @@ class FastMaskDecoder:
         b, n = x.shape[:2]
         x = x.view(b, n * 4, c_mid)
         x = torch.nn.functional.layer_norm(x, (c_mid,), ln1.weight, ln1.bias, ln1.eps)
-        x = gelu_(x, act1)
+        dtype = self.upscaling_dtype
+        x = gelu_(x, act1).to(dtype)
         # dc2 as (c_mid -> (sub-pixel, c_out)), with its bias and feat_s0 as the addend.
-        w2 = dc2.weight.permute(0, 2, 3, 1).reshape(c_mid, 4 * c_out)
+        w2 = dc2.weight.permute(0, 2, 3, 1).reshape(c_mid, 4 * c_out).to(dtype)
+        if dtype != s0.dtype:
+            s0 = side.memo(f"upscaling-s0:{dtype}", lambda: s0.to(dtype))
         y = torch.baddbmm(s0.expand(b, -1, -1), x, w2.expand(b, -1, -1))
         y = gelu_(y, act2).view(b, n * 16, c_out)
         mlps = dec.output_hypernetworks_mlps
         hyper = torch.stack(
             [mlps[m](mask_tokens_out[:, j]) for j, m in enumerate(mask_indices)], dim=1
-        )  # (B, M, c_out)
-        logits = hyper @ y.transpose(1, 2)  # (B, M, pixels in (i, j, di, dj, ei, ej) order)
+        ).to(dtype)  # (B, M, c_out)
+        # (B, M, pixels in (i, j, di, dj, ei, ej) order)
+        logits = (hyper @ y.transpose(1, 2)).float()
         h, w = side.size
         m = logits.shape[1]
         logits = logits.view(b, m, h, w, 2, 2, 2, 2).permute(0, 1, 2, 4, 6, 3, 5, 7)

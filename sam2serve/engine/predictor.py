@@ -163,6 +163,7 @@ class Predictor:
         decoder: str = "reference",
         image_encoder: Callable[[torch.Tensor], ImageFeatures] | None = None,
         fast_min_prompts: int = FAST_DECODER_MIN_PROMPTS,
+        upscaling_dtype: torch.dtype = torch.float32,
     ) -> None:
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
@@ -173,7 +174,9 @@ class Predictor:
         self.mask_threshold = mask_threshold
         self.prompt_chunk = prompt_chunk
         self.decoder = decoder
-        self.fast_decoder = FastMaskDecoder(model.sam_mask_decoder) if decoder == "fast" else None
+        self.fast_decoder = (
+            FastMaskDecoder(model.sam_mask_decoder, upscaling_dtype) if decoder == "fast" else None
+        )
         self.fast_min_prompts = fast_min_prompts
 
     @property

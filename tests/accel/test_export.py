@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from skimage import data
 
 from sam2serve.accel.export import ArtifactError, export_artifacts, load_artifacts
-from sam2serve.accel.modes import build_predictor
+from sam2serve.accel.modes import build_predictor, split_variant
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +89,64 @@ def test_export_command_reports_a_missing_checkpoint(tmp_path, capsys):
     err = capsys.readouterr().err
     assert status == 2 and "checkpoint file not found: '/nope/x.pt'" in err
     assert "Traceback" not in err
+
+
+def test_openvino_image_path_at_start_up_matches_eager():
+    """encoder_backend="openvino" (bench mode NAME+jit): converted in memory, same answers."""
+    converted = build_predictor(
+        "tiny", "fast", random_weights=True, seed=4, encoder_backend="openvino"
+    )
+    eager = build_predictor("tiny", "fast", random_weights=True, seed=4)
+    image = data.coffee()
+    ours, ref = converted.encode(image), eager.encode(image)
+    scale = ref.image_embed.abs().max()
+    assert (ours.image_embed - ref.image_embed).abs().max() / scale < 1e-4
+    for a, b in zip(ours.high_res_feats, ref.high_res_feats):
+        assert (a - b).abs().max() / b.abs().max() < 1e-4
+
+
+@pytest.mark.parametrize(
+    ("label", "expected"),
+    [("fast", ("fast", None)), ("furious+aot", ("furious", "aot")), ("fast+jit", ("fast", "jit"))],
+)
+def test_mode_variants(label, expected):
+    assert split_variant(label) == expected
+
+
+@pytest.mark.parametrize(
+    ("label", "message"),
+    [
+        ("turbo+aot", "unknown mode 'turbo'"),
+        ("fast+turbo", "unknown mode variant 'turbo'"),
+        ("baseline+jit", "+jit is for the fast and furious modes"),
+    ],
+)
+def test_bad_mode_variants_are_named(label, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        split_variant(label)
+
+
+def test_unknown_encoder_backend_is_named():
+    with pytest.raises(ValueError, match="encoder_backend must be one of torch, openvino"):
+        build_predictor("tiny", "fast", random_weights=True, encoder_backend="tensorrt")
+
+
+def test_run_command_starts_from_artifacts(exported, tmp_path, capsys):
+    from sam2serve import cli
+
+    out = tmp_path / "out"
+    argv = ["run", "--task", "amg", "samples", "--out", str(out), "--artifacts", str(exported)]
+    code = cli.main([*argv, "--points-per-side", "2", "--mode", "fast"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "from artifacts" in err and "nothing compiled" in err
+    written = sorted(out.glob("*_masks.json"))
+    assert written
+    record = json.loads(written[0].read_text())
+    assert record["mode"] == "fast" and record["weights"]["random"] is True
+
+    code = cli.main([*argv, "--mode", "furious"])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("sam2serve: error:")]
+    assert code == 2 and len(errors) == 1, err
+    assert "mode is 'fast', asked for 'furious'" in errors[0] and "Traceback" not in err

@@ -28,7 +28,8 @@ from sam2serve.bench.report import CSV_COLUMNS
 from sam2serve.engine.tasks import STAGES
 
 HAS_SAM2 = not missing_requirements()
-MODES = ["baseline", "fast"] + (["reference"] if HAS_SAM2 else [])
+# fast+aot: exported once by the bench, its worker starts from the artifacts.
+MODES = ["baseline", "fast", "fast+aot"] + (["reference"] if HAS_SAM2 else [])
 TASKS = ["amg", "sps", "mps"]
 
 
@@ -160,6 +161,16 @@ def test_markdown_says_what_how_where_and_when(bench):
     assert "![latency by stage](small.png)" in text
 
 
+def test_aot_mode_started_from_artifacts_exported_once(bench):
+    work, text = bench[3] / "work", (bench[3] / "results" / "small.md").read_text()
+    manifest = json.loads((work / "artifacts" / "fast" / "manifest.json").read_text())
+    assert manifest["mode"] == "fast" and manifest["weights"]["source"] == "checkpoint"
+    for task in TASKS:
+        spec = json.loads((work / f"{task}-fast+aot-cold.spec.json").read_text())
+        assert spec["artifacts"] == str(work / "artifacts" / "fast")
+    assert "fast+aot: artifacts exported once before the runs" in text
+
+
 def test_chart_is_a_png(bench):
     with Image.open(bench[3] / "results" / "small.png") as chart:
         assert chart.format == "PNG"
@@ -179,6 +190,8 @@ def test_reference_ran_metas_code_in_its_own_process_only(bench):
 def test_bench_usage_errors_are_one_line(tmp_path):
     cases = [
         (["bench", "--modes", "baseline,turbo", "--random-weights"], "turbo"),
+        (["bench", "--modes", "fast+turbo", "--random-weights"], "'turbo'"),
+        (["bench", "--modes", "baseline+aot", "--random-weights"], "fast and furious"),
         (["bench", "--images", str(tmp_path / "none"), "--random-weights"], "neither"),
         (["bench", "--n", "0", "--random-weights"], "--n must be at least 1"),
         (["bench", "--random-weights", "--points-per-side", "0"], "--points-per-side"),
