@@ -5,18 +5,22 @@
 - ``image_encoder.xml`` / ``.bin``: the whole image path (Hiera trunk, FPN neck, the
   decoder's high-res projections and ``no_mem_embed``) as OpenVINO IR, converted with
   ``openvino.convert_model`` from our own module, batch dimension dynamic;
+- ``image_encoder.cpu.blob``: that IR compiled for this CPU (OpenVINO ``export_model``);
+  a replica on the same CPU imports it in a fraction of a second instead of compiling the
+  IR (~8 s for tiny); on another CPU the IR is compiled at start-up;
 - ``heads.pt``: the prompt encoder's and mask decoder's weights (``weights_only`` loadable);
 - ``manifest.json``: what was exported and how — model, mode, precision, runtime versions,
   shapes, the sha256 of every file, the weights' origin and the command.
 
 ``load_artifacts`` checks the manifest against the request and the installed runtime
 before anything is loaded; every mismatch is an :class:`ArtifactError` that names it.
-OpenVINO compiles the IR for the CPU in about a second, with no torch.compile at all.
+Nothing is compiled by torch at any point (no torch.compile, no TorchDynamo).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import platform
 import sys
@@ -36,6 +40,9 @@ MANIFEST = "manifest.json"
 ENCODER_XML = "image_encoder.xml"
 ENCODER_BIN = "image_encoder.bin"
 HEADS = "heads.pt"
+# The image path compiled for this CPU (OpenVINO's export_model): loading it skips the
+# ~8 s compile of the IR; used only on a CPU of the same name, else the IR is compiled.
+ENCODER_BLOB = "image_encoder.cpu.blob"
 FORMAT_VERSION = 1
 BACKENDS = ("openvino",)
 OUTPUT_NAMES = ("image_embed", "high_res_s0", "high_res_s1")
@@ -93,9 +100,35 @@ def compile_for_cpu(model: object, precision: str) -> OpenVINOImageEncoder:
     """Compile an OpenVINO model (an IR path or an in-memory model) for the CPU."""
     import openvino as ov
 
-    hint = "bf16" if precision == "bf16" else "f32"
-    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
-    return OpenVINOImageEncoder(compiled)
+    compiled = ov.Core().compile_model(model, "CPU", _precision_config(precision))
+    return OpenVINOImageEncoder(compiled, "compiled at start-up")
+
+
+def _precision_config(precision: str) -> dict[str, str]:
+    # Given at compile AND at import: an imported blob otherwise runs in the CPU's
+    # default precision (bf16 here), which measurably changed fast's f32 answers.
+    return {"INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32"}
+
+
+def cpu_name() -> str:
+    """The CPU as OpenVINO names it: a compiled blob is only reused on the same one."""
+    import openvino as ov
+
+    return str(ov.Core().get_property("CPU", "FULL_DEVICE_NAME"))
+
+
+def _import_compiled(directory: Path, manifest: dict) -> OpenVINOImageEncoder | None:
+    """The exported compiled image path, if it was compiled on this kind of CPU."""
+    import openvino as ov
+
+    compiled = manifest.get("compiled")
+    if not compiled or compiled.get("cpu") != cpu_name():
+        return None
+    with (directory / compiled["file"]).open("rb") as f:
+        blob = io.BytesIO(f.read())
+    config = _precision_config(manifest["precision"])
+    imported = ov.Core().import_model(blob, "CPU", config)
+    return OpenVINOImageEncoder(imported, "imported, not compiled")
 
 
 def openvino_image_encoder(model: SAM2Image, spec: Mode) -> OpenVINOImageEncoder:
@@ -130,6 +163,8 @@ def export_artifacts(
     started = time.perf_counter()
     converted, reference = convert_image_path(model)
     ov.save_model(converted, out / ENCODER_XML, compress_to_fp16=False)
+    encoder = compile_for_cpu(converted, _openvino_precision(spec))
+    (out / ENCODER_BLOB).write_bytes(encoder.compiled.export_model().getvalue())
     side = model.image_size
     heads = {k: v for k, v in model.state_dict().items() if not k.startswith("image_encoder.")}
     torch.save(heads, out / HEADS)
@@ -147,7 +182,10 @@ def export_artifacts(
             for name, t in zip(OUTPUT_NAMES, reference)
         },
         "weights": model.weights_info.as_dict(),
-        "files": {name: _sha256(out / name) for name in (ENCODER_XML, ENCODER_BIN, HEADS)},
+        "compiled": {"file": ENCODER_BLOB, "device": "CPU", "cpu": cpu_name()},
+        "files": {
+            name: _sha256(out / name) for name in (ENCODER_XML, ENCODER_BIN, ENCODER_BLOB, HEADS)
+        },
         "export_seconds": round(time.perf_counter() - started, 1),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
@@ -207,6 +245,7 @@ class OpenVINOImageEncoder:
     """Runs the exported image path; returns the same ImageFeatures as encode_image."""
 
     compiled: object  # openvino.CompiledModel
+    source: str = "compiled at start-up"  # or "imported, not compiled"
 
     def __call__(self, images: torch.Tensor) -> ImageFeatures:
         # A fresh infer request per call: safe from several threads at once.
@@ -230,6 +269,7 @@ def load_artifacts(
     info = manifest["weights"]
     model.weights_info = WeightsInfo(info["source"], path=info.get("path"), seed=info.get("seed"))
     model.eval()
-    return spec.predictor(
-        model, compile_for_cpu(str(directory / ENCODER_XML), manifest["precision"])
-    )
+    encoder = _import_compiled(directory, manifest)
+    if encoder is None:  # exported on another CPU (or before blobs): compile the IR here
+        encoder = compile_for_cpu(str(directory / ENCODER_XML), manifest["precision"])
+    return spec.predictor(model, encoder)

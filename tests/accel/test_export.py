@@ -38,6 +38,9 @@ def test_artifacts_match_the_eager_model(exported):
     for x, y in zip(a.masks.flatten(0, 1), b.masks.flatten(0, 1)):
         assert (x & y).sum() / (x | y).sum() >= 0.999
     assert loaded.model.weights_info.is_random and loaded.model.image_encoder is None
+    assert loaded.image_encoder.source == "imported, not compiled"  # same CPU: the blob
+    precision = loaded.image_encoder.compiled.get_property("INFERENCE_PRECISION_HINT")
+    assert str(precision).endswith("f32'>") or "float32" in str(precision), precision
     # Nothing was compiled: no TorchDynamo frame at all.
     assert not dynamo_utils.counters["frames"], dict(dynamo_utils.counters["frames"])
 
@@ -47,7 +50,13 @@ def test_manifest_describes_the_export(exported):
     assert manifest["model"] == "tiny" and manifest["mode"] == "fast"
     assert manifest["precision"] == "f32" and manifest["command"] == "test"
     assert manifest["outputs"]["image_embed"]["shape"] == ["batch", 256, 64, 64]
-    assert set(manifest["files"]) == {"image_encoder.xml", "image_encoder.bin", "heads.pt"}
+    assert set(manifest["files"]) == {
+        "image_encoder.xml",
+        "image_encoder.bin",
+        "image_encoder.cpu.blob",
+        "heads.pt",
+    }
+    assert manifest["compiled"]["file"] == "image_encoder.cpu.blob"
     assert manifest["weights"]["source"] == "random"
 
 
@@ -150,3 +159,15 @@ def test_run_command_starts_from_artifacts(exported, tmp_path, capsys):
     errors = [line for line in err.splitlines() if line.startswith("sam2serve: error:")]
     assert code == 2 and len(errors) == 1, err
     assert "mode is 'fast', asked for 'furious'" in errors[0] and "Traceback" not in err
+
+
+def test_blob_from_another_cpu_is_not_used(exported, tmp_path):
+    """A blob compiled on another CPU is skipped: the IR is compiled here instead."""
+    copy = tmp_path / "copy"
+    shutil.copytree(exported, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["compiled"]["cpu"] = "Some Other CPU"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    loaded = load_artifacts(copy, "tiny", "fast")
+    assert loaded.image_encoder.source == "compiled at start-up"
+    assert loaded.encode(data.coffee()).image_embed.shape == (1, 256, 64, 64)
