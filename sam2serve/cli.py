@@ -568,15 +568,20 @@ def load_model_for(args: argparse.Namespace) -> Any:
                 f"{PROG}: warning: --fallback-random-weights: using random weights", file=sys.stderr
             )
             model = load_model(args.model, random_weights=True, seed=args.seed, device=args.device)
-    info = model.weights_info
-    if info.is_random:
-        print(random_weights_banner(args.model, info.seed), file=sys.stderr)
-    print(
-        f"{PROG}: model {args.model} on {args.device}, {info.describe()} "
-        f"(loaded in {time.perf_counter() - start:.1f} s)",
-        file=sys.stderr,
+    announce_weights(
+        args.model,
+        model.weights_info,
+        f"on {args.device}",
+        f"loaded in {time.perf_counter() - start:.1f} s",
     )
     return model
+
+
+def announce_weights(size: str, info: Any, where: str, how: str) -> None:
+    """The model line on stderr, after the banner when the weights are random."""
+    if info.is_random:
+        print(random_weights_banner(size, info.seed), file=sys.stderr)
+    print(f"{PROG}: model {size} {where}, {info.describe()} ({how})", file=sys.stderr)
 
 
 def predictor_from_artifacts(args: argparse.Namespace) -> Any:
@@ -590,13 +595,11 @@ def predictor_from_artifacts(args: argparse.Namespace) -> Any:
         predictor = load_artifacts(args.artifacts, args.model, args.mode)
     except ArtifactError as exc:
         raise UsageError(str(exc)) from None
-    info = predictor.model.weights_info
-    if info.is_random:
-        print(random_weights_banner(args.model, info.seed), file=sys.stderr)
-    print(
-        f"{PROG}: model {args.model} from artifacts {str(args.artifacts)!r}, {info.describe()} "
-        f"(ready in {time.perf_counter() - start:.1f} s, nothing compiled)",
-        file=sys.stderr,
+    announce_weights(
+        args.model,
+        predictor.model.weights_info,
+        f"from artifacts {str(args.artifacts)!r}",
+        f"ready in {time.perf_counter() - start:.1f} s, nothing compiled",
     )
     return predictor
 

@@ -90,9 +90,7 @@ class _EngineRunner:
         if variant == "aot":
             self.predictor = build_predictor(spec["model"], name, artifacts=spec["artifacts"])
         else:
-            model = load_model(
-                spec["model"], checkpoint=spec["checkpoint"], device=spec["device"]
-            )
+            model = load_model(spec["model"], checkpoint=spec["checkpoint"], device=spec["device"])
             backend = "openvino" if variant == "jit" else "torch"
             self.predictor = configure_predictor(model, self.mode, backend)
         params = AMGParams.from_dict(spec["amg_params"])
