@@ -10,7 +10,8 @@ from sam2serve.config import MODEL_SIZES
 
 EXPORT_DESCRIPTION = """\
 Export the model for the fast or furious mode as ahead-of-time artifacts: the whole image
-path as OpenVINO IR (converted from sam2serve's own PyTorch modules), the prompt encoder
+path as OpenVINO IR (converted from sam2serve's own PyTorch modules) and compiled for this
+CPU, or with --backend aoti as a torch.export + AOTInductor package, the prompt encoder
 and mask decoder weights, and manifest.json (model, mode, precision, runtime versions,
 shapes, sha256 of every file, the command). Load them with --artifacts DIR in
 'sam2serve run', 'sam2serve serve' and 'sam2serve bench': no compilation and no
@@ -39,9 +40,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--backend",
-        choices=("openvino",),
+        choices=("openvino", "aoti"),
         default="openvino",
-        help="artifact runtime (default: %(default)s)",
+        help="image path runtime: openvino (IR + the IR compiled for this CPU; the fastest "
+        "here) or aoti (torch.export + AOTInductor .pt2 package, batch 1) "
+        "(default: %(default)s)",
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="directory to write")
     weights = parser.add_mutually_exclusive_group()

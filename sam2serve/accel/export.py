@@ -45,7 +45,10 @@ HEADS = "heads.pt"
 # ~8 s compile of the IR; used only on a CPU of the same name, else the IR is compiled.
 ENCODER_BLOB = "image_encoder.cpu.blob"
 FORMAT_VERSION = 1
-BACKENDS = ("openvino",)
+BACKENDS = ("openvino", "aoti")
+# backend aoti: the image path as a torch.export + AOTInductor package (batch 1; a batch
+# of images runs image by image), loaded with torch._inductor.aoti_load_package.
+ENCODER_PT2 = "image_encoder.pt2"
 OUTPUT_NAMES = ("image_embed", "high_res_s0", "high_res_s1")
 
 
@@ -160,17 +163,15 @@ def export_artifacts(
     spec = get_mode(mode)
     if spec.decoder != "fast":
         raise ArtifactError(f"export is for the fast and furious modes, got {mode!r}")
-    import openvino as ov
-
     model = load_model(size, checkpoint, random_weights=random_weights, seed=seed)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    converted, reference = convert_image_path(model)
-    ov.save_model(converted, out / ENCODER_XML, compress_to_fp16=False)
-    encoder = compile_for_cpu(converted, _openvino_precision(spec))
-    (out / ENCODER_BLOB).write_bytes(encoder.compiled.export_model().getvalue())
     side = model.image_size
+    if backend == "aoti":
+        reference, encoder_files, extra = _export_aoti(model, spec, out)
+    else:
+        reference, encoder_files, extra = _export_openvino(model, spec, out)
     heads = {k: v for k, v in model.state_dict().items() if not k.startswith("image_encoder.")}
     torch.save(heads, out / HEADS)
     manifest = {
@@ -180,17 +181,15 @@ def export_artifacts(
         "backend": backend,
         "device": "cpu",
         "precision": _openvino_precision(spec),
-        "runtime": {"openvino": ov.__version__, "torch": torch.__version__},
+        "runtime": _runtime_versions(backend),
         "input": {"name": "images", "shape": ["batch", 3, side, side], "dtype": "float32"},
         "outputs": {
             name: {"shape": ["batch", *t.shape[1:]], "dtype": "float32"}
             for name, t in zip(OUTPUT_NAMES, reference)
         },
         "weights": model.weights_info.as_dict(),
-        "compiled": {"file": ENCODER_BLOB, "device": "CPU", "cpu": cpu_name()},
-        "files": {
-            name: _sha256(out / name) for name in (ENCODER_XML, ENCODER_BIN, ENCODER_BLOB, HEADS)
-        },
+        **extra,
+        "files": {name: _sha256(out / name) for name in (*encoder_files, HEADS)},
         "export_seconds": round(time.perf_counter() - started, 1),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
@@ -198,6 +197,43 @@ def export_artifacts(
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def _export_openvino(
+    model: SAM2Image, spec: Mode, out: Path
+) -> tuple[tuple[torch.Tensor, ...], tuple[str, ...], dict]:
+    import openvino as ov
+
+    converted, reference = convert_image_path(model)
+    ov.save_model(converted, out / ENCODER_XML, compress_to_fp16=False)
+    encoder = compile_for_cpu(converted, _openvino_precision(spec))
+    (out / ENCODER_BLOB).write_bytes(encoder.compiled.export_model().getvalue())
+    compiled = {"compiled": {"file": ENCODER_BLOB, "device": "CPU", "cpu": cpu_name()}}
+    return reference, (ENCODER_XML, ENCODER_BIN, ENCODER_BLOB), compiled
+
+
+def _export_aoti(
+    model: SAM2Image, spec: Mode, out: Path
+) -> tuple[tuple[torch.Tensor, ...], tuple[str, ...], dict]:
+    """torch.export of the image path (the encoder in the mode's dtype), compiled ahead of
+    time by AOTInductor into one package."""
+    dtype = spec.encoder_dtype(model.device)
+    model.image_encoder.to(dtype)
+    path = _ImagePath(model).eval()
+    example = torch.zeros(1, 3, model.image_size, model.image_size)
+    with torch.inference_mode():
+        reference = path(example)
+    program = torch.export.export(path, (example,))
+    torch._inductor.aoti_compile_and_package(program, package_path=str(out / ENCODER_PT2))
+    return reference, (ENCODER_PT2,), {"batch": 1}
+
+
+def _runtime_versions(backend: str) -> dict[str, str]:
+    if backend == "aoti":
+        return {"torch": torch.__version__}
+    import openvino as ov
+
+    return {"openvino": ov.__version__, "torch": torch.__version__}
 
 
 def read_manifest(directory: str | Path) -> dict:
@@ -228,7 +264,12 @@ def check_manifest(manifest: dict, directory: Path, size: str | None, mode: str 
         problems.append(f"model is {manifest['model']!r}, asked for {size!r}")
     if mode is not None and manifest["mode"] != mode:
         problems.append(f"mode is {manifest['mode']!r}, asked for {mode!r}")
-    if manifest["runtime"]["openvino"] != ov.__version__:
+    backend = manifest.get("backend", "openvino")
+    if backend == "aoti" and manifest["runtime"]["torch"] != torch.__version__:
+        problems.append(
+            f"compiled with torch {manifest['runtime']['torch']}, installed is {torch.__version__}"
+        )
+    if backend == "openvino" and manifest["runtime"]["openvino"] != ov.__version__:
         problems.append(
             f"exported with OpenVINO {manifest['runtime']['openvino']}, "
             f"installed is {ov.__version__}"
@@ -260,6 +301,20 @@ class OpenVINOImageEncoder:
         return ImageFeatures(embed, (s0, s1))
 
 
+class AOTImageEncoder:
+    """Runs the AOTInductor package of the image path (batch 1, image by image)."""
+
+    source = "AOTInductor package, not compiled"
+
+    def __init__(self, package: str) -> None:
+        self.runner = torch._inductor.aoti_load_package(package)
+
+    def __call__(self, images: torch.Tensor) -> ImageFeatures:
+        outputs = [self.runner(image[None].float().cpu()) for image in images]
+        embed, s0, s1 = (torch.cat(parts) for parts in zip(*outputs))
+        return ImageFeatures(embed, (s0, s1))
+
+
 def load_artifacts(
     directory: str | Path, size: str | None = None, mode: str | None = None
 ) -> Predictor:
@@ -274,6 +329,8 @@ def load_artifacts(
     info = manifest["weights"]
     model.weights_info = WeightsInfo(info["source"], path=info.get("path"), seed=info.get("seed"))
     model.eval()
+    if manifest.get("backend") == "aoti":
+        return spec.predictor(model, AOTImageEncoder(str(directory / ENCODER_PT2)))
     encoder = _import_compiled(directory, manifest)
     if encoder is None:  # exported on another CPU (or before blobs): compile the IR here
         encoder = compile_for_cpu(str(directory / ENCODER_XML), manifest["precision"])

@@ -171,3 +171,26 @@ def test_blob_from_another_cpu_is_not_used(exported, tmp_path):
     loaded = load_artifacts(copy, "tiny", "fast")
     assert loaded.image_encoder.source == "compiled at start-up"
     assert loaded.encode(data.coffee()).image_embed.shape == (1, 256, 64, 64)
+
+
+def test_aoti_backend_matches_the_eager_model(tmp_path):
+    """--backend aoti: torch.export + AOTInductor package, loaded with nothing compiled."""
+    import torch._dynamo.utils as dynamo_utils
+
+    manifest = export_artifacts("tiny", "fast", tmp_path, backend="aoti", random_weights=True)
+    assert manifest["backend"] == "aoti" and set(manifest["files"]) == {
+        "image_encoder.pt2",
+        "heads.pt",
+    }
+    dynamo_utils.counters.clear()
+    loaded = load_artifacts(tmp_path, "tiny", "fast")
+    assert loaded.image_encoder.source == "AOTInductor package, not compiled"
+    eager = build_predictor("tiny", "fast", random_weights=True)
+    images = [data.coffee(), data.chelsea()]  # two images: run one by one, same batch out
+    ours, ref = loaded.encode(images), eager.encode(images)
+    for i in range(2):
+        scale = ref[i].image_embed.abs().max()
+        assert (ours[i].image_embed - ref[i].image_embed).abs().max() / scale < 1e-4
+        for a, b in zip(ours[i].high_res_feats, ref[i].high_res_feats):
+            assert (a - b).abs().max() / b.abs().max() < 1e-4
+    assert not dynamo_utils.counters["frames"], dict(dynamo_utils.counters["frames"])
