@@ -9,6 +9,8 @@
   a replica on the same CPU imports it in a fraction of a second instead of compiling the
   IR (~8 s for tiny); on another CPU the IR is compiled at start-up;
 - ``heads.pt``: the prompt encoder's and mask decoder's weights (``weights_only`` loadable);
+- with ``backend="aoti"`` instead of the three OpenVINO files: ``image_encoder.pt2``, the
+  image path (encoder in the mode's dtype) through torch.export and AOTInductor, batch 1;
 - ``manifest.json``: what was exported and how — model, mode, precision, runtime versions,
   shapes, the sha256 of every file, the weights' origin and the command.
 
