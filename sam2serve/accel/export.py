@@ -16,7 +16,7 @@
 
 ``load_artifacts`` checks the manifest against the request and the installed runtime
 before anything is loaded; every mismatch is an :class:`ArtifactError` that names it.
-Nothing is compiled by torch at any point (no torch.compile, no TorchDynamo).
+Loading compiles nothing (no torch.compile, no TorchDynamo); aoti compiles at export time.
 """
 
 from __future__ import annotations
