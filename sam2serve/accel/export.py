@@ -78,7 +78,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _openvino_precision(spec: Mode) -> str:
+def _encoder_precision(spec: Mode) -> str:
     # fast is lossless: keep f32 (OpenVINO would pick bf16 on a CPU that has it).
     return "bf16" if spec.reduced_precision_encoder else "f32"
 
@@ -145,7 +145,7 @@ def openvino_image_encoder(model: SAM2Image, spec: Mode) -> OpenVINOImageEncoder
     """Convert and compile the image path at start-up: the alternative to artifacts
     (tens of seconds for tiny, measured by ``sam2serve bench`` as mode ``NAME+jit``)."""
     converted, _ = convert_image_path(model)
-    return compile_for_cpu(converted, _openvino_precision(spec))
+    return compile_for_cpu(converted, _encoder_precision(spec))
 
 
 def export_artifacts(
@@ -182,7 +182,7 @@ def export_artifacts(
         "mode": mode,
         "backend": backend,
         "device": "cpu",
-        "precision": _openvino_precision(spec),
+        "precision": _encoder_precision(spec),
         "runtime": _runtime_versions(backend),
         "input": {"name": "images", "shape": ["batch", 3, side, side], "dtype": "float32"},
         "outputs": {
@@ -208,7 +208,7 @@ def _export_openvino(
 
     converted, reference = convert_image_path(model)
     ov.save_model(converted, out / ENCODER_XML, compress_to_fp16=False)
-    encoder = compile_for_cpu(converted, _openvino_precision(spec))
+    encoder = compile_for_cpu(converted, _encoder_precision(spec))
     (out / ENCODER_BLOB).write_bytes(encoder.compiled.export_model().getvalue())
     compiled = {"compiled": {"file": ENCODER_BLOB, "device": "CPU", "cpu": cpu_name()}}
     return reference, (ENCODER_XML, ENCODER_BIN, ENCODER_BLOB), compiled

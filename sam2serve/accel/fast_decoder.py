@@ -189,10 +189,13 @@ class ImageSide:
             return self.memo(f"P@{name}", lambda: self.pe @ weight.T)
         return self.memo(f"P@{name}+b", lambda: torch.addmm(bias, self.pe[0], weight.T)[None])
 
-    def upscaling_features(self, decoder: MaskDecoder) -> tuple[torch.Tensor, torch.Tensor]:
+    def upscaling_features(
+        self, decoder: MaskDecoder, s0_dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The high-res features plus the transposed convolutions' biases, in the
         channels-last "parent pixel, then sub-pixel" order of ``masks_from_keys``:
-        s1 (1, 4096, 4 * 64) and s0 (1, 4096 * 4, 4 * 32)."""
+        s1 (1, 4096, 4 * 64) and s0 (1, 4096 * 4, 4 * 32), s0 in ``s0_dtype`` (the dtype
+        of the upscaling's second half)."""
 
         def compute() -> tuple[torch.Tensor, torch.Tensor]:
             dc1, dc2 = decoder.output_upscaling[0], decoder.output_upscaling[3]
@@ -205,9 +208,9 @@ class ImageSide:
             # feat_s0 pixel (4i + 2di + ei, 4j + 2dj + ej) -> [(i, j, di, dj, ei, ej), c]
             s0 = feat_s0[:1].reshape(c0, h, 2, 2, w, 2, 2).permute(1, 4, 2, 5, 3, 6, 0)
             s0 = (s0.reshape(1, h * w * 16, c0) + dc2.bias).reshape(1, h * w * 4, 4 * c0)
-            return s1.contiguous(), s0.contiguous()
+            return s1.contiguous(), s0.to(s0_dtype).contiguous()
 
-        return self.memo("upscaling", compute)
+        return self.memo(f"upscaling:{s0_dtype}", compute)
 
     def gained_keys_stats(self, gain: torch.Tensor, gain_name: str) -> tuple[torch.Tensor, ...]:
         """Per-position mean and sum of squares of gain * K."""
@@ -498,19 +501,17 @@ class FastMaskDecoder:
         # Rows ordered (sub-pixel, channel): (4 * c_mid, c_in).
         w1 = dc1.weight.permute(2, 3, 1, 0).reshape(4 * c_mid, c_in)
         shared = side.project_keys(w1, keys.gain, f"dc1-cl|{keys.gain_name}")
-        s1, s0 = side.upscaling_features(dec)
+        dtype = self.upscaling_dtype
+        s1, s0 = side.upscaling_features(dec, dtype)
         coef, vecs = keys.low_rank
         # dc1(keys) + bias + feat_s1 = s1 + a * (W K) + coef @ (vecs W^T): two fused ops.
         x = torch.baddbmm(torch.addcmul(s1, keys.a, shared), coef, vecs @ w1.T)
         b, n = x.shape[:2]
         x = x.view(b, n * 4, c_mid)
         x = torch.nn.functional.layer_norm(x, (c_mid,), ln1.weight, ln1.bias, ln1.eps)
-        dtype = self.upscaling_dtype
         x = gelu_(x, act1).to(dtype)
         # dc2 as (c_mid -> (sub-pixel, c_out)), with its bias and feat_s0 as the addend.
         w2 = dc2.weight.permute(0, 2, 3, 1).reshape(c_mid, 4 * c_out).to(dtype)
-        if dtype != s0.dtype:
-            s0 = side.memo(f"upscaling-s0:{dtype}", lambda: s0.to(dtype))
         y = torch.baddbmm(s0.expand(b, -1, -1), x, w2.expand(b, -1, -1))
         y = gelu_(y, act2).view(b, n * 16, c_out)
         mlps = dec.output_hypernetworks_mlps
