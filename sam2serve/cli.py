@@ -599,7 +599,9 @@ def predictor_from_artifacts(args: argparse.Namespace) -> Any:
         args.model,
         predictor.model.weights_info,
         f"from artifacts {str(args.artifacts)!r}",
-        f"ready in {time.perf_counter() - start:.1f} s, nothing compiled",
+        f"ready in {time.perf_counter() - start:.1f} s, nothing compiled "
+        f"(image path {predictor.image_encoder.source}; mask decoder "
+        f"{predictor.fast_decoder.source})",
     )
     return predictor
 
@@ -1066,7 +1068,8 @@ def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
         metavar="LIST",
         help="comma-separated modes, each a row: "
         f"{', '.join((*REFERENCES, *MODES))}; fast and furious also as NAME+aot (image path "
-        "from 'sam2serve export' artifacts, exported once before the runs) or NAME+jit "
+        "and mask decoder from 'sam2serve export' artifacts, exported once before the runs) "
+        "or NAME+jit "
         "(converted with OpenVINO at start-up); reference-bf16 is Meta's code under bf16 "
         "autocast (default: %(default)s; baseline is always run)",
     )
@@ -1127,6 +1130,13 @@ def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
         help="MPS prompts per image when they come from the grid (default: %(default)s)",
     )
     bench.add_argument(
+        "--aot-decoder",
+        choices=("aoti", "eager"),
+        default="aoti",
+        help="how the NAME+aot artifacts run the mask decoder: AOTInductor programs, or "
+        "eagerly (exports ~2 min faster per mode) (default: %(default)s)",
+    )
+    bench.add_argument(
         "--warm",
         action="store_true",
         help="also run each mode that compiles a second time, on the compile cache its "
@@ -1182,6 +1192,7 @@ def bench_command(args: argparse.Namespace) -> int:
         mps_prompts=args.mps_prompts,
         point_prompts=args.point_prompts,
         warm=args.warm,
+        aot_decoder=args.aot_decoder,
         command=f"{PROG} " + shlex.join(getattr(args, "argv", [])),
         work_dir=args.work_dir,
         timeout_s=args.timeout,

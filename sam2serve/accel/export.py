@@ -11,12 +11,17 @@
 - ``heads.pt``: the prompt encoder's and mask decoder's weights (``weights_only`` loadable);
 - with ``backend="aoti"`` instead of the three OpenVINO files: ``image_encoder.pt2``, the
   image path (encoder in the mode's dtype) through torch.export and AOTInductor, batch 1;
+- ``decoder_side.pt2``, ``decoder_prompts.pt2``, ``decoder_masks.pt2`` (with either
+  backend, unless ``decoder="eager"``): the fast mask decoder through torch.export and
+  AOTInductor (:mod:`sam2serve.accel.decoder_programs`); without them the decoder runs
+  eagerly from ``heads.pt``;
 - ``manifest.json``: what was exported and how — model, mode, precision, runtime versions,
   shapes, the sha256 of every file, the weights' origin and the command.
 
 ``load_artifacts`` checks the manifest against the request and the installed runtime
 before anything is loaded; every mismatch is an :class:`ArtifactError` that names it.
-Loading compiles nothing (no torch.compile, no TorchDynamo); aoti compiles at export time.
+Loading compiles nothing (no torch.compile, no TorchDynamo); AOTInductor compiles at export
+time.
 """
 
 from __future__ import annotations
@@ -28,11 +33,15 @@ import platform
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from sam2serve.accel.aoti import AOTIProgram
+from sam2serve.accel.decoder_programs import export_decoder_programs, load_fast_decoder
+from sam2serve.accel.fast_decoder import FastMaskDecoder
 from sam2serve.accel.modes import Mode, get_mode
 from sam2serve.checkpoint import WeightsInfo, load_model
 from sam2serve.config import get_config
@@ -48,6 +57,8 @@ HEADS = "heads.pt"
 ENCODER_BLOB = "image_encoder.cpu.blob"
 FORMAT_VERSION = 1
 BACKENDS = ("openvino", "aoti")
+# How the mask decoder runs from the artifacts: AOTInductor programs, or eagerly from heads.pt.
+DECODERS = ("aoti", "eager")
 # backend aoti: the image path as a torch.export + AOTInductor package (batch 1; a batch
 # of images runs image by image), loaded with torch._inductor.aoti_load_package.
 ENCODER_PT2 = "image_encoder.pt2"
@@ -154,14 +165,19 @@ def export_artifacts(
     out: str | Path,
     *,
     backend: str = "openvino",
+    decoder: str = "aoti",
     checkpoint: str | None = None,
     random_weights: bool = False,
     seed: int = 0,
     command: str | None = None,
+    progress: Callable[[str], None] = lambda step: None,
 ) -> dict:
-    """Export the model of ``size`` for ``mode`` into ``out``; returns the manifest."""
+    """Export the model of ``size`` for ``mode`` into ``out``; returns the manifest.
+    ``progress`` is told each step as it starts (the whole export takes minutes)."""
     if backend not in BACKENDS:
         raise ArtifactError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if decoder not in DECODERS:
+        raise ArtifactError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
     spec = get_mode(mode)
     if spec.decoder != "fast":
         raise ArtifactError(f"export is for the fast and furious modes, got {mode!r}")
@@ -171,9 +187,18 @@ def export_artifacts(
     started = time.perf_counter()
     side = model.image_size
     if backend == "aoti":
+        progress("image path: torch.export + AOTInductor (about a minute)")
         reference, encoder_files, extra = _export_aoti(model, spec, out)
     else:
+        progress("image path: OpenVINO conversion and compilation for this CPU")
         reference, encoder_files, extra = _export_openvino(model, spec, out)
+    if decoder == "aoti":
+        fast = FastMaskDecoder(model.sam_mask_decoder, spec.upscaling_dtype(model.device))
+        embed, *high_res = reference
+        extra["decoder"] = export_decoder_programs(
+            fast, model.sam_prompt_encoder, embed, tuple(high_res), out, progress
+        )
+        encoder_files = (*encoder_files, *extra["decoder"]["files"])
     heads = {k: v for k, v in model.state_dict().items() if not k.startswith("image_encoder.")}
     torch.save(heads, out / HEADS)
     manifest = {
@@ -267,7 +292,8 @@ def check_manifest(manifest: dict, directory: Path, size: str | None, mode: str 
     if mode is not None and manifest["mode"] != mode:
         problems.append(f"mode is {manifest['mode']!r}, asked for {mode!r}")
     backend = manifest.get("backend", "openvino")
-    if backend == "aoti" and manifest["runtime"]["torch"] != torch.__version__:
+    compiled_by_torch = backend == "aoti" or "decoder" in manifest
+    if compiled_by_torch and manifest["runtime"]["torch"] != torch.__version__:
         problems.append(
             f"compiled with torch {manifest['runtime']['torch']}, installed is {torch.__version__}"
         )
@@ -309,10 +335,10 @@ class AOTImageEncoder:
     source = "AOTInductor package, not compiled"
 
     def __init__(self, package: str) -> None:
-        self.runner = torch._inductor.aoti_load_package(package)
+        self.runner = AOTIProgram(package)
 
     def __call__(self, images: torch.Tensor) -> ImageFeatures:
-        outputs = [self.runner(image[None].float().cpu()) for image in images]
+        outputs = [self.runner([image[None].float().cpu().contiguous()]) for image in images]
         embed, s0, s1 = (torch.cat(parts) for parts in zip(*outputs))
         return ImageFeatures(embed, (s0, s1))
 
@@ -320,7 +346,8 @@ class AOTImageEncoder:
 def load_artifacts(
     directory: str | Path, size: str | None = None, mode: str | None = None
 ) -> Predictor:
-    """A Predictor whose image path runs from the exported IR: no compilation, no checkpoint."""
+    """A Predictor whose image path (and, if exported, fast decoder) runs from the artifacts:
+    no compilation, no checkpoint."""
 
     directory = Path(directory)
     manifest = read_manifest(directory)
@@ -331,9 +358,12 @@ def load_artifacts(
     info = manifest["weights"]
     model.weights_info = WeightsInfo(info["source"], path=info.get("path"), seed=info.get("seed"))
     model.eval()
+    fast_decoder = None
+    if "decoder" in manifest:
+        fast_decoder = load_fast_decoder(model.sam_mask_decoder, directory, manifest["decoder"])
     if manifest.get("backend") == "aoti":
-        return spec.predictor(model, AOTImageEncoder(str(directory / ENCODER_PT2)))
+        return spec.predictor(model, AOTImageEncoder(str(directory / ENCODER_PT2)), fast_decoder)
     encoder = _import_compiled(directory, manifest)
     if encoder is None:  # exported on another CPU (or before blobs): compile the IR here
         encoder = compile_for_cpu(str(directory / ENCODER_XML), manifest["precision"])
-    return spec.predictor(model, encoder)
+    return spec.predictor(model, encoder, fast_decoder)

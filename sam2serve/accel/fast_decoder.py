@@ -132,25 +132,6 @@ class SymbolicKeys:
         coef = torch.cat([f.coef for f in self.families], dim=2)
         return coef, torch.cat([f.vectors() for f in self.families], dim=1)
 
-    def select(self, index: torch.Tensor) -> SymbolicKeys:
-        """The keys of a subset of the prompts (for filtering before the upscaling)."""
-
-        def pick(t: torch.Tensor) -> torch.Tensor:
-            return t if t.shape[0] == 1 else t[index]
-
-        families = [
-            Family(f.coef[index], f.values[index], f.out_weight, f.scale, f.name)
-            for f in self.families
-        ]
-        return SymbolicKeys(
-            pick(self.a),
-            self.gain,
-            self.gain_name,
-            families,
-            pick(self.const_coef),
-            self.const_vecs,
-        )
-
     @functools.cached_property
     def low_rank(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Families and constant vectors together: (coef (B, 4096, R+K), vecs (B, R+K, C))."""
@@ -160,6 +141,27 @@ class SymbolicKeys:
         const_vecs = self.const_vecs.expand(b, -1, -1)
         return torch.cat([coef, const_coef], dim=2), torch.cat([vecs, const_vecs], dim=1)
 
+    def final(self) -> FinalKeys:
+        coef, vecs = self.low_rank
+        return FinalKeys(self.a, coef, vecs, self.gain, self.gain_name)
+
+
+@dataclass
+class FinalKeys:
+    """The image keys after the transformer, flattened to what the upscaling reads:
+    ``a * (gain * K) + coef @ vecs`` per prompt (families and constants in one rank-R part).
+    ``gain_name`` names the gain for the per-image projection caches."""
+
+    a: torch.Tensor  # (B or 1, 4096, 1)
+    coef: torch.Tensor  # (B, 4096, R)
+    vecs: torch.Tensor  # (B, R, C)
+    gain: torch.Tensor | None  # (C,); None when every projection of K is already cached
+    gain_name: str
+
+    def select(self, index: torch.Tensor) -> FinalKeys:
+        a = self.a if self.a.shape[0] == 1 else self.a[index]
+        return FinalKeys(a, self.coef[index], self.vecs[index], self.gain, self.gain_name)
+
 
 @dataclass
 class ImageSide:
@@ -168,12 +170,16 @@ class ImageSide:
 
     keys: torch.Tensor  # (1, 4096, C)
     pe: torch.Tensor  # (1, 4096, C)
-    high_res_feats: tuple[torch.Tensor, torch.Tensor]
+    high_res_feats: tuple[torch.Tensor, ...]  # (s0, s1); () once they are in the cache
     size: tuple[int, int]
     cache: dict[str, Any] = field(default_factory=dict)
+    # A frozen side (inside an exported program) computes nothing: a miss is an error.
+    frozen: bool = False
 
     def memo(self, name: str, compute: Callable[[], Any]) -> Any:
         if name not in self.cache:
+            if self.frozen:
+                raise KeyError(f"the image side has no {name!r} precomputed")
             self.cache[name] = compute()
         return self.cache[name]
 
@@ -225,6 +231,8 @@ class ImageSide:
 
 class FastMaskDecoder:
     """Computes ``MaskDecoder.predict_all_masks`` for prompts without a mask input."""
+
+    source = "eager"
 
     def __init__(self, decoder: MaskDecoder, upscaling_dtype: torch.dtype = torch.float32) -> None:
         self.decoder = decoder
@@ -478,15 +486,17 @@ class FastMaskDecoder:
         keys = self.layer_norm(side, keys, layer.norm4, f"{name}.norm4")
         return queries, keys
 
-    def masks_from_keys(
-        self,
-        side: ImageSide,
-        keys: SymbolicKeys,
-        mask_tokens_out: torch.Tensor,
-        mask_indices: list[int],
-    ) -> torch.Tensor:
-        """Upscaling + hypernetwork dot products: (B, len(mask_indices), 256, 256) logits
-        for the mask tokens ``mask_indices`` whose final states are ``mask_tokens_out``.
+    def hypernetwork(self, mask_tokens_out: torch.Tensor, mask_indices: list[int]) -> torch.Tensor:
+        """(B, M, c_out): the hypernetwork MLP of each mask token ``mask_indices[j]`` applied
+        to its final state ``mask_tokens_out[:, j]``."""
+        mlps = self.decoder.output_hypernetworks_mlps
+        return torch.stack(
+            [mlps[m](mask_tokens_out[:, j]) for j, m in enumerate(mask_indices)], dim=1
+        )
+
+    def upscale(self, side: ImageSide, keys: FinalKeys, hyper: torch.Tensor) -> torch.Tensor:
+        """Upscaling + hypernetwork dot products: (B, M, 256, 256) logits of the masks whose
+        hypernetwork outputs are ``hyper`` (B, M, c_out).
 
         Both ConvTranspose2d(k=2, s=2) are per-pixel linear maps (every output pixel reads
         exactly one input pixel), so the upscaling runs channels-last as two matmuls with
@@ -503,9 +513,8 @@ class FastMaskDecoder:
         shared = side.project_keys(w1, keys.gain, f"dc1-cl|{keys.gain_name}")
         dtype = self.upscaling_dtype
         s1, s0 = side.upscaling_features(dec, dtype)
-        coef, vecs = keys.low_rank
         # dc1(keys) + bias + feat_s1 = s1 + a * (W K) + coef @ (vecs W^T): two fused ops.
-        x = torch.baddbmm(torch.addcmul(s1, keys.a, shared), coef, vecs @ w1.T)
+        x = torch.baddbmm(torch.addcmul(s1, keys.a, shared), keys.coef, keys.vecs @ w1.T)
         b, n = x.shape[:2]
         x = x.view(b, n * 4, c_mid)
         x = torch.nn.functional.layer_norm(x, (c_mid,), ln1.weight, ln1.bias, ln1.eps)
@@ -514,16 +523,25 @@ class FastMaskDecoder:
         w2 = dc2.weight.permute(0, 2, 3, 1).reshape(c_mid, 4 * c_out).to(dtype)
         y = torch.baddbmm(s0.expand(b, -1, -1), x, w2.expand(b, -1, -1))
         y = gelu_(y, act2).view(b, n * 16, c_out)
-        mlps = dec.output_hypernetworks_mlps
-        hyper = torch.stack(
-            [mlps[m](mask_tokens_out[:, j]) for j, m in enumerate(mask_indices)], dim=1
-        ).to(dtype)  # (B, M, c_out)
         # (B, M, pixels in (i, j, di, dj, ei, ej) order)
-        logits = (hyper @ y.transpose(1, 2)).float()
+        logits = (hyper.to(dtype) @ y.transpose(1, 2)).float()
         h, w = side.size
         m = logits.shape[1]
         logits = logits.view(b, m, h, w, 2, 2, 2, 2).permute(0, 1, 2, 4, 6, 3, 5, 7)
         return logits.reshape(b, m, 4 * h, 4 * w)
+
+    def decode_prompts(
+        self, side: ImageSide, sparse_embeddings: torch.Tensor, mask_indices: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, FinalKeys]:
+        """Everything before the pixels: IoU predictions of all four masks (B, 4), the
+        hypernetwork outputs of the masks ``mask_indices`` (B, M, c_out) and the final keys.
+
+        Token layout: 0 object score, 1 IoU, 2.. mask tokens, then the prompt tokens; only
+        the IoU token and the asked-for mask tokens are read after the transformer."""
+        read = [1] + [2 + m for m in mask_indices]
+        hs, keys = self.transformer_forward(side, self.tokens(sparse_embeddings), read)
+        iou = self.decoder.iou_prediction_head(hs[:, 0])
+        return iou, self.hypernetwork(hs[:, 1:], mask_indices), keys.final()
 
     def forward(
         self,
@@ -540,18 +558,14 @@ class FastMaskDecoder:
         logits then hold only those rows, and the index is returned as the third value.
         """
         masks = list(range(self.decoder.num_mask_tokens)) if mask_indices is None else mask_indices
-        # Token layout: 0 object score, 1 IoU, 2.. mask tokens, then the prompt tokens.
-        read = [1] + [2 + m for m in masks]
-        hs, keys = self.transformer_forward(side, self.tokens(sparse_embeddings), read)
-        iou = self.decoder.iou_prediction_head(hs[:, 0])
+        iou, hyper, keys = self.decode_prompts(side, sparse_embeddings, masks)
         rows = torch.arange(iou.shape[0], device=iou.device) if keep is None else keep(iou)
         if keep is not None:
             if rows.numel() == 0:  # nothing survives: no pixel work at all
                 h, w = side.size
                 return iou.new_zeros((0, len(masks), 4 * h, 4 * w)), iou, rows
-            hs, keys = hs[rows], keys.select(rows)
-        logits = self.masks_from_keys(side, keys, hs[:, 1:], masks)
-        return logits, iou, rows
+            hyper, keys = hyper[rows], keys.select(rows)
+        return self.upscale(side, keys, hyper), iou, rows
 
     def tokens(self, sparse_embeddings: torch.Tensor) -> torch.Tensor:
         dec = self.decoder

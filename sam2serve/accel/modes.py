@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from sam2serve.accel.fast_decoder import FastMaskDecoder
 from sam2serve.checkpoint import load_model
 from sam2serve.engine.predictor import Predictor
 
@@ -57,14 +58,17 @@ class Mode:
         self,
         model: torch.nn.Module,
         image_encoder: Callable[[torch.Tensor], Any] | None = None,
+        fast_decoder: FastMaskDecoder | None = None,
     ) -> Predictor:
-        """A Predictor running ``model``'s heads this mode's way."""
+        """A Predictor running ``model``'s heads this mode's way; the image path and the
+        fast decoder may be given (ahead-of-time compiled), else they run eagerly."""
         return Predictor(
             model,
             decoder=self.decoder,
             prompt_chunk=self.prompt_chunk,
             image_encoder=image_encoder,
             upscaling_dtype=self.upscaling_dtype(model.device),
+            fast_decoder=fast_decoder,
         )
 
 
@@ -104,7 +108,8 @@ MODES: dict[str, Mode] = {
 # How the image path of a fast/furious mode starts; ``sam2serve bench --modes`` takes them as
 # suffixes (``furious+aot``). Plain names run the image path in eager PyTorch.
 VARIANTS: dict[str, str] = {
-    "aot": "image path from 'sam2serve export' artifacts (OpenVINO IR), no compilation at start-up",
+    "aot": "image path (OpenVINO) and mask decoder (AOTInductor) from 'sam2serve export' "
+    "artifacts, no compilation at start-up",
     "jit": "image path converted and compiled with OpenVINO at start-up (the alternative "
     "to artifacts)",
 }

@@ -78,6 +78,7 @@ class BenchConfig:
     mps_prompts: int = 64
     point_prompts: str = "auto"
     warm: bool = False
+    aot_decoder: str = "aoti"  # how +aot artifacts run the mask decoder: "aoti" or "eager"
     command: str = ""
     work_dir: Path | None = None  # kept when given; a temporary directory otherwise
     timeout_s: float | None = None
@@ -345,6 +346,8 @@ def _export_artifacts(
                 str(checkpoint),
                 "--out",
                 str(out),
+                "--decoder",
+                config.aot_decoder,
             ],
             dict(os.environ),
             config.timeout_s,
@@ -352,9 +355,11 @@ def _export_artifacts(
         if done.returncode != 0:
             raise BenchError(f"exporting the artifacts for {mode} failed (its error is above)")
         seconds = json.loads(done.stdout.strip().splitlines()[-1])["export_seconds"]
+        decoder = "AOTInductor" if config.aot_decoder == "aoti" else "eager"
         notes.append(
             f"{mode}: artifacts exported once before the runs ('sam2serve export', "
-            f"{seconds:.0f} s); its worker loads them with no compilation"
+            f"{seconds:.0f} s; mask decoder {decoder}); its worker loads them with no "
+            "compilation"
         )
 
 

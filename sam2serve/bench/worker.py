@@ -223,11 +223,11 @@ def write_checkpoint(size: str, seed: int, out: Path) -> int:
     return 0
 
 
-def export(size: str, mode: str, checkpoint: Path, out: Path) -> int:
+def export(size: str, mode: str, checkpoint: Path, out: Path, decoder: str) -> int:
     """``sam2serve export`` of the benchmark's weights, for the ``+aot`` modes."""
     from sam2serve.accel.export import export_artifacts
 
-    manifest = export_artifacts(size, mode, out, checkpoint=str(checkpoint))
+    manifest = export_artifacts(size, mode, out, decoder=decoder, checkpoint=str(checkpoint))
     print(json.dumps({"path": str(out), "export_seconds": manifest["export_seconds"]}))
     return 0
 
@@ -247,11 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     exp.add_argument("--mode", required=True)
     exp.add_argument("--checkpoint", type=Path, required=True)
     exp.add_argument("--out", type=Path, required=True)
+    exp.add_argument("--decoder", choices=("aoti", "eager"), default="aoti")
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args.spec, args.result)
     if args.command == "export":
-        return export(args.model, args.mode, args.checkpoint, args.out)
+        return export(args.model, args.mode, args.checkpoint, args.out, args.decoder)
     return write_checkpoint(args.model, args.seed, args.out)
 
 

@@ -164,9 +164,12 @@ class Predictor:
         image_encoder: Callable[[torch.Tensor], ImageFeatures] | None = None,
         fast_min_prompts: int = FAST_DECODER_MIN_PROMPTS,
         upscaling_dtype: torch.dtype = torch.float32,
+        fast_decoder: FastMaskDecoder | None = None,
     ) -> None:
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+        if fast_decoder is not None and decoder != "fast":
+            raise ValueError(f"a fast decoder was given to a predictor with decoder {decoder!r}")
         self.model = model
         # The image path can run elsewhere (an ahead-of-time compiled artifact); by default
         # it is the model's own encode_image.
@@ -174,9 +177,11 @@ class Predictor:
         self.mask_threshold = mask_threshold
         self.prompt_chunk = prompt_chunk
         self.decoder = decoder
-        self.fast_decoder = (
-            FastMaskDecoder(model.sam_mask_decoder, upscaling_dtype) if decoder == "fast" else None
-        )
+        # The fast decoder can run elsewhere too (exported programs); by default it runs
+        # eagerly on the model's mask decoder.
+        if fast_decoder is None and decoder == "fast":
+            fast_decoder = FastMaskDecoder(model.sam_mask_decoder, upscaling_dtype)
+        self.fast_decoder = fast_decoder
         self.fast_min_prompts = fast_min_prompts
 
     @property

@@ -54,9 +54,15 @@ def test_manifest_describes_the_export(exported):
         "image_encoder.xml",
         "image_encoder.bin",
         "image_encoder.cpu.blob",
+        "decoder_side.pt2",
+        "decoder_prompts.pt2",
+        "decoder_masks.pt2",
         "heads.pt",
     }
     assert manifest["compiled"]["file"] == "image_encoder.cpu.blob"
+    decoder = manifest["decoder"]
+    assert decoder["backend"] == "aoti" and decoder["upscaling_dtype"] == "float32"
+    assert decoder["layout"] and decoder["cpu"]
     assert manifest["weights"]["source"] == "random"
 
 
@@ -173,11 +179,79 @@ def test_blob_from_another_cpu_is_not_used(exported, tmp_path):
     assert loaded.encode(data.coffee()).image_embed.shape == (1, 256, 64, 64)
 
 
-def test_aoti_backend_matches_the_eager_model(tmp_path):
-    """--backend aoti: torch.export + AOTInductor package, loaded with nothing compiled."""
+def _prompts(rng: np.random.Generator, size: tuple[int, int]) -> list[dict]:
+    """Prompts of every shape the decoder takes: clicks (2 points with the padding one),
+    boxes (2 corners), a box with a click (3), three clicks (4)."""
+    h, w = size
+
+    def xy(n: int) -> np.ndarray:
+        return rng.uniform((0, 0), (w, h), (n, 2)).astype(np.float32)
+
+    def boxes(n: int) -> np.ndarray:
+        corners = np.sort(rng.uniform(0, 1, (n, 2, 2)), axis=1) * (w, h)
+        return corners.reshape(n, 4).astype(np.float32)
+
+    return [
+        {"point_coords": xy(6)[:, None], "point_labels": np.ones((6, 1))},
+        {"boxes": boxes(5)},
+        {"boxes": boxes(4), "point_coords": xy(4)[:, None], "point_labels": np.ones((4, 1))},
+        {"point_coords": xy(12).reshape(4, 3, 2), "point_labels": [[1, 0, 1]] * 4},
+    ]
+
+
+def test_decoder_programs_match_the_eager_fast_decoder(exported):
+    """The AOTInductor decoder programs give the eager fast decoder's answers for every
+    prompt shape, batch size and mask choice, and the AMG filter keeps the same rows."""
+    import torch
     import torch._dynamo.utils as dynamo_utils
 
-    manifest = export_artifacts("tiny", "fast", tmp_path, backend="aoti", random_weights=True)
+    dynamo_utils.counters.clear()
+    loaded = load_artifacts(exported, "tiny", "fast")
+    assert loaded.fast_decoder.source == "AOTInductor programs, not compiled"
+    eager = build_predictor("tiny", "fast", random_weights=True, seed=4)
+    embedding = eager.encode(data.coffee())  # the same features into both decoders
+    for prompts in _prompts(np.random.default_rng(0), embedding.original_size):
+        for multimask in (True, False):
+            a = loaded.predict(embedding, multimask_output=multimask, **prompts)
+            b = eager.predict(embedding, multimask_output=multimask, **prompts)
+            scale = b.low_res_logits.abs().max()
+            assert (a.low_res_logits - b.low_res_logits).abs().max() / scale < 1e-5
+            assert (a.iou_scores - b.iou_scores).abs().max() < 1e-5
+    coords = torch.rand(9, 2, 2) * 1024
+    labels = torch.tensor([[1, -1]] * 9)
+    contexts = [p.decoder_context(embedding) for p in (loaded, eager)]
+    iou = eager.decode_low_res(contexts[1], coords, labels, None, True)[1]
+    threshold = float(iou.max(dim=1).values.median())  # about half the prompts pass
+    got, want = (
+        p.decode_low_res_filtered(c, coords, labels, None, True, min_iou=threshold)
+        for p, c in zip((loaded, eager), contexts)
+    )
+    assert torch.equal(got[2], want[2]) and 0 < len(want[2]) < 9
+    assert (got[0] - want[0]).abs().max() / want[0].abs().max() < 1e-5
+    assert not dynamo_utils.counters["frames"], dict(dynamo_utils.counters["frames"])
+
+
+def test_decoder_programs_from_another_cpu_are_not_used(exported, tmp_path):
+    """Inductor compiled the programs for the exporting CPU: elsewhere the decoder runs
+    eagerly (from the same weights), and says so."""
+    copy = tmp_path / "copy"
+    shutil.copytree(exported, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["decoder"]["cpu"] = "Some Other CPU"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    loaded = load_artifacts(copy, "tiny", "fast")
+    assert loaded.fast_decoder.source.startswith("eager (programs compiled for 'Some Other CPU'")
+    assert type(loaded.fast_decoder).__name__ == "FastMaskDecoder"
+
+
+def test_aoti_backend_matches_the_eager_model(tmp_path):
+    """--backend aoti: torch.export + AOTInductor package, loaded with nothing compiled.
+    (The decoder programs are tested above; eager here keeps the export short.)"""
+    import torch._dynamo.utils as dynamo_utils
+
+    manifest = export_artifacts(
+        "tiny", "fast", tmp_path, backend="aoti", decoder="eager", random_weights=True
+    )
     assert manifest["backend"] == "aoti" and set(manifest["files"]) == {
         "image_encoder.pt2",
         "heads.pt",

@@ -70,6 +70,10 @@ def bench(tmp_path_factory):
         str(root / "work"),
         "--timeout",
         "600",
+        # The decoder programs are tested in tests/accel; compiling them here would add
+        # ~2 minutes to the suite.
+        "--aot-decoder",
+        "eager",
     ]
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
@@ -169,6 +173,7 @@ def test_aot_mode_started_from_artifacts_exported_once(bench):
         spec = json.loads((work / f"{task}-fast+aot-cold.spec.json").read_text())
         assert spec["artifacts"] == str(work / "artifacts" / "fast")
     assert "fast+aot: artifacts exported once before the runs" in text
+    assert "mask decoder eager" in text
 
 
 def test_chart_is_a_png(bench):

@@ -12,5 +12,9 @@ def exported_artifacts(tmp_path_factory):
     from sam2serve.accel.export import export_artifacts
 
     out = tmp_path_factory.mktemp("cluster_artifacts")
-    export_artifacts("tiny", "fast", out, random_weights=True, seed=3, command="tests/cluster")
+    # The decoder programs are tested in tests/accel; compiling them here too would add
+    # ~2 minutes to the suite for nothing the replicas' tests look at.
+    export_artifacts(
+        "tiny", "fast", out, decoder="eager", random_weights=True, seed=3, command="tests/cluster"
+    )
     return out

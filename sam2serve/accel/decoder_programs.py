@@ -1,0 +1,253 @@
+"""The fast mask decoder as ahead-of-time compiled programs (torch.export + AOTInductor).
+
+``sam2serve export`` writes three ``.pt2`` packages of :class:`FastMaskDecoder`, traced
+from the same code the eager modes run, so their answers are the eager ones up to float
+reassociation:
+
+- ``decoder_side.pt2``, once per image: (image_embed, image_pe, no_mask_dense, high-res
+  features) -> the image side: the keys K, their positional encoding P and every
+  projection of them that the prompts read, as one flat list of tensors;
+- ``decoder_prompts.pt2``, once per chunk of prompts: (sparse prompt embeddings
+  (B, N, C), image side) -> IoU predictions (B, 4), hypernetwork outputs (B, 4, c) and
+  the final keys (a, coef, vecs): the transformer, everything before the pixels;
+- ``decoder_masks.pt2``, once per chunk of kept prompts: (a, coef, vecs, hypernetwork
+  outputs (B, M, c), image side) -> low-res logits (B, M, 256, 256): the upscaling.
+
+Prompts (B), points per prompt (N), masks (M) and the low rank (R) are dynamic. The IoU
+filter between the last two programs stays eager: how many prompts survive is data.
+
+Why: the transformer's symbolic keys are many short passes over (B, 4096, R) tensors;
+Inductor fuses them (measured on this CPU: ~21 -> ~16 ms per prompt for tiny's
+transformer). Compilation happens once, at export; loading compiles nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sam2serve.accel.aoti import AOTIProgram, cpu_model
+from sam2serve.accel.fast_decoder import FastMaskDecoder, FinalKeys, ImageSide
+
+SIDE_PT2 = "decoder_side.pt2"
+PROMPTS_PT2 = "decoder_prompts.pt2"
+MASKS_PT2 = "decoder_masks.pt2"
+PROGRAM_FILES = (SIDE_PT2, PROMPTS_PT2, MASKS_PT2)
+ALL_MASKS = [0, 1, 2, 3]
+# Bounds of the dynamic dimensions (torch.export needs them finite to reason about shapes).
+MAX_PROMPTS = 1024
+MAX_POINTS = 64
+
+# The image side as a flat list: keys, pe, then each cached entry by name, a tuple entry
+# spread over ``arity`` tensors (0: a single tensor).
+Layout = list[tuple[str, int]]
+
+
+def side_leaves(side: ImageSide, layout: Layout) -> list[torch.Tensor]:
+    leaves = [side.keys, side.pe]
+    for name, arity in layout:
+        value = side.cache[name]
+        leaves.extend(value if arity else [value])
+    return leaves
+
+
+def side_from_leaves(leaves: list[torch.Tensor], layout: Layout) -> ImageSide:
+    """An :class:`ImageSide` whose cache is complete and frozen: a projection missing from
+    it is an error instead of a per-chunk recomputation inside a program."""
+    cache, at = {}, 2
+    for name, arity in layout:
+        cache[name] = tuple(leaves[at : at + arity]) if arity else leaves[at]
+        at += max(arity, 1)
+    keys = leaves[0]
+    side = int(keys.shape[1] ** 0.5)
+    return ImageSide(keys, leaves[1], (), (side, side), cache, frozen=True)
+
+
+class _SideProgram(torch.nn.Module):
+    """Per image: the image side, every projection the prompts will read precomputed. The
+    projections are made by decoding one dummy prompt; that decode is dead code the
+    compiler removes, only the cache survives. The positional encoding and the no-mask
+    embedding are the prompt encoder's constants, computed inside."""
+
+    def __init__(self, fast: FastMaskDecoder, prompt_encoder: torch.nn.Module, layout: Layout):
+        super().__init__()
+        self.fast, self.prompt_encoder, self.layout = fast, prompt_encoder, layout
+
+    def forward(self, image_embed, high_res_s0, high_res_s1) -> list[torch.Tensor]:
+        enc = self.prompt_encoder
+        side = self.fast.prepare(
+            image_embed,
+            enc.dense_positional_encoding(),
+            enc.no_mask_dense(),
+            (high_res_s0, high_res_s1),
+        )
+        _fill_cache(self.fast, side)
+        return [t.contiguous() for t in side_leaves(side, self.layout)]
+
+
+class _PromptsProgram(torch.nn.Module):
+    def __init__(self, fast: FastMaskDecoder, layout: Layout) -> None:
+        super().__init__()
+        self.fast, self.layout = fast, layout
+
+    def forward(self, sparse: torch.Tensor, leaves: list[torch.Tensor]):
+        side = side_from_leaves(leaves, self.layout)
+        iou, hyper, keys = self.fast.decode_prompts(side, sparse, ALL_MASKS)
+        return iou, hyper, keys.a, keys.coef, keys.vecs
+
+
+class _MasksProgram(torch.nn.Module):
+    def __init__(self, fast: FastMaskDecoder, layout: Layout, gain_name: str) -> None:
+        super().__init__()
+        self.fast, self.layout, self.gain_name = fast, layout, gain_name
+
+    def forward(self, a, coef, vecs, hyper, leaves: list[torch.Tensor]) -> torch.Tensor:
+        side = side_from_leaves(leaves, self.layout)
+        return self.fast.upscale(side, FinalKeys(a, coef, vecs, None, self.gain_name), hyper)
+
+
+def _fill_cache(fast: FastMaskDecoder, side: ImageSide) -> FinalKeys:
+    """Decode one dummy prompt: afterwards ``side.cache`` holds every projection."""
+    channels = side.keys.shape[-1]
+    sparse = side.keys.new_zeros((1, 2, channels))
+    _, hyper, keys = fast.decode_prompts(side, sparse, ALL_MASKS)
+    fast.upscale(side, keys, hyper)
+    return keys
+
+
+def export_decoder_programs(
+    fast: FastMaskDecoder,
+    prompt_encoder: torch.nn.Module,
+    image_embed: torch.Tensor,
+    high_res_feats: tuple[torch.Tensor, torch.Tensor],
+    out: Path,
+    progress: Callable[[str], None] = lambda step: None,
+) -> dict:
+    """Export and compile the three programs into ``out``, traced on one image's features;
+    returns their manifest entry (file names, the side's layout, the final keys' gain name,
+    the upscaling dtype).
+
+    Every example input is contiguous: a compiled program assumes its inputs' strides are
+    the examples' (an expanded example made it misread contiguous tensors), and
+    :class:`CompiledFastDecoder` passes contiguous tensors only."""
+    image_embed = image_embed.float().contiguous()
+    high_res_feats = tuple(t.float().contiguous() for t in high_res_feats)
+    with torch.inference_mode():
+        side_program = _SideProgram(fast, prompt_encoder, [])
+        side = fast.prepare(
+            image_embed,
+            prompt_encoder.dense_positional_encoding(),
+            prompt_encoder.no_mask_dense(),
+            high_res_feats,
+        )
+        keys = _fill_cache(fast, side)
+        layout = [(name, len(v) if isinstance(v, tuple) else 0) for name, v in side.cache.items()]
+        side_program.layout = layout
+        leaves = [t.contiguous() for t in side_leaves(side, layout)]
+        channels = image_embed.shape[1]
+        sparse = torch.randn(4, 2, channels, generator=torch.Generator().manual_seed(0))
+        _, hyper, a, coef, vecs = _PromptsProgram(fast, layout)(sparse, leaves)
+        finals = [t.contiguous() for t in (a, coef, vecs, hyper[:, 1:])]
+    prompts = torch.export.Dim("prompts", max=MAX_PROMPTS)
+    # A prompt is at least two points: a click and the padding point, or a box's corners.
+    points = torch.export.Dim("points", min=2, max=MAX_POINTS)
+    masks, rank = torch.export.Dim("masks", max=len(ALL_MASKS)), torch.export.Dim("rank")
+    fixed = [None] * len(leaves)
+    programs = (
+        (SIDE_PT2, side_program, (image_embed, *high_res_feats), None),
+        (
+            PROMPTS_PT2,
+            _PromptsProgram(fast, layout),
+            (sparse, leaves),
+            ({0: prompts, 1: points}, fixed),
+        ),
+        (
+            MASKS_PT2,
+            _MasksProgram(fast, layout, keys.gain_name),
+            (*finals, leaves),
+            (
+                {0: prompts},
+                {0: prompts, 2: rank},
+                {0: prompts, 1: rank},
+                {0: prompts, 1: masks},
+                fixed,
+            ),
+        ),
+    )
+    for number, (name, module, args, dynamic) in enumerate(programs, 1):
+        progress(f"mask decoder: torch.export + AOTInductor, program {number}/3 ({name})")
+        with torch.no_grad():
+            program = torch.export.export(
+                module.eval(),
+                args,
+                dynamic_shapes=dynamic,
+                prefer_deferred_runtime_asserts_over_guards=True,
+            )
+        torch._inductor.aoti_compile_and_package(program, package_path=str(out / name))
+    return {
+        "backend": "aoti",
+        "files": list(PROGRAM_FILES),
+        "layout": [list(entry) for entry in layout],
+        "gain_name": keys.gain_name,
+        "cpu": cpu_model(),
+        "upscaling_dtype": str(fast.upscaling_dtype).removeprefix("torch."),
+    }
+
+
+@dataclass
+class CompiledSide:
+    """The image side as the programs pass it around: a flat list of tensors."""
+
+    leaves: list[torch.Tensor]
+    size: tuple[int, int]
+
+
+class CompiledFastDecoder(FastMaskDecoder):
+    """:class:`FastMaskDecoder` with its three stages run by the exported programs; the
+    filter between them (``forward``) is the eager one."""
+
+    source = "AOTInductor programs, not compiled"
+
+    def __init__(self, decoder: torch.nn.Module, directory: Path, entry: dict) -> None:
+        super().__init__(decoder, getattr(torch, entry["upscaling_dtype"]))
+        self.side_program = AOTIProgram(directory / SIDE_PT2)
+        self.prompts_program = AOTIProgram(directory / PROMPTS_PT2)
+        self.masks_program = AOTIProgram(directory / MASKS_PT2)
+        self.gain_name = entry["gain_name"]
+
+    def prepare(
+        self,
+        image_embed: torch.Tensor,
+        image_pe: torch.Tensor,
+        no_mask_dense: torch.Tensor,
+        high_res_feats: tuple[torch.Tensor, torch.Tensor],
+    ) -> CompiledSide:
+        # The positional encoding and no-mask embedding are constants inside the program.
+        inputs = (image_embed, *high_res_feats)
+        leaves = self.side_program([t.float().contiguous() for t in inputs])
+        return CompiledSide([t.contiguous() for t in leaves], tuple(image_embed.shape[-2:]))
+
+    def decode_prompts(
+        self, side: CompiledSide, sparse_embeddings: torch.Tensor, mask_indices: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, FinalKeys]:
+        iou, hyper, a, coef, vecs = self.prompts_program(
+            [sparse_embeddings.float().contiguous(), *side.leaves]
+        )
+        return iou, hyper[:, mask_indices], FinalKeys(a, coef, vecs, None, self.gain_name)
+
+    def upscale(self, side: CompiledSide, keys: FinalKeys, hyper: torch.Tensor) -> torch.Tensor:
+        finals = (keys.a, keys.coef, keys.vecs, hyper)
+        return self.masks_program([*(t.contiguous() for t in finals), *side.leaves])[0]
+
+
+def load_fast_decoder(decoder: torch.nn.Module, directory: Path, entry: dict) -> FastMaskDecoder:
+    """The exported programs, or, if they were compiled for another CPU (Inductor targets
+    the exporting CPU's instruction set), the eager fast decoder with the same dtype."""
+    if entry.get("cpu") != cpu_model():
+        eager = FastMaskDecoder(decoder, getattr(torch, entry["upscaling_dtype"]))
+        eager.source = f"eager (programs compiled for {entry.get('cpu')!r}, not this CPU)"
+        return eager
+    return CompiledFastDecoder(decoder, directory, entry)
