@@ -43,3 +43,14 @@ def tiny_model(tiny_checkpoint):
 @pytest.fixture(scope="session")
 def tiny_meta_model(tiny_checkpoint):
     return load_meta_model("tiny", tiny_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def exported_artifacts(tmp_path_factory) -> Path:
+    """``sam2serve export`` of random tiny weights (seed 4) for mode fast, with the decoder
+    programs: compiled once (~2.5 min) for tests/accel and tests/cluster."""
+    from sam2serve.accel.export import export_artifacts
+
+    out = tmp_path_factory.mktemp("artifacts")
+    export_artifacts("tiny", "fast", out, random_weights=True, seed=4, command="test")
+    return out

@@ -14,11 +14,11 @@ from sam2serve.accel.export import ArtifactError, export_artifacts, load_artifac
 from sam2serve.accel.modes import build_predictor, split_variant
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    out = tmp_path_factory.mktemp("artifacts")
-    export_artifacts("tiny", "fast", out, random_weights=True, seed=4, command="test")
-    return out
+@pytest.fixture
+def exported(exported_artifacts):
+    """tests/conftest.py's export (tiny, fast, seed 4, decoder programs), shared with the
+    cluster tests: tests here never change it (they change copies)."""
+    return exported_artifacts
 
 
 def test_artifacts_match_the_eager_model(exported):
