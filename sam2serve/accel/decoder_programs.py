@@ -23,6 +23,7 @@ transformer). Compilation happens once, at export; loading compiles nothing.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,16 +55,17 @@ def side_leaves(side: ImageSide, layout: Layout) -> list[torch.Tensor]:
     return leaves
 
 
-def side_from_leaves(leaves: list[torch.Tensor], layout: Layout) -> ImageSide:
-    """An :class:`ImageSide` whose cache is complete and frozen: a projection missing from
-    it is an error instead of a per-chunk recomputation inside a program."""
+def side_from_leaves(
+    leaves: list[torch.Tensor], layout: Layout, size: tuple[int, int]
+) -> ImageSide:
+    """An :class:`ImageSide` of the embedding ``size`` (h, w) whose cache is complete and
+    frozen: a projection missing from it is an error instead of a per-chunk recomputation
+    inside a program."""
     cache, at = {}, 2
     for name, arity in layout:
         cache[name] = tuple(leaves[at : at + arity]) if arity else leaves[at]
         at += max(arity, 1)
-    keys = leaves[0]
-    side = int(keys.shape[1] ** 0.5)
-    return ImageSide(keys, leaves[1], (), (side, side), cache, frozen=True)
+    return ImageSide(leaves[0], leaves[1], (), size, cache, frozen=True)
 
 
 class _SideProgram(torch.nn.Module):
@@ -76,7 +78,9 @@ class _SideProgram(torch.nn.Module):
         super().__init__()
         self.fast, self.prompt_encoder, self.layout = fast, prompt_encoder, layout
 
-    def forward(self, image_embed, high_res_s0, high_res_s1) -> list[torch.Tensor]:
+    def forward(
+        self, image_embed: torch.Tensor, high_res_s0: torch.Tensor, high_res_s1: torch.Tensor
+    ) -> list[torch.Tensor]:
         enc = self.prompt_encoder
         side = self.fast.prepare(
             image_embed,
@@ -89,23 +93,36 @@ class _SideProgram(torch.nn.Module):
 
 
 class _PromptsProgram(torch.nn.Module):
-    def __init__(self, fast: FastMaskDecoder, layout: Layout) -> None:
-        super().__init__()
-        self.fast, self.layout = fast, layout
+    """Per chunk of prompts: (sparse embeddings, image side) -> iou, hyper, a, coef, vecs."""
 
-    def forward(self, sparse: torch.Tensor, leaves: list[torch.Tensor]):
-        side = side_from_leaves(leaves, self.layout)
+    def __init__(self, fast: FastMaskDecoder, layout: Layout, size: tuple[int, int]) -> None:
+        super().__init__()
+        self.fast, self.layout, self.size = fast, layout, size
+
+    def forward(self, sparse: torch.Tensor, leaves: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        side = side_from_leaves(leaves, self.layout, self.size)
         iou, hyper, keys = self.fast.decode_prompts(side, sparse, ALL_MASKS)
         return iou, hyper, keys.a, keys.coef, keys.vecs
 
 
 class _MasksProgram(torch.nn.Module):
-    def __init__(self, fast: FastMaskDecoder, layout: Layout, gain_name: str) -> None:
-        super().__init__()
-        self.fast, self.layout, self.gain_name = fast, layout, gain_name
+    """Per chunk of kept prompts: (a, coef, vecs, hyper, image side) -> low-res logits."""
 
-    def forward(self, a, coef, vecs, hyper, leaves: list[torch.Tensor]) -> torch.Tensor:
-        side = side_from_leaves(leaves, self.layout)
+    def __init__(
+        self, fast: FastMaskDecoder, layout: Layout, size: tuple[int, int], gain_name: str
+    ) -> None:
+        super().__init__()
+        self.fast, self.layout, self.size, self.gain_name = fast, layout, size, gain_name
+
+    def forward(
+        self,
+        a: torch.Tensor,
+        coef: torch.Tensor,
+        vecs: torch.Tensor,
+        hyper: torch.Tensor,
+        leaves: list[torch.Tensor],
+    ) -> torch.Tensor:
+        side = side_from_leaves(leaves, self.layout, self.size)
         return self.fast.upscale(side, FinalKeys(a, coef, vecs, None, self.gain_name), hyper)
 
 
@@ -149,7 +166,7 @@ def export_decoder_programs(
         leaves = [t.contiguous() for t in side_leaves(side, layout)]
         channels = image_embed.shape[1]
         sparse = torch.randn(4, 2, channels, generator=torch.Generator().manual_seed(0))
-        _, hyper, a, coef, vecs = _PromptsProgram(fast, layout)(sparse, leaves)
+        _, hyper, a, coef, vecs = _PromptsProgram(fast, layout, side.size)(sparse, leaves)
         finals = [t.contiguous() for t in (a, coef, vecs, hyper[:, 1:])]
     prompts = torch.export.Dim("prompts", max=MAX_PROMPTS)
     # A prompt is at least two points: a click and the padding point, or a box's corners.
@@ -160,13 +177,13 @@ def export_decoder_programs(
         (SIDE_PT2, side_program, (image_embed, *high_res_feats), None),
         (
             PROMPTS_PT2,
-            _PromptsProgram(fast, layout),
+            _PromptsProgram(fast, layout, side.size),
             (sparse, leaves),
             ({0: prompts, 1: points}, fixed),
         ),
         (
             MASKS_PT2,
-            _MasksProgram(fast, layout, keys.gain_name),
+            _MasksProgram(fast, layout, side.size, keys.gain_name),
             (*finals, leaves),
             (
                 {0: prompts},
@@ -179,14 +196,18 @@ def export_decoder_programs(
     )
     for number, (name, module, args, dynamic) in enumerate(programs, 1):
         progress(f"mask decoder: torch.export + AOTInductor, program {number}/3 ({name})")
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            # torch's own deprecation notices from inside export and Inductor, printed
+            # dozens of times per program; nothing the user can act on.
+            warnings.filterwarnings("ignore", ".*LeafSpec.*", FutureWarning)
+            warnings.filterwarnings("ignore", ".*TypedStorage.*", UserWarning)
             program = torch.export.export(
                 module.eval(),
                 args,
                 dynamic_shapes=dynamic,
                 prefer_deferred_runtime_asserts_over_guards=True,
             )
-        torch._inductor.aoti_compile_and_package(program, package_path=str(out / name))
+            torch._inductor.aoti_compile_and_package(program, package_path=str(out / name))
     return {
         "backend": "aoti",
         "files": list(PROGRAM_FILES),
