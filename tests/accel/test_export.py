@@ -167,14 +167,19 @@ def test_run_command_starts_from_artifacts(exported, tmp_path, capsys):
     assert "mode is 'fast', asked for 'furious'" in errors[0] and "Traceback" not in err
 
 
-def test_blob_from_another_cpu_is_not_used(exported, tmp_path):
-    """A blob compiled on another CPU is skipped: the IR is compiled here instead."""
+def _exported_on_another_cpu(exported, tmp_path, entry: str):
+    """A copy of the artifacts whose manifest says ``entry`` was compiled on another CPU."""
     copy = tmp_path / "copy"
     shutil.copytree(exported, copy)
     manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["compiled"]["cpu"] = "Some Other CPU"
+    manifest[entry]["cpu"] = "Some Other CPU"
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    loaded = load_artifacts(copy, "tiny", "fast")
+    return copy
+
+
+def test_blob_from_another_cpu_is_not_used(exported, tmp_path):
+    """A blob compiled on another CPU is skipped: the IR is compiled here instead."""
+    loaded = load_artifacts(_exported_on_another_cpu(exported, tmp_path, "compiled"))
     assert loaded.image_encoder.source == "compiled at start-up"
     assert loaded.encode(data.coffee()).image_embed.shape == (1, 256, 64, 64)
 
@@ -234,12 +239,7 @@ def test_decoder_programs_match_the_eager_fast_decoder(exported):
 def test_decoder_programs_from_another_cpu_are_not_used(exported, tmp_path):
     """Inductor compiled the programs for the exporting CPU: elsewhere the decoder runs
     eagerly (from the same weights), and says so."""
-    copy = tmp_path / "copy"
-    shutil.copytree(exported, copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["decoder"]["cpu"] = "Some Other CPU"
-    (copy / "manifest.json").write_text(json.dumps(manifest))
-    loaded = load_artifacts(copy, "tiny", "fast")
+    loaded = load_artifacts(_exported_on_another_cpu(exported, tmp_path, "decoder"))
     assert loaded.fast_decoder.source.startswith("eager (programs compiled for 'Some Other CPU'")
     assert type(loaded.fast_decoder).__name__ == "FastMaskDecoder"
 
