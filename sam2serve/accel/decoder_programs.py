@@ -238,6 +238,7 @@ class CompiledFastDecoder(FastMaskDecoder):
         self.prompts_program = AOTIProgram(directory / PROMPTS_PT2)
         self.masks_program = AOTIProgram(directory / MASKS_PT2)
         self.gain_name = entry["gain_name"]
+        self.layout = [(name, arity) for name, arity in entry["layout"]]
 
     def prepare(
         self,
@@ -254,6 +255,13 @@ class CompiledFastDecoder(FastMaskDecoder):
     def decode_prompts(
         self, side: CompiledSide, sparse_embeddings: torch.Tensor, mask_indices: list[int]
     ) -> tuple[torch.Tensor, torch.Tensor, FinalKeys]:
+        prompts, points = sparse_embeddings.shape[:2]
+        if prompts > MAX_PROMPTS or not 2 <= points <= MAX_POINTS:
+            # Outside the range torch.export reasoned about (the compiled program does not
+            # check it): the eager stage, on the same precomputed side (complete, so it
+            # computes no projection either).
+            eager_side = side_from_leaves(side.leaves, self.layout, side.size)
+            return super().decode_prompts(eager_side, sparse_embeddings, mask_indices)
         iou, hyper, a, coef, vecs = self.prompts_program(
             [sparse_embeddings.float().contiguous(), *side.leaves]
         )

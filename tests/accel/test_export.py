@@ -186,7 +186,8 @@ def test_blob_from_another_cpu_is_not_used(exported, tmp_path):
 
 def _prompts(rng: np.random.Generator, size: tuple[int, int]) -> list[dict]:
     """Prompts of every shape the decoder takes: clicks (2 points with the padding one),
-    boxes (2 corners), a box with a click (3), three clicks (4)."""
+    boxes (2 corners), a box with a click (3), three clicks (4), and more points than the
+    decoder programs take (71)."""
     h, w = size
 
     def xy(n: int) -> np.ndarray:
@@ -201,6 +202,8 @@ def _prompts(rng: np.random.Generator, size: tuple[int, int]) -> list[dict]:
         {"boxes": boxes(5)},
         {"boxes": boxes(4), "point_coords": xy(4)[:, None], "point_labels": np.ones((4, 1))},
         {"point_coords": xy(12).reshape(4, 3, 2), "point_labels": [[1, 0, 1]] * 4},
+        # 70 clicks per object: past the 64 points the programs were exported for.
+        {"point_coords": xy(280).reshape(4, 70, 2), "point_labels": np.ones((4, 70))},
     ]
 
 
