@@ -4,9 +4,10 @@
 from the same code the eager modes run, so their answers are the eager ones up to float
 reassociation:
 
-- ``decoder_side.pt2``, once per image: (image_embed, image_pe, no_mask_dense, high-res
-  features) -> the image side: the keys K, their positional encoding P and every
-  projection of them that the prompts read, as one flat list of tensors;
+- ``decoder_side.pt2``, once per image: (image_embed, high-res features) -> the image
+  side: the keys K, their positional encoding P and every projection of them that the
+  prompts read, as one flat list of tensors (the positional encoding and the no-mask
+  embedding are the prompt encoder's constants, inside the program);
 - ``decoder_prompts.pt2``, once per chunk of prompts: (sparse prompt embeddings
   (B, N, C), image side) -> IoU predictions (B, 4), hypernetwork outputs (B, 4, c) and
   the final keys (a, coef, vecs): the transformer, everything before the pixels;
@@ -81,14 +82,8 @@ class _SideProgram(torch.nn.Module):
     def forward(
         self, image_embed: torch.Tensor, high_res_s0: torch.Tensor, high_res_s1: torch.Tensor
     ) -> list[torch.Tensor]:
-        enc = self.prompt_encoder
-        side = self.fast.prepare(
-            image_embed,
-            enc.dense_positional_encoding(),
-            enc.no_mask_dense(),
-            (high_res_s0, high_res_s1),
-        )
-        _fill_cache(self.fast, side)
+        high_res = (high_res_s0, high_res_s1)
+        side, _ = _filled_side(self.fast, self.prompt_encoder, image_embed, high_res)
         return [t.contiguous() for t in side_leaves(side, self.layout)]
 
 
@@ -126,13 +121,25 @@ class _MasksProgram(torch.nn.Module):
         return self.fast.upscale(side, FinalKeys(a, coef, vecs, None, self.gain_name), hyper)
 
 
-def _fill_cache(fast: FastMaskDecoder, side: ImageSide) -> FinalKeys:
-    """Decode one dummy prompt: afterwards ``side.cache`` holds every projection."""
-    channels = side.keys.shape[-1]
-    sparse = side.keys.new_zeros((1, 2, channels))
+def _filled_side(
+    fast: FastMaskDecoder,
+    prompt_encoder: torch.nn.Module,
+    image_embed: torch.Tensor,
+    high_res_feats: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[ImageSide, str]:
+    """The image side with every projection in its cache, made by decoding one dummy
+    prompt (its outputs are dropped), and the name of the final keys' gain (the upscaling
+    finds its projection of K by it)."""
+    side = fast.prepare(
+        image_embed,
+        prompt_encoder.dense_positional_encoding(),
+        prompt_encoder.no_mask_dense(),
+        high_res_feats,
+    )
+    sparse = side.keys.new_zeros((1, 2, side.keys.shape[-1]))
     _, hyper, keys = fast.decode_prompts(side, sparse, ALL_MASKS)
     fast.upscale(side, keys, hyper)
-    return keys
+    return side, keys.gain_name
 
 
 def export_decoder_programs(
@@ -153,16 +160,8 @@ def export_decoder_programs(
     image_embed = image_embed.float().contiguous()
     high_res_feats = tuple(t.float().contiguous() for t in high_res_feats)
     with torch.inference_mode():
-        side_program = _SideProgram(fast, prompt_encoder, [])
-        side = fast.prepare(
-            image_embed,
-            prompt_encoder.dense_positional_encoding(),
-            prompt_encoder.no_mask_dense(),
-            high_res_feats,
-        )
-        keys = _fill_cache(fast, side)
+        side, gain_name = _filled_side(fast, prompt_encoder, image_embed, high_res_feats)
         layout = [(name, len(v) if isinstance(v, tuple) else 0) for name, v in side.cache.items()]
-        side_program.layout = layout
         leaves = [t.contiguous() for t in side_leaves(side, layout)]
         channels = image_embed.shape[1]
         sparse = torch.randn(4, 2, channels, generator=torch.Generator().manual_seed(0))
@@ -174,7 +173,12 @@ def export_decoder_programs(
     masks, rank = torch.export.Dim("masks", max=len(ALL_MASKS)), torch.export.Dim("rank")
     fixed = [None] * len(leaves)
     programs = (
-        (SIDE_PT2, side_program, (image_embed, *high_res_feats), None),
+        (
+            SIDE_PT2,
+            _SideProgram(fast, prompt_encoder, layout),
+            (image_embed, *high_res_feats),
+            None,
+        ),
         (
             PROMPTS_PT2,
             _PromptsProgram(fast, layout, side.size),
@@ -183,7 +187,7 @@ def export_decoder_programs(
         ),
         (
             MASKS_PT2,
-            _MasksProgram(fast, layout, side.size, keys.gain_name),
+            _MasksProgram(fast, layout, side.size, gain_name),
             (*finals, leaves),
             (
                 {0: prompts},
@@ -212,7 +216,7 @@ def export_decoder_programs(
         "backend": "aoti",
         "files": list(PROGRAM_FILES),
         "layout": [list(entry) for entry in layout],
-        "gain_name": keys.gain_name,
+        "gain_name": gain_name,
         "cpu": cpu_model(),
         "upscaling_dtype": str(fast.upscaling_dtype).removeprefix("torch."),
     }

@@ -60,7 +60,7 @@ BACKENDS = ("openvino", "aoti")
 # How the mask decoder runs from the artifacts: AOTInductor programs, or eagerly from heads.pt.
 DECODERS = ("aoti", "eager")
 # backend aoti: the image path as a torch.export + AOTInductor package (batch 1; a batch
-# of images runs image by image), loaded with torch._inductor.aoti_load_package.
+# of images runs image by image), run by AOTIProgram.
 ENCODER_PT2 = "image_encoder.pt2"
 OUTPUT_NAMES = ("image_embed", "high_res_s0", "high_res_s1")
 
