@@ -97,6 +97,9 @@ class MaskRecord(TypedDict):
     crop_box: list[float]  # XYWH of the crop the mask was found in
 
 
+LOW_RES_SIDE = 256  # the decoder's low-res logits are 256 x 256
+
+
 def finite_or_none(value: float) -> float | None:
     """JSON has no NaN: an empty mask's stability score (0/0, NaN as in Meta's records)
     is written as null by the CLI and the server."""
@@ -305,6 +308,22 @@ class AMGParams:
             values["point_grids"] = [[list(p) for p in grid] for grid in self.point_grids]
         return values
 
+    def crop_count(self) -> int:
+        """Crops AMG encodes: 4**i in layer i (the whole image is layer 0)."""
+        return sum(4**layer for layer in range(self.crop_n_layers + 1))
+
+    def click_count(self) -> int:
+        """Clicks AMG decodes over all crops, computed without building any grid."""
+        total = 0
+        for layer in range(self.crop_n_layers + 1):
+            if self.point_grids is not None:
+                per_crop = len(self.point_grids[layer])
+            else:
+                assert self.points_per_side is not None
+                per_crop = (self.points_per_side // self.crop_n_points_downscale_factor**layer) ** 2
+            total += per_crop * 4**layer
+        return total
+
     def layer_point_grids(self) -> list[np.ndarray]:
         """(N, 2) float64 grid of normalised (x, y) clicks for each crop layer."""
         if self.point_grids is not None:
@@ -449,15 +468,16 @@ class MaskGenerator:
         crop_boxes, layer_idxs = generate_crop_boxes(
             (height, width), p.crop_n_layers, p.crop_overlap_ratio
         )
-        n_batches = [
-            math.ceil(len(self._layer_grids[layer]) / p.points_per_batch) for layer in layer_idxs
-        ]
+        batch_size = self._batch_size((height, width))
+        n_batches = [math.ceil(len(self._layer_grids[layer]) / batch_size) for layer in layer_idxs]
         ticker = _Ticker(progress, sum(n_batches))
         parts = []
         for crop_box, layer in zip(crop_boxes, layer_idxs, strict=True):
             whole_image = crop_box == [0, 0, width, height]
             crop_embedding = embedding if whole_image else None
-            parts.append(self._process_crop(image, crop_box, layer, crop_embedding, ticker))
+            parts.append(
+                self._process_crop(image, crop_box, layer, crop_embedding, batch_size, ticker)
+            )
         masks = _Masks.concat(parts, self.predictor.device)
         if len(crop_boxes) > 1 and len(masks):
             # Duplicates between crops: prefer the mask from the smaller crop, which saw
@@ -472,6 +492,7 @@ class MaskGenerator:
         crop_box: list[int],
         layer: int,
         embedding: Embedding | None,
+        batch_size: int,
         ticker: _Ticker,
     ) -> _Masks:
         x0, y0, x1, y1 = crop_box
@@ -485,7 +506,7 @@ class MaskGenerator:
         # The decoder's per-image work (the fast decoder's image side) is done once per crop.
         context = self.predictor.decoder_context(embedding)
         parts = []
-        for batch in _batches(len(points), self.params.points_per_batch):
+        for batch in _batches(len(points), batch_size):
             parts.append(
                 self._process_batch(context, points[batch], crop_box, crop_size, image.shape[:2])
             )
@@ -494,6 +515,17 @@ class MaskGenerator:
         if not len(masks):
             return masks
         return masks.select(_nms(masks.boxes, masks.iou_preds, self.params.box_nms_thresh))
+
+    def _batch_size(self, image_size: tuple[int, int]) -> int:
+        """Clicks decoded together: ``points_per_batch``, or fewer when their masks (each
+        batch holds them all, as float32 low-res logits and then as bool masks at image
+        size, before filtering) would not fit in the predictor's ``mask_bytes_budget``.
+        Masks are independent of their batch, so the records are the same either way."""
+        masks_per_click = 3 if self.params.multimask_output else 1
+        height, width = image_size
+        per_mask = height * width + 4 * LOW_RES_SIDE**2
+        fit = self.predictor.mask_bytes_budget // (masks_per_click * per_mask)
+        return max(1, min(self.params.points_per_batch, fit))
 
     def _process_batch(
         self,
@@ -584,14 +616,13 @@ class MaskGenerator:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Bool masks at crop size and their stability scores from (N, 256, 256) logits.
 
-        Logits are upsampled straight to the crop size, as Meta does, one chunk at a time:
-        only a chunk's float logits and the batch's bool masks are ever alive.
+        Logits are upsampled straight to the crop size, as Meta does, one chunk at a time
+        (the predictor's mask byte budget): only a chunk's float logits and the batch's
+        bool masks are ever alive.
         """
         p = self.params
         masks, stability = [], []
-        for chunk in _batches(low_res.shape[0], self.predictor.prompt_chunk):
-            logits = self.predictor.upscale(low_res[chunk, None], crop_size, return_logits=True)
-            logits = logits[:, 0]
+        for _, logits in self.predictor.upscale_chunks(low_res, crop_size, return_logits=True):
             stability.append(
                 calculate_stability_score(
                     logits, p.mask_threshold, p.stability_score_offset

@@ -241,7 +241,21 @@ def _resize_one(
     writable = image.flags.writeable and image.flags.c_contiguous
     pixels = torch.from_numpy(image if writable else np.array(image, order="C")).to(device)
     # CHW and contiguous, as ToTensor produces: interpolate's result depends on layout.
-    chw = pixels.permute(2, 0, 1).contiguous().to(torch.float32) / 255
+    chw = pixels.permute(2, 0, 1).contiguous()
+    if chw[0].numel() <= _WHOLE_IMAGE_PIXELS:
+        return _resize(chw.to(torch.float32).div_(255), image_size)
+    # A large photo one channel at a time (the same numbers: the resize is per channel):
+    # a 36-megapixel image would otherwise hold 432 MB of float32 at once, not 144 MB.
+    return torch.stack(
+        [_resize(plane.to(torch.float32).div_(255)[None], image_size)[0] for plane in chw]
+    )
+
+
+# Up to this many pixels an image is resized in one call (faster for small images).
+_WHOLE_IMAGE_PIXELS = 4_000_000
+
+
+def _resize(chw: torch.Tensor, image_size: int) -> torch.Tensor:
     resized = torch.nn.functional.interpolate(
         chw[None],
         size=(image_size, image_size),

@@ -13,7 +13,7 @@ Nothing per request is stored on the Predictor, so one instance serves many thre
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,10 @@ BOX_LABELS = (2, 3)
 # Prompts per decoder call: every prompt carries its own (4096 x 256) image keys after the
 # first attention layer, ~25 MB of activations each in fp32, so chunks bound the memory.
 DEFAULT_PROMPT_CHUNK = 64
+# Bytes of full-resolution masks in flight while upsampling (float32 logits plus their
+# bool masks): the upsampling runs in chunks of masks within this budget, however many
+# prompts a call has and however large the image (one 36-megapixel mask is 180 MB).
+DEFAULT_MASK_BYTES_BUDGET = 256 * 1024 * 1024
 DECODERS = ("reference", "fast")
 # Below this many prompts per image the fast decoder's per-image side (~60 ms on this CPU,
 # about one reference prompt) does not pay off and the reference decoder is used: with
@@ -165,6 +169,7 @@ class Predictor:
         fast_min_prompts: int = FAST_DECODER_MIN_PROMPTS,
         upscaling_dtype: torch.dtype = torch.float32,
         fast_decoder: FastMaskDecoder | None = None,
+        mask_bytes_budget: int = DEFAULT_MASK_BYTES_BUDGET,
     ) -> None:
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
@@ -183,6 +188,9 @@ class Predictor:
             fast_decoder = FastMaskDecoder(model.sam_mask_decoder, upscaling_dtype)
         self.fast_decoder = fast_decoder
         self.fast_min_prompts = fast_min_prompts
+        if mask_bytes_budget < 1:
+            raise ValueError(f"mask_bytes_budget must be >= 1, got {mask_bytes_budget}")
+        self.mask_bytes_budget = mask_bytes_budget
 
     @property
     def device(self) -> torch.device:
@@ -232,14 +240,36 @@ class Predictor:
         0 background; boxes (4,) or (B, 4) XYXY; mask_input (1, 256, 256) or (B, 1, 256, 256)
         low-res logits of a previous prediction.
         """
-        h, w = embedding.original_size
+        low_res, iou = self.predict_low_res(
+            embedding,
+            point_coords,
+            point_labels,
+            boxes,
+            mask_input,
+            multimask_output,
+            normalize_coords,
+        )
+        masks = self.upscale(low_res, embedding.original_size, return_logits)
+        return Prediction(masks, iou, low_res.clamp(-LOW_RES_CLAMP, LOW_RES_CLAMP))
+
+    @torch.inference_mode()
+    def predict_low_res(
+        self,
+        embedding: Embedding,
+        point_coords: Any = None,
+        point_labels: Any = None,
+        boxes: Any = None,
+        mask_input: Any = None,
+        multimask_output: bool = True,
+        normalize_coords: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`predict` up to the low-res logits (B, C, 256, 256), not clamped, and the
+        IoU (B, C): for callers that upsample chunk by chunk (:meth:`upscale_chunks`)."""
         coords, labels = self.prepare_prompts(
-            (h, w), point_coords, point_labels, boxes, normalize_coords
+            embedding.original_size, point_coords, point_labels, boxes, normalize_coords
         )
         masks_in = self.prepare_mask_input(mask_input, coords)
-        low_res, iou = self.decode_low_res(embedding, coords, labels, masks_in, multimask_output)
-        masks = self.upscale(low_res, (h, w), return_logits)
-        return Prediction(masks, iou, low_res.clamp(-LOW_RES_CLAMP, LOW_RES_CLAMP))
+        return self.decode_low_res(embedding, coords, labels, masks_in, multimask_output)
 
     def decoder_context(self, embedding: Embedding) -> DecoderContext:
         """Per-image decoder state for ``embedding`` (one image); cheap in reference mode."""
@@ -337,21 +367,39 @@ class Predictor:
     def upscale(
         self, low_res: torch.Tensor, size: tuple[int, int], return_logits: bool = False
     ) -> torch.Tensor:
-        """Bilinear upsampling of low-res logits straight to the original size; thresholded
-        unless ``return_logits``. Done per chunk so only the bool masks stay in memory."""
-        out = []
-        for start in range(0, low_res.shape[0], self.prompt_chunk):
+        """Bilinear upsampling of (B, C, h, w) low-res logits straight to the original size;
+        thresholded unless ``return_logits``. Done in chunks within ``mask_bytes_budget``,
+        so only the bool masks stay in memory (see :meth:`upscale_chunks` to bound those
+        too)."""
+        batch, candidates = low_res.shape[:2]
+        parts = [
+            part for _, part in self.upscale_chunks(low_res.flatten(0, 1), size, return_logits)
+        ]
+        if not parts:  # no masks: an empty batch of the right shape
+            dtype = low_res.dtype if return_logits else torch.bool
+            return low_res.new_zeros((batch, candidates, *size), dtype=dtype)
+        masks = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return masks.view(batch, candidates, *size)
+
+    def masks_per_chunk(self, size: tuple[int, int]) -> int:
+        """How many full-size masks one chunk may hold: float32 logits + bool masks."""
+        height, width = size
+        return max(1, self.mask_bytes_budget // (height * width * 5))
+
+    def upscale_chunks(
+        self, low_res: torch.Tensor, size: tuple[int, int], return_logits: bool = False
+    ) -> Iterator[tuple[int, torch.Tensor]]:
+        """(start, (n, H, W) masks) for (N, h, w) low-res logits, chunk by chunk within
+        ``mask_bytes_budget``: bool masks, or float32 logits with ``return_logits``."""
+        step = self.masks_per_chunk(size)
+        for start in range(0, low_res.shape[0], step):
             up = F.interpolate(
-                low_res[start : start + self.prompt_chunk].float(),
+                low_res[start : start + step, None].float(),
                 size,
                 mode="bilinear",
                 align_corners=False,
-            )
-            out.append(up if return_logits else up > self.mask_threshold)
-        if not out:  # no masks: an empty batch of the right shape
-            dtype = low_res.dtype if return_logits else torch.bool
-            return low_res.new_zeros((0, low_res.shape[1], *size), dtype=dtype)
-        return out[0] if len(out) == 1 else torch.cat(out)
+            )[:, 0]
+            yield start, (up if return_logits else up > self.mask_threshold)
 
     # ---------------------------------------------------------------- prompts
     def prepare_prompts(

@@ -1,9 +1,12 @@
 """The FastAPI app: ``create_app(settings, predictor=None)``.
 
-A thin shell over the engine. Each request is parsed and checked on the event loop,
-images are decoded in a thread, and all model work goes through the model worker
+A thin shell over the engine. A request's body is read on the event loop and bounded
+there (size, time, JSON structure); parsing, validation, base64 and image decoding run in
+threads, and all model work goes through the model worker
 (:class:`~sam2serve.server.batching.ModelWorker`: one thread, batched encodes, bounded
-queue). Embeddings are cached by content hash (:mod:`sam2serve.server.cache`); concurrent
+queues, clicks before AMG). After the body, the work runs under
+:func:`~sam2serve.server.request_guard.run_guarded`: cancelled when the client hangs up,
+503 past ``request_timeout_s``. Embeddings are cached by content hash (:mod:`sam2serve.server.cache`); concurrent
 requests for the same uncached image share one encode. Every error a client can cause is
 a 4xx in the one error shape of :mod:`sam2serve.server.errors`, and leaves the server and
 its caches as they were.
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -59,10 +62,16 @@ from sam2serve.server.request_body import (
     parse_body,
     require_image,
 )
+from sam2serve.server.request_guard import run_guarded
 from sam2serve.server.service import ImageState, RequestClock, Service
 from sam2serve.server.settings import ServerSettings
 
 ENDPOINTS = ("/v1/embeddings", "/v1/segment", "/v1/amg", "/healthz", "/readyz", "/metrics")
+
+
+def client_address(request: Request) -> str:
+    """Who sent a request, for per-client limits: the peer's address."""
+    return request.client.host if request.client is not None else "unknown"
 
 
 def _json(model: BaseModel, status: int = 200) -> Response:
@@ -93,12 +102,14 @@ def _body_doc(model: type[BaseModel]) -> dict[str, Any]:
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": schemas.ErrorResponse, "description": description}
     for status, description in {
-        400: "Malformed body, base64 or image",
+        400: "Malformed body, JSON (or nested too deep), base64 or image",
         401: "Missing or wrong API key",
         404: "Unknown image_id or mask_id",
-        413: "Upload or image too large",
+        408: "The body did not arrive within body_timeout_s",
+        413: "Upload, image or JSON structure too large",
         415: "Unsupported Content-Type",
         422: "A field has a bad value",
+        429: "This client already has max_bulk_jobs_per_client AMG requests (see Retry-After)",
         503: "Overloaded, timed out or not ready (see Retry-After)",
     }.items()
 }
@@ -135,9 +146,18 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
         lifespan=lifespan,
     )
     app.state.service = service
-    install_error_handlers(app, service.metrics.observe_error)
+    install_error_handlers(
+        app,
+        service.metrics.observe_error,
+        on_disconnect=lambda path, stage: service.metrics.observe_disconnect(
+            path, stage, frozenset(ENDPOINTS)
+        ),
+    )
     app.add_middleware(
-        BodyLimitMiddleware, limit=settings.max_body_bytes, observe=service.metrics.observe_error
+        BodyLimitMiddleware,
+        limit=settings.max_body_bytes,
+        timeout_s=settings.body_timeout_s,
+        observe=service.metrics.observe_error,
     )
     app.add_middleware(RequestMetricsMiddleware, metrics=service.metrics, endpoints=ENDPOINTS)
     if settings.cors_origins:
@@ -151,18 +171,9 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
     auth = Depends(require_api_key)
     v1 = APIRouter(prefix="/v1", dependencies=[auth], responses=ERROR_RESPONSES)
 
-    async def within_timeout(work: Callable[[], Any]) -> Any:
-        try:
-            async with asyncio.timeout(settings.request_timeout_s):
-                return await work()
-        except TimeoutError:
-            raise ApiError(
-                503,
-                "timeout",
-                f"the request did not finish within {settings.request_timeout_s:g} s "
-                "(request_timeout_s); the server is busy, retry later",
-                headers=service.retry_headers(),
-            ) from None
+    def guarded(request: Request, work: Callable[[], Awaitable[Response]]) -> Awaitable[Response]:
+        """The work after the body: within request_timeout_s, cancelled if the client goes."""
+        return run_guarded(request, work, settings.request_timeout_s, service.retry_headers)
 
     async def read(request: Request, model: type[ModelT]) -> tuple[ModelT, bytes | None]:
         started = time.perf_counter()
@@ -195,14 +206,15 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
         openapi_extra=_body_doc(schemas.EmbeddingRequest),
     )
     async def embeddings(request: Request) -> Response:
+        clock = RequestClock()
+        _, data = await read(request, schemas.EmbeddingRequest)
+        require_image(data)
+
         async def work() -> Response:
-            clock = RequestClock()
-            _, data = await read(request, schemas.EmbeddingRequest)
-            require_image(data)
             image = await service.image_from_bytes(data, clock)
             return _json(schemas.EmbeddingResponse(**image_fields(image), **clock.timed()))
 
-        return await within_timeout(work)
+        return await guarded(request, work)
 
     @v1.post(
         "/segment",
@@ -211,10 +223,11 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
         openapi_extra=_body_doc(schemas.SegmentRequest),
     )
     async def segment(request: Request) -> Response:
+        clock = RequestClock()
+        body, data = await read(request, schemas.SegmentRequest)
+        check_prompt_counts(body, settings)
+
         async def work() -> Response:
-            clock = RequestClock()
-            body, data = await read(request, schemas.SegmentRequest)
-            check_prompt_counts(body, settings)
             image = await service.resolve_image(
                 data, body.image_id, clock, check_size=lambda size: check_prompt_bounds(body, size)
             )
@@ -227,7 +240,12 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
 
             def run(context: JobContext) -> DecodedMasks:
                 return decode_objects(
-                    predictor, image.embedding, body.objects, mask_inputs, body.multimask_output
+                    predictor,
+                    image.embedding,
+                    body.objects,
+                    mask_inputs,
+                    body.multimask_output,
+                    check=context.check,
                 )
 
             try:
@@ -255,7 +273,7 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
                 schemas.SegmentResponse(**image_fields(image), objects=objects, **clock.timed())
             )
 
-        return await within_timeout(work)
+        return await guarded(request, work)
 
     @v1.post(
         "/amg",
@@ -264,11 +282,12 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
         openapi_extra=_body_doc(schemas.AMGRequest),
     )
     async def amg(request: Request) -> Response:
+        clock = RequestClock()
+        body, data = await read(request, schemas.AMGRequest)
+        require_image(data, "; AMG needs the pixels, not an image_id")
+        params = amg_params(body.params, settings)
+
         async def work() -> Response:
-            clock = RequestClock()
-            body, data = await read(request, schemas.AMGRequest)
-            require_image(data, "; AMG needs the pixels, not an image_id")
-            params = amg_params(body.params, settings)
             generator = MaskGenerator(predictor, **params.to_dict())
             pixels = await service.decode(data)
             image = await service.image_from_bytes(data, clock, pixels)
@@ -278,7 +297,7 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
                     pixels, embedding=image.embedding, progress=lambda done, total: context.check()
                 )
 
-            records = await service.run_job("amg", run, clock)
+            records = await service.run_job("amg", run, clock, bulk=True)
             segmentations = await formatted([r["segmentation"] for r in records], body.mask_format)
             masks = [
                 schemas.AMGRecord(
@@ -299,7 +318,8 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
                 )
             )
 
-        return await within_timeout(work)
+        with service.bulk_slot(client_address(request)):
+            return await guarded(request, work)
 
     app.include_router(v1)
 
@@ -329,7 +349,16 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
             weights=service.weights,
         )
 
-    @app.get("/metrics", dependencies=[auth], summary="Prometheus metrics", response_class=Response)
+    @app.get(
+        "/metrics",
+        dependencies=[auth],
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={
+            200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+            401: ERROR_RESPONSES[401],
+        },
+    )
     async def metrics() -> Response:
         content, media_type = service.metrics.render()
         return Response(content, media_type=media_type)

@@ -7,11 +7,20 @@ then up to ``max_batch_size`` images go through ONE ``Predictor.encode`` call. O
 (mask decoding, AMG, warm-up) run one at a time. The model is used by this one thread
 only, and the predictor holds no request state, so requests cannot see each other's data.
 
-When ``max_queue`` jobs are already waiting, :meth:`ModelWorker.submit` raises
-:class:`QueueFull` at once (the service answers 503 with Retry-After) instead of letting
-latency grow without bound. A job whose requester gave up is removed from the queue
-(:meth:`JobHandle.cancel`); a running job is told through :attr:`JobContext.cancelled`,
-which long jobs (AMG) check between decoder batches.
+Two queues keep one client's bulk work from starving everyone's clicks: *interactive*
+jobs (encodes, mask decoding) and *bulk* jobs (AMG). The worker takes interactive jobs
+first, and a running bulk job hands the thread back at every checkpoint
+(:meth:`JobContext.check`, between AMG decoder batches): whatever interactive jobs are
+waiting run there and then, on the same thread, before the bulk job goes on. So a click
+waits for at most one AMG batch, not for a whole AMG.
+
+When a queue is full (``max_queue`` interactive, ``max_bulk_queue`` bulk jobs waiting),
+:meth:`ModelWorker.submit` raises :class:`QueueFull` at once (the service answers 503
+with Retry-After) instead of letting latency grow without bound. A job whose requester
+gave up is removed from the queue (:meth:`JobHandle.cancel`); a running job is told
+through :attr:`JobContext.cancelled`, which long jobs check between decoder batches.
+After a job, when nothing waits, ``on_idle`` runs (the service returns freed memory to
+the operating system there).
 """
 
 from __future__ import annotations
@@ -66,13 +75,19 @@ class JobTiming:
 
 @dataclass
 class JobContext:
-    """Handed to a job's function: lets a long job stop early when nobody waits for it."""
+    """Handed to a job's function: lets a long job stop early when nobody waits for it,
+    and (a bulk job) let waiting interactive jobs run at its checkpoints."""
 
     cancelled: threading.Event = field(default_factory=threading.Event)
+    yield_to: Callable[[], None] | None = None
 
     def check(self) -> None:
+        """A checkpoint: raise :class:`JobCancelled` if the requester has gone; otherwise
+        run the interactive jobs waiting meanwhile (bulk jobs only)."""
         if self.cancelled.is_set():
             raise JobCancelled("the request was abandoned (timeout or disconnect)")
+        if self.yield_to is not None:
+            self.yield_to()
 
 
 @dataclass(eq=False)
@@ -83,6 +98,7 @@ class _Job:
     context: JobContext
     fn: Callable[[JobContext], Any] | None = None
     pixels: np.ndarray | None = None
+    bulk: bool = False
 
 
 class JobHandle:
@@ -103,6 +119,7 @@ class JobHandle:
 
 # Called after each batch: kind, batch size, per-job queue seconds, run seconds.
 BatchObserver = Callable[[str, int, list[float], float], None]
+INTERACTIVE, BULK = "interactive", "bulk"
 
 
 class ModelWorker:
@@ -115,16 +132,25 @@ class ModelWorker:
         max_batch_size: int = 4,
         max_wait_s: float = 0.01,
         max_queue: int = 32,
+        max_bulk_queue: int = 8,
         on_batch: BatchObserver | None = None,
+        on_cancel: Callable[[str], None] | None = None,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
-        if max_batch_size < 1 or max_queue < 1 or max_wait_s < 0:
-            raise ValueError("max_batch_size and max_queue must be >= 1, max_wait_s >= 0")
+        if max_batch_size < 1 or max_queue < 1 or max_bulk_queue < 1 or max_wait_s < 0:
+            raise ValueError(
+                "max_batch_size, max_queue and max_bulk_queue must be >= 1, max_wait_s >= 0"
+            )
         self.predictor = predictor
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         self.max_queue = max_queue
+        self.max_bulk_queue = max_bulk_queue
         self._on_batch = on_batch
-        self._pending: deque[_Job] = deque()
+        self._on_cancel = on_cancel
+        self._on_idle = on_idle
+        self._pending: deque[_Job] = deque()  # interactive
+        self._bulk: deque[_Job] = deque()
         self._cond = threading.Condition()
         self._stopping = False
         self._busy = False
@@ -142,8 +168,9 @@ class ModelWorker:
         """Fail every waiting job, let the running one finish, and end the thread."""
         with self._cond:
             self._stopping = True
-            pending = list(self._pending)
+            pending = [*self._pending, *self._bulk]
             self._pending.clear()
+            self._bulk.clear()
             self._cond.notify_all()
         for job in pending:
             if job.future.set_running_or_notify_cancel():
@@ -156,38 +183,62 @@ class ModelWorker:
         """Encode one uint8 (H, W, 3) image; resolves to ``(Embedding, JobTiming)``."""
         return self._submit(ENCODE, pixels=pixels)
 
-    def submit(self, kind: str, fn: Callable[[JobContext], Any]) -> JobHandle:
-        """Run ``fn(context)`` alone on the worker; resolves to ``(result, JobTiming)``."""
+    def submit(
+        self, kind: str, fn: Callable[[JobContext], Any], *, bulk: bool = False
+    ) -> JobHandle:
+        """Run ``fn(context)`` alone on the worker; resolves to ``(result, JobTiming)``.
+        A ``bulk`` job waits in the bulk queue and yields to interactive jobs at its
+        checkpoints (``context.check()``)."""
         if kind == ENCODE:
             raise ValueError("use submit_encode for encode jobs")
-        return self._submit(kind, fn=fn)
+        return self._submit(kind, fn=fn, bulk=bulk)
 
     def _submit(self, kind: str, **payload: Any) -> JobHandle:
         job = _Job(kind, Future(), time.monotonic(), JobContext(), **payload)
+        if job.bulk:
+            job.context.yield_to = self._serve_interactive
+        queue, limit = (
+            (self._bulk, self.max_bulk_queue) if job.bulk else (self._pending, self.max_queue)
+        )
         with self._cond:
             if self._stopping:
                 raise WorkerStopped("the server is shutting down")
-            if len(self._pending) >= self.max_queue:
-                raise QueueFull(len(self._pending), self._retry_after_locked())
-            self._pending.append(job)
+            if len(queue) >= limit:
+                raise QueueFull(len(queue), self._retry_after_locked())
+            queue.append(job)
             self._cond.notify_all()
         return JobHandle(self, job)
 
     def _cancel(self, job: _Job) -> None:
         with self._cond:
             try:
-                self._pending.remove(job)
+                (self._bulk if job.bulk else self._pending).remove(job)
+                dropped = True
             except ValueError:
-                pass  # already taken by the worker
+                dropped = False  # already taken by the worker (or finished)
         job.context.cancelled.set()
         job.future.cancel()  # succeeds only if the job has not started
+        if dropped:
+            self._cancelled(job.kind)
+
+    def _cancelled(self, kind: str) -> None:
+        if self._on_cancel is not None:
+            try:
+                self._on_cancel(kind)
+            except Exception:  # metrics must never fail a job
+                log.exception("cancel observer failed")
 
     # ------------------------------------------------------------------ state
     @property
     def depth(self) -> int:
-        """Jobs waiting to run (not counting the one running)."""
+        """Jobs waiting to run in both queues (not counting the one running)."""
         with self._cond:
-            return len(self._pending)
+            return len(self._pending) + len(self._bulk)
+
+    def depths(self) -> dict[str, int]:
+        """Jobs waiting, per queue."""
+        with self._cond:
+            return {INTERACTIVE: len(self._pending), BULK: len(self._bulk)}
 
     @property
     def busy(self) -> bool:
@@ -199,7 +250,7 @@ class ModelWorker:
 
     def _retry_after_locked(self) -> int:
         """Seconds until the queue has likely drained: jobs ahead times the mean run time."""
-        estimate = (len(self._pending) + 1) * self._mean_run_s
+        estimate = (len(self._pending) + len(self._bulk) + 1) * self._mean_run_s
         return int(min(MAX_RETRY_AFTER_S, max(1, math.ceil(estimate))))
 
     # ------------------------------------------------------------------ the thread
@@ -208,16 +259,26 @@ class ModelWorker:
             batch = self._next_batch()
             if batch is None:
                 return
-            live = [job for job in batch if job.future.set_running_or_notify_cancel()]
-            if live:
-                self._run(live)
+            self._run_live(batch)
+            if self._on_idle is not None and not self.depth:
+                try:
+                    self._on_idle()
+                except Exception:
+                    log.exception("idle hook failed")
+
+    def _run_live(self, batch: list[_Job]) -> None:
+        live = [job for job in batch if job.future.set_running_or_notify_cancel()]
+        if live:
+            self._run(live)
 
     def _next_batch(self) -> list[_Job] | None:
         with self._cond:
-            while not self._pending and not self._stopping:
+            while not self._pending and not self._bulk and not self._stopping:
                 self._cond.wait()
             if self._stopping:
                 return None
+            if not self._pending:
+                return [self._bulk.popleft()]
             head = self._pending.popleft()
             batch = [head]
             if head.kind != ENCODE or self.max_batch_size == 1:
@@ -230,6 +291,18 @@ class ModelWorker:
                     return batch
                 self._cond.wait(remaining)
 
+    def _serve_interactive(self) -> None:
+        """(On the worker thread, inside a bulk job.) Run the interactive jobs waiting now,
+        encodes batched as usual but without waiting for more to join."""
+        while True:
+            with self._cond:
+                if not self._pending or self._stopping:
+                    return
+                batch = [self._pending.popleft()]
+                if batch[0].kind == ENCODE:
+                    self._take_encodes(batch)
+            self._run_live(batch)
+
     def _take_encodes(self, batch: list[_Job]) -> None:
         """Move waiting encode jobs into ``batch`` (keeping other jobs' order)."""
         for job in [j for j in self._pending if j.kind == ENCODE]:
@@ -241,7 +314,7 @@ class ModelWorker:
     def _run(self, jobs: list[_Job]) -> None:
         started = time.monotonic()
         queue_s = [started - job.enqueued for job in jobs]
-        self._busy = True
+        was_busy, self._busy = self._busy, True
         try:
             if jobs[0].kind == ENCODE:
                 results: list[Any] = self._encode(jobs)
@@ -250,6 +323,8 @@ class ModelWorker:
                 assert job.fn is not None
                 results = [job.fn(job.context)]
         except BaseException as exc:  # every waiter must hear of the failure
+            if isinstance(exc, JobCancelled):
+                self._cancelled(jobs[0].kind)
             self._finish(jobs[0].kind, len(jobs), queue_s, time.monotonic() - started)
             for job in jobs:
                 job.future.set_exception(exc)
@@ -257,7 +332,7 @@ class ModelWorker:
                 raise
             return
         finally:
-            self._busy = False
+            self._busy = was_busy
         run_s = time.monotonic() - started
         # Observed before the waiters resume, so metrics already count what they answer.
         self._finish(jobs[0].kind, len(jobs), queue_s, run_s)

@@ -1,7 +1,8 @@
-"""The request body size limit, as ASGI middleware."""
+"""The request body's limits, as ASGI middleware: its size and the time it may take."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 
@@ -12,12 +13,21 @@ from sam2serve.server.errors import ApiError, error_body
 
 class BodyLimitMiddleware:
     """413 for bodies over ``limit`` bytes: at once from Content-Length, or as soon as a
-    streamed body passes the limit (pure ASGI, so the body is never buffered whole here)."""
+    streamed body passes the limit (pure ASGI, so the body is never buffered whole here).
+    408 for a body that has not arrived whole ``timeout_s`` after the request started (a
+    slow or stalled client holds a connection and a buffer, never the server)."""
 
-    def __init__(self, app: ASGIApp, limit: int, observe: Callable[[int, str], None]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        observe: Callable[[int, str], None],
+        timeout_s: float = 60.0,
+    ) -> None:
         self.app = app
         self.limit = limit
         self.observe = observe
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -37,14 +47,29 @@ class BodyLimitMiddleware:
             await send({"type": "http.response.body", "body": body.encode()})
             return
         received = 0
+        body_done = False
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
 
         async def counting_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done:  # after the body only a disconnect can come: no deadline
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise ApiError(
+                    408,
+                    "body_timeout",
+                    f"the request body did not arrive within {self.timeout_s:g} s "
+                    f"(body_timeout_s; {received} bytes came); send it faster or smaller",
+                    headers={"Connection": "close"},
+                ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
                     raise ApiError(413, "upload_too_large", self._message(received))
+                body_done = not message.get("more_body", False)
             return message
 
         await self.app(scope, counting_receive, send)

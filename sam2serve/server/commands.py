@@ -221,6 +221,45 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
         "then 503 with Retry-After (default: %(default)s)",
     )
 
+    limits.add_argument(
+        "--max-amg-crops",
+        type=int,
+        default=d.max_amg_crops,
+        metavar="N",
+        help="crops one /v1/amg request may encode (default: %(default)s, crop_n_layers 2)",
+    )
+    limits.add_argument(
+        "--max-json-items",
+        type=int,
+        default=d.max_json_items,
+        metavar="N",
+        help="JSON arrays, objects and separators in one body, counted before parsing "
+        "(413 above; default: %(default)s)",
+    )
+    connections = serve.add_argument_group("connections and slow clients")
+    connections.add_argument(
+        "--header-timeout",
+        type=float,
+        default=d.header_timeout_s,
+        metavar="S",
+        help="seconds for a request's line and headers; then the connection is closed "
+        "(default: %(default)s)",
+    )
+    connections.add_argument(
+        "--body-timeout",
+        type=float,
+        default=d.body_timeout_s,
+        metavar="S",
+        help="seconds for the whole request body; then 408 (default: %(default)s)",
+    )
+    connections.add_argument(
+        "--max-connections",
+        type=int,
+        default=d.max_connections,
+        metavar="N",
+        help="open connections at once; more get 503 (default: %(default)s)",
+    )
+
     batching = serve.add_argument_group("batching and queue")
     batching.add_argument(
         "--max-batch-size",
@@ -241,7 +280,24 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=d.max_queue,
         metavar="N",
-        help="model jobs waiting before new requests get 503 (default: %(default)s)",
+        help="interactive model jobs (encodes, clicks) waiting before new ones get 503 "
+        "(default: %(default)s)",
+    )
+    batching.add_argument(
+        "--max-bulk-queue",
+        type=int,
+        default=d.max_bulk_queue,
+        metavar="N",
+        help="AMG jobs waiting before new ones get 503; they yield to clicks between "
+        "decoder batches (default: %(default)s)",
+    )
+    batching.add_argument(
+        "--max-bulk-per-client",
+        type=int,
+        default=d.max_bulk_jobs_per_client,
+        metavar="N",
+        help="AMG requests one client address may have queued or running; more get 429 "
+        "(default: %(default)s)",
     )
 
     caches = serve.add_argument_group("caches")
@@ -388,6 +444,13 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
         max_objects=args.max_objects,
         max_points_per_object=args.max_points_per_object,
         max_amg_points=args.max_amg_points,
+        max_amg_crops=args.max_amg_crops,
+        max_json_items=args.max_json_items,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        max_connections=args.max_connections,
+        max_bulk_queue=args.max_bulk_queue,
+        max_bulk_jobs_per_client=args.max_bulk_per_client,
         request_timeout_s=args.request_timeout,
         max_batch_size=args.max_batch_size,
         max_wait_ms=args.max_wait_ms,
@@ -407,6 +470,13 @@ FLAG_OF_SETTING = {
     "max_objects": "--max-objects",
     "max_points_per_object": "--max-points-per-object",
     "max_amg_points": "--max-amg-points",
+    "max_amg_crops": "--max-amg-crops",
+    "max_json_items": "--max-json-items",
+    "header_timeout_s": "--header-timeout",
+    "body_timeout_s": "--body-timeout",
+    "max_connections": "--max-connections",
+    "max_bulk_queue": "--max-bulk-queue",
+    "max_bulk_jobs_per_client": "--max-bulk-per-client",
     "request_timeout_s": "--request-timeout",
     "max_batch_size": "--max-batch-size",
     "max_wait_ms": "--max-wait-ms",
@@ -438,6 +508,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from sam2serve.accel.export import ArtifactError
     from sam2serve.checkpoint import CheckpointError
     from sam2serve.server.app import create_app
+    from sam2serve.server.http_server import uvicorn_config
 
     try:
         app = create_app(settings)
@@ -451,7 +522,14 @@ def serve_command(args: argparse.Namespace) -> int:
         f"http://{args.host}:{args.port} - API docs at /docs",
         file=sys.stderr,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    config = uvicorn_config(app, settings, args.host, args.port, log_level=args.log_level)
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it drained for (as uvicorn.run)
+        pass
+    if not server.started:  # e.g. the port is in use; uvicorn has said why
+        return EXIT_FAILED
     return EXIT_OK
 
 

@@ -15,15 +15,29 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("sam2serve.server")
 
-# Shown for at most this many validation errors in one message (all are in "details").
+# Shown for at most this many validation errors in one message, and this many in
+# "details" (a body of 10,000 bad values gets a short answer, not a 10,000-line one).
 _MAX_ERRORS_IN_MESSAGE = 5
+_MAX_ERROR_DETAILS = 20
 _MAX_INPUT_REPR = 60
+# What the API's string patterns mean, for messages a person can act on.
+IMAGE_ID_PATTERN = "^[0-9a-f]{64}$"
+MASK_ID_PATTERN = "^[A-Za-z0-9_-]{1,64}$"
+_PATTERN_MEANINGS = {
+    IMAGE_ID_PATTERN: "expected the 64-character hex id a previous response returned",
+    MASK_ID_PATTERN: "expected a mask_id a previous response returned (letters, digits, "
+    "'-' and '_', at most 64)",
+}
+
+# Status logged and counted for a request whose client went away (nginx's convention);
+# nothing is sent, since nobody is listening.
+CLIENT_CLOSED_REQUEST = 499
 
 
 class ApiError(Exception):
@@ -46,7 +60,17 @@ class ApiError(Exception):
         self.details = details
 
 
+class ClientGone(Exception):
+    """The client closed the connection; ``stage`` is 'upload' (during the body) or
+    'processing' (after it). Not an error of ours: answered with nothing, logged quietly."""
+
+    def __init__(self, stage: str) -> None:
+        super().__init__(f"the client went away during {stage}")
+        self.stage = stage
+
+
 ErrorObserver = Callable[[int, str], None]
+DisconnectObserver = Callable[[str, str], None]  # (path, stage)
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -101,17 +125,35 @@ def describe_validation_errors(
             message = "unknown field" + _accepted_fields(model, error.get("loc", ()))
         elif error.get("type") == "missing":
             message = "field required"
+        elif error.get("type") == "string_pattern_mismatch":
+            meaning = _PATTERN_MEANINGS.get(str(error.get("ctx", {}).get("pattern")))
+            shown = short_repr(error.get("input"))
+            message = f"{meaning}, got {shown}" if meaning else f"{message}, got {shown}"
         elif "input" in error and error.get("type") not in ("model_type", "dict_type"):
-            shown = repr(error["input"])
-            if len(shown) > _MAX_INPUT_REPR:
-                shown = shown[: _MAX_INPUT_REPR - 3] + "..."
-            message = f"{message}, got {shown}"
+            message = f"{message}, got {short_repr(error['input'])}"
         details.append({"field": where, "message": message})
     parts = [f"{d['field']}: {d['message']}" for d in details[:_MAX_ERRORS_IN_MESSAGE]]
     more = len(details) - _MAX_ERRORS_IN_MESSAGE
     if more > 0:
         parts.append(f"and {more} more (see details)")
-    return "; ".join(parts), details
+    return "; ".join(parts), details[:_MAX_ERROR_DETAILS]
+
+
+def short_repr(value: Any, limit: int = _MAX_INPUT_REPR) -> str:
+    """``repr(value)`` cut to ``limit`` characters; an integer too long for Python to
+    print (over 4300 digits) is described by its size instead of raising."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4000:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    if isinstance(value, (list, tuple, dict, str, bytes)) and len(value) > limit:
+        # repr of a huge container costs time and memory: show its start only.
+        head = value[:limit] if not isinstance(value, dict) else dict(list(value.items())[:4])
+        shown = repr(head)
+    else:
+        try:
+            shown = repr(value)
+        except ValueError:  # a nested integer too long to print
+            shown = f"a {type(value).__name__}"
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
 def _accepted_fields(model: type[BaseModel] | None, loc: Sequence[Any]) -> str:
@@ -148,7 +190,11 @@ def validation_error(exc: ValidationError, model: type[BaseModel] | None = None)
     return ApiError(422, "invalid_request", message, details=details)
 
 
-def install_error_handlers(app: FastAPI, observe: ErrorObserver | None = None) -> None:
+def install_error_handlers(
+    app: FastAPI,
+    observe: ErrorObserver | None = None,
+    on_disconnect: DisconnectObserver | None = None,
+) -> None:
     """Register the handlers that give every error the one shape (and count them)."""
 
     def respond(error: ApiError) -> JSONResponse:
@@ -175,11 +221,19 @@ def install_error_handlers(app: FastAPI, observe: ErrorObserver | None = None) -
             message = f"{request.method} is not allowed on {request.url.path!r}; see /docs"
         return respond(ApiError(exc.status_code, code, message, headers=exc.headers))
 
+    async def on_client_gone(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ClientGone)
+        log.info("client went away during %s: %s %s", exc.stage, request.method, request.url.path)
+        if on_disconnect is not None:
+            on_disconnect(request.url.path, exc.stage)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return respond(ApiError(500, "internal_error", "internal server error; it has been logged"))
 
     app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(ClientGone, on_client_gone)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_unexpected)

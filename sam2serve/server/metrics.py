@@ -2,8 +2,9 @@
 
 Request latency per endpoint, latency per stage (image decode, queue, encode, mask
 decode, AMG, output formatting), queue wait per job kind, encoder batch sizes, errors by
-code, requests in flight; cache counters, queue depth and process memory are read from
-their owners at scrape time.
+code, requests in flight, client disconnects, cancelled jobs; cache counters, queue depth
+per queue, process memory and its limit are read from their owners at scrape time. The
+names are the contract of deploy/grafana and deploy/prometheus (a test checks them).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sam2serve.server.cache import CacheStats
+from sam2serve.server.memory import memory_limit_bytes
 
 PREFIX = "sam2serve"
 LATENCY_BUCKETS = (
@@ -56,10 +58,11 @@ class _StateCollector(Collector):
     def __init__(
         self,
         caches: dict[str, Callable[[], CacheStats]],
-        queue_depth: Callable[[], int],
+        queue_depths: Callable[[], dict[str, int]],
     ) -> None:
         self._caches = caches
-        self._queue_depth = queue_depth
+        self._queue_depths = queue_depths
+        self._memory_limit = memory_limit_bytes()
 
     def collect(self) -> Iterable[Metric]:
         def family(kind: type, name: str, doc: str) -> Metric:
@@ -84,14 +87,25 @@ class _StateCollector(Collector):
             entries.add_metric([name], stats.entries)
             budget.add_metric([name], stats.budget)
         yield from (hits, misses, evictions, size, entries, budget)
-        depth = GaugeMetricFamily(f"{PREFIX}_queue_depth", "Model jobs waiting to run.")
-        depth.add_metric([], self._queue_depth())
+        depth = GaugeMetricFamily(
+            f"{PREFIX}_queue_depth",
+            "Model jobs waiting to run, by queue (interactive: encodes and clicks; bulk: AMG).",
+            labels=["queue"],
+        )
+        for queue, waiting in self._queue_depths().items():
+            depth.add_metric([queue], waiting)
         yield depth
         peak = GaugeMetricFamily(
             f"{PREFIX}_process_peak_rss_bytes", "Peak resident memory of the server process."
         )
         peak.add_metric([], _peak_rss_bytes())
         yield peak
+        limit = GaugeMetricFamily(
+            f"{PREFIX}_memory_limit_bytes",
+            "Memory the process may use: its cgroup's limit, else the machine's memory.",
+        )
+        limit.add_metric([], self._memory_limit)
+        yield limit
 
 
 def _peak_rss_bytes() -> int:
@@ -149,13 +163,29 @@ class Metrics:
             ["code", "status"],
             registry=r,
         )
+        self.client_disconnects = Counter(
+            f"{PREFIX}_client_disconnects",
+            "Requests whose client closed the connection, by endpoint and stage (upload: "
+            "during the body; processing: after it, the work was cancelled).",
+            ["endpoint", "stage"],
+            registry=r,
+        )
+        self.jobs_cancelled = Counter(
+            f"{PREFIX}_jobs_cancelled",
+            "Model jobs dropped from the queue or stopped early because nobody waited for "
+            "them any more, by job kind.",
+            ["kind"],
+            registry=r,
+        )
         self.ready = Gauge(f"{PREFIX}_ready", "1 once the model is loaded and warm.", registry=r)
         self.model_info = Info(f"{PREFIX}_model", "The model being served.", registry=r)
 
     def watch(
-        self, caches: dict[str, Callable[[], CacheStats]], queue_depth: Callable[[], int]
+        self,
+        caches: dict[str, Callable[[], CacheStats]],
+        queue_depths: Callable[[], dict[str, int]],
     ) -> None:
-        self.registry.register(_StateCollector(caches, queue_depth))
+        self.registry.register(_StateCollector(caches, queue_depths))
 
     def observe_batch(self, kind: str, size: int, queue_s: list[float], run_s: float) -> None:
         self.batch_size.labels(kind).observe(size)
@@ -167,6 +197,13 @@ class Metrics:
 
     def observe_error(self, status: int, code: str) -> None:
         self.errors.labels(code, str(status)).inc()
+
+    def observe_disconnect(self, path: str, stage: str, endpoints: frozenset[str]) -> None:
+        endpoint = path if path in endpoints else OTHER_ENDPOINT
+        self.client_disconnects.labels(endpoint, stage).inc()
+
+    def observe_cancel(self, kind: str) -> None:
+        self.jobs_cancelled.labels(kind).inc()
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -7,6 +7,7 @@ For /v1/amg: the AMG parameters, and the number of clicks they would decode.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +15,7 @@ import torch
 
 from sam2serve.engine.amg import AMGParamError, AMGParams
 from sam2serve.engine.masks import batched_mask_to_box, box_xyxy_to_xywh
-from sam2serve.engine.predictor import Embedding, Predictor
+from sam2serve.engine.predictor import LOW_RES_CLAMP, Embedding, Predictor
 from sam2serve.engine.rle import Rle, masks_to_rle
 from sam2serve.server import schemas
 from sam2serve.server.errors import ApiError
@@ -102,9 +103,14 @@ def decode_objects(
     objects: list[schemas.ObjectPrompt],
     mask_inputs: list[torch.Tensor | None],
     multimask_output: bool,
+    check: Callable[[], None] = lambda: None,
 ) -> DecodedMasks:
     """Masks for every object: one decoder call for all of them (two when only some
-    objects carry a previous mask: the decoder takes a mask for all prompts or none)."""
+    objects carry a previous mask: the decoder takes a mask for all prompts or none).
+
+    The full-size masks are made, encoded as RLE and dropped chunk by chunk (the
+    predictor's mask byte budget), so memory does not grow with objects x image size;
+    ``check()`` runs between chunks (it raises when the client has gone)."""
     groups = [
         [i for i, m in enumerate(mask_inputs) if m is None],
         [i for i, m in enumerate(mask_inputs) if m is not None],
@@ -119,24 +125,28 @@ def decode_objects(
         masks_in = None
         if mask_inputs[group[0]] is not None:
             masks_in = torch.stack([mask_inputs[i] for i in group])  # (B, 1, 256, 256)
-        prediction = predictor.predict(
+        logits, iou = predictor.predict_low_res(
             embedding,
             point_coords=coords,
             point_labels=labels,
             mask_input=masks_in,
             multimask_output=multimask_output,
         )
-        count, candidates = prediction.iou_scores.shape
-        flat = prediction.masks.reshape(count * candidates, *prediction.masks.shape[2:])
-        group_rles = masks_to_rle(flat)
-        group_boxes = box_xyxy_to_xywh(batched_mask_to_box(flat)).float().cpu().tolist()
-        group_scores = prediction.iou_scores.float().cpu().tolist()
+        candidates = iou.shape[1]
+        group_rles: list[Rle] = []
+        group_boxes: list[list[float]] = []
+        for _, masks in predictor.upscale_chunks(logits.flatten(0, 1), embedding.original_size):
+            check()
+            group_rles += masks_to_rle(masks)
+            group_boxes += box_xyxy_to_xywh(batched_mask_to_box(masks)).float().cpu().tolist()
+        group_scores = iou.float().cpu().tolist()
+        clamped = logits.clamp(-LOW_RES_CLAMP, LOW_RES_CLAMP)
         for row, index in enumerate(group):
             span = slice(row * candidates, (row + 1) * candidates)
             rles[index] = group_rles[span]
             boxes[index] = group_boxes[span]
             scores[index] = group_scores[row]
-            low_res[index] = prediction.low_res_logits[row]
+            low_res[index] = clamped[row]
     return DecodedMasks(rles, scores, boxes, low_res)
 
 
@@ -148,7 +158,16 @@ def amg_params(options: schemas.AMGOptions, settings: ServerSettings) -> AMGPara
         params = AMGParams.from_dict({**values, "output_mode": "uncompressed_rle"})
     except AMGParamError as exc:
         raise ApiError(422, "invalid_request", f"params: {exc}") from None
-    clicks = amg_clicks(params)
+    # Counted, not built: the grids are made only once the request is within the limits.
+    crops = params.crop_count()
+    if crops > settings.max_amg_crops:
+        raise ApiError(
+            422,
+            "too_many_crops",
+            f"params.crop_n_layers: {params.crop_n_layers} crop layers encode {crops} crops; at "
+            f"most {settings.max_amg_crops} per request (max_amg_crops): lower crop_n_layers",
+        )
+    clicks = params.click_count()
     if clicks > settings.max_amg_points:
         raise ApiError(
             422,
@@ -158,8 +177,3 @@ def amg_params(options: schemas.AMGOptions, settings: ServerSettings) -> AMGPara
             "or crop_n_layers",
         )
     return params
-
-
-def amg_clicks(params: AMGParams) -> int:
-    """Clicks AMG decodes: each layer's grid once per crop of that layer."""
-    return sum(len(grid) * 4**layer for layer, grid in enumerate(params.layer_point_grids()))

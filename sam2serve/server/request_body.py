@@ -4,18 +4,27 @@ file part named ``image``, the other fields as JSON in a part named ``request``)
 The endpoints read their bodies by hand rather than through FastAPI's parameters, so one
 request model serves both encodings; :func:`validate` turns pydantic's errors into the
 one error shape of :mod:`sam2serve.server.errors`.
+
+A body can be large (a base64 image of up to ``max_upload_bytes``), so nothing that costs
+time in proportion to it runs on the event loop: the JSON's structure is counted first
+(``max_json_items``: a 20 MB list of objects is refused before it is parsed, since the
+parse and the validation would hold the GIL for seconds), then parsing, validation and the
+base64 decoding run in a worker thread. A client that hangs up mid-body is
+:class:`~sam2serve.server.errors.ClientGone`, not a server error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
-from sam2serve.server.errors import ApiError, validation_error
+from sam2serve.server.errors import ApiError, ClientGone, validation_error
 from sam2serve.server.settings import ServerSettings
 from sam2serve.server.uploads import decode_base64_image
 
@@ -33,22 +42,16 @@ async def parse_body(
     """The request model and the image bytes, from a JSON or a multipart body."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media == JSON_MEDIA or media.endswith("+json"):
-        raw = await request.body()
         try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(
-                400,
-                "invalid_json",
-                f"the request body is not valid JSON: {exc}",
-            ) from None
-        parsed = validate(model, data)
-        image = getattr(parsed, "image", None)
-        if image is None:
-            return parsed, None
-        return parsed, decode_base64_image(image, settings.max_upload_bytes)
+            raw = await request.body()
+        except ClientDisconnect:
+            raise ClientGone("upload") from None
+        return await asyncio.to_thread(_from_json_body, raw, model, settings)
     if media == MULTIPART_MEDIA:
-        return await _parse_multipart(request, model, settings)
+        try:
+            return await _parse_multipart(request, model, settings)
+        except ClientDisconnect:
+            raise ClientGone("upload") from None
     raise ApiError(
         415,
         "unsupported_media_type",
@@ -81,28 +84,13 @@ async def _parse_multipart(
                 f"a file part '{IMAGE_PART}' and a JSON field '{REQUEST_PART}'",
             )
         fields = form.get(REQUEST_PART)
-        data: Any = {}
-        if fields is not None:
-            if not isinstance(fields, str):
-                raise ApiError(
-                    400,
-                    "invalid_multipart",
-                    f"part '{REQUEST_PART}' must be a JSON text field, not a file",
-                )
-            try:
-                data = json.loads(fields)
-            except ValueError as exc:
-                raise ApiError(
-                    400, "invalid_json", f"part '{REQUEST_PART}' is not valid JSON: {exc}"
-                ) from None
-        if isinstance(data, dict) and "image" in data:
+        if fields is not None and not isinstance(fields, str):
             raise ApiError(
-                422,
-                "invalid_request",
-                f"image: with multipart, send the image only as the file part "
-                f"'{IMAGE_PART}', not inside '{REQUEST_PART}'",
+                400,
+                "invalid_multipart",
+                f"part '{REQUEST_PART}' must be a JSON text field, not a file",
             )
-        parsed = validate(model, data)
+        parsed = await asyncio.to_thread(_from_request_part, fields, model, settings)
         upload = form.get(IMAGE_PART)
         if upload is None:
             return parsed, None
@@ -125,6 +113,86 @@ async def _parse_multipart(
         return parsed, image
     finally:
         await form.close()
+
+
+def _from_json_body(
+    raw: bytes, model: type[ModelT], settings: ServerSettings
+) -> tuple[ModelT, bytes | None]:
+    """(In a worker thread.) The request model and the decoded image of a JSON body."""
+    parsed = validate(model, load_json(raw, settings, "the request body"))
+    image = getattr(parsed, "image", None)
+    if image is None:
+        return parsed, None
+    return parsed, decode_base64_image(image, settings.max_upload_bytes)
+
+
+def _from_request_part(fields: str | None, model: type[ModelT], settings: ServerSettings) -> ModelT:
+    """(In a worker thread.) The request model from the multipart 'request' part."""
+    where = f"part '{REQUEST_PART}'"
+    data = {} if fields is None else load_json(fields.encode("utf-8"), settings, where)
+    if isinstance(data, dict) and "image" in data:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"image: with multipart, send the image only as the file part "
+            f"'{IMAGE_PART}', not inside '{REQUEST_PART}'",
+        )
+    return validate(model, data)
+
+
+def load_json(raw: bytes, settings: ServerSettings, where: str) -> Any:
+    """Parse JSON within the structure limits: at most ``max_json_items`` containers and
+    separators (counted on the raw bytes, before parsing) and ``max_json_depth`` levels."""
+    items = sum(
+        part.count(b"{") + part.count(b"[") + part.count(b",")
+        for part in (raw[i : i + _COUNT_SLICE] for i in range(0, len(raw), _COUNT_SLICE))
+    )  # in slices: each count holds the GIL, and the event loop waits for it
+    if items > settings.max_json_items:
+        raise ApiError(
+            413,
+            "json_too_large",
+            f"{where} has {items} JSON items (objects, arrays and separators); the limit is "
+            f"{settings.max_json_items} (max_json_items); send fewer objects or points",
+        )
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        data = _TOO_DEEP
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"{where} is not valid JSON: {exc}") from None
+    if data is _TOO_DEEP or json_depth(data, settings.max_json_depth) > settings.max_json_depth:
+        raise ApiError(
+            400,
+            "json_too_deep",
+            f"{where} nests arrays and objects more than {settings.max_json_depth} levels deep "
+            "(max_json_depth); the API's own structure needs 6",
+        )
+    return data
+
+
+_TOO_DEEP = object()
+_COUNT_SLICE = 2 * 1024 * 1024
+
+
+def json_depth(data: Any, stop_after: int) -> int:
+    """Nesting depth of parsed JSON (a scalar is 0), without recursion; it stops counting
+    once past ``stop_after``."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        if deepest > stop_after:
+            return deepest
+        stack.extend((child, depth) for child in children)
+    return deepest
 
 
 def validate(model: type[ModelT], data: Any) -> ModelT:

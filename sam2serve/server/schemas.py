@@ -3,7 +3,11 @@
 Coordinates are pixels of the original image, x to the right and y down; boxes are
 ``[x0, y0, x1, y1]`` on input (as the library takes them) and mask ``bbox`` is
 ``[x, y, width, height]`` on output (as COCO and the library's AMG records give them).
-Unknown fields are errors, so a misspelt option is reported instead of ignored.
+Unknown fields are errors, so a misspelt option is reported instead of ignored, and types
+are strict: ``"x": "10"``, ``"label": true`` or ``"multimask_output": "yes"`` are errors,
+not coerced (an integer is still a number). Every list and string has an upper bound here,
+so no request can ask for work or memory in proportion to a number it chose; the server's
+settings (``max_objects`` and the like) may only lower them.
 """
 
 from __future__ import annotations
@@ -11,15 +15,26 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sam2serve.engine.amg import AMGParams
+from sam2serve.server.errors import IMAGE_ID_PATTERN, MASK_ID_PATTERN
+from sam2serve.server.settings import MAX_OBJECTS, MAX_POINTS_PER_OBJECT
 
 MaskFormat = Literal["coco_rle", "uncompressed_rle", "png_base64", "polygon"]
 MASK_FORMATS: tuple[str, ...] = ("coco_rle", "uncompressed_rle", "png_base64", "polygon")
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Coordinate = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+UnitFloat = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+
+# Upper bounds of the schema (the settings' limits may only lower MAX_OBJECTS and
+# MAX_POINTS_PER_OBJECT, see settings.py).
+MAX_POINTS_PER_SIDE = 1024
+MAX_POINTS_PER_BATCH = 4096
+MAX_CROP_LAYERS = 4
+MAX_DOWNSCALE_FACTOR = 64
+MAX_GRID_POINTS = 65536
 
 IMAGE_BASE64_DOC = (
     "The image file (JPEG, PNG, WebP, BMP, TIFF, ...) base64-encoded, optionally as a "
@@ -29,7 +44,7 @@ IMAGE_BASE64_DOC = (
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # --------------------------------------------------------------------------- requests
@@ -50,6 +65,14 @@ class Point(_Strict):
         1, description="1: this point is on the object (foreground), 0: it is not (background)."
     )
 
+    @field_validator("label", mode="before")
+    @classmethod
+    def _label_is_an_integer(cls, value: Any) -> Any:
+        # Literal[0, 1] alone takes true and 1.0 (they compare equal to 1).
+        if type(value) is not int:
+            raise ValueError("must be the integer 0 or 1")
+        return value
+
 
 class ObjectPrompt(_Strict):
     """The prompts for one object: points and/or a box, optionally a previous mask.
@@ -59,7 +82,9 @@ class ObjectPrompt(_Strict):
     """
 
     points: list[Point] = Field(
-        default_factory=list, description="Clicks on the image (at most max_points_per_object)."
+        default_factory=list,
+        max_length=MAX_POINTS_PER_OBJECT,
+        description="Clicks on the image (at most max_points_per_object).",
     )
     box: list[FiniteFloat] | None = Field(
         None,
@@ -70,6 +95,7 @@ class ObjectPrompt(_Strict):
     )
     mask_id: str | None = Field(
         None,
+        pattern=MASK_ID_PATTERN,
         description="Refine a previous answer: the mask_id of a mask this server returned for "
         "the same image. Its low-res logits go in as the mask prompt. Needs points or a box too.",
     )
@@ -95,11 +121,14 @@ class SegmentRequest(_Strict):
     )
     image_id: str | None = Field(
         None,
+        pattern=IMAGE_ID_PATTERN,
         description="The image_id a previous response returned: reuse its cached embedding "
         "(404 'unknown_image_id' once evicted: send the image again).",
     )
     objects: list[ObjectPrompt] = Field(
-        min_length=1, description="One prompt group per object (at most max_objects)."
+        min_length=1,
+        max_length=MAX_OBJECTS,
+        description="One prompt group per object (at most max_objects).",
     )
     multimask_output: bool = Field(
         True,
@@ -126,13 +155,16 @@ class AMGOptions(_Strict):
     points_per_side: int | None = Field(
         _amg_default("points_per_side"),
         ge=1,
+        le=MAX_POINTS_PER_SIDE,
         description="Points per side of the click grid on the whole image "
         "(points_per_side**2 clicks); null when point_grids is given.",
     )
     points_per_batch: int = Field(
         _amg_default("points_per_batch"),
         ge=1,
-        description="Clicks decoded together; more is faster but holds more masks in memory.",
+        le=MAX_POINTS_PER_BATCH,
+        description="Clicks decoded together. Memory stays within the server's budget "
+        "whatever this says: a batch too large for it is decoded in smaller parts.",
     )
     pred_iou_thresh: float = Field(
         _amg_default("pred_iou_thresh"),
@@ -149,6 +181,7 @@ class AMGOptions(_Strict):
     stability_score_offset: float = Field(
         _amg_default("stability_score_offset"),
         ge=0,
+        allow_inf_nan=False,
         description="Logit shift either side of mask_threshold that the stability score compares.",
     )
     mask_threshold: FiniteFloat = Field(
@@ -163,6 +196,7 @@ class AMGOptions(_Strict):
     crop_n_layers: int = Field(
         _amg_default("crop_n_layers"),
         ge=0,
+        le=MAX_CROP_LAYERS,
         description="Extra crop layers: layer i adds (2**i)**2 overlapping crops, each "
         "encoded again (slow).",
     )
@@ -183,9 +217,21 @@ class AMGOptions(_Strict):
     crop_n_points_downscale_factor: int = Field(
         _amg_default("crop_n_points_downscale_factor"),
         ge=1,
+        le=MAX_DOWNSCALE_FACTOR,
         description="Crop layer i gets points_per_side / factor**i points per side.",
     )
-    point_grids: list[list[list[FiniteFloat]]] | None = Field(
+    point_grids: (
+        Annotated[
+            list[
+                Annotated[
+                    list[Annotated[list[UnitFloat], Field(min_length=2, max_length=2)]],
+                    Field(min_length=1, max_length=MAX_GRID_POINTS),
+                ]
+            ],
+            Field(min_length=1, max_length=MAX_CROP_LAYERS + 1),
+        ]
+        | None
+    ) = Field(
         _amg_default("point_grids"),
         description="Explicit click grids instead of points_per_side: one list of [x, y] "
         "(normalised to [0, 1]) per crop layer.",
@@ -193,6 +239,7 @@ class AMGOptions(_Strict):
     min_mask_region_area: int = Field(
         _amg_default("min_mask_region_area"),
         ge=0,
+        le=2**31,
         description="If > 0, fill holes and remove islands smaller than this many pixels.",
     )
     use_m2m: bool = Field(
@@ -321,7 +368,10 @@ class Ready(BaseModel):
     mode: str = Field(description="Execution mode (see sam2serve.accel.modes).")
     device: str = Field(description="Where the model runs, e.g. 'cpu'.")
     dtype: str = Field(description="The model's dtype, e.g. 'float32'.")
-    weights: dict[str, Any] = Field(description="Where the weights came from.")
+    weights: dict[str, Any] = Field(
+        description="Where the weights came from: source ('checkpoint' or 'random'), the "
+        "checkpoint's file name (never its path) and the seed of random weights."
+    )
 
 
 class ErrorDetail(BaseModel):

@@ -10,11 +10,13 @@ a client can see is an :class:`~sam2serve.server.errors.ApiError`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 import numpy as np
@@ -39,6 +41,7 @@ from sam2serve.server.cache import (
     looks_like_image_id,
 )
 from sam2serve.server.errors import ApiError
+from sam2serve.server.memory import release_free_memory
 from sam2serve.server.metrics import Metrics
 from sam2serve.server.settings import ServerSettings
 from sam2serve.server.uploads import decode_image
@@ -104,14 +107,16 @@ class Service:
             max_batch_size=settings.max_batch_size,
             max_wait_s=settings.max_wait_ms / 1000,
             max_queue=settings.max_queue,
+            max_bulk_queue=settings.max_bulk_queue,
             on_batch=self.metrics.observe_batch,
+            on_cancel=self.metrics.observe_cancel,
+            on_idle=release_free_memory,
         )
         self.metrics.watch(
-            {"embeddings": self.cache.stats, "masks": self.masks.stats},
-            lambda: self.worker.depth,
+            {"embeddings": self.cache.stats, "masks": self.masks.stats}, self.worker.depths
         )
         weights = getattr(predictor.model, "weights_info", None)
-        self.weights = weights.as_dict() if weights is not None else {"source": "unknown"}
+        self.weights = _public_weights(weights.as_dict() if weights is not None else {})
         self.metrics.model_info.info(
             {
                 "model": self.model_name,
@@ -122,6 +127,7 @@ class Service:
             }
         )
         self.ready = False
+        self._bulk_jobs: dict[str, int] = {}  # per client: bulk jobs queued or running
         self._flights: dict[EmbeddingKey, _Flight] = {}
         self._warmup_task: asyncio.Task | None = None
 
@@ -166,9 +172,17 @@ class Service:
         return {"Retry-After": str(self.worker.retry_after_s())}
 
     # ------------------------------------------------------------------ model jobs
-    async def run_job(self, kind: str, fn: Callable[[JobContext], Any], clock: RequestClock) -> Any:
-        """Run ``fn`` on the model worker; a requester that gives up cancels the job."""
-        handle = self._submit(lambda: self.worker.submit(kind, fn))
+    async def run_job(
+        self,
+        kind: str,
+        fn: Callable[[JobContext], Any],
+        clock: RequestClock,
+        *,
+        bulk: bool = False,
+    ) -> Any:
+        """Run ``fn`` on the model worker; a requester that gives up cancels the job.
+        ``bulk`` jobs (AMG) wait in the bulk queue and yield to clicks at checkpoints."""
+        handle = self._submit(lambda: self.worker.submit(kind, fn, bulk=bulk))
         try:
             result, timing = await asyncio.wrap_future(handle.future)
         except asyncio.CancelledError:
@@ -181,6 +195,29 @@ class Service:
         clock.add_job(timing)
         return result
 
+    @contextlib.contextmanager
+    def bulk_slot(self, client: str) -> Iterator[None]:
+        """Hold one of ``client``'s ``max_bulk_jobs_per_client`` bulk slots (else 429)."""
+        held = self._bulk_jobs.get(client, 0)
+        if held >= self.settings.max_bulk_jobs_per_client:
+            raise ApiError(
+                429,
+                "too_many_bulk_jobs",
+                f"this client already has {held} AMG requests queued or running; at most "
+                f"{self.settings.max_bulk_jobs_per_client} per client "
+                "(max_bulk_jobs_per_client): wait for one to finish",
+                headers=self.retry_headers(),
+            )
+        self._bulk_jobs[client] = held + 1
+        try:
+            yield
+        finally:
+            remaining = self._bulk_jobs[client] - 1
+            if remaining:
+                self._bulk_jobs[client] = remaining
+            else:
+                del self._bulk_jobs[client]
+
     def _submit(self, submit: Callable[[], JobHandle]) -> JobHandle:
         try:
             return submit()
@@ -188,8 +225,9 @@ class Service:
             raise ApiError(
                 503,
                 "overloaded",
-                f"the server is busy: {exc.depth} model jobs are waiting (max_queue "
-                f"{self.settings.max_queue}); retry after {exc.retry_after_s} s",
+                f"the server is busy: {exc.depth} model jobs are waiting in this queue "
+                f"(max_queue {self.settings.max_queue} for clicks and encodes, max_bulk_queue "
+                f"{self.settings.max_bulk_queue} for AMG); retry after {exc.retry_after_s} s",
                 headers={"Retry-After": str(exc.retry_after_s)},
             ) from None
         except WorkerStopped as exc:
@@ -341,6 +379,17 @@ class Service:
                 "refine prompts on the image it was predicted for",
             )
         return stored.low_res_logits
+
+
+def _public_weights(weights: dict[str, Any]) -> dict[str, Any]:
+    """Where the weights came from, as /readyz shows it to anyone: the checkpoint's file
+    name, never its path on this machine."""
+    path = weights.get("path")
+    return {
+        "source": str(weights.get("source", "unknown")),
+        "file": None if path is None else PurePath(str(path)).name,
+        "seed": weights.get("seed"),
+    }
 
 
 def _consume_exception(task: asyncio.Task) -> None:

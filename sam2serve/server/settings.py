@@ -17,6 +17,10 @@ DEFAULT_CACHE_BYTES = 512 * MiB
 # One mask's low-res logits are 256 x 256 fp32 = 256 KiB: 64 MiB keeps the last 256 masks.
 DEFAULT_MASK_CACHE_BYTES = 64 * MiB
 DEFAULT_API_KEY_ENV = "SAM2SERVE_API_KEY"
+# The API schema's own bounds (schemas.py); max_objects and max_points_per_object may only
+# lower them.
+MAX_OBJECTS = 1024
+MAX_POINTS_PER_OBJECT = 1024
 
 
 @dataclass(frozen=True)
@@ -45,14 +49,35 @@ class ServerSettings:
     max_amg_points: int = 4096
     # Wall time a request may take, queueing included: then 503 "timeout" with Retry-After.
     request_timeout_s: float = 120.0
+    # Crops one /v1/amg request may encode (1 + 4 + 16 + ... over its crop layers).
+    max_amg_crops: int = 21
+    # JSON structure in one body (or the multipart 'request' part): '{', '[' and ',' count
+    # one item each (strings, the base64 image included, count nothing). Counted before the
+    # JSON is parsed, so a huge list is refused (413) before it costs parse time or memory.
+    max_json_items: int = 100_000
+    # Nesting of JSON arrays and objects (the API needs 6): deeper -> 400.
+    max_json_depth: int = 32
+
+    # ---- connections and slow clients
+    # The request line and headers must arrive within this, or the connection is closed.
+    header_timeout_s: float = 10.0
+    # The whole body must arrive within this after the headers: then 408 "body_timeout".
+    body_timeout_s: float = 60.0
+    # Open connections at once; more are answered 503 at once.
+    max_connections: int = 256
 
     # ---- batching and the model queue
     # Images encoded together in one encoder call.
     max_batch_size: int = 4
     # How long the first encode job of a batch waits for others to join it.
     max_wait_ms: float = 10.0
-    # Model jobs waiting (not yet running) before new ones get 503 "overloaded".
+    # Interactive model jobs (encodes, clicks) waiting before new ones get 503 "overloaded".
     max_queue: int = 32
+    # Bulk jobs (AMG) waiting; they run only when no interactive job waits, and pause
+    # between decoder batches for the clicks that arrive meanwhile.
+    max_bulk_queue: int = 8
+    # AMG jobs one client (API key, else address) may have queued or running: then 429.
+    max_bulk_jobs_per_client: int = 2
 
     # ---- caches
     # Byte budget of the embedding cache (Embedding.nbytes), least recently used evicted.
@@ -77,25 +102,38 @@ class ServerSettings:
             "max_objects",
             "max_points_per_object",
             "max_amg_points",
+            "max_amg_crops",
+            "max_json_items",
+            "max_json_depth",
+            "max_connections",
             "max_batch_size",
             "max_queue",
+            "max_bulk_queue",
+            "max_bulk_jobs_per_client",
         )
         for name in positive_ints:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name, cap in (
+            ("max_objects", MAX_OBJECTS),
+            ("max_points_per_object", MAX_POINTS_PER_OBJECT),
+        ):
+            if getattr(self, name) > cap:
+                raise ValueError(f"{name} must be at most {cap}, got {getattr(self, name)}")
         for name in ("cache_bytes", "mask_cache_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0 (0 disables), got {value!r}")
-        if not (
-            isinstance(self.request_timeout_s, (int, float))
-            and math.isfinite(self.request_timeout_s)
-            and self.request_timeout_s > 0
-        ):
-            raise ValueError(
-                f"request_timeout_s must be a number > 0, got {self.request_timeout_s!r}"
-            )
+        for name in ("request_timeout_s", "header_timeout_s", "body_timeout_s"):
+            value = getattr(self, name)
+            if not (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value > 0
+            ):
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
         if not (
             isinstance(self.max_wait_ms, (int, float))
             and math.isfinite(self.max_wait_ms)

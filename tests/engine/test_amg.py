@@ -45,9 +45,13 @@ class CachingPredictor(Predictor):
     """Our Predictor with encodings cached by image content (test speed only)."""
 
     def __init__(
-        self, model: Any, decoder: str = "reference", cache: dict[str, Embedding] | None = None
+        self,
+        model: Any,
+        decoder: str = "reference",
+        cache: dict[str, Embedding] | None = None,
+        **options: Any,
     ) -> None:
-        super().__init__(model, decoder=decoder)
+        super().__init__(model, decoder=decoder, **options)
         self.cache: dict[str, Embedding] = {} if cache is None else cache
         self.encode_calls = 0  # per generate() crop, cached or not
         self.lock = threading.Lock()
@@ -480,6 +484,23 @@ def test_embedding_is_reused_and_progress_reported(images, predictor):
     other = predictor.encode(images["chelsea"])
     with pytest.raises(ValueError, match=r"embedding is for \[\(300, 451\)\]"):
         generator.generate(image, embedding=other)
+
+
+def test_mask_budget_splits_batches_without_changing_records(images, tiny_model, predictor):
+    """A predictor whose mask budget holds two clicks' masks decodes 2 clicks at a time
+    whatever points_per_batch says (memory bounded by configuration), with the same
+    records."""
+    image = images["astronaut"]  # 256 x 256
+    params = {"points_per_side": 3, "points_per_batch": 64, **KEEP_ALL}
+    expected = MaskGenerator(predictor, **params).generate(image)
+    per_click = 3 * (256 * 256 + 4 * 256 * 256)  # 3 masks: bool at image size + low-res
+    tight = CachingPredictor(tiny_model, cache=predictor.cache, mask_bytes_budget=2 * per_click)
+    reports: list[tuple[int, int]] = []
+    records = MaskGenerator(tight, **params).generate(
+        image, progress=lambda done, total: reports.append((done, total))
+    )
+    assert reports[-1] == (5, 5)  # 9 clicks in batches of 2, not 1 batch of 64
+    assert_records_match(records, expected)
 
 
 def test_generate_accepts_paths_bytes_and_threads(images, predictor, tmp_path):

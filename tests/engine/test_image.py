@@ -295,3 +295,15 @@ def test_preprocess_rejects_non_canonical_input():
         preprocess([])
     with pytest.raises(ImageError, match="non-empty"):
         preprocess(np.zeros((4, 4, 3), np.uint8))  # type: ignore[arg-type]
+
+
+def test_large_photo_is_resized_channel_by_channel_to_meta_numbers(meta_transforms):
+    """Past 4 megapixels the resize runs one channel at a time (a third of the float
+    memory); the numbers are Meta's transforms' all the same."""
+    from sam2serve.engine import image as image_module
+
+    photo = np.tile(skimage.data.astronaut(), (5, 4, 1))  # 2560 x 2048 = 5.2 MP
+    assert photo.shape[0] * photo.shape[1] > image_module._WHOLE_IMAGE_PIXELS
+    torch.testing.assert_close(
+        preprocess([photo])[0], meta_transforms[1024](photo), rtol=0, atol=1e-6
+    )

@@ -101,3 +101,24 @@ def test_bad_prompts_name_the_problem(predictor, batch_embedding, kwargs, messag
 def test_predict_needs_one_image(predictor, batch_embedding):
     with pytest.raises(ValueError, match="index one first"):
         predictor.predict(batch_embedding, [[1, 2]], [1])
+
+
+def test_upsampling_stays_within_the_mask_byte_budget(tiny_model, batch_embedding):
+    """Chunks never hold more than the budget's worth of full-size masks, and chunking
+    changes no pixel: a budget of about one mask gives the same answer as the default."""
+    one = batch_embedding[0]  # 300 x 451
+    points = np.array([[[40.0 * i + 20, 30.0 * i + 10]] for i in range(5)])
+    labels = np.ones((5, 1))
+    whole = Predictor(tiny_model).predict(one, points, labels)
+    one_mask = 300 * 451 * 5  # float32 logits + bool mask
+    tight = Predictor(tiny_model, mask_bytes_budget=one_mask + 1)
+    assert tight.masks_per_chunk(one.original_size) == 1
+    assert torch.equal(tight.predict(one, points, labels).masks, whole.masks)
+    low, iou = tight.predict_low_res(one, points, labels)
+    assert torch.equal(iou, whole.iou_scores)
+    chunks = list(tight.upscale_chunks(low.flatten(0, 1), one.original_size))
+    assert [start for start, _ in chunks] == list(range(15))  # 5 objects x 3 masks, one each
+    assert all(masks.shape == (1, 300, 451) and masks.dtype == torch.bool for _, masks in chunks)
+    assert torch.equal(torch.cat([m for _, m in chunks]).view(5, 3, 300, 451), whole.masks)
+    with pytest.raises(ValueError, match="mask_bytes_budget"):
+        Predictor(tiny_model, mask_bytes_budget=0)

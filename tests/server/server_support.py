@@ -20,6 +20,7 @@ from PIL import Image
 from sam2serve.engine.image import load_image
 from sam2serve.engine.predictor import Embedding, Predictor
 from sam2serve.server.app import create_app
+from sam2serve.server.http_server import uvicorn_config
 from sam2serve.server.settings import ServerSettings
 
 IMAGE_SIDE = 256  # photos are downscaled to this longer side: decode and RLE stay cheap
@@ -49,10 +50,11 @@ class LiveServer:
 def start_server(settings: ServerSettings, predictor: Predictor) -> LiveServer:
     """Start a real uvicorn server for ``create_app(settings, predictor)`` on a free port."""
     app = create_app(settings, predictor)
-    config = uvicorn.Config(
+    config = uvicorn_config(
         app,
-        host="127.0.0.1",
-        port=0,
+        settings,
+        "127.0.0.1",
+        0,
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=5,

@@ -187,3 +187,85 @@ def test_stop_fails_waiting_jobs(predictor):
         waiting.future.result(timeout=1)
     with pytest.raises(WorkerStopped):
         worker.submit_encode(image(3))
+
+
+def test_clicks_run_inside_a_bulk_job_at_its_checkpoints(predictor):
+    """A bulk job (AMG) yields the thread to interactive jobs at every checkpoint: a click
+    queued during it runs before the bulk job's next step, not after the whole job."""
+    order: list[str] = []
+    step_started = threading.Event()
+    click_queued = threading.Event()
+    worker = make_worker(predictor)
+    try:
+
+        def bulk(context):
+            for step in range(3):
+                order.append(f"bulk{step}")
+                step_started.set()
+                assert click_queued.wait(5)
+                context.check()
+            return "bulk done"
+
+        amg = worker.submit("amg", bulk, bulk=True)
+        assert step_started.wait(5)
+        click = worker.submit("decode", lambda context: order.append("click") or "click done")
+        assert worker.depths() == {"interactive": 1, "bulk": 0}
+        click_queued.set()
+        assert click.future.result(5)[0] == "click done"
+        assert amg.future.result(5)[0] == "bulk done"
+        assert order == ["bulk0", "click", "bulk1", "bulk2"]
+    finally:
+        worker.stop(5)
+
+
+def test_waiting_clicks_go_before_waiting_bulk_jobs(predictor):
+    predictor.gate.clear()
+    order: list[str] = []
+    worker = make_worker(predictor, max_batch_size=1, max_bulk_queue=1)
+    try:
+        first = worker.submit_encode(image(1))
+        assert predictor.entered.wait(5)  # the worker is busy; both below wait
+        amg = worker.submit("amg", lambda context: order.append("amg"), bulk=True)
+        click = worker.submit("decode", lambda context: order.append("click"))
+        with pytest.raises(QueueFull):  # the bulk queue has its own bound
+            worker.submit("amg", lambda context: None, bulk=True)
+        predictor.gate.set()
+        wait([first.future, amg.future, click.future], timeout=5)
+        assert order == ["click", "amg"]
+    finally:
+        worker.stop(5)
+
+
+def test_cancelled_jobs_are_reported_queued_or_running(predictor):
+    cancelled: list[str] = []
+    running = threading.Event()
+    worker = make_worker(predictor, on_cancel=cancelled.append)
+    try:
+
+        def long_job(context):
+            running.set()
+            for _ in range(500):
+                time.sleep(0.01)
+                context.check()
+
+        amg = worker.submit("amg", long_job, bulk=True)
+        assert running.wait(5)
+        queued = worker.submit("amg", lambda context: None, bulk=True)
+        queued.cancel()  # dropped from the queue
+        amg.cancel()  # stopped at its next checkpoint
+        with pytest.raises(JobCancelled):
+            amg.future.result(5)
+        assert queued.future.cancelled()
+        assert sorted(cancelled) == ["amg", "amg"]
+    finally:
+        worker.stop(5)
+
+
+def test_idle_hook_runs_when_the_queues_are_empty(predictor):
+    idle = threading.Event()
+    worker = make_worker(predictor, on_idle=idle.set)
+    try:
+        worker.submit_encode(image(1)).future.result(5)
+        assert idle.wait(5)
+    finally:
+        worker.stop(5)

@@ -77,7 +77,9 @@ def test_full_queue_answers_503_with_retry_after(server_factory, stub_predictor,
         assert stub_predictor.entered.wait(30)  # the worker is now busy with it
         queued = pool.submit(upload, live, photos["coffee"])
         with live.client() as client:
-            wait_until(lambda: metric(scrape(client), "sam2serve_queue_depth") == 1)
+            wait_until(
+                lambda: metric(scrape(client), "sam2serve_queue_depth", queue="interactive") == 1
+            )
         refused = upload(live, photos["astronaut"])
         stub_predictor.gate.set()
         assert running.result().status_code == 200 and queued.result().status_code == 200
