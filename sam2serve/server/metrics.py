@@ -59,9 +59,11 @@ class _StateCollector(Collector):
         self,
         caches: dict[str, Callable[[], CacheStats]],
         queue_depths: Callable[[], dict[str, int]],
+        queue_capacities: dict[str, int],
     ) -> None:
         self._caches = caches
         self._queue_depths = queue_depths
+        self._queue_capacities = queue_capacities
         self._memory_limit = memory_limit_bytes()
 
     def collect(self) -> Iterable[Metric]:
@@ -95,6 +97,14 @@ class _StateCollector(Collector):
         for queue, waiting in self._queue_depths().items():
             depth.add_metric([queue], waiting)
         yield depth
+        capacity = GaugeMetricFamily(
+            f"{PREFIX}_queue_capacity",
+            "Jobs a queue may hold before new ones get 503 (max_queue, max_bulk_queue).",
+            labels=["queue"],
+        )
+        for queue, size in self._queue_capacities.items():
+            capacity.add_metric([queue], size)
+        yield capacity
         peak = GaugeMetricFamily(
             f"{PREFIX}_process_peak_rss_bytes", "Peak resident memory of the server process."
         )
@@ -184,8 +194,9 @@ class Metrics:
         self,
         caches: dict[str, Callable[[], CacheStats]],
         queue_depths: Callable[[], dict[str, int]],
+        queue_capacities: dict[str, int],
     ) -> None:
-        self.registry.register(_StateCollector(caches, queue_depths))
+        self.registry.register(_StateCollector(caches, queue_depths, queue_capacities))
 
     def observe_batch(self, kind: str, size: int, queue_s: list[float], run_s: float) -> None:
         self.batch_size.labels(kind).observe(size)

@@ -24,6 +24,8 @@ import torch
 
 from sam2serve.engine.predictor import Embedding, Predictor
 from sam2serve.server.batching import (
+    BULK,
+    INTERACTIVE,
     JobCancelled,
     JobContext,
     JobHandle,
@@ -113,7 +115,9 @@ class Service:
             on_idle=release_free_memory,
         )
         self.metrics.watch(
-            {"embeddings": self.cache.stats, "masks": self.masks.stats}, self.worker.depths
+            {"embeddings": self.cache.stats, "masks": self.masks.stats},
+            self.worker.depths,
+            {INTERACTIVE: settings.max_queue, BULK: settings.max_bulk_queue},
         )
         weights = getattr(predictor.model, "weights_info", None)
         self.weights = _public_weights(weights.as_dict() if weights is not None else {})
