@@ -100,8 +100,12 @@ def error_response(
     return JSONResponse(error_body(code, message, details), status_code=status, headers=headers)
 
 
+_MAX_FIELD_NAME = 60
+
+
 def field_path(loc: Sequence[Any]) -> str:
-    """pydantic's ``("body", "objects", 0, "points", 1, "x")`` -> ``objects[0].points[1].x``."""
+    """pydantic's ``("body", "objects", 0, "points", 1, "x")`` -> ``objects[0].points[1].x``
+    (a client's made-up field name is cut, so a 1 MB name is not echoed back)."""
     path = ""
     for part in loc:
         if part == "body" and not path:
@@ -109,7 +113,10 @@ def field_path(loc: Sequence[Any]) -> str:
         if isinstance(part, int):
             path += f"[{part}]"
         else:
-            path += ("." if path else "") + str(part)
+            name = str(part)
+            if len(name) > _MAX_FIELD_NAME:
+                name = name[: _MAX_FIELD_NAME - 3] + "..."
+            path += ("." if path else "") + name
     return path or "body"
 
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from sam2serve.server.errors import ApiError, ClientGone, validation_error
+from sam2serve.server.errors import ApiError, ClientGone, short_repr, validation_error
 from sam2serve.server.settings import ServerSettings
 from sam2serve.server.uploads import decode_base64_image
 
@@ -155,11 +155,14 @@ def load_json(raw: bytes, settings: ServerSettings, where: str) -> Any:
             f"{settings.max_json_items} (max_json_items); send fewer objects or points",
         )
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, object_pairs_hook=_unique_keys)
     except RecursionError:
         data = _TOO_DEEP
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "invalid_json", f"{where} is not valid JSON: {exc}") from None
+        reason = str(exc)
+        if "integer string conversion" in reason:  # Python's own advice is not the client's
+            reason = "a number has more than 4300 digits"
+        raise ApiError(400, "invalid_json", f"{where} is not valid JSON: {reason}") from None
     if data is _TOO_DEEP or json_depth(data, settings.max_json_depth) > settings.max_json_depth:
         raise ApiError(
             400,
@@ -171,6 +174,17 @@ def load_json(raw: bytes, settings: ServerSettings, where: str) -> Any:
 
 
 _TOO_DEEP = object()
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice: json keeps the last silently, so a proxy
+    and this server could disagree about what a request asks."""
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"the key {short_repr(twice)} appears more than once in one object")
+    return data
 _COUNT_SLICE = 2 * 1024 * 1024
 
 

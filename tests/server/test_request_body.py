@@ -62,6 +62,12 @@ def test_invalid_json_names_the_problem():
     error = refused(b'{"a": ')
     assert (error.status, error.code) == (400, "invalid_json")
     assert error.message.startswith("the body is not valid JSON")
+    # A key given twice: json would keep the last silently.
+    error = refused(b'{"objects": [], "image_id": "a", "objects": [1]}')
+    assert (error.status, error.code) == (400, "invalid_json")
+    assert "the key 'objects' appears more than once" in error.message
+    error = refused(b'{"x": ' + b"9" * 5000 + b"}")
+    assert "a number has more than 4300 digits" in error.message
 
 
 def test_base64_in_slices_equals_one_call():
