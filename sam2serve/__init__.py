@@ -2,12 +2,29 @@
 
 from sam2serve import load_model, Predictor, MaskGenerator
 predictor = Predictor(load_model("tiny", random_weights=True))
+
+The names below are imported on first use, so importing a torch-free part of the package
+(the command line's parsers, the settings, the runtime vocabulary) does not import torch.
 """
 
-from sam2serve.checkpoint import CheckpointError, load_model
-from sam2serve.engine.amg import AMGParams, MaskGenerator
-from sam2serve.engine.image import ImageError, load_image
-from sam2serve.engine.predictor import Embedding, Prediction, Predictor, PromptError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Each public name and the module that defines it.
+_EXPORTS = {
+    "AMGParams": "sam2serve.engine.amg",
+    "CheckpointError": "sam2serve.checkpoint",
+    "Embedding": "sam2serve.engine.predictor",
+    "ImageError": "sam2serve.engine.image",
+    "MaskGenerator": "sam2serve.engine.amg",
+    "Prediction": "sam2serve.engine.predictor",
+    "Predictor": "sam2serve.engine.predictor",
+    "PromptError": "sam2serve.engine.predictor",
+    "load_image": "sam2serve.engine.image",
+    "load_model": "sam2serve.checkpoint",
+}
 
 __all__ = [
     "AMGParams",
@@ -21,3 +38,22 @@ __all__ = [
     "load_image",
     "load_model",
 ]
+
+if TYPE_CHECKING:
+    from sam2serve.checkpoint import CheckpointError, load_model
+    from sam2serve.engine.amg import AMGParams, MaskGenerator
+    from sam2serve.engine.image import ImageError, load_image
+    from sam2serve.engine.predictor import Embedding, Prediction, Predictor, PromptError
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sam2serve' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -15,6 +15,18 @@ from oracle import load_meta_model, write_official_like_checkpoint
 SEED = 7
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` run only where torch sees a GPU (scripts/gpu-check.sh)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu-check.sh on one)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def checkpoint_factory(tmp_path_factory):
     cache: dict[str, Path] = {}
@@ -48,8 +60,8 @@ def tiny_meta_model(tiny_checkpoint):
 @pytest.fixture(scope="session")
 def exported_artifacts(tmp_path_factory) -> Path:
     """``sam2serve export`` of random tiny weights (seed 4) for mode fast, with the decoder
-    programs: compiled once (~2.5 min) for tests/accel and tests/cluster."""
-    from sam2serve.accel.export import export_artifacts
+    programs: compiled once (~2.5 min) for tests/runtime and tests/cluster."""
+    from sam2serve.runtime.export import export_artifacts
 
     out = tmp_path_factory.mktemp("artifacts")
     export_artifacts("tiny", "fast", out, random_weights=True, seed=4, command="test")

@@ -78,7 +78,8 @@ class BenchConfig:
     mps_prompts: int = 64
     point_prompts: str = "auto"
     warm: bool = False
-    aot_decoder: str = "aoti"  # how +aot artifacts run the mask decoder: "aoti" or "eager"
+    aot_decoder: str = "aoti"  # how +artifacts rows run the mask decoder: "aoti" or "eager"
+    threads: int | None = None  # each worker's torch threads (None: the CPUs it may use)
     command: str = ""
     work_dir: Path | None = None  # kept when given; a temporary directory otherwise
     timeout_s: float | None = None
@@ -295,11 +296,12 @@ def _run_worker(
         "label": label,
         "model": config.model,
         "device": config.device,
+        "threads": config.threads,
         "checkpoint": str(checkpoint),
         "images": [str(image.path) for image in images],
         "prompts": prompts,
         "amg_params": config.amg_params.to_dict(),
-        "artifacts": str(_artifacts_dir(work, mode)) if mode.endswith("+aot") else None,
+        "artifacts": str(_artifacts_dir(work, mode)) if _from_artifacts(mode) else None,
     }
     spec_path, result_path = work / f"{slug}.spec.json", work / f"{slug}.result.json"
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
@@ -325,13 +327,23 @@ def _artifacts_dir(work: Path, mode: str) -> Path:
     return work / "artifacts" / mode.partition("+")[0]
 
 
+def _from_artifacts(label: str) -> bool:
+    """Whether the row ``label`` (``MODE+BACKEND``) starts from export artifacts."""
+    if label in REFERENCES:
+        return False
+    from sam2serve.runtime.backends import BACKENDS
+    from sam2serve.runtime.spec import RuntimeSpec
+
+    return BACKENDS[RuntimeSpec.from_label(label).backend].needs_artifacts
+
+
 def _export_artifacts(
     config: BenchConfig, work: Path, modes: Sequence[str], checkpoint: Path, notes: list[str]
 ) -> None:
-    """``sam2serve export`` once per base mode of the ``+aot`` modes, before any run, so
-    their workers start from artifacts like a replica would."""
+    """``sam2serve export`` once per base mode of the ``+artifacts`` rows, before any run,
+    so their workers start from artifacts like a replica would."""
     for mode in modes:
-        if not mode.endswith("+aot"):
+        if not _from_artifacts(mode):
             continue
         base, out = mode.partition("+")[0], _artifacts_dir(work, mode)
         _log(f"exporting {config.model} {base} artifacts for {mode}")
@@ -367,32 +379,36 @@ def _export_artifacts(
 
 
 def mode_compiles(mode: str) -> bool:
-    """Whether ``mode`` compiles at start-up (a ``+jit`` variant, or a truthy ``compile``
-    attribute on its Mode)."""
+    """Whether the row ``mode`` (``MODE+BACKEND``) compiles at start-up."""
     if mode in REFERENCES:
         return False
-    from sam2serve.accel.modes import get_mode, split_variant
+    from sam2serve.runtime.spec import RuntimeSpec
 
-    name, variant = split_variant(mode)
-    return variant == "jit" or bool(getattr(get_mode(name), "compile", False))
+    return RuntimeSpec.from_label(mode).backend in COMPILING_BACKENDS
+
+
+# Backends that compile when the predictor is built or first used (not from artifacts).
+COMPILING_BACKENDS = ("openvino", "compile")
 
 
 def _plan_modes(modes: Sequence[str], notes: list[str]) -> list[str]:
-    from sam2serve.accel.modes import MODES, VARIANTS, split_variant
+    from sam2serve.runtime.backends import BACKENDS
+    from sam2serve.runtime.modes import MODES
+    from sam2serve.runtime.spec import RuntimeSpec
 
     unknown = []
     for mode in modes:
         if mode in REFERENCES:
             continue
         try:
-            split_variant(mode)
+            RuntimeSpec.from_label(mode)
         except ValueError as exc:
             unknown.append(f"{mode!r} ({exc})")
     if unknown:
         known = [*REFERENCES, *MODES]
         raise BenchError(
             f"unknown mode(s) {', '.join(unknown)}; expected some of {', '.join(known)}, "
-            f"fast and furious also as NAME+{' or NAME+'.join(VARIANTS)}"
+            f"each also as MODE+BACKEND with a backend of {', '.join(BACKENDS)}"
         )
     ordered = list(dict.fromkeys(modes))
     if BASELINE not in ordered:

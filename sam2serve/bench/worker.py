@@ -8,7 +8,7 @@ peak memory. The parent (:mod:`sam2serve.bench.runner`) starts one worker per ru
 imports, model loading, first-iteration costs and compile caches are really cold.
 
 ``python -m sam2serve.bench.worker export --model SIZE --mode MODE --checkpoint PATH --out DIR``
-writes ``sam2serve export`` artifacts of those weights for the ``+aot`` modes.
+writes ``sam2serve export`` artifacts of those weights for the ``+artifacts`` rows.
 
 ``python -m sam2serve.bench.worker write-checkpoint --model SIZE --seed N --out PATH``
 writes the seeded random weights as an official-shaped checkpoint (``{"model": ...}``,
@@ -43,62 +43,30 @@ def _peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes vs KiB
 
 
-def _instrument_amg_rle(get_timer: Callable[[], Any], one_by_one: bool) -> bool:
-    """Time the RLE inside our mask generator as its own stage and, for a mode without
-    batched RLE, encode one mask at a time. The generator converts each decoder batch's
-    kept masks with the module-level ``masks_to_rle``; this process exists only to
-    measure, so it swaps that name for a timed wrapper. Returns False if the generator
-    no longer has that hook (RLE then stays inside post-processing)."""
-    import sam2serve.engine.amg as amg_module
-
-    encode = getattr(amg_module, "masks_to_rle", None)
-    if encode is None:
-        return False
-
-    def timed_masks_to_rle(masks: Any) -> Any:
-        timer = get_timer()
-        stage = timer.stage("rle") if timer is not None else None
-        if stage is None:
-            return encode(masks)
-        with stage:
-            if one_by_one:
-                return [rle for mask in masks for rle in encode(mask[None])]
-            return encode(masks)
-
-    amg_module.masks_to_rle = timed_masks_to_rle
-    return True
-
-
 class _EngineRunner:
-    """Our engine in one of the modes of :data:`sam2serve.accel.modes.MODES`."""
+    """Our engine in one of the modes of :data:`sam2serve.runtime.modes.MODES`."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        from sam2serve.accel.modes import (
-            build_predictor,
-            configure_predictor,
-            get_mode,
-            split_variant,
-        )
-        from sam2serve.checkpoint import load_model
         from sam2serve.engine import tasks
         from sam2serve.engine.amg import AMGParams
+        from sam2serve.runtime.build import build_predictor
+        from sam2serve.runtime.modes import get_mode
+        from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 
         self.tasks = tasks
         self.task = spec["task"]
-        name, variant = split_variant(spec["mode"])
-        self.mode = get_mode(name)
-        if variant == "aot":
-            self.predictor = build_predictor(spec["model"], name, artifacts=spec["artifacts"])
+        runtime = RuntimeSpec.from_label(
+            spec["mode"], model=spec["model"], device=spec["device"], threads=spec.get("threads")
+        )
+        self.mode = get_mode(runtime.mode)
+        if spec["artifacts"] is not None:
+            weights = WeightsSource(artifacts=spec["artifacts"])
         else:
-            model = load_model(spec["model"], checkpoint=spec["checkpoint"], device=spec["device"])
-            backend = "openvino" if variant == "jit" else "torch"
-            self.predictor = configure_predictor(model, self.mode, backend)
+            weights = WeightsSource(checkpoint=spec["checkpoint"])
+        self.predictor = build_predictor(runtime, weights)
         params = AMGParams.from_dict(spec["amg_params"])
         self.generator = tasks.mask_generator(self.predictor, params, self.mode)
         self.timer: Any = None
-        self.rle_stage = True
-        if self.task == "amg":
-            self.rle_stage = _instrument_amg_rle(lambda: self.timer, not self.mode.batch_rle)
 
     def __call__(
         self, image: bytes, points: Sequence[Sequence[float]] | None, timer: Any
@@ -131,7 +99,7 @@ def _make_runner(spec: dict[str, Any]) -> tuple[Runner, dict[str, Any]]:
         )
         return runner, {"torchvision": runner.torchvision, "rle_stage": True}
     engine = _EngineRunner(spec)
-    return engine, {"rle_stage": engine.rle_stage}
+    return engine, {"rle_stage": True}
 
 
 def run(spec_path: Path, result_path: Path) -> int:
@@ -224,8 +192,8 @@ def write_checkpoint(size: str, seed: int, out: Path) -> int:
 
 
 def export(size: str, mode: str, checkpoint: Path, out: Path, decoder: str) -> int:
-    """``sam2serve export`` of the benchmark's weights, for the ``+aot`` modes."""
-    from sam2serve.accel.export import export_artifacts
+    """``sam2serve export`` of the benchmark's weights, for the ``+artifacts`` rows."""
+    from sam2serve.runtime.export import export_artifacts
 
     manifest = export_artifacts(size, mode, out, decoder=decoder, checkpoint=str(checkpoint))
     print(json.dumps({"path": str(out), "export_seconds": manifest["export_seconds"]}))

@@ -7,5 +7,5 @@
 - :mod:`app`        the deployment (``SAM2Replica``) and the application builders
 - :mod:`lifecycle`  ``cluster up | status | down``
 - :mod:`client`     a retrying client; :mod:`protocol` the headers it shares with replicas
-- :mod:`burst`      the burst benchmark; :mod:`commands` the CLI
+- :mod:`burst`      the burst benchmark (the ``cluster`` commands are in sam2serve.commands)
 """

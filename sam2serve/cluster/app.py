@@ -33,10 +33,18 @@ from sam2serve.cluster.readiness import (
     compile_frames,
     process_start_time,
     record_ray_metrics,
-    warm_up,
 )
+from sam2serve.runtime.warmup import warm_up
 
 log = logging.getLogger("sam2serve.cluster")
+
+
+def _reserved_cpus() -> int:
+    """The CPUs Ray reserved for this replica (its ray_actor_options num_cpus), at least 1."""
+    import ray
+
+    reserved = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    return max(1, int(reserved))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +62,10 @@ class SAM2Replica:
 
     def __init__(self, args: dict[str, Any]) -> None:
         constructor_started = time.time()
-        from sam2serve.accel.export import load_artifacts
         from sam2serve.cluster.artifacts import resolve_artifacts
+        from sam2serve.runtime.export import load_artifacts
+        from sam2serve.runtime.spec import RuntimeSpec
+        from sam2serve.runtime.threads import apply_threads
         from sam2serve.server.app import create_app
 
         self.args = ReplicaArgs.from_dict(args)
@@ -64,7 +74,14 @@ class SAM2Replica:
         local = resolve_artifacts(self.args.artifacts, self.args.artifacts_cache)
         stages["fetch_artifacts"] = time.perf_counter() - clock
         clock = time.perf_counter()
-        predictor = load_artifacts(local.directory, self.args.model, self.args.mode)
+        spec = RuntimeSpec(
+            model=self.args.model,
+            mode=self.args.mode,
+            backend="artifacts",
+            threads=self.args.threads or _reserved_cpus(),
+        )
+        apply_threads(spec.threads)
+        predictor = load_artifacts(local.directory, spec)
         stages["load_artifacts"] = time.perf_counter() - clock
         clock = time.perf_counter()
         warm_up(predictor)

@@ -4,7 +4,7 @@ or an fsspec URI (``s3://``, ``gs://``, ``file://``, ...) copied once into a loc
 A copy is keyed by the sha256 of the remote ``manifest.json``, written to a temporary
 directory and renamed into place, so replicas starting together on one node never see a
 half-written copy and a re-export under the same URI gets a fresh one. Either way the
-files are then loaded with :func:`sam2serve.accel.export.load_artifacts`, which checks
+files are then loaded with :func:`sam2serve.runtime.export.load_artifacts`, which checks
 every file's sha256, the model, the mode and the runtime against the manifest.
 """
 
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sam2serve.accel.export import MANIFEST, ArtifactError
+from sam2serve.runtime.export import MANIFEST, ArtifactError
 
 DEFAULT_CACHE_DIR = (
     Path(os.environ.get("SAM2SERVE_CACHE", Path.home() / ".cache" / "sam2serve")) / "artifacts"

@@ -26,7 +26,18 @@ DEFAULT_IMAGES_PER_REPLICA = 32
 # ServerSettings fields a replica takes from the file. The model comes from the
 # artifacts, the API key from an environment variable, and a replica always warms up.
 NOT_SERVER_KEYS = frozenset(
-    {"model", "mode", "checkpoint", "random_weights", "artifacts", "seed", "device", "api_key"}
+    {
+        "model",
+        "mode",
+        "backend",
+        "checkpoint",
+        "random_weights",
+        "artifacts",
+        "seed",
+        "device",
+        "threads",
+        "api_key",
+    }
 )
 SERVER_KEYS = tuple(
     f.name for f in dataclasses.fields(ServerSettings) if f.name not in NOT_SERVER_KEYS
@@ -59,6 +70,9 @@ class ReplicaArgs:
     artifacts_cache: str | None = None  # where fsspec URIs are copied (default: ~/.cache)
     images_per_replica: int = DEFAULT_IMAGES_PER_REPLICA  # image ids a replica advertises
     api_key_env: str | None = None  # environment variable with the API key, if any
+    # Torch threads per replica; None: the CPUs Ray reserved for it (ray_actor_options
+    # num_cpus, 1 by default), so replicas sharing a machine do not oversubscribe it.
+    threads: int | None = None
     server: dict[str, Any] = field(default_factory=dict)  # ServerSettings fields
 
     @classmethod
@@ -99,6 +113,11 @@ class ReplicaArgs:
             raise ConfigError(
                 f"{where}.images_per_replica: expected an integer >= 1, "
                 f"got {self.images_per_replica!r}"
+            )
+        if self.threads is not None and (not _is_int(self.threads) or self.threads < 1):
+            raise ConfigError(
+                f"{where}.threads: expected an integer >= 1 (or leave it out: the CPUs Ray "
+                f"reserves for the replica), got {self.threads!r}"
             )
         if not isinstance(self.server, dict):
             raise ConfigError(f"{where}.server: expected a mapping, got {self.server!r}")

@@ -16,9 +16,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
-WARMUP_SIDE = 64
 # Ray Serve histogram boundaries for the cold start, in seconds.
 START_BUCKETS_S = [1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0]
 STAGES = ("process_to_constructor", "fetch_artifacts", "load_artifacts", "warmup")
@@ -42,13 +39,6 @@ def compile_frames() -> int:
     import torch._dynamo.utils as dynamo_utils
 
     return sum(dynamo_utils.counters["frames"].values())
-
-
-def warm_up(predictor: Any) -> None:
-    """One encode and one decode, so no request pays for lazy initialisation."""
-    pixels = np.full((WARMUP_SIDE, WARMUP_SIDE, 3), 128, dtype=np.uint8)
-    embedding = predictor.encode(pixels)
-    predictor.predict(embedding, point_coords=[[WARMUP_SIDE / 2] * 2], point_labels=[1])
 
 
 @dataclass

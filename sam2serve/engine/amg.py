@@ -81,6 +81,8 @@ __all__ = [
 OutputMode = Literal["binary_mask", "uncompressed_rle", "coco_rle"]
 OUTPUT_MODES: tuple[str, ...] = ("binary_mask", "uncompressed_rle", "coco_rle")
 PointGrid = tuple[tuple[float, float], ...]
+# Turns (N, H, W) bool masks into their RLEs.
+RleEncoder = Callable[[torch.Tensor], list[Rle]]
 # progress(done, total): decoder batches finished so far and in all, over all crops.
 Progress = Callable[[int, int], None]
 
@@ -417,7 +419,12 @@ class MaskGenerator:
     """
 
     def __init__(
-        self, predictor: Predictor, params: AMGParams | None = None, **overrides: Any
+        self,
+        predictor: Predictor,
+        params: AMGParams | None = None,
+        *,
+        rle: RleEncoder = masks_to_rle,
+        **overrides: Any,
     ) -> None:
         if params is not None and not isinstance(params, AMGParams):
             raise AMGParamError(
@@ -425,6 +432,9 @@ class MaskGenerator:
                 f"arguments), got {type(params).__name__}"
             )
         self.predictor = predictor
+        # How each batch's kept masks become RLE (batched by default; callers may time it
+        # or encode one mask at a time, as the reference does).
+        self._rle = rle
         self.params = (params or AMGParams()).replace(**overrides)
         self._layer_grids = self.params.layer_point_grids()  # derived from params only
 
@@ -579,7 +589,7 @@ class MaskGenerator:
             stability[keep],
         )
 
-        rles = masks_to_rle(uncrop_masks(masks, crop_box, height, width))
+        rles = self._rle(uncrop_masks(masks, crop_box, height, width))
         crop_boxes = torch.tensor(crop_box, dtype=torch.int64, device=boxes.device)
         return _Masks(
             rles,

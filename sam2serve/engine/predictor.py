@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sam2serve.accel.fast_decoder import FastMaskDecoder, ImageSide
 from sam2serve.engine.image import load_image, preprocess
+from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder, ImageSide
 from sam2serve.modeling.sam2 import ImageFeatures, SAM2Image
 
 LOW_RES_CLAMP = 32.0
@@ -153,7 +153,7 @@ class Predictor:
     """Encode images and decode prompts with a :class:`SAM2Image`; holds no request state.
 
     ``decoder="fast"`` decodes prompts without a mask input through
-    :class:`~sam2serve.accel.fast_decoder.FastMaskDecoder` (the same answers, ~3x fewer
+    :class:`~sam2serve.modeling.fast_mask_decoder.FastMaskDecoder` (the same answers, ~3x fewer
     FLOPs) once an image has ``fast_min_prompts`` prompts to decode (fewer go through the
     reference decoder, which is cheaper for them); ``"reference"`` runs the module as Meta
     wrote it (batched, features broadcast).
@@ -191,6 +191,9 @@ class Predictor:
         if mask_bytes_budget < 1:
             raise ValueError(f"mask_bytes_budget must be >= 1, got {mask_bytes_budget}")
         self.mask_bytes_budget = mask_bytes_budget
+        # How it runs (a sam2serve.runtime RuntimeSpec), set by the runtime's constructor;
+        # None for a Predictor built by hand.
+        self.runtime: Any = None
 
     @property
     def device(self) -> torch.device:

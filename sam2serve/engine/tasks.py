@@ -11,7 +11,7 @@ Point records hold ``segmentation``, ``area``, ``bbox`` (XYWH as Meta writes it)
 ``predicted_iou`` and ``point_coords`` (the prompt). The CLI, the benchmark and the server
 all call these, so a task means the same thing everywhere.
 
-How a task runs follows the execution mode's flags (see :mod:`sam2serve.accel.modes`;
+How a task runs follows the execution mode's flags (see :mod:`sam2serve.runtime.modes`;
 any object with the attributes of :class:`TaskFlags` will do, a ``Mode`` included):
 
 - ``batch_prompts=False`` is the reference way: one prompt per decoder call, all three
@@ -19,8 +19,8 @@ any object with the attributes of :class:`TaskFlags` will do, a ``Mode`` include
   ``True`` decodes every prompt of the image together and upscales only the best mask of
   each prompt: the same masks, since the choice reads only the IoU head.
 - ``batch_rle=False`` converts masks to RLE one at a time, one host transfer per mask, as
-  Meta's ``mask_to_rle_pytorch`` does; ``True`` converts a batch with one transfer.
-- ``amg_points_per_batch`` (when not None) replaces ``AMGParams.points_per_batch``.
+  Meta's ``mask_to_rle_pytorch`` does; ``True`` converts a batch with one transfer. AMG
+  honours it too (:func:`rle_encoder`), so ``run --mode baseline`` is the bench's baseline.
 
 Timing is opt-in: pass a :class:`StageTimer` and each stage's wall time is added to it
 (decode, preprocess, encode, decode_masks, postprocess, rle). Stages nest exclusively: a
@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from sam2serve.engine.amg import AMGParams, MaskGenerator
+from sam2serve.engine.amg import AMGParams, MaskGenerator, RleEncoder
 from sam2serve.engine.image import ImageSource, load_image, preprocess
 from sam2serve.engine.masks import batched_mask_to_box, box_xyxy_to_xywh
 from sam2serve.engine.predictor import Embedding, Predictor
@@ -72,16 +72,13 @@ Point = Sequence[float]
 
 
 class TaskFlags(Protocol):
-    """What the tasks read from an execution mode (``accel.modes.Mode`` has these)."""
+    """What the tasks read from a mode (``sam2serve.runtime.modes.Mode`` has these)."""
 
     @property
     def batch_prompts(self) -> bool: ...
 
     @property
     def batch_rle(self) -> bool: ...
-
-    @property
-    def amg_points_per_batch(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -90,7 +87,6 @@ class TaskOptions:
 
     batch_prompts: bool = True
     batch_rle: bool = True
-    amg_points_per_batch: int | None = None
 
 
 DEFAULT_FLAGS = TaskOptions()
@@ -220,22 +216,30 @@ def _embedding_for(
 # --------------------------------------------------------------------------- amg
 
 
-def _amg_params(params: AMGParams, flags: TaskFlags) -> AMGParams:
-    changes: dict[str, Any] = {}
-    if params.output_mode != "coco_rle":
-        changes["output_mode"] = "coco_rle"
-    per_batch = flags.amg_points_per_batch
-    if per_batch is not None and per_batch != params.points_per_batch:
-        changes["points_per_batch"] = per_batch
-    return params.replace(**changes) if changes else params
+def _amg_params(params: AMGParams) -> AMGParams:
+    return params if params.output_mode == "coco_rle" else params.replace(output_mode="coco_rle")
+
+
+def rle_encoder(batch_rle: bool, timer: StageTimer | None = None) -> RleEncoder:
+    """How AMG turns a batch's masks into RLE: batched (one host sync) or one mask at a
+    time (the reference's way), timed as the ``rle`` stage when there is a timer."""
+
+    def encode(masks: torch.Tensor) -> list[Rle]:
+        with _stage(timer, "rle"):
+            if batch_rle:
+                return masks_to_rle(masks)
+            return [rle for mask in masks for rle in masks_to_rle(mask[None])]
+
+    return encode
 
 
 def mask_generator(
     predictor: Predictor, params: AMGParams | None = None, flags: TaskFlags = DEFAULT_FLAGS
 ) -> MaskGenerator:
-    """The generator :func:`amg` runs for these flags: COCO RLE output, and the mode's
-    points per batch if it sets one. Build it once per predictor and reuse it."""
-    return MaskGenerator(predictor, _amg_params(params or AMGParams(), flags))
+    """The generator :func:`amg` runs for these flags: COCO RLE output, RLE batched or not
+    as the mode says. Build it once per predictor and reuse it."""
+    params = _amg_params(params or AMGParams())
+    return MaskGenerator(predictor, params, rle=rle_encoder(flags.batch_rle))
 
 
 @torch.inference_mode()
@@ -253,14 +257,15 @@ def amg(
     the generator does after it is timed as post-processing, except the decoder calls
     (``decode_masks``) and the encoding of extra crops (``encode``).
     """
-    params = _amg_params(generator.params, flags)
+    params = _amg_params(generator.params)
     if params is not generator.params:
-        generator = MaskGenerator(generator.predictor, params)
+        generator = MaskGenerator(generator.predictor, params, rle=rle_encoder(flags.batch_rle))
     pixels = decode(image, timer)
     embedding = _embedding_for(generator.predictor, pixels, embedding, timer)
-    if timer is not None:
+    if timer is not None:  # a generator of this call's own, its work in their stages
         timed = _TimedPredictor(generator.predictor, timer)
-        generator = MaskGenerator(timed, params)  # type: ignore[arg-type]
+        encode = rle_encoder(flags.batch_rle, timer)
+        generator = MaskGenerator(timed, params, rle=encode)  # type: ignore[arg-type]
     with _stage(timer, "postprocess"):
         records = generator.generate(pixels, embedding=embedding)
     return [dict(record) for record in records]

@@ -63,14 +63,27 @@ class SAM2Image(nn.Module):
     def device(self) -> torch.device:
         return self.no_mem_embed.device
 
-    def encode_image(self, images: torch.Tensor) -> ImageFeatures:
+    def encode_image(
+        self, images: torch.Tensor, autocast_dtype: torch.dtype | None = None
+    ) -> ImageFeatures:
         """Normalised (B, 3, 1024, 1024) images -> the features the SAM heads consume.
 
         The encoder may run in a lower precision than the heads (furious mode keeps the
-        heads in fp32); its outputs are cast to the heads' dtype here."""
+        heads in fp32): with its weights cast (the CPU), or under autocast to
+        ``autocast_dtype`` (CUDA, as Meta runs it). Its outputs are cast to the heads'
+        dtype here; fp16 features that overflowed are an error, never silent inf/NaN."""
         encoder_dtype = self.image_encoder.neck.convs[0].conv.weight.dtype
         heads_dtype = self.no_mem_embed.dtype
-        levels = self.image_encoder(images.to(encoder_dtype))
+        if autocast_dtype is None:
+            levels = self.image_encoder(images.to(encoder_dtype))
+        else:
+            with torch.autocast(images.device.type, dtype=autocast_dtype):
+                levels = self.image_encoder(images)
+        half = torch.float16 in (autocast_dtype, encoder_dtype)
+        if half and not all(bool(torch.isfinite(level).all()) for level in levels):
+            raise FloatingPointError(
+                "the image encoder overflowed float16; run mode 'fast' (fp32) on this GPU"
+            )
         s0, s1, lowest = (level.to(heads_dtype) for level in levels)
         decoder = self.sam_mask_decoder
         image_embed = lowest + self.no_mem_embed.reshape(1, -1, 1, 1)

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from sam2serve.accel.aoti import AOTIProgram, cpu_model
-from sam2serve.accel.fast_decoder import FastMaskDecoder, FinalKeys, ImageSide
+from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder, FinalKeys, ImageSide
+from sam2serve.runtime.aoti import AOTIProgram, cpu_model
 
 SIDE_PT2 = "decoder_side.pt2"
 PROMPTS_PT2 = "decoder_prompts.pt2"

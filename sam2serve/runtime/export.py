@@ -13,7 +13,7 @@
   image path (encoder in the mode's dtype) through torch.export and AOTInductor, batch 1;
 - ``decoder_side.pt2``, ``decoder_prompts.pt2``, ``decoder_masks.pt2`` (with either
   backend, unless ``decoder="eager"``): the fast mask decoder through torch.export and
-  AOTInductor (:mod:`sam2serve.accel.decoder_programs`); without them the decoder runs
+  AOTInductor (:mod:`sam2serve.runtime.decoder_programs`); without them the decoder runs
   eagerly from ``heads.pt``;
 - ``manifest.json``: what was exported and how — model, mode, precision, runtime versions,
   shapes, the sha256 of every file, the weights' origin and the command.
@@ -39,14 +39,17 @@ from pathlib import Path
 
 import torch
 
-from sam2serve.accel.aoti import AOTIProgram
-from sam2serve.accel.decoder_programs import export_decoder_programs, load_fast_decoder
-from sam2serve.accel.fast_decoder import FastMaskDecoder
-from sam2serve.accel.modes import Mode, get_mode
 from sam2serve.checkpoint import WeightsInfo, load_model
 from sam2serve.config import get_config
 from sam2serve.engine.predictor import Predictor
+from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder
 from sam2serve.modeling.sam2 import ImageFeatures, SAM2Image
+from sam2serve.runtime.aoti import AOTIProgram
+from sam2serve.runtime.backends import ARTIFACT_DECODERS, ARTIFACT_IMAGE_PATHS
+from sam2serve.runtime.build import encoder_dtype, predictor_for, upscaling_dtype
+from sam2serve.runtime.decoder_programs import export_decoder_programs, load_fast_decoder
+from sam2serve.runtime.modes import Mode, get_mode
+from sam2serve.runtime.spec import RuntimeSpec
 
 MANIFEST = "manifest.json"
 ENCODER_XML = "image_encoder.xml"
@@ -56,9 +59,10 @@ HEADS = "heads.pt"
 # ~8 s compile of the IR; used only on a CPU of the same name, else the IR is compiled.
 ENCODER_BLOB = "image_encoder.cpu.blob"
 FORMAT_VERSION = 1
-BACKENDS = ("openvino", "aoti")
-# How the mask decoder runs from the artifacts: AOTInductor programs, or eagerly from heads.pt.
-DECODERS = ("aoti", "eager")
+# How the image path is exported (BACKENDS, historically: the manifest's "backend" key) and
+# how the mask decoder runs from the artifacts (AOTInductor programs, or eagerly).
+BACKENDS = ARTIFACT_IMAGE_PATHS
+DECODERS = ARTIFACT_DECODERS
 # backend aoti: the image path as a torch.export + AOTInductor package (batch 1; a batch
 # of images runs image by image), run by AOTIProgram.
 ENCODER_PT2 = "image_encoder.pt2"
@@ -193,7 +197,7 @@ def export_artifacts(
         progress("image path: OpenVINO conversion and compilation for this CPU")
         reference, encoder_files, extra = _export_openvino(model, spec, out)
     if decoder == "aoti":
-        fast = FastMaskDecoder(model.sam_mask_decoder, spec.upscaling_dtype(model.device))
+        fast = FastMaskDecoder(model.sam_mask_decoder, upscaling_dtype(spec, model.device))
         embed, *high_res = reference
         extra["decoder"] = export_decoder_programs(
             fast, model.sam_prompt_encoder, embed, tuple(high_res), out, progress
@@ -205,6 +209,8 @@ def export_artifacts(
         "format": FORMAT_VERSION,
         "model": size,
         "mode": mode,
+        # How a loader runs these files: RuntimeSpec(model, mode, backend="artifacts").
+        "spec": {"model": size, "mode": mode, "backend": "artifacts", "device": "cpu"},
         "backend": backend,
         "device": "cpu",
         "precision": _encoder_precision(spec),
@@ -244,8 +250,7 @@ def _export_aoti(
 ) -> tuple[tuple[torch.Tensor, ...], tuple[str, ...], dict]:
     """torch.export of the image path (the encoder in the mode's dtype), compiled ahead of
     time by AOTInductor into one package."""
-    dtype = spec.encoder_dtype(model.device)
-    model.image_encoder.to(dtype)
+    model.image_encoder.to(encoder_dtype(spec, model.device))
     path = _ImagePath(model).eval()
     example = torch.zeros(1, 3, model.image_size, model.image_size)
     with torch.inference_mode():
@@ -343,16 +348,16 @@ class AOTImageEncoder:
         return ImageFeatures(embed, (s0, s1))
 
 
-def load_artifacts(
-    directory: str | Path, size: str | None = None, mode: str | None = None
-) -> Predictor:
+def load_artifacts(directory: str | Path, spec: RuntimeSpec | None = None) -> Predictor:
     """A Predictor whose image path (and, if exported, fast decoder) runs from the artifacts:
-    no compilation, no checkpoint."""
+    no compilation, no checkpoint. ``spec`` (backend 'artifacts') must agree with the
+    manifest's model and mode; without one they are taken from the manifest."""
 
     directory = Path(directory)
     manifest = read_manifest(directory)
-    check_manifest(manifest, directory, size, mode)
-    spec = get_mode(manifest["mode"])
+    if spec is None:
+        spec = RuntimeSpec(model=manifest["model"], mode=manifest["mode"], backend="artifacts")
+    check_manifest(manifest, directory, spec.model, spec.mode)
     model = SAM2Image(get_config(manifest["model"]), with_image_encoder=False)
     model.load_state_dict(torch.load(directory / HEADS, weights_only=True), strict=True)
     info = manifest["weights"]
@@ -362,8 +367,9 @@ def load_artifacts(
     if "decoder" in manifest:
         fast_decoder = load_fast_decoder(model.sam_mask_decoder, directory, manifest["decoder"])
     if manifest.get("backend") == "aoti":
-        return spec.predictor(model, AOTImageEncoder(str(directory / ENCODER_PT2)), fast_decoder)
+        aot_encoder = AOTImageEncoder(str(directory / ENCODER_PT2))
+        return predictor_for(model, spec, aot_encoder, fast_decoder)
     encoder = _import_compiled(directory, manifest)
     if encoder is None:  # exported on another CPU (or before blobs): compile the IR here
         encoder = compile_for_cpu(str(directory / ENCODER_XML), manifest["precision"])
-    return spec.predictor(model, encoder, fast_decoder)
+    return predictor_for(model, spec, encoder, fast_decoder)

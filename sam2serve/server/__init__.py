@@ -1,12 +1,15 @@
 """The HTTP service: ``create_app(settings, predictor=None)`` and its parts.
 
 app.py (the app factory and routes), service.py (the request flow: caches, shared
-encodes, model jobs), request_body.py (JSON or multipart bodies), uploads.py (base64 and
-image decoding with their limits), prompts.py (prompt checks and decoding), auth.py (the
-API key), body_limit.py (the body size limit), schemas.py (the API contract), settings.py
-(model and limits), cache.py (embedding and mask caches), batching.py (the model worker),
-metrics.py (Prometheus), errors.py (one error shape), commands.py (``serve`` and
-``loadtest``), loadtest.py (the load generator).
+encodes, model jobs), request_body.py (JSON or multipart bodies), request_guard.py
+(disconnects and timeouts after the body), uploads.py (base64 and image decoding with
+their limits), prompts.py (prompt checks and decoding), auth.py (the API key),
+body_limit.py (the body's size and time limits), http_server.py (uvicorn: header timeout,
+connection cap), memory.py (returning freed memory), api_docs.py (offline /docs),
+schemas.py (the API contract), settings.py (model and limits), cache.py (embedding and
+mask caches), batching.py (the model worker), metrics.py (Prometheus), errors.py (one
+error shape), loadtest.py (the load generator). The ``serve`` and ``loadtest`` commands
+are in :mod:`sam2serve.commands`.
 
 ``create_app`` and ``ServerSettings`` are importable from here; FastAPI is only imported
 when ``create_app`` is first used, so the CLI can register its commands cheaply.

@@ -41,6 +41,7 @@ from sam2serve.engine.amg import MaskGenerator, finite_or_none
 from sam2serve.engine.predictor import Predictor, PromptError
 from sam2serve.engine.rle import Rle, area_from_rle
 from sam2serve.server import schemas
+from sam2serve.server.api_docs import install_offline_docs
 from sam2serve.server.auth import require_api_key
 from sam2serve.server.batching import JobContext
 from sam2serve.server.body_limit import BodyLimitMiddleware
@@ -118,17 +119,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> FastAPI:
     """The app for ``settings``; loads the model unless a ``predictor`` is given."""
     if predictor is None:
-        from sam2serve.accel.modes import build_predictor
+        from sam2serve.runtime.build import build_predictor
 
-        predictor = build_predictor(
-            settings.model,
-            settings.mode,
-            checkpoint=settings.checkpoint,
-            random_weights=settings.random_weights,
-            seed=settings.seed,
-            device=settings.device,
-            artifacts=settings.artifacts,
-        )
+        predictor = build_predictor(settings.runtime_spec(), settings.weights_source())
     service = Service(settings, predictor)
 
     @contextlib.asynccontextmanager
@@ -144,7 +137,10 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
         summary="Segment Anything 2 on images over HTTP: embeddings, prompts, AMG.",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # served from the package's own assets (offline), below
+        redoc_url=None,
     )
+    install_offline_docs(app)
     app.state.service = service
     install_error_handlers(
         app,
@@ -344,6 +340,7 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
         return schemas.Ready(
             model=service.model_name,
             mode=settings.mode,
+            backend=service.backend,
             device=str(predictor.device),
             dtype=service.dtype_name,
             weights=service.weights,

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from sam2serve.engine.predictor import Embedding, Predictor
 
@@ -341,6 +342,8 @@ class ModelWorker:
 
     def _encode(self, jobs: list[_Job]) -> list[Embedding]:
         embedding = self.predictor.encode([job.pixels for job in jobs])
+        if embedding.image_embed.is_cuda:  # time the encode, not its launch
+            torch.cuda.synchronize(embedding.image_embed.device)
         if len(jobs) == 1:
             return [embedding]
         # Indexing gives views of the batch tensors; copies let each image's entry be

@@ -185,6 +185,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         twice = next(key for key, _ in pairs if key in seen or seen.add(key))
         raise ValueError(f"the key {short_repr(twice)} appears more than once in one object")
     return data
+
+
 _COUNT_SLICE = 2 * 1024 * 1024
 
 

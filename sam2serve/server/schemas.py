@@ -365,7 +365,13 @@ class Health(BaseModel):
 class Ready(BaseModel):
     status: Literal["ready"] = Field("ready", description="'ready': loaded and warmed up.")
     model: str = Field(description="Model size.")
-    mode: str = Field(description="Execution mode (see sam2serve.accel.modes).")
+    mode: str = Field(
+        description="What answers: baseline, fast or furious (sam2serve.runtime.modes)."
+    )
+    backend: str = Field(
+        description="What executes the mode: eager, compile, openvino or artifacts "
+        "(sam2serve.runtime.backends)."
+    )
     device: str = Field(description="Where the model runs, e.g. 'cpu'.")
     dtype: str = Field(description="The model's dtype, e.g. 'float32'.")
     weights: dict[str, Any] = Field(

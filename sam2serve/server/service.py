@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from sam2serve.engine.predictor import Embedding, Predictor
+from sam2serve.runtime.warmup import warm_up
 from sam2serve.server.batching import (
     BULK,
     INTERACTIVE,
@@ -49,8 +50,6 @@ from sam2serve.server.settings import ServerSettings
 from sam2serve.server.uploads import decode_image
 
 log = logging.getLogger("sam2serve.server")
-
-WARMUP_SIDE = 64
 
 
 @dataclass
@@ -121,12 +120,16 @@ class Service:
         )
         weights = getattr(predictor.model, "weights_info", None)
         self.weights = _public_weights(weights.as_dict() if weights is not None else {})
+        runtime = predictor.runtime
+        self.backend = runtime.backend if runtime is not None else "custom"
         self.metrics.model_info.info(
             {
                 "model": self.model_name,
                 "mode": settings.mode,
+                "backend": self.backend,
                 "device": str(predictor.device),
                 "dtype": self.dtype_name,
+                "threads": str(torch.get_num_threads()),
                 "weights": str(self.weights.get("source")),
             }
         )
@@ -153,14 +156,10 @@ class Service:
         self.metrics.ready.set(1)
 
     async def _warm_up(self) -> None:
-        """One encode and one decode, so the first request does not pay for lazy init."""
+        """Every path a request takes, once, so the first request does not pay for lazy init."""
 
         def run(context: JobContext) -> None:
-            pixels = np.full((WARMUP_SIDE, WARMUP_SIDE, 3), 128, dtype=np.uint8)
-            embedding = self.predictor.encode(pixels)
-            self.predictor.predict(
-                embedding, point_coords=[[WARMUP_SIDE / 2] * 2], point_labels=[1]
-            )
+            warm_up(self.predictor)
 
         try:
             await asyncio.wrap_future(self.worker.submit("warmup", run).future)

@@ -10,6 +10,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+
 MiB = 1024 * 1024
 
 # One fp32 embedding of any model size is 16 MiB (image_embed 4 + high-res features 12).
@@ -30,11 +32,15 @@ class ServerSettings:
     # ---- the model (ignored when create_app is handed a ready predictor)
     model: str = "tiny"
     mode: str = "fast"
+    # What executes the mode (sam2serve.runtime.backends); artifacts imply "artifacts".
+    backend: str = "eager"
     checkpoint: str | None = None
     random_weights: bool = False
     artifacts: str | None = None  # a 'sam2serve export' directory (weights included)
     seed: int = 0
     device: str = "cpu"
+    # Intra-op CPU threads; None: the CPUs this process may use (affinity, cgroup quota).
+    threads: int | None = None
 
     # ---- limits on one request
     # Largest encoded image (the file's bytes, after base64 decoding): larger -> 413.
@@ -143,6 +149,20 @@ class ServerSettings:
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to disable it)")
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
+
+    def runtime_spec(self) -> RuntimeSpec:
+        """How the model runs; ValueError naming a bad model, mode, backend or device."""
+        backend = "artifacts" if self.artifacts is not None else self.backend
+        return RuntimeSpec(
+            model=self.model,
+            mode=self.mode,
+            backend=backend,
+            device=self.device,
+            threads=self.threads,
+        )
+
+    def weights_source(self) -> WeightsSource:
+        return WeightsSource(self.checkpoint, self.random_weights, self.seed, self.artifacts)
 
     @property
     def max_body_bytes(self) -> int:

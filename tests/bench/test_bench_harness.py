@@ -28,8 +28,8 @@ from sam2serve.bench.report import CSV_COLUMNS
 from sam2serve.engine.tasks import STAGES
 
 HAS_SAM2 = not missing_requirements()
-# fast+aot: exported once by the bench, its worker starts from the artifacts.
-MODES = ["baseline", "fast", "fast+aot"] + (["reference"] if HAS_SAM2 else [])
+# fast+artifacts: exported once by the bench, its worker starts from the artifacts.
+MODES = ["baseline", "fast", "fast+artifacts"] + (["reference"] if HAS_SAM2 else [])
 TASKS = ["amg", "sps", "mps"]
 
 
@@ -70,7 +70,7 @@ def bench(tmp_path_factory):
         str(root / "work"),
         "--timeout",
         "600",
-        # The decoder programs are tested in tests/accel; compiling them here would add
+        # The decoder programs are tested in tests/runtime; compiling them here would add
         # ~2 minutes to the suite.
         "--aot-decoder",
         "eager",
@@ -170,9 +170,9 @@ def test_aot_mode_started_from_artifacts_exported_once(bench):
     manifest = json.loads((work / "artifacts" / "fast" / "manifest.json").read_text())
     assert manifest["mode"] == "fast" and manifest["weights"]["source"] == "checkpoint"
     for task in TASKS:
-        spec = json.loads((work / f"{task}-fast+aot-cold.spec.json").read_text())
+        spec = json.loads((work / f"{task}-fast+artifacts-cold.spec.json").read_text())
         assert spec["artifacts"] == str(work / "artifacts" / "fast")
-    assert "fast+aot: artifacts exported once before the runs" in text
+    assert "fast+artifacts: artifacts exported once before the runs" in text
     assert "mask decoder eager" in text
 
 
@@ -196,7 +196,7 @@ def test_bench_usage_errors_are_one_line(tmp_path):
     cases = [
         (["bench", "--modes", "baseline,turbo", "--random-weights"], "turbo"),
         (["bench", "--modes", "fast+turbo", "--random-weights"], "'turbo'"),
-        (["bench", "--modes", "baseline+aot", "--random-weights"], "fast and furious"),
+        (["bench", "--modes", "baseline+artifacts", "--random-weights"], "fast and furious"),
         (["bench", "--images", str(tmp_path / "none"), "--random-weights"], "neither"),
         (["bench", "--n", "0", "--random-weights"], "--n must be at least 1"),
         (["bench", "--random-weights", "--points-per-side", "0"], "--points-per-side"),

@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 
-from sam2serve.accel.export import ArtifactError, load_artifacts
 from sam2serve.cluster.artifacts import resolve_artifacts
+from sam2serve.runtime.export import ArtifactError, load_artifacts
+from sam2serve.runtime.spec import RuntimeSpec
 
 
 def test_a_uri_is_copied_once_and_loads(exported_artifacts, tmp_path):
@@ -20,7 +21,7 @@ def test_a_uri_is_copied_once_and_loads(exported_artifacts, tmp_path):
     assert first.directory.parent == cache
     manifest = (exported_artifacts / "manifest.json").read_bytes()
     assert first.manifest_sha256 == hashlib.sha256(manifest).hexdigest()
-    predictor = load_artifacts(first.directory, "tiny", "fast")
+    predictor = load_artifacts(first.directory, RuntimeSpec("tiny", "fast", "artifacts"))
     assert predictor.model.weights_info.is_random
 
 
@@ -31,7 +32,7 @@ def test_a_corrupt_copy_is_refused_by_the_manifest(exported_artifacts, tmp_path)
         f.write(b"corrupt")
     local = resolve_artifacts(source.as_uri(), tmp_path / "cache")
     with pytest.raises(ArtifactError, match="heads.pt does not match its sha256"):
-        load_artifacts(local.directory, "tiny", "fast")
+        load_artifacts(local.directory, RuntimeSpec("tiny", "fast", "artifacts"))
 
 
 def test_missing_locations_are_named(tmp_path):

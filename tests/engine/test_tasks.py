@@ -11,12 +11,12 @@ from pycocotools import mask as mask_utils
 from skimage import data
 
 from sam2serve.engine import tasks
-from sam2serve.engine.amg import AMGParams
+from sam2serve.engine.amg import AMGParams, MaskGenerator
 from sam2serve.engine.predictor import Predictor
 from sam2serve.engine.tasks import StageTimer, TaskOptions
 
-REFERENCE_WAY = TaskOptions(batch_prompts=False, batch_rle=False, amg_points_per_batch=None)
-BATCHED = TaskOptions(batch_prompts=True, batch_rle=True, amg_points_per_batch=None)
+REFERENCE_WAY = TaskOptions(batch_prompts=False, batch_rle=False)
+BATCHED = TaskOptions(batch_prompts=True, batch_rle=True)
 POINTS = [[30.0, 40.0], [200.0, 150.0], [420.0, 250.0], [5.0, 290.0], [225.5, 10.25]]
 
 
@@ -92,20 +92,21 @@ def test_bbox_is_metas_xywh(predictor, image, embedding):
         assert record["bbox"] == [float(v) for v in expected]
 
 
-def test_amg_points_per_batch_override_keeps_the_masks(predictor, image, embedding):
+def test_amg_rle_one_mask_at_a_time_keeps_the_masks(predictor, image, embedding):
+    """batch_rle=False (baseline) reaches AMG's RLE too, with the same records."""
     params = AMGParams(points_per_side=4, pred_iou_thresh=0.0, stability_score_thresh=0.0)
-    small_batches = tasks.mask_generator(predictor, params, TaskOptions(amg_points_per_batch=3))
-    assert small_batches.params.points_per_batch == 3
-    assert small_batches.params.output_mode == "coco_rle"
-    generator = tasks.mask_generator(predictor, params)
-    assert generator.params.points_per_batch == params.points_per_batch
-    # amg() applies the flag itself too, whatever generator it is given.
-    overridden = tasks.amg(
-        generator, image, flags=TaskOptions(amg_points_per_batch=5), embedding=embedding
-    )
-    default = tasks.amg(generator, image, embedding=embedding)
+    batched = tasks.mask_generator(predictor, params)
+    assert batched.params.output_mode == "coco_rle"
+    one_by_one = tasks.mask_generator(predictor, params, REFERENCE_WAY)
+    calls: list[int] = []
+    counted = tasks.rle_encoder(False)
+    coco = params.replace(output_mode="coco_rle")
+    probe = MaskGenerator(predictor, coco, rle=lambda m: calls.append(len(m)) or counted(m))
+    default = tasks.amg(batched, image, embedding=embedding)
     assert default, "thresholds at 0 keep masks even with random weights"
-    assert [r["segmentation"] for r in overridden] == [r["segmentation"] for r in default]
+    assert tasks.amg(one_by_one, image, flags=REFERENCE_WAY, embedding=embedding) == default
+    assert [dict(r) for r in probe.generate(image, embedding=embedding)] == default
+    assert calls and sum(calls) >= len(default)
     for record in default:
         assert set(record) >= {"segmentation", "area", "bbox", "predicted_iou", "crop_box"}
         assert record["area"] == int(decode_coco(record["segmentation"]).sum())
@@ -117,7 +118,7 @@ def test_timed_amg_gives_the_same_records_and_fills_the_stages(predictor, image)
     timer = StageTimer(predictor.device)
     timed = tasks.amg(generator, image, timer=timer)
     assert timed == tasks.amg(generator, image)
-    for stage in ("decode", "preprocess", "encode", "decode_masks", "postprocess"):
+    for stage in ("decode", "preprocess", "encode", "decode_masks", "postprocess", "rle"):
         assert timer.ms[stage] > 0, stage
 
 

@@ -10,8 +10,15 @@ import numpy as np
 import pytest
 from skimage import data
 
-from sam2serve.accel.export import ArtifactError, export_artifacts, load_artifacts
-from sam2serve.accel.modes import build_predictor, split_variant
+from sam2serve.runtime.build import build_predictor
+from sam2serve.runtime.export import ArtifactError, export_artifacts, load_artifacts
+from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+
+
+def eager_predictor(seed: int = 0, **spec: str):
+    """The eager (or another backend's) fast predictor of the random weights of ``seed``."""
+    runtime = RuntimeSpec(model="tiny", mode="fast", **spec)
+    return build_predictor(runtime, WeightsSource(random_weights=True, seed=seed))
 
 
 @pytest.fixture
@@ -25,8 +32,8 @@ def test_artifacts_match_the_eager_model(exported):
     import torch._dynamo.utils as dynamo_utils
 
     dynamo_utils.counters.clear()
-    loaded = load_artifacts(exported, "tiny", "fast")
-    eager = build_predictor("tiny", "fast", random_weights=True, seed=4)
+    loaded = load_artifacts(exported, RuntimeSpec("tiny", "fast", "artifacts"))
+    eager = eager_predictor(4)
     images = [data.coffee(), data.chelsea()]
     ours, ref = loaded.encode(images), eager.encode(images)  # a batch: batch dim is dynamic
     for i in range(2):
@@ -69,13 +76,13 @@ def test_manifest_describes_the_export(exported):
 @pytest.mark.parametrize(
     ("size", "mode", "message"),
     [
-        ("large", None, "model is 'tiny', asked for 'large'"),
-        (None, "furious", "mode is 'fast', asked for 'furious'"),
+        ("large", "fast", "model is 'tiny', asked for 'large'"),
+        ("tiny", "furious", "mode is 'fast', asked for 'furious'"),
     ],
 )
 def test_mismatched_request_is_named(exported, size, mode, message):
     with pytest.raises(ArtifactError, match=message):
-        load_artifacts(exported, size, mode)
+        load_artifacts(exported, RuntimeSpec(size, mode, "artifacts"))
 
 
 def test_tampered_or_missing_files_are_named(exported, tmp_path):
@@ -107,11 +114,9 @@ def test_export_command_reports_a_missing_checkpoint(tmp_path, capsys):
 
 
 def test_openvino_image_path_at_start_up_matches_eager():
-    """encoder_backend="openvino" (bench mode NAME+jit): converted in memory, same answers."""
-    converted = build_predictor(
-        "tiny", "fast", random_weights=True, seed=4, encoder_backend="openvino"
-    )
-    eager = build_predictor("tiny", "fast", random_weights=True, seed=4)
+    """Backend openvino (bench row fast+openvino): converted in memory, same answers."""
+    converted = eager_predictor(4, backend="openvino")
+    eager = eager_predictor(4)
     image = data.coffee()
     ours, ref = converted.encode(image), eager.encode(image)
     scale = ref.image_embed.abs().max()
@@ -122,28 +127,38 @@ def test_openvino_image_path_at_start_up_matches_eager():
 
 @pytest.mark.parametrize(
     ("label", "expected"),
-    [("fast", ("fast", None)), ("furious+aot", ("furious", "aot")), ("fast+jit", ("fast", "jit"))],
+    [
+        ("fast", ("fast", "eager")),
+        ("furious+artifacts", ("furious", "artifacts")),
+        ("fast+openvino", ("fast", "openvino")),
+    ],
 )
-def test_mode_variants(label, expected):
-    assert split_variant(label) == expected
+def test_labels_name_a_mode_and_a_backend(label, expected):
+    spec = RuntimeSpec.from_label(label)
+    assert (spec.mode, spec.backend) == expected and spec.label == label
 
 
 @pytest.mark.parametrize(
     ("label", "message"),
     [
-        ("turbo+aot", "unknown mode 'turbo'"),
-        ("fast+turbo", "unknown mode variant 'turbo'"),
-        ("baseline+jit", "+jit is for the fast and furious modes"),
+        ("turbo+artifacts", "unknown mode 'turbo'"),
+        ("fast+turbo", "unknown backend 'turbo'"),
+        ("baseline+openvino", "backend 'openvino' runs the fast and furious modes"),
     ],
 )
-def test_bad_mode_variants_are_named(label, message):
+def test_bad_labels_are_named(label, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        split_variant(label)
+        RuntimeSpec.from_label(label)
 
 
-def test_unknown_encoder_backend_is_named():
-    with pytest.raises(ValueError, match="encoder_backend must be one of torch, openvino"):
-        build_predictor("tiny", "fast", random_weights=True, encoder_backend="tensorrt")
+def test_backends_need_or_refuse_artifacts(exported):
+    with pytest.raises(ValueError, match="backend 'artifacts' starts from 'sam2serve export'"):
+        build_predictor(RuntimeSpec("tiny", "fast", "artifacts"), WeightsSource())
+    with pytest.raises(ValueError, match="artifacts are run by backend 'artifacts', not 'eager'"):
+        build_predictor(RuntimeSpec("tiny", "fast"), WeightsSource(artifacts=str(exported)))
+    # Artifacts run on the CPU: asking for CUDA is an error, never a silent CPU run.
+    with pytest.raises(ValueError, match="backend 'artifacts' runs on cpu, not on 'cuda'"):
+        RuntimeSpec("tiny", "fast", "artifacts", device="cuda")
 
 
 def test_run_command_starts_from_artifacts(exported, tmp_path, capsys):
@@ -214,9 +229,9 @@ def test_decoder_programs_match_the_eager_fast_decoder(exported):
     import torch._dynamo.utils as dynamo_utils
 
     dynamo_utils.counters.clear()
-    loaded = load_artifacts(exported, "tiny", "fast")
+    loaded = load_artifacts(exported, RuntimeSpec("tiny", "fast", "artifacts"))
     assert loaded.fast_decoder.source == "AOTInductor programs, not compiled"
-    eager = build_predictor("tiny", "fast", random_weights=True, seed=4)
+    eager = eager_predictor(4)
     embedding = eager.encode(data.coffee())  # the same features into both decoders
     for prompts in _prompts(np.random.default_rng(0), embedding.original_size):
         for multimask in (True, False):
@@ -260,9 +275,9 @@ def test_aoti_backend_matches_the_eager_model(tmp_path):
         "heads.pt",
     }
     dynamo_utils.counters.clear()
-    loaded = load_artifacts(tmp_path, "tiny", "fast")
+    loaded = load_artifacts(tmp_path, RuntimeSpec("tiny", "fast", "artifacts"))
     assert loaded.image_encoder.source == "AOTInductor package, not compiled"
-    eager = build_predictor("tiny", "fast", random_weights=True)
+    eager = eager_predictor()
     images = [data.coffee(), data.chelsea()]  # two images: run one by one, same batch out
     ours, ref = loaded.encode(images), eager.encode(images)
     for i in range(2):

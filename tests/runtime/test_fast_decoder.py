@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from sam2serve.accel.fast_decoder import FastMaskDecoder
 from sam2serve.checkpoint import load_model
+from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder
 
 REFERENCE_GFLOP_PER_PROMPT = 3.555  # the decoder with image features copied per prompt
 

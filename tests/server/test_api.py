@@ -328,7 +328,7 @@ def test_metrics_exposition(client, chelsea_id):
         "sam2serve_queue_depth",
         "process_resident_memory_bytes",
         "sam2serve_process_peak_rss_bytes",
-        'sam2serve_model_info{device="cpu",dtype="float32",mode="fast",model="tiny"',
+        'sam2serve_model_info{backend="custom",device="cpu",dtype="float32",mode="fast",model="tiny"',
     ):
         assert expected in text, expected
     samples = scrape(client)

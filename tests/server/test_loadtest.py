@@ -14,7 +14,8 @@ import httpx
 import pytest
 from server_support import error_of, metric, scrape
 
-from sam2serve.server import commands
+from sam2serve.cli import main
+from sam2serve.commands.common import EXIT_OK, EXIT_USAGE
 from sam2serve.server.loadtest import LoadtestError, check_loopback_url
 
 LOADTEST_REQUESTS = 240
@@ -54,8 +55,8 @@ def test_other_urls_are_refused(url):
 
 
 def test_loadtest_command_refuses_a_remote_url(capsys):
-    status = commands.main(["loadtest", "--url", "http://192.168.0.2:8000", "--requests", "5"])
-    assert status == commands.EXIT_USAGE
+    status = main(["loadtest", "--url", "http://192.168.0.2:8000", "--requests", "5"])
+    assert status == EXIT_USAGE
     assert "not a loopback address" in capsys.readouterr().err
 
 
@@ -70,8 +71,8 @@ def test_loadtest_command_refuses_a_remote_url(capsys):
     ],
 )
 def test_loadtest_bounds(flag, value, capsys):
-    status = commands.main(["loadtest", "--url", "http://127.0.0.1:9", flag, value])
-    assert status == commands.EXIT_USAGE
+    status = main(["loadtest", "--url", "http://127.0.0.1:9", flag, value])
+    assert status == EXIT_USAGE
     assert flag in capsys.readouterr().err
 
 
@@ -86,7 +87,7 @@ def test_loadtest_against_a_live_server(main_server, photos, tmp_path, capsys):
     out, table = tmp_path / "loadtest.md", tmp_path / "loadtest.csv"
     with main_server.client() as client:
         before = scrape(client)
-    status = commands.main(
+    status = main(
         [
             "loadtest",
             "--url",
@@ -110,7 +111,7 @@ def test_loadtest_against_a_live_server(main_server, photos, tmp_path, capsys):
         ]
     )
     printed = capsys.readouterr().out
-    assert status == commands.EXIT_OK, printed
+    assert status == EXIT_OK, printed
     assert "latency p50 ms" in printed and "queue p50 ms" in printed
     with table.open() as f:
         rows = {row["endpoint"]: row for row in csv.DictReader(f)}
@@ -146,7 +147,7 @@ def test_serve_command_in_a_subprocess(tmp_path):
         [
             sys.executable,
             "-m",
-            "sam2serve.server.commands",
+            "sam2serve",
             "serve",
             "--random-weights",
             "--no-warmup",
@@ -197,14 +198,14 @@ def test_serve_command_in_a_subprocess(tmp_path):
 
 
 def test_serve_command_names_the_bad_flag(capsys):
-    status = commands.main(["serve", "--random-weights", "--max-queue", "0"])
-    assert status == commands.EXIT_USAGE
+    status = main(["serve", "--random-weights", "--max-queue", "0"])
+    assert status == EXIT_USAGE
     assert "--max-queue: max_queue must be an integer >= 1" in capsys.readouterr().err
 
 
 def test_serve_command_reports_a_missing_checkpoint(tmp_path, capsys):
-    status = commands.main(
+    status = main(
         ["serve", "--checkpoint", str(tmp_path / "missing.pt"), "--port", str(free_port())]
     )
-    assert status == commands.EXIT_USAGE
+    assert status == EXIT_USAGE
     assert "checkpoint file not found" in capsys.readouterr().err

@@ -1,34 +1,39 @@
-"""``sam2serve cluster up | status | down | burst``: argparse subcommands and handlers.
+"""``sam2serve cluster up | status | down | burst``: the service as a Ray Serve application.
 
-``add_commands(subparsers)`` registers ``cluster`` on the main CLI. Ray is imported only
-when a handler runs, so ``sam2serve --help`` stays fast and works without Ray.
+Ray is imported only when a handler runs, so the parsers work without it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-PROG = "sam2serve"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from sam2serve.commands.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STATUS_HELP,
+    PROG,
+    CommandParser,
+    StartError,
+    UsageError,
+    add_command,
+    command_line,
+    info_line,
+    positive_int,
+)
+
 DEFAULT_CONFIG = "deploy/serve_tiny.yaml"
 
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, max_help_position=36, width=100)
-
-
-CLUSTER_DESCRIPTION = """\
+DESCRIPTION = f"""\
 Run the service as a Ray Serve application: one deployment per model/mode, autoscaled
-replicas that start from shared 'sam2serve export' artifacts and report ready only when
-warm. The config file is a Ray Serve config file (see deploy/serve_tiny.yaml and
-docs/cluster.md), so the same file works with 'serve deploy' and KubeRay's RayService.
+replicas that start from shared '{PROG} export' artifacts and report ready only when
+warm. The config file is a Ray Serve config file (see {DEFAULT_CONFIG} and
+docs/cluster.md), so the same file works with 'serve deploy' and KubeRay's RayService;
+each application's args give its model, mode, device and threads per replica.
 
 commands:
   up      start a local Ray (or use --address) and deploy every application of the file
@@ -36,6 +41,8 @@ commands:
   down    delete the applications; stop the local Ray that 'up' started
   burst   N images at once per task (AMG, SPS, MPS): execution and queue time p50/p90,
           replicas over time, replica cold start; Markdown + CSV
+
+{EXIT_STATUS_HELP} (3: 'up' could not start Ray or the applications)
 """
 
 UP_EPILOG = f"""\
@@ -54,17 +61,15 @@ example (the committed result):
 """
 
 
-def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``cluster`` and its subcommands on the main parser's subcommands."""
-    cluster = subparsers.add_parser(
+def register(subcommands: argparse._SubParsersAction) -> None:
+    cluster = subcommands.add_parser(
         "cluster",
         help="the service on Ray Serve: up, status, down, burst benchmark",
-        description=CLUSTER_DESCRIPTION,
-        formatter_class=_HelpFormatter,
+        description=DESCRIPTION,
     )
     commands = cluster.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
-
-    up = commands.add_parser(
+    add_command(
+        commands,
         "up",
         help="deploy the config file's applications (local Ray unless --address)",
         description="Deploy every application of a cluster config file and wait until its "
@@ -72,64 +77,37 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         "(it keeps running after this command; 'cluster down' stops it) and every "
         "artifacts directory of the file must exist here.",
         epilog=UP_EPILOG,
-        formatter_class=_HelpFormatter,
+        handler=up_command,
+        add_arguments=_up_arguments,
     )
-    up.set_defaults(handler=up_command)
-    up.add_argument(
-        "--config",
-        required=True,
-        type=Path,
-        metavar="FILE",
-        help=f"Ray Serve config file with sam2serve applications (e.g. {DEFAULT_CONFIG})",
-    )
-    _add_address(up)
-    up.add_argument(
-        "--num-cpus",
-        type=int,
-        default=os.cpu_count() or 1,
-        metavar="N",
-        help="CPUs the local Ray offers; each replica takes ray_actor_options.num_cpus "
-        "(default: this machine's, %(default)s)",
-    )
-    up.add_argument(
-        "--ray-port", type=int, default=6379, metavar="PORT", help="local Ray's GCS port"
-    )
-    up.add_argument(
-        "--metrics-port",
-        type=int,
-        default=8080,
-        metavar="PORT",
-        help="local Ray's Prometheus endpoint: ray_serve_* and ray_sam2serve_* metrics "
-        "(default: %(default)s)",
-    )
-    up.add_argument(
-        "--timeout",
-        type=float,
-        default=600.0,
-        metavar="S",
-        help="give up if the applications are not running after this long (default: %(default)s)",
-    )
-
-    status = commands.add_parser(
+    add_command(
+        commands,
         "status",
         help="applications, deployments and replicas by state",
-        formatter_class=_HelpFormatter,
+        description="Applications, deployments and replicas by state, and the replica actors.",
+        handler=status_command,
+        add_arguments=_add_address,
     )
-    status.set_defaults(handler=status_command)
-    _add_address(status)
-
-    down = commands.add_parser(
+    add_command(
+        commands,
         "down",
         help="delete the applications; stop the local Ray that 'up' started",
-        formatter_class=_HelpFormatter,
+        description="Delete the applications; stop the local Ray that 'cluster up' started.",
+        handler=down_command,
+        add_arguments=_add_address,
     )
-    down.set_defaults(handler=down_command)
-    _add_address(down)
+    add_command(
+        commands,
+        "burst",
+        help="burst benchmark: N images at once per task, autoscaling",
+        description="",  # the burst module's docstring, set with the arguments
+        epilog=BURST_EPILOG,
+        handler=burst_command,
+        add_arguments=_burst_arguments,
+    )
 
-    _add_burst(commands)
 
-
-def _add_address(parser: argparse.ArgumentParser) -> None:
+def _add_address(parser: CommandParser) -> None:
     parser.add_argument(
         "--address",
         metavar="ADDR",
@@ -138,20 +116,50 @@ def _add_address(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_burst(commands: argparse._SubParsersAction) -> None:
-    from sam2serve.cluster import burst as burst_module
+def _up_arguments(parser: CommandParser) -> None:
+    parser.add_argument(
+        "--config",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help=f"Ray Serve config file with sam2serve applications (e.g. {DEFAULT_CONFIG})",
+    )
+    _add_address(parser)
+    parser.add_argument(
+        "--num-cpus",
+        type=positive_int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="CPUs the local Ray offers; each replica takes ray_actor_options.num_cpus "
+        "(default: this machine's, %(default)s)",
+    )
+    parser.add_argument(
+        "--ray-port", type=int, default=6379, metavar="PORT", help="local Ray's GCS port"
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8080,
+        metavar="PORT",
+        help="local Ray's Prometheus endpoint: ray_serve_* and ray_sam2serve_* metrics "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="give up if the applications are not running after this long (default: %(default)s)",
+    )
+
+
+def _burst_arguments(parser: CommandParser) -> None:
+    from sam2serve.cluster import burst
     from sam2serve.cluster.burst import TASKS, BurstConfig
 
+    parser.description = (burst.__doc__ or "").strip()
     d = BurstConfig(url="")
-    burst = commands.add_parser(
-        "burst",
-        help="burst benchmark: N images at once per task, autoscaling",
-        description=(burst_module.__doc__ or "").strip(),
-        epilog=BURST_EPILOG,
-        formatter_class=_HelpFormatter,
-    )
-    burst.set_defaults(handler=burst_command)
-    target = burst.add_mutually_exclusive_group(required=True)
+    target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="the application's URL, e.g. http://127.0.0.1:8000")
     target.add_argument(
         "--config",
@@ -159,70 +167,65 @@ def _add_burst(commands: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="take the URL and min_replicas from this config file's application",
     )
-    burst.add_argument(
+    parser.add_argument(
         "--app", metavar="NAME", help="with --config: which application (default: the first)"
     )
-    burst.add_argument(
+    parser.add_argument(
         "--n", type=int, default=d.n, metavar="N", help="images per task (default: %(default)s)"
     )
-    burst.add_argument(
+    parser.add_argument(
         "--tasks",
         default=",".join(TASKS),
         metavar="LIST",
         help="comma-separated tasks, run in this order (default: %(default)s)",
     )
-    burst.add_argument(
+    parser.add_argument(
         "--points-per-side",
         type=int,
         default=d.points_per_side,
         metavar="N",
         help="AMG grid, N*N clicks per image (default: %(default)s)",
     )
-    burst.add_argument(
+    parser.add_argument(
         "--mps-points",
         type=int,
         default=d.mps_points,
         metavar="N",
         help="MPS prompts per image, on a grid (default: %(default)s)",
     )
-    burst.add_argument(
+    parser.add_argument(
         "--max-side",
         type=int,
         default=d.max_side,
         metavar="PX",
         help="downscale the sample photos to this longer side (default: %(default)s)",
     )
-    burst.add_argument(
+    parser.add_argument(
         "--multiplex",
         action="store_true",
         help="send each image's id as Ray Serve's multiplexed model id",
     )
-    burst.add_argument(
+    parser.add_argument(
         "--ray-address",
         metavar="ADDR",
         help="poll replicas over time and wait for min_replicas before each task "
         "(e.g. 'auto'; default: no polling)",
     )
-    burst.add_argument(
+    parser.add_argument(
         "--min-replicas",
         type=int,
         metavar="N",
         help="replicas to wait for before each task (default: the config's min_replicas, or 1)",
     )
-    burst.add_argument(
+    parser.add_argument(
         "--timeout",
         type=float,
         default=d.timeout_s,
         metavar="S",
         help="client timeout per request (default: %(default)s)",
     )
-    burst.add_argument("--out", type=Path, metavar="FILE.md", help="write the Markdown report")
-    burst.add_argument("--csv", type=Path, metavar="FILE.csv", help="write every request as CSV")
-
-
-def _error(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+    parser.add_argument("--out", type=Path, metavar="FILE.md", help="write the Markdown report")
+    parser.add_argument("--csv", type=Path, metavar="FILE.csv", help="write every request as CSV")
 
 
 def up_command(args: argparse.Namespace) -> int:
@@ -231,16 +234,16 @@ def up_command(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        return _error(str(exc))
-    if args.num_cpus < 1:
-        return _error(f"--num-cpus must be at least 1, got {args.num_cpus}")
+        raise UsageError(str(exc)) from None
     from sam2serve.cluster.lifecycle import ClusterError, LocalRay, status_lines, up
 
     local = LocalRay(args.num_cpus, args.ray_port, args.metrics_port)
     try:
         urls = up(config, args.address, local, args.timeout)
-    except (ClusterError, ConfigError) as exc:
-        return _error(str(exc))
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    except ClusterError as exc:
+        raise StartError(str(exc)) from None
     for spec, url in zip(config.apps, urls, strict=True):
         print(f"{PROG}: {spec.name} ({spec.args.model}, {spec.args.mode}) at {url}")
     print("\n".join(status_lines(args.address)))
@@ -253,7 +256,7 @@ def status_command(args: argparse.Namespace) -> int:
     try:
         print("\n".join(status_lines(args.address)))
     except ClusterError as exc:
-        return _error(str(exc))
+        raise UsageError(str(exc)) from None
     return EXIT_OK
 
 
@@ -264,7 +267,7 @@ def down_command(args: argparse.Namespace) -> int:
         for line in down(args.address):
             print(f"{PROG}: {line}")
     except ClusterError as exc:
-        return _error(str(exc))
+        raise UsageError(str(exc)) from None
     return EXIT_OK
 
 
@@ -278,7 +281,7 @@ def _burst_target(args: argparse.Namespace) -> tuple[str, int, str | None, dict[
     apps = [a for a in config.apps if args.app in (None, a.name)]
     if not apps:
         names = ", ".join(a.name for a in config.apps)
-        raise ValueError(f"--app {args.app!r} is not in {args.config}; it has: {names}")
+        raise UsageError(f"--app {args.app!r} is not in {args.config}; it has: {names}")
     spec = apps[0]
     scaling = spec.deployment.get("autoscaling_config") or {}
     minimum = args.min_replicas or scaling.get(
@@ -311,21 +314,19 @@ def burst_command(args: argparse.Namespace) -> int:
         )
         config.check()
     except (ConfigError, BurstError, ValueError) as exc:
-        return _error(str(exc))
+        raise UsageError(str(exc)) from None
     try:
         replica = httpx.get(url.rstrip("/") + "/cluster/replica", timeout=30).json()
     except (httpx.HTTPError, ValueError) as exc:
-        return _error(f"no sam2serve cluster answers at {url}: {exc}")
+        raise UsageError(f"no sam2serve cluster answers at {url}: {exc}") from None
     load_before = load_average()
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    result = run_burst(config, say=lambda line: print(f"{PROG}: {line}", file=sys.stderr))
+    result = run_burst(config, say=info_line)
     load_after = load_average()
     machine = machine_info()
     weights = replica.get("weights", {})
     header = {
-        "command": "`"
-        + " ".join([PROG, *map(shlex.quote, getattr(args, "argv", sys.argv[1:]))])
-        + "`",
+        "command": f"`{command_line(args)}`",
         "date": started,
         "machine": f"{machine.cpu}, {machine.logical_cores} logical cores, "
         f"{machine.memory_gb:.0f} GiB, {machine.os}, Python {machine.python}, torch {machine.torch}",

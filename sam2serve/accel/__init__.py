@@ -1,1 +1,0 @@
-"""Execution modes (baseline, fast, furious) and ahead-of-time artifacts."""

@@ -1,0 +1,238 @@
+"""The inputs of ``sam2serve run``, checked before the model loads: image arguments
+(files, directories, ``samples``) and the prompts file of the point tasks.
+
+What the command line gets wrong is a usage error (exit 2) before any work: an image
+file that does not exist, a directory without images, two images that would write the
+same outputs, a prompts file that is unreadable, malformed, names an image not given, or
+holds a point outside its image (read from the image's header). What can only be found
+by decoding an image (a corrupt file) fails that image alone (exit 1 at the end).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sam2serve.commands.common import SAMPLES_ARG, ItemFailure, UsageError
+from sam2serve.samples import SAMPLE_NAMES, load_sample
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
+MASKS_SUFFIX = "_masks.json"
+DEFAULT_PROMPTS_NAME = "prompts.json"
+Points = list[list[float]]
+# EXIF orientations that rotate the image by 90 degrees (load_image applies them).
+_TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)
+# Python's repr of a stream, which Pillow puts in some messages: "<_io.BytesIO object at
+# 0x7f...>", "<_io.BufferedReader name='x.jpg'>". The message names the file already.
+_STREAM_REPR = re.compile(r"\s*<_io\.\w+[^>]*>")
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """One image to process: a file or a bundled sample."""
+
+    name: str  # the image's file name (or sample name): the JSON "image" and prompts key
+    stem: str  # prefix of the output files
+    path: Path | None = None
+    sample: str | None = None
+
+    def describe(self) -> str:
+        return f"sample {self.sample!r}" if self.sample else repr(str(self.path))
+
+    def read(self) -> bytes | np.ndarray:
+        """Encoded bytes of a file, or a sample's array; reading is not timed."""
+        if self.sample is not None:
+            return load_sample(self.sample)
+        assert self.path is not None
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            raise ItemFailure(f"image file not found: {str(self.path)!r}") from None
+        except OSError as exc:
+            raise ItemFailure(
+                f"cannot read image file {str(self.path)!r}: {exc.strerror}"
+            ) from None
+
+    def decode(self, source: bytes | np.ndarray) -> np.ndarray:
+        """uint8 RGB pixels; the error names the file (decoding bytes cannot)."""
+        from sam2serve.engine.image import ImageError, load_image
+
+        try:
+            return load_image(source)
+        except ImageError as exc:
+            message = str(exc)
+        if self.path is not None:
+            try:
+                load_image(self.path)  # only to get the message with the file's name
+            except ImageError as exc:
+                message = str(exc)
+        raise ItemFailure(clean_image_message(message))
+
+    def size(self) -> tuple[int, int] | None:
+        """(height, width) as decoding will give it, from the header only; None if the
+        header cannot be read (decoding will say why)."""
+        if self.sample is not None:
+            return load_sample(self.sample).shape[:2]
+        from PIL import Image
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # large images: the decoder checks them
+                with Image.open(self.path) as image:
+                    width, height = image.size
+                    orientation = image.getexif().get(0x0112)
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+            return None
+        if orientation in _TRANSPOSING_ORIENTATIONS:
+            width, height = height, width
+        return height, width
+
+
+def clean_image_message(message: str) -> str:
+    """An image error without Python reprs of streams."""
+    message = _STREAM_REPR.sub("", message)
+    return message.replace("cannot identify image file", "not a format Pillow can open")
+
+
+def expand_images(arguments: Sequence[str]) -> list[ImageInput]:
+    """Files, directories (their image files, sorted) and 'samples', in argument order; an
+    argument that yields no image is a usage error."""
+    items: list[ImageInput] = []
+    for argument in arguments:
+        if argument == SAMPLES_ARG:
+            items += [ImageInput(name, name, sample=name) for name in SAMPLE_NAMES]
+            continue
+        path = Path(argument)
+        if path.is_dir():
+            files = sorted(
+                p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
+            )
+            if not files:
+                raise UsageError(
+                    f"no image files ({' '.join(IMAGE_EXTENSIONS)}) in directory {str(path)!r}"
+                )
+            items += [ImageInput(p.name, p.stem, path=p) for p in files]
+        elif path.is_file():
+            items.append(ImageInput(path.name, path.stem, path=path))
+        elif path.exists():
+            raise UsageError(f"image argument {argument!r} is neither a file nor a directory")
+        else:
+            hint = (
+                f" ('{SAMPLES_ARG}' is the bundled photos)" if argument.lower() == "sample" else ""
+            )
+            raise UsageError(f"image file not found: {argument!r}{hint}")
+    return _deduplicate(items)
+
+
+def _deduplicate(items: list[ImageInput]) -> list[ImageInput]:
+    """Drop repeats of one file; refuse two images that would write the same outputs."""
+    seen: set[str] = set()
+    by_stem: dict[str, ImageInput] = {}
+    unique = []
+    for item in items:
+        identity = item.sample or str(item.path.resolve() if item.path else item.name)
+        if identity in seen:
+            continue
+        seen.add(identity)
+        other = by_stem.get(item.stem)
+        if other is not None:
+            raise UsageError(
+                f"images {other.describe()} and {item.describe()} would both write "
+                f"{item.stem}{MASKS_SUFFIX}; rename one or run them separately"
+            )
+        by_stem[item.stem] = item
+        unique.append(item)
+    return unique
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def load_prompts(path: Path) -> dict[str, Points]:
+    """A prompts file: a JSON object mapping image name (or stem) to [[x, y], ...]."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"--prompts file not found: {str(path)!r}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read --prompts file {str(path)!r}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--prompts file {str(path)!r} is not valid JSON: {exc}") from None
+    expected = 'a JSON object like {"photo.jpg": [[x, y], ...], ...}'
+    if not isinstance(data, dict):
+        raise UsageError(
+            f"--prompts file {str(path)!r} must hold {expected}, got a {type(data).__name__}"
+        )
+    prompts: dict[str, Points] = {}
+    for key, points in data.items():
+        where = f"--prompts file {str(path)!r}, image {key!r}"
+        if not isinstance(points, list):
+            raise UsageError(f"{where}: expected a list of [x, y] points, got {points!r:.80}")
+        prompts[key] = [
+            _parse_point(point, f"{where}, point {i}") for i, point in enumerate(points)
+        ]
+    return prompts
+
+
+def _parse_point(point: Any, where: str) -> list[float]:
+    valid = (
+        isinstance(point, list)
+        and len(point) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in point)
+        and all(math.isfinite(v) for v in point)
+    )
+    if not valid:
+        raise UsageError(f"{where}: expected [x, y] with two finite numbers, got {point!r:.80}")
+    return [float(point[0]), float(point[1])]
+
+
+def match_prompts(
+    prompts: dict[str, Points], images: list[ImageInput], path: Path
+) -> dict[str, Points]:
+    """Prompts by image name; every key must name a given image (by file name or stem),
+    and every point must lie inside its image."""
+    by_name = {item.name: item for item in images}
+    by_stem = {item.stem: item for item in images}
+    matched: dict[str, Points] = {}
+    unknown = []
+    for key, points in prompts.items():
+        item = by_name.get(key) or by_stem.get(key)
+        if item is None:
+            unknown.append(key)
+            continue
+        if item.name in matched:
+            raise UsageError(
+                f"--prompts file {str(path)!r} has two entries for image {item.name!r}"
+            )
+        _check_inside(points, item, path)
+        matched[item.name] = points
+    if unknown:
+        shown = ", ".join(repr(k) for k in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        raise UsageError(
+            f"--prompts file {str(path)!r} names {len(unknown)} image(s) not given on the "
+            f"command line: {shown}; give those images too, or remove them from the file"
+        )
+    return matched
+
+
+def _check_inside(points: Points, item: ImageInput, path: Path) -> None:
+    size = item.size() if points else None
+    if size is None:
+        return
+    height, width = size
+    for x, y in points:
+        if not (0 <= x <= width and 0 <= y <= height):
+            raise UsageError(
+                f"--prompts file {str(path)!r}: point [{x:g}, {y:g}] of image {item.name!r} "
+                f"lies outside its {width}x{height} pixels (are the prompts for another image?)"
+            )

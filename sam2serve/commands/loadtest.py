@@ -1,0 +1,190 @@
+"""``sam2serve loadtest``: concurrent clients against a running server on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from sam2serve.commands.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STATUS_HELP,
+    PROG,
+    SAMPLES_ARG,
+    CommandParser,
+    UsageError,
+    add_command,
+    command_line,
+    info_line,
+)
+from sam2serve.server.settings import DEFAULT_API_KEY_ENV
+
+DESCRIPTION = f"""\
+Load-test a running server on this machine (loopback addresses only).
+
+Uploads every image once to /v1/embeddings (concurrently, so the server can batch them),
+then CONCURRENCY clients send /v1/segment requests by image_id (random clicks and boxes)
+mixed with re-uploads to /v1/embeddings, until REQUESTS requests are sent or DURATION
+seconds have passed. Prints per endpoint: counts by status class, client latency
+p50/p90/p99 and the server's queue time p50/p90/p99 (from each answer's queue_ms).
+
+{EXIT_STATUS_HELP} (1: a request got a 5xx or no answer)
+"""
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    add_command(
+        subcommands,
+        "loadtest",
+        help="concurrent clients against a running server (loopback only)",
+        description=DESCRIPTION,
+        handler=loadtest_command,
+        add_arguments=add_arguments,
+    )
+
+
+def add_arguments(parser: CommandParser) -> None:
+    from sam2serve.server import loadtest as lt
+
+    parser.add_argument(
+        "--url",
+        required=True,
+        help="the server, e.g. http://127.0.0.1:8000 (loopback addresses only)",
+    )
+    parser.add_argument(
+        "--images",
+        nargs="+",
+        default=[SAMPLES_ARG],
+        metavar="IMAGE",
+        help=f"image files, or '{SAMPLES_ARG}' for the bundled photos (default: {SAMPLES_ARG})",
+    )
+    parser.add_argument(
+        "--max-side",
+        type=int,
+        default=512,
+        metavar="PX",
+        help="downscale the bundled samples to this longer side (default: "
+        "%(default)s; files are sent as they are)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=300,
+        metavar="N",
+        help=f"requests in all, uploads included (default: %(default)s, at most {lt.MAX_REQUESTS})",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=4,
+        metavar="C",
+        help="concurrent clients (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help=f"stop sending after this many seconds (default: %(default)s, at "
+        f"most {lt.MAX_DURATION_S:g})",
+    )
+    parser.add_argument(
+        "--embeddings-fraction",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="share of requests that re-upload an image to /v1/embeddings (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-objects",
+        type=int,
+        default=3,
+        metavar="N",
+        help="objects per /v1/segment request, 1 to N (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-points",
+        type=int,
+        default=3,
+        metavar="N",
+        help="clicks per object, 1 to N (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mask-format",
+        default="coco_rle",
+        choices=("coco_rle", "uncompressed_rle", "png_base64", "polygon"),
+        help="mask_format of the segment requests (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="seed of the workload (default: 0)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="client timeout per request (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--api-key-env",
+        default=DEFAULT_API_KEY_ENV,
+        metavar="VAR",
+        help="environment variable holding the server's API key, if it has "
+        "one (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="FILE.md",
+        help="also write the result as Markdown (command, machine, date, table)",
+    )
+    parser.add_argument(
+        "--csv", type=Path, metavar="FILE.csv", help="also write the per-endpoint summary as CSV"
+    )
+
+
+def loadtest_command(args: argparse.Namespace) -> int:
+    from sam2serve.server import loadtest as lt
+
+    try:
+        images = lt.load_test_images(args.images, args.max_side)
+        config = lt.LoadtestConfig(
+            url=lt.check_loopback_url(args.url),
+            images=images,
+            requests=args.requests,
+            concurrency=args.concurrency,
+            duration_s=args.duration,
+            seed=args.seed,
+            embeddings_fraction=args.embeddings_fraction,
+            max_objects=args.max_objects,
+            max_points=args.max_points,
+            mask_format=args.mask_format,
+            request_timeout_s=args.timeout,
+            api_key=os.environ.get(args.api_key_env) or None,
+        )
+        info_line(
+            f"loadtest: {config.requests} requests, {config.concurrency} clients, "
+            f"{len(images)} images against {config.url}"
+        )
+        result = asyncio.run(lt.run_loadtest(config))
+    except lt.LoadtestError as exc:
+        raise UsageError(str(exc)) from None
+    print(lt.format_table(result))
+    if result.stopped_by_time:
+        info_line(f"loadtest: stopped after --duration {args.duration:g} s")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(lt.format_markdown(result, command_line(args)), encoding="utf-8")
+    if args.csv is not None:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        lt.write_csv(result, args.csv)
+    if result.server_errors:
+        print(
+            f"{PROG}: loadtest: {result.server_errors} request(s) got a 5xx or no answer",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    return EXIT_OK

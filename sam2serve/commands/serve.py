@@ -1,0 +1,323 @@
+"""``sam2serve serve``: the HTTP service (FastAPI + uvicorn), one model loaded at start.
+
+Every flag sets the :class:`~sam2serve.server.settings.ServerSettings` field of its
+``dest``, so the settings check every value and the error names the flag. The address is
+tried before the model loads: a port in use costs no start-up time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import errno
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from sam2serve.commands import model as model_flags
+from sam2serve.commands.common import (
+    EXIT_OK,
+    EXIT_STATUS_HELP,
+    PROG,
+    CommandParser,
+    StartError,
+    UsageError,
+    add_backend_flag,
+    add_command,
+    add_device_flag,
+    add_mode_flag,
+    add_model_flag,
+    add_threads_flag,
+    add_weights_flags,
+    flag_of,
+    info_line,
+    warning_line,
+)
+from sam2serve.server.settings import DEFAULT_API_KEY_ENV, MiB, ServerSettings
+
+DEFAULTS = ServerSettings()
+SETTINGS_FIELDS = tuple(f.name for f in dataclasses.fields(ServerSettings))
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+DESCRIPTION = f"""\
+Serve SAM 2.1 over HTTP (FastAPI + uvicorn): one model, loaded at start.
+
+endpoints (API docs at /docs and /redoc, served offline; images as JSON base64 or a
+multipart file part 'image'):
+  POST /v1/embeddings  image -> {{image_id, width, height, model, cached}}; the embedding is
+                       cached, so later prompts on the image skip the encoder
+  POST /v1/segment     image or image_id + objects (points [{{x, y, label}}], box
+                       [x0, y0, x1, y1], mask_id of a previous mask) -> masks with score,
+                       bbox, area, as coco_rle | uncompressed_rle | png_base64 | polygon
+  POST /v1/amg         image + AMG parameters -> every mask (the library's AMG records)
+  GET  /healthz        alive;  GET /readyz: model loaded and warm;  GET /metrics: Prometheus
+
+concurrent encodes are batched (--max-batch-size, --max-wait-ms) on one model thread; when
+--max-queue jobs are waiting, new requests get 503 with Retry-After. Client errors are 4xx
+JSON {{"error": {{"code", "message"}}}}.
+
+{EXIT_STATUS_HELP} (3: e.g. the port is in use)
+"""
+
+EPILOG = f"""\
+examples:
+  {PROG} serve --random-weights                       # smoke run on 127.0.0.1:8000
+  {PROG} serve --model base_plus --checkpoint sam2.1_hiera_base_plus.pt --port 9000
+  {DEFAULT_API_KEY_ENV}=secret {PROG} serve --host 0.0.0.0   # clients send the key
+
+  curl -s -F image=@photo.jpg http://127.0.0.1:8000/v1/embeddings
+"""
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    add_command(
+        subcommands,
+        "serve",
+        help="HTTP service: embeddings, segment, AMG, metrics",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        handler=serve_command,
+        add_arguments=add_arguments,
+    )
+
+
+def _mib(value: str) -> int:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of MiB, got {value!r}") from None
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of MiB >= 0, got {value!r}")
+    return int(number * MiB)
+
+
+@dataclasses.dataclass(frozen=True)
+class SettingFlag:
+    """A flag that sets one ServerSettings field; its default is the field's."""
+
+    flag: str
+    field: str
+    kind: Callable[[str], Any]
+    metavar: str
+    help: str
+
+    def add_to(self, group: argparse._ActionsContainer) -> None:
+        default = getattr(DEFAULTS, self.field)
+        shown = default / MiB if self.kind is _mib else default
+        group.add_argument(
+            self.flag,
+            dest=self.field,
+            type=self.kind,
+            default=default,
+            metavar=self.metavar,
+            help=f"{self.help} (default: {shown:g})"
+            if isinstance(shown, float)
+            else f"{self.help} (default: {shown})",
+        )
+
+
+# Every limit flag, by help group (one line per flag: a table, not formatted).
+# fmt: off
+SETTING_FLAGS: dict[str, tuple[SettingFlag, ...]] = {
+    "limits": (
+        SettingFlag("--max-upload-mib", "max_upload_bytes", _mib, "MIB",
+                    "largest image file (413 above)"),
+        SettingFlag("--max-pixels", "max_pixels", int, "N",
+                    "largest image in width*height, checked before decoding (413 above)"),
+        SettingFlag("--max-objects", "max_objects", int, "N",
+                    "objects (prompt groups) per /v1/segment request"),
+        SettingFlag("--max-points-per-object", "max_points_per_object", int, "N",
+                    "clicks per object"),
+        SettingFlag("--max-amg-points", "max_amg_points", int, "N",
+                    "clicks one /v1/amg request may decode over all crops (4096: "
+                    "points_per_side 64)"),
+        SettingFlag("--max-amg-crops", "max_amg_crops", int, "N",
+                    "crops one /v1/amg request may encode (21: crop_n_layers 2)"),
+        SettingFlag("--max-json-items", "max_json_items", int, "N",
+                    "JSON arrays, objects and separators in one body, counted before parsing "
+                    "(413 above)"),
+        SettingFlag("--request-timeout", "request_timeout_s", float, "S",
+                    "seconds a request may take, queueing included; then 503 with Retry-After"),
+    ),
+    "connections and slow clients": (
+        SettingFlag("--header-timeout", "header_timeout_s", float, "S",
+                    "seconds for a request's line and headers; then the connection is closed"),
+        SettingFlag("--body-timeout", "body_timeout_s", float, "S",
+                    "seconds for the whole request body; then 408"),
+        SettingFlag("--max-connections", "max_connections", int, "N",
+                    "open connections at once; more get 503"),
+    ),
+    "batching and queue": (
+        SettingFlag("--max-batch-size", "max_batch_size", int, "N",
+                    "images encoded together in one encoder call"),
+        SettingFlag("--max-wait-ms", "max_wait_ms", float, "MS",
+                    "how long an encode waits for others to batch with"),
+        SettingFlag("--max-queue", "max_queue", int, "N",
+                    "interactive model jobs (encodes, clicks) waiting before new ones get 503"),
+        SettingFlag("--max-bulk-queue", "max_bulk_queue", int, "N",
+                    "AMG jobs waiting before new ones get 503; they yield to clicks between "
+                    "decoder batches"),
+        SettingFlag("--max-bulk-per-client", "max_bulk_jobs_per_client", int, "N",
+                    "AMG requests one client may have queued or running; more get 429"),
+    ),
+    "caches": (
+        SettingFlag("--cache-mib", "cache_bytes", _mib, "MIB",
+                    "embedding cache budget; one fp32 image is 16 MiB"),
+        SettingFlag("--mask-cache-mib", "mask_cache_bytes", _mib, "MIB",
+                    "budget for returned masks' low-res logits, 256 KiB each, for mask_id "
+                    "refinement"),
+    ),
+}
+# fmt: on
+
+
+def add_arguments(parser: CommandParser) -> None:
+    d = DEFAULTS
+    model = parser.add_argument_group("model")
+    add_model_flag(model, d.model)
+    add_mode_flag(model, d.mode)
+    add_backend_flag(model)
+    add_device_flag(model)
+    add_threads_flag(model)
+    add_weights_flags(model)
+    model.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="report ready at once instead of after a warm-up encode + decode",
+    )
+
+    net = parser.add_argument_group("network and access")
+    net.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: %(default)s, this machine only)",
+    )
+    net.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    net.add_argument(
+        "--api-key-env",
+        default=DEFAULT_API_KEY_ENV,
+        metavar="VAR",
+        help="environment variable holding the API key; when it is set, /v1/* "
+        "and /metrics need 'Authorization: Bearer KEY' or 'X-API-Key: KEY' "
+        "(default: %(default)s; unset: no key needed)",
+    )
+    net.add_argument(
+        "--cors-origin",
+        dest="cors_origins",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="allow browser requests from ORIGIN (repeatable; default: none, CORS off)",
+    )
+    net.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="uvicorn log level (default: %(default)s)",
+    )
+
+    for title, flags in SETTING_FLAGS.items():
+        group = parser.add_argument_group(title)
+        for setting in flags:
+            setting.add_to(group)
+    parser.set_defaults(flags=flag_of(parser))
+
+
+def settings_from(args: argparse.Namespace) -> ServerSettings:
+    """ServerSettings from the flags; a bad value is a usage error naming its flag."""
+    values: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in SETTINGS_FIELDS
+        if hasattr(args, name) and getattr(args, name) is not None
+    }
+    values["api_key"] = os.environ.get(args.api_key_env) or None
+    values["cors_origins"] = tuple(args.cors_origins)
+    values["checkpoint"] = None if args.checkpoint is None else str(args.checkpoint)
+    try:
+        return ServerSettings(**values)
+    except ValueError as exc:
+        raise UsageError(_named(exc, values, args)) from None
+
+
+def _named(exc: ValueError, values: dict[str, Any], args: argparse.Namespace) -> str:
+    """The message, prefixed with the flag of the one value that fails on its own."""
+    flags = {**args.flags, "api_key": f"${args.api_key_env}"}
+    for name, value in values.items():
+        try:
+            ServerSettings(**{name: value})
+        except ValueError:
+            return f"{flags.get(name, name)}: {exc}"
+    return str(exc)
+
+
+def check_address(host: str, port: int) -> None:
+    """Bind the address once, before the model loads: a port in use is found in ms."""
+    if not 0 < port < 65536:
+        raise UsageError(f"--port must be in 1..65535, got {port}")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise UsageError(
+            f"--host {host!r} is not an address of this machine: {exc.strerror}"
+        ) from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise StartError(_bind_message(host, port, exc)) from None
+
+
+def _bind_message(host: str, port: int, exc: OSError) -> str:
+    where = f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return f"cannot listen on {where}: the port is in use (another server?); choose another with --port"
+    if exc.errno == errno.EACCES:
+        return f"cannot listen on {where}: permission denied (ports below 1024 need privileges)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {where}: --host {host!r} is not an address of this machine"
+    return f"cannot listen on {where}: {exc.strerror or exc}"
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    spec = model_flags.runtime_spec(args)
+    settings = settings_from(args)
+    check_address(args.host, args.port)
+    if args.host not in LOOPBACK_HOSTS and settings.api_key is None:
+        warning_line(
+            f"listening on {args.host} without an API key: anyone who can reach it can use it "
+            f"(set ${args.api_key_env} to require one)"
+        )
+    model_flags.check_device(spec.device)
+
+    import uvicorn
+
+    from sam2serve.runtime.threads import apply_threads
+    from sam2serve.server.app import create_app
+    from sam2serve.server.http_server import uvicorn_config
+
+    apply_threads(spec.threads)
+    with model_flags.load_errors_as_usage(settings.checkpoint, settings.model):
+        app = create_app(settings)
+    info = app.state.service.predictor.model.weights_info
+    if info.is_random:
+        warning_line(f"serving {info.describe()}")
+    info_line(
+        f"serving {spec.model} ({spec.label}, {spec.device}) on http://{args.host}:{args.port} "
+        "- API docs at /docs"
+    )
+    config = uvicorn_config(app, settings, args.host, args.port, log_level=args.log_level)
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it drained for (as uvicorn.run)
+        pass
+    except SystemExit:  # uvicorn exits when it cannot bind (it has logged why)
+        pass
+    if not server.started:
+        raise StartError(f"the server did not start on {args.host}:{args.port} (see above)")
+    return EXIT_OK

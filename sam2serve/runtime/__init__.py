@@ -1,0 +1,1 @@
+"""How the model runs: threads (and, in time, modes, backends and the RuntimeSpec)."""

@@ -1,0 +1,22 @@
+"""PyTorch eager: the model as loaded, the mode's dtypes applied."""
+
+from __future__ import annotations
+
+import torch
+
+from sam2serve.engine.predictor import Predictor
+from sam2serve.modeling.sam2 import SAM2Image
+from sam2serve.runtime.build import LoadsWeights, eager_image_path, predictor_for
+from sam2serve.runtime.modes import get_mode
+from sam2serve.runtime.spec import RuntimeSpec
+
+
+class Eager(LoadsWeights):
+    def build_from_model(self, spec: RuntimeSpec, model: SAM2Image) -> Predictor:
+        return predictor_for(model, spec, eager_image_path(model, get_mode(spec.mode)))
+
+    def versions(self) -> dict[str, str]:
+        return {"torch": torch.__version__}
+
+
+BACKEND = Eager()

@@ -1,0 +1,131 @@
+"""The one constructor: :func:`build_predictor` turns a RuntimeSpec and a WeightsSource
+into a Predictor, through the spec's backend.
+
+What every backend shares lives here too: :func:`predictor_for` (a Predictor running a
+loaded model the spec's way, given an image path and fast decoder from elsewhere or not),
+the mode's dtypes per device, and the device-wide numerics policy (TF32 pinned off unless
+the mode allows it).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from sam2serve.checkpoint import load_model
+from sam2serve.engine.predictor import Predictor
+from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder
+from sam2serve.modeling.sam2 import SAM2Image
+from sam2serve.runtime.modes import Mode, get_mode
+from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+from sam2serve.runtime.threads import apply_threads
+
+
+def build_predictor(
+    spec: RuntimeSpec, weights: WeightsSource | None = None, *, model: SAM2Image | None = None
+) -> Predictor:
+    """The Predictor ``spec`` describes, with ``weights`` (default: the official checkpoint
+    from the cache). ``model``: an already loaded model to run instead of loading one (it
+    may be converted in place, e.g. its encoder cast to bf16)."""
+    from sam2serve.runtime.backends import get_backend_info
+
+    weights = weights or WeightsSource()
+    backend = get_backend_info(spec.backend)
+    if backend.needs_artifacts != (weights.artifacts is not None):
+        raise ValueError(
+            f"backend {backend.name!r} starts from 'sam2serve export' artifacts: give them"
+            if backend.needs_artifacts
+            else f"artifacts are run by backend 'artifacts', not {backend.name!r}"
+        )
+    apply_threads(spec.threads)
+    set_numerics(spec)
+    implementation = backend.load()
+    if model is None:
+        predictor = implementation.build(spec, weights)
+    else:
+        predictor = implementation.build_from_model(spec, model)
+    predictor.runtime = spec
+    return predictor
+
+
+class LoadsWeights:
+    """Base of the backends that run a model loaded from weights: ``build`` loads it and
+    hands it to the backend's ``build_from_model``."""
+
+    def build(self, spec: RuntimeSpec, weights: WeightsSource) -> Predictor:
+        return self.build_from_model(spec, load_spec_model(spec, weights))
+
+    def build_from_model(self, spec: RuntimeSpec, model: SAM2Image) -> Predictor:
+        raise NotImplementedError
+
+
+def load_spec_model(spec: RuntimeSpec, weights: WeightsSource) -> SAM2Image:
+    return load_model(
+        spec.model,
+        checkpoint=weights.checkpoint,
+        random_weights=weights.random_weights,
+        seed=weights.seed,
+        device=spec.device,
+    )
+
+
+def set_numerics(spec: RuntimeSpec) -> None:
+    """TF32 on CUDA only where the mode allows it: "exact" tolerances set on the CPU hold
+    on an H100 only with fp32 matmuls."""
+    if spec.device_type == "cuda" and torch.cuda.is_available():
+        allow = get_mode(spec.mode).allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = allow
+        torch.backends.cudnn.allow_tf32 = allow
+
+
+def reduced_dtype(device: torch.device) -> torch.dtype:
+    """bf16, except on a GPU without it (pre-Ampere), where fp16 is the reduced precision."""
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+def encoder_dtype(mode: Mode, device: torch.device) -> torch.dtype:
+    return reduced_dtype(device) if mode.reduced_precision_encoder else torch.float32
+
+
+def upscaling_dtype(mode: Mode, device: torch.device) -> torch.dtype:
+    return reduced_dtype(device) if mode.reduced_precision_upscaling else torch.float32
+
+
+def eager_image_path(model: SAM2Image, mode: Mode) -> Callable[[torch.Tensor], Any]:
+    """The mode's eager image path: fp32; or reduced precision as bf16 weights on the CPU
+    (measured faster than autocast there) and as autocast on CUDA (Meta's way: the
+    weights stay fp32)."""
+    dtype = encoder_dtype(mode, model.device)
+    if dtype == torch.float32:
+        return model.encode_image
+    if model.device.type == "cuda":
+        return functools.partial(model.encode_image, autocast_dtype=dtype)
+    model.image_encoder.to(dtype)
+    return model.encode_image
+
+
+def predictor_for(
+    model: SAM2Image,
+    spec: RuntimeSpec,
+    image_encoder: Callable[[torch.Tensor], Any] | None = None,
+    fast_decoder: FastMaskDecoder | None = None,
+) -> Predictor:
+    """A Predictor running ``model``'s heads the way ``spec``'s mode says; the image path
+    and the fast decoder may come from a backend, else they run eagerly."""
+    mode = get_mode(spec.mode)
+    assert spec.prompt_chunk is not None  # resolved by RuntimeSpec
+    predictor = Predictor(
+        model,
+        decoder=mode.decoder,
+        prompt_chunk=spec.prompt_chunk,
+        image_encoder=image_encoder,
+        upscaling_dtype=upscaling_dtype(mode, model.device),
+        fast_decoder=fast_decoder,
+    )
+    predictor.runtime = spec
+    return predictor

@@ -1,0 +1,104 @@
+"""RuntimeSpec: everything that decides how a model runs, in one frozen, validated value.
+
+*Model* (its size), *mode* (what answers: :mod:`sam2serve.runtime.modes`), *backend* (what
+executes them: :mod:`sam2serve.runtime.backends`), *device*, *threads* and the prompt
+chunk. It is checked once, on construction, with messages that name the bad value; the
+Predictor carries it (``predictor.runtime``), and the service's /readyz and metrics, the
+CLI's outputs, artifact manifests and bench rows write it. Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from sam2serve.config import MODEL_CONFIGS
+from sam2serve.runtime.backends import BACKENDS, DEFAULT_BACKEND, get_backend_info
+from sam2serve.runtime.modes import DEVICE_TYPES, get_mode
+from sam2serve.runtime.threads import check_threads
+
+
+@dataclass(frozen=True)
+class WeightsSource:
+    """Where the weights come from: a checkpoint (or the cache), seeded random weights,
+    or a 'sam2serve export' directory (which carries its own)."""
+
+    checkpoint: str | None = None
+    random_weights: bool = False
+    seed: int = 0
+    artifacts: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.artifacts is not None and (self.checkpoint is not None or self.random_weights):
+            raise ValueError(
+                "artifacts carry their weights: give no checkpoint or random weights with them"
+            )
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    model: str = "tiny"
+    mode: str = "fast"
+    backend: str = DEFAULT_BACKEND
+    device: str = "cpu"
+    # Intra-op CPU threads; None: the CPUs this process may use (affinity and cgroup quota).
+    threads: int | None = None
+    # Prompts per decoder call; None: the mode's choice for the device.
+    prompt_chunk: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.model not in MODEL_CONFIGS:
+            raise ValueError(
+                f"unknown model {self.model!r}; expected one of {', '.join(MODEL_CONFIGS)}"
+            )
+        mode = get_mode(self.mode)
+        backend = get_backend_info(self.backend)
+        device_type = self.device.split(":", 1)[0]
+        if device_type not in DEVICE_TYPES:
+            raise ValueError(
+                f"unknown device {self.device!r}; expected one of {', '.join(DEVICE_TYPES)} "
+                "(or cuda:N)"
+            )
+        if device_type not in backend.devices:
+            raise ValueError(
+                f"backend {backend.name!r} runs on {', '.join(backend.devices)}, not on "
+                f"{self.device!r}"
+            )
+        if backend.modes is not None and mode.name not in backend.modes:
+            raise ValueError(
+                f"backend {backend.name!r} runs the {' and '.join(backend.modes)} modes, "
+                f"not {mode.name!r}"
+            )
+        if self.threads is not None:
+            check_threads(self.threads)
+        if self.prompt_chunk is None:
+            object.__setattr__(self, "prompt_chunk", mode.prompt_chunk(device_type))
+        elif isinstance(self.prompt_chunk, bool) or not (
+            isinstance(self.prompt_chunk, int) and self.prompt_chunk >= 1
+        ):
+            raise ValueError(f"prompt_chunk must be an integer >= 1, got {self.prompt_chunk!r}")
+
+    @property
+    def device_type(self) -> str:
+        return self.device.split(":", 1)[0]
+
+    @property
+    def label(self) -> str:
+        """``mode`` for eager, else ``mode+backend`` (the bench's row names)."""
+        return self.mode if self.backend == DEFAULT_BACKEND else f"{self.mode}+{self.backend}"
+
+    @classmethod
+    def from_label(cls, label: str, **fields: Any) -> RuntimeSpec:
+        """``"furious+openvino"`` -> mode furious, backend openvino (names checked)."""
+        mode, _, backend = label.partition("+")
+        return cls(mode=mode, backend=backend or DEFAULT_BACKEND, **fields)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> RuntimeSpec:
+        return dataclasses.replace(self, **changes)
+
+
+BACKEND_NAMES = tuple(BACKENDS)

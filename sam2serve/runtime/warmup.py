@@ -1,0 +1,26 @@
+"""Warm-up: run every path a request will take once, so no request pays for lazy
+initialisation (allocator growth, OpenVINO's first inference, compiled programs' first
+call, torch.compile's compilation).
+
+One encode, one click (through the reference decoder: fewer prompts than the fast
+decoder's threshold), and as many clicks as it takes to use the fast decoder (and so its
+compiled programs, when they are loaded).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sam2serve.engine.predictor import Predictor
+
+WARMUP_SIDE = 64
+
+
+def warm_up(predictor: Predictor) -> None:
+    pixels = np.full((WARMUP_SIDE, WARMUP_SIDE, 3), 128, dtype=np.uint8)
+    embedding = predictor.encode(pixels)
+    centre = WARMUP_SIDE / 2
+    predictor.predict(embedding, point_coords=[[centre, centre]], point_labels=[1])
+    clicks = max(predictor.fast_min_prompts, 1)
+    coords = np.array([[[centre + i % 8, centre - i % 8]] for i in range(clicks)])
+    predictor.predict(embedding, point_coords=coords, point_labels=np.ones((clicks, 1)))

@@ -1,0 +1,124 @@
+"""On a CUDA GPU: every mode and backend that supports CUDA, against Meta's code on the
+same GPU and weights, AMG, and the service. Marked ``cuda``: skipped where torch sees no
+GPU (tests/conftest.py), run by scripts/gpu-check.sh where it does."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+import torch
+from oracle import load_meta_model
+from PIL import Image
+from reference import import_reference
+from skimage import data
+
+from sam2serve.engine.amg import MaskGenerator
+from sam2serve.runtime.build import build_predictor
+from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+
+pytestmark = pytest.mark.cuda
+DEVICE = "cuda"
+
+
+def mask_iou(a: torch.Tensor, b: torch.Tensor) -> float:
+    union = (a | b).sum().item()
+    return 1.0 if union == 0 else (a & b).sum().item() / union
+
+
+@pytest.fixture(scope="module")
+def meta(tiny_checkpoint):
+    import_reference()
+    from sam2.sam2_image_predictor import SAM2ImagePredictor
+
+    return SAM2ImagePredictor(load_meta_model("tiny", tiny_checkpoint).to(DEVICE))
+
+
+def ours(mode: str, checkpoint, backend: str = "eager"):
+    spec = RuntimeSpec("tiny", mode, backend, device=DEVICE)
+    return build_predictor(spec, WeightsSource(checkpoint=str(checkpoint)))
+
+
+@pytest.fixture(scope="module")
+def photo() -> np.ndarray:
+    return data.chelsea()
+
+
+@pytest.fixture(scope="module")
+def prompts() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return {
+        "point_coords": rng.uniform([0, 0], [451, 300], size=(8, 2, 2)).astype(np.float32),
+        "point_labels": np.ones((8, 2), dtype=np.int32),
+    }
+
+
+def meta_masks(meta, photo, prompts) -> torch.Tensor:
+    meta.set_image(photo)
+    masks, _, _ = meta.predict(**prompts, multimask_output=True, return_logits=True)
+    return torch.as_tensor(masks) > 0
+
+
+@pytest.mark.parametrize("mode", ["baseline", "fast"])
+def test_lossless_modes_match_meta_on_cuda(meta, photo, prompts, mode, tiny_checkpoint):
+    """TF32 is pinned off for these modes, so the fp32 tolerances of the CPU hold."""
+    predictor = ours(mode, tiny_checkpoint)
+    assert predictor.device.type == "cuda" and not torch.backends.cuda.matmul.allow_tf32
+    out = predictor.predict(predictor.encode(photo), **prompts).masks.cpu()
+    reference = meta_masks(meta, photo, prompts)
+    ious = [mask_iou(a, b) for a, b in zip(out.flatten(0, 1), reference.flatten(0, 1))]
+    assert min(ious) >= 0.995, ious
+
+
+@pytest.mark.parametrize("backend", ["eager", "compile"])
+def test_furious_is_bf16_autocast_close_to_baseline(photo, prompts, backend, tiny_checkpoint):
+    fast = ours("fast", tiny_checkpoint)
+    furious = ours("furious", tiny_checkpoint, backend)
+    # Autocast keeps the weights fp32 (Meta's way), unlike the CPU's bf16 weights.
+    assert furious.model.image_encoder.neck.convs[0].conv.weight.dtype == torch.float32
+    a = fast.predict(fast.encode(photo), **prompts).masks
+    b = furious.predict(furious.encode(photo), **prompts).masks
+    ious = [mask_iou(x, y) for x, y in zip(a.flatten(0, 1), b.flatten(0, 1))]
+    assert float(np.mean(ious)) >= 0.97, ious
+
+
+def test_prompt_chunk_is_chosen_for_the_gpu(tiny_checkpoint):
+    assert ours("fast", tiny_checkpoint).prompt_chunk == 64
+
+
+def test_amg_on_cuda_matches_the_cpu(photo, tiny_checkpoint):
+    params = {"points_per_side": 8, "pred_iou_thresh": 0.0, "stability_score_thresh": 0.0}
+    gpu = MaskGenerator(ours("fast", tiny_checkpoint), output_mode="coco_rle", **params)
+    cpu_spec = RuntimeSpec("tiny", "fast", device="cpu")
+    cpu_predictor = build_predictor(cpu_spec, WeightsSource(checkpoint=str(tiny_checkpoint)))
+    cpu = MaskGenerator(cpu_predictor, output_mode="coco_rle", **params)
+    on_gpu, on_cpu = gpu.generate(photo), cpu.generate(photo)
+    assert len(on_gpu) == len(on_cpu) > 0
+    agree = sum(a["segmentation"] == b["segmentation"] for a, b in zip(on_gpu, on_cpu))
+    assert agree / len(on_cpu) >= 0.95
+
+
+def test_artifacts_on_cuda_are_a_clear_error():
+    with pytest.raises(ValueError, match="backend 'artifacts' runs on cpu, not on 'cuda'"):
+        RuntimeSpec("tiny", "fast", "artifacts", device=DEVICE)
+
+
+def test_service_on_cuda(tiny_checkpoint):
+    from fastapi.testclient import TestClient
+
+    from sam2serve.server.app import create_app
+    from sam2serve.server.settings import ServerSettings
+
+    settings = ServerSettings(checkpoint=str(tiny_checkpoint), device=DEVICE)
+    buffer = io.BytesIO()
+    Image.fromarray(data.coffee()).save(buffer, format="PNG")
+    image = base64.b64encode(buffer.getvalue()).decode()
+    with TestClient(create_app(settings)) as client:
+        ready = client.get("/readyz").json()
+        assert ready["device"].startswith("cuda") and ready["backend"] == "eager"
+        body = {"image": image, "objects": [{"points": [{"x": 100, "y": 100}]}]}
+        answer = client.post("/v1/segment", json=body)
+        assert answer.status_code == 200, answer.text
+        assert len(answer.json()["objects"][0]["masks"]) == 3
