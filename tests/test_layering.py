@@ -67,6 +67,7 @@ def test_no_package_imports_a_layer_above_it():
     "module",
     [
         "sam2serve.config",
+        "sam2serve.engine.amg_params",
         "sam2serve.runtime.modes",
         "sam2serve.runtime.backends",
         "sam2serve.runtime.spec",

@@ -19,6 +19,9 @@ transformer see dense per-prompt tensors.
 
 Used when a prompt has no mask input (AMG, clicks, boxes); mask inputs make the image
 side per-prompt from the start, and those go through the reference decoder.
+
+Over 500 lines on purpose: it is one derivation (keys kept symbolic through every layer)
+and its code, which read best together; split, each half would explain the other.
 """
 
 from __future__ import annotations

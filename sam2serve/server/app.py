@@ -34,6 +34,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
@@ -66,8 +67,6 @@ from sam2serve.server.request_body import (
 from sam2serve.server.request_guard import run_guarded
 from sam2serve.server.service import ImageState, RequestClock, Service
 from sam2serve.server.settings import ServerSettings
-
-ENDPOINTS = ("/v1/embeddings", "/v1/segment", "/v1/amg", "/healthz", "/readyz", "/metrics")
 
 
 def client_address(request: Request) -> str:
@@ -146,7 +145,7 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
         app,
         service.metrics.observe_error,
         on_disconnect=lambda path, stage: service.metrics.observe_disconnect(
-            path, stage, frozenset(ENDPOINTS)
+            path, stage, endpoints
         ),
     )
     app.add_middleware(
@@ -155,7 +154,10 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
         timeout_s=settings.body_timeout_s,
         observe=service.metrics.observe_error,
     )
-    app.add_middleware(RequestMetricsMiddleware, metrics=service.metrics, endpoints=ENDPOINTS)
+    # Metric labels are the app's own routes, filled in once they are defined (below);
+    # Starlette builds the middleware at the first request, after that.
+    endpoints: set[str] = set()
+    app.add_middleware(RequestMetricsMiddleware, metrics=service.metrics, endpoints=endpoints)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -360,6 +362,9 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
         content, media_type = service.metrics.render()
         return Response(content, media_type=media_type)
 
+    endpoints.update(
+        route.path for route in (*v1.routes, *app.routes) if isinstance(route, APIRoute)
+    )
     _document_request_models(app)
     return app
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -209,7 +209,7 @@ class Metrics:
     def observe_error(self, status: int, code: str) -> None:
         self.errors.labels(code, str(status)).inc()
 
-    def observe_disconnect(self, path: str, stage: str, endpoints: frozenset[str]) -> None:
+    def observe_disconnect(self, path: str, stage: str, endpoints: Collection[str]) -> None:
         endpoint = path if path in endpoints else OTHER_ENDPOINT
         self.client_disconnects.labels(endpoint, stage).inc()
 
