@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sam2serve.config import MODEL_CONFIGS
-from sam2serve.runtime.backends import BACKENDS, DEFAULT_BACKEND, get_backend_info
+from sam2serve.runtime.backends import DEFAULT_BACKEND, get_backend_info
 from sam2serve.runtime.modes import DEVICE_TYPES, get_mode
 from sam2serve.runtime.threads import check_threads
 
@@ -99,6 +99,3 @@ class RuntimeSpec:
 
     def replace(self, **changes: Any) -> RuntimeSpec:
         return dataclasses.replace(self, **changes)
-
-
-BACKEND_NAMES = tuple(BACKENDS)

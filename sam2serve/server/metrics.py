@@ -210,14 +210,18 @@ class Metrics:
         self.errors.labels(code, str(status)).inc()
 
     def observe_disconnect(self, path: str, stage: str, endpoints: Collection[str]) -> None:
-        endpoint = path if path in endpoints else OTHER_ENDPOINT
-        self.client_disconnects.labels(endpoint, stage).inc()
+        self.client_disconnects.labels(endpoint_label(path, endpoints), stage).inc()
 
     def observe_cancel(self, kind: str) -> None:
         self.jobs_cancelled.labels(kind).inc()
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def endpoint_label(path: str, endpoints: Collection[str]) -> str:
+    """The metric label of a request path: the endpoint, or "other" (labels stay bounded)."""
+    return path if path in endpoints else OTHER_ENDPOINT
 
 
 class RequestMetricsMiddleware:
@@ -232,8 +236,7 @@ class RequestMetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
-        endpoint = path if path in self.endpoints else OTHER_ENDPOINT
+        endpoint = endpoint_label(scope["path"], self.endpoints)
         status = 500  # if the app dies before answering, the server answers 500
 
         async def send_with_status(message: Message) -> None:
