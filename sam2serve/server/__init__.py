@@ -1,6 +1,7 @@
 """The HTTP service: ``create_app(settings, predictor=None)`` and its parts.
 
-app.py (the app factory and routes), service.py (the request flow: caches, shared
+app.py (the app factory), routes/ (the endpoints, one router per concern),
+dependencies.py (the app's shared resources as FastAPI dependencies), service.py (the request flow: caches, shared
 encodes, model jobs), request_body.py (JSON or multipart bodies), request_guard.py
 (disconnects and timeouts after the body), uploads.py (base64 and image decoding with
 their limits), prompts.py (prompt checks and decoding), auth.py (the API key),

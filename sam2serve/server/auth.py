@@ -1,13 +1,19 @@
-"""The API key: a FastAPI dependency that accepts it as a bearer token or in X-API-Key."""
+"""The API key: a FastAPI dependency that accepts it as a bearer token or in X-API-Key.
+
+The routers that need it declare it (``dependencies=[Depends(require_api_key)]``); the key
+itself comes from the app's settings (:func:`~sam2serve.server.dependencies.get_settings`),
+so the check follows whichever app answers the request.
+"""
 
 from __future__ import annotations
 
 import secrets
 from typing import Annotated
 
-from fastapi import Request, Security
+from fastapi import Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
+from sam2serve.server.dependencies import SettingsDep
 from sam2serve.server.errors import ApiError
 
 API_KEY_HEADER = APIKeyHeader(
@@ -17,12 +23,12 @@ BEARER = HTTPBearer(auto_error=False, description="Authorization: Bearer <API ke
 
 
 async def require_api_key(
-    request: Request,
+    settings: SettingsDep,
     key: Annotated[str | None, Security(API_KEY_HEADER)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)],
 ) -> None:
     """401 unless the request carries the app's API key (when it has one)."""
-    expected = request.app.state.service.settings.api_key
+    expected = settings.api_key
     if expected is None:
         return
     given = key if key is not None else (credentials.credentials if credentials else None)

@@ -1,0 +1,24 @@
+"""The service's endpoints: one module-level router per concern, included by ``create_app``.
+
+- embeddings.py: POST /v1/embeddings (encode and cache an image)
+- segment.py: POST /v1/segment (masks for prompts, the interactive path)
+- amg.py: POST /v1/amg (automatic mask generation, the bulk path)
+- health.py: GET /healthz, /readyz (probes) and /metrics (Prometheus)
+- common.py: what the /v1 routes share (router policy, OpenAPI pieces, request steps)
+
+Routes get the app's resources through the dependencies of
+:mod:`sam2serve.server.dependencies`, never from an enclosing scope, so the routers exist
+once per process and serve any number of apps. Each router carries its own prefix and is
+included without one: the paths of its routes are the app's paths.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from sam2serve.server.routes import amg, embeddings, health, segment
+
+# In the order the app includes them (their order in the OpenAPI document).
+ROUTERS: tuple[APIRouter, ...] = (embeddings.router, segment.router, amg.router, health.router)
+
+__all__ = ["ROUTERS"]
