@@ -4,6 +4,7 @@ plus the error paths a user can hit (one clear line, the right exit status, no t
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import io
@@ -26,6 +27,7 @@ from sam2serve.commands.inputs import expand_images
 from sam2serve.commands.run import format_json
 from sam2serve.engine import tasks
 from sam2serve.engine.amg import AMGParams
+from sam2serve.engine.formats import JSON_FORMATS, mask_to_polygons
 from sam2serve.engine.tasks import prompt_point
 
 # Small grids keep this file fast; thresholds at 0 so random weights still give masks.
@@ -163,6 +165,68 @@ def test_overlay_is_a_png_of_the_image_size(amg_run, image_dir):
         assert overlay.size == (source.shape[1], source.shape[0])
         pixels = np.asarray(overlay.convert("RGB"))
     assert not np.array_equal(pixels, source), "masks must be drawn over the image"
+
+
+# --------------------------------------------------------------------------- mask formats
+
+
+@pytest.fixture(scope="module")
+def format_runs(image_dir, tmp_path_factory) -> dict[str, dict]:
+    """amg on one image in every other --mask-format, the same (seeded random) model."""
+    results = {}
+    for name in JSON_FORMATS:
+        if name == "coco_rle":
+            continue  # amg_run wrote the default
+        out = tmp_path_factory.mktemp(name)
+        code, stderr = run_cli(
+            "run", "--task", "amg", image_dir / "coffee.png", "--out", out,
+            "--random-weights", "--mask-format", name, *AMG_FLAGS,
+        )  # fmt: skip
+        assert code == 0, stderr
+        results[name] = load_result(out / "coffee_masks.json")
+    return results
+
+
+def read_segmentation(name: str, segmentation, height: int, width: int) -> np.ndarray:
+    """A mask in --mask-format ``name``, read back with pycocotools or PIL."""
+    if name == "uncompressed_rle":
+        return mask_utils.decode(mask_utils.frPyObjects(segmentation, height, width)) > 0
+    assert name == "png_base64", name
+    image = Image.open(io.BytesIO(base64.b64decode(segmentation)))
+    assert image.mode == "1" and image.size == (width, height)
+    return np.asarray(image)
+
+
+def test_default_mask_format_is_coco_rle_and_recorded(amg_run):
+    _, _, out = amg_run
+    result = load_result(out / "coffee_masks.json")
+    assert result["mask_format"] == "coco_rle" == result["params"]["output_mode"]
+
+
+def test_every_mask_format_holds_the_same_masks(amg_run, format_runs):
+    _, _, out = amg_run
+    coco = load_result(out / "coffee_masks.json")
+    masks = check_records(coco, AMG_RECORD_KEYS)
+    for name, result in format_runs.items():
+        assert result["mask_format"] == name == result["params"]["output_mode"]
+        assert len(result["masks"]) == len(coco["masks"]) > 0
+        for record, expected, mask in zip(result["masks"], coco["masks"], masks, strict=True):
+            assert {k: v for k, v in record.items() if k != "segmentation"} == {
+                k: v for k, v in expected.items() if k != "segmentation"
+            }
+            if name == "polygon":  # an approximation: its tracing is tested in test_formats
+                assert record["segmentation"] == mask_to_polygons(mask)
+                continue
+            read = read_segmentation(name, record["segmentation"], coco["height"], coco["width"])
+            assert np.array_equal(read, mask), name
+
+
+def test_bad_mask_format_is_a_usage_error(tmp_path, image_dir):
+    code, stderr = run_cli(
+        "run", "--task", "amg", image_dir, "--out", tmp_path, "--mask-format", "binary_mask"
+    )
+    assert code == 2
+    assert_one_error_line(stderr, "--mask-format", "invalid choice: 'binary_mask'")
 
 
 # --------------------------------------------------------------------------- annotate
@@ -395,6 +459,7 @@ def test_help_documents_every_amg_parameter_with_its_default(capsys):
         "--overlay",
         "--random-weights",
         "--fallback-random-weights",
+        "--mask-format",
         "samples",
         "_masks.json",
         "p50",

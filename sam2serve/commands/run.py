@@ -49,6 +49,7 @@ from sam2serve.commands.inputs import (
     load_prompts,
     match_prompts,
 )
+from sam2serve.engine.formats import FORMATS, JSON_FORMATS, encode_mask
 from sam2serve.runtime.modes import MODES
 from sam2serve.samples import SAMPLE_NAMES
 
@@ -79,14 +80,17 @@ images:
 
 outputs, in --out:
   <stem>{MASKS_SUFFIX}   {{"image", "width", "height", "task", "model", "mode", "device",
-                       "runtime", "weights", "params", "timings", "masks": [...]}}; each
-                       mask has "segmentation" (COCO RLE {{"size": [h, w], "counts": str}}),
+                       "runtime", "weights", "params", "mask_format", "timings",
+                       "masks": [...]}}; each mask has "segmentation" (in --mask-format),
                        "area", "bbox" (XYWH), "predicted_iou", "point_coords"; amg adds
                        "stability_score" and "crop_box". "timings" (ms) cover decode +
-                       encode + masks + RLE (and "stages", finer), not reading the file or
-                       writing the JSON.
+                       encode + masks + RLE (and "stages", finer), not reading the file,
+                       converting to --mask-format or writing the JSON.
   <stem>{OVERLAY_SUFFIX}  with --overlay: the masks in distinct colours over the image
   stderr              a progress bar, then per-image latency p50/p90/mean and images/s
+
+mask formats (--mask-format; 'annotate' reads coco_rle, the default):
+{described({name: FORMATS[name].description for name in JSON_FORMATS})}
 
 weights:
   official SAM 2.1 checkpoints by default, found in $SAM2SERVE_CACHE or
@@ -150,6 +154,12 @@ def add_arguments(parser: CommandParser) -> None:
         action="store_true",
         help=f"also write <stem>{OVERLAY_SUFFIX}: the masks over the image",
     )
+    parser.add_argument(
+        "--mask-format",
+        choices=JSON_FORMATS,
+        default="coco_rle",
+        help='form of each mask\'s "segmentation" (see "mask formats" above; default: %(default)s)',
+    )
     model = parser.add_argument_group("model")
     add_model_flag(model)
     add_mode_flag(model)
@@ -198,14 +208,15 @@ def run_command(args: argparse.Namespace) -> int:
         "device": spec.device,
         "runtime": spec.replace(threads=check_threads(spec.threads)).as_dict(),
         "weights": model_flags.weights_record(predictor.model.weights_info),
-        "params": _task_params(args.task, params),
+        "params": _task_params(args.task, params, args.mask_format),
+        "mask_format": args.mask_format,
     }
     return _run_images(images, segmenter, prompts, header, out_dir, args.overlay)
 
 
-def _task_params(task: str, params: Any) -> dict[str, Any]:
-    if task == "amg":
-        return params.to_dict()
+def _task_params(task: str, params: Any, mask_format: str) -> dict[str, Any]:
+    if task == "amg":  # the library's parameters for these records, output form included
+        return {**params.to_dict(), "output_mode": mask_format}
     return {
         "multimask_output": True,
         "selection": "highest predicted_iou of the 3 masks of each prompt",
@@ -313,7 +324,7 @@ def _run_images(
                 "height": height,
                 **header,
                 "timings": timings.as_dict(),
-                "masks": records,
+                "masks": in_mask_format(records, header["mask_format"]),
             }
             write_json(out_dir / f"{item.stem}{MASKS_SUFFIX}", result)
             if overlay:
@@ -380,6 +391,18 @@ def _print_summary(done: list[Timings], failed: list[str], task: str, out_dir: P
 
 
 # --------------------------------------------------------------------------- JSON output
+
+
+def in_mask_format(records: list[dict[str, Any]], mask_format: str) -> list[dict[str, Any]]:
+    """The records (the engine's tasks give COCO RLE) with each mask in ``mask_format``."""
+    if mask_format == "coco_rle":
+        return records
+    from sam2serve.engine.rle import coco_to_rle
+
+    return [
+        {**record, "segmentation": encode_mask(coco_to_rle(record["segmentation"]), mask_format)}
+        for record in records
+    ]
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -12,29 +12,42 @@ settings (``max_objects`` and the like) may only lower them.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
-from sam2serve.engine.amg import AMGParams
+from sam2serve.engine import formats
+from sam2serve.engine.amg_params import PARAM_SPECS, AMGParams, ParamSpec
 from sam2serve.server.errors import IMAGE_ID_PATTERN, MASK_ID_PATTERN
 from sam2serve.server.settings import MAX_OBJECTS, MAX_POINTS_PER_OBJECT
 
-MaskFormat = Literal["coco_rle", "uncompressed_rle", "png_base64", "polygon"]
-MASK_FORMATS: tuple[str, ...] = ("coco_rle", "uncompressed_rle", "png_base64", "polygon")
+# The wire formats of a mask: the JSON ones of engine.formats (binary_mask is not JSON).
+MASK_FORMATS: tuple[str, ...] = formats.JSON_FORMATS
+MaskFormat = Literal[MASK_FORMATS]
+MASK_FORMAT_DOC = "Form of each mask. " + " ".join(
+    f"'{name}': {formats.FORMATS[name].description}." for name in MASK_FORMATS
+)
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Coordinate = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-UnitFloat = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
-# Upper bounds of the schema (the settings' limits may only lower MAX_OBJECTS and
-# MAX_POINTS_PER_OBJECT, see settings.py).
+# The service's caps on AMG parameters, on top of the engine's own bounds (the engine has
+# no upper bounds: these keep a request from asking for work or memory in proportion to
+# a number it chose). The settings' max_amg_points and max_amg_crops bound a request's
+# work further (server/prompts.py).
 MAX_POINTS_PER_SIDE = 1024
 MAX_POINTS_PER_BATCH = 4096
 MAX_CROP_LAYERS = 4
 MAX_DOWNSCALE_FACTOR = 64
-MAX_GRID_POINTS = 65536
+MAX_GRID_POINTS = 65536  # points in one explicit grid; grids: one per crop layer at most
+MAX_MIN_MASK_REGION_AREA = 2**31
+AMG_CAPS: dict[str, int] = {
+    "points_per_side": MAX_POINTS_PER_SIDE,
+    "points_per_batch": MAX_POINTS_PER_BATCH,
+    "crop_n_layers": MAX_CROP_LAYERS,
+    "crop_n_points_downscale_factor": MAX_DOWNSCALE_FACTOR,
+    "min_mask_region_area": MAX_MIN_MASK_REGION_AREA,
+}
 
 IMAGE_BASE64_DOC = (
     "The image file (JPEG, PNG, WebP, BMP, TIFF, ...) base64-encoded, optionally as a "
@@ -135,125 +148,58 @@ class SegmentRequest(_Strict):
         description="true: 3 candidate masks per object (whole, part, subpart); false: the "
         "one mask SAM picks (best for several clicks on one object).",
     )
-    mask_format: MaskFormat = Field(
-        "coco_rle",
-        description="'coco_rle' {size, counts: str} (pycocotools' compressed form), "
-        "'uncompressed_rle' {size, counts: [int]} (column-major runs, zeros first), "
-        "'png_base64' (a 1-bit PNG, base64), or 'polygon' (outer boundaries as COCO "
-        "polygons [[x0, y0, x1, y1, ...], ...]; holes are not represented).",
-    )
+    mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
 
 
-def _amg_default(name: str) -> Any:
-    return next(f.default for f in dataclasses.fields(AMGParams) if f.name == name)
+def _bounds(spec: ParamSpec) -> dict[str, Any]:
+    """pydantic's constraints for a spec's bounds."""
+    bounds: dict[str, Any] = {}
+    if spec.low is not None:
+        bounds["ge"] = spec.low
+    if spec.high is not None:
+        bounds["le" if spec.high_inclusive else "lt"] = spec.high
+    return bounds
 
 
-class AMGOptions(_Strict):
-    """Automatic mask generation parameters: Meta's SAM2AutomaticMaskGenerator's, with its
-    defaults. Checked again by the engine, which names any bad combination."""
-
-    points_per_side: int | None = Field(
-        _amg_default("points_per_side"),
-        ge=1,
-        le=MAX_POINTS_PER_SIDE,
-        description="Points per side of the click grid on the whole image "
-        "(points_per_side**2 clicks); null when point_grids is given.",
-    )
-    points_per_batch: int = Field(
-        _amg_default("points_per_batch"),
-        ge=1,
-        le=MAX_POINTS_PER_BATCH,
-        description="Clicks decoded together. Memory stays within the server's budget "
-        "whatever this says: a batch too large for it is decoded in smaller parts.",
-    )
-    pred_iou_thresh: float = Field(
-        _amg_default("pred_iou_thresh"),
-        ge=0,
-        le=1,
-        description="Keep masks whose predicted IoU is above this (0 turns the filter off).",
-    )
-    stability_score_thresh: float = Field(
-        _amg_default("stability_score_thresh"),
-        ge=0,
-        le=1,
-        description="Keep masks whose stability score is at least this (0 turns it off).",
-    )
-    stability_score_offset: float = Field(
-        _amg_default("stability_score_offset"),
-        ge=0,
-        allow_inf_nan=False,
-        description="Logit shift either side of mask_threshold that the stability score compares.",
-    )
-    mask_threshold: FiniteFloat = Field(
-        _amg_default("mask_threshold"), description="Logit above which a pixel is in a mask."
-    )
-    box_nms_thresh: float = Field(
-        _amg_default("box_nms_thresh"),
-        ge=0,
-        le=1,
-        description="Box IoU above which the lower-scoring of two masks of one crop is dropped.",
-    )
-    crop_n_layers: int = Field(
-        _amg_default("crop_n_layers"),
-        ge=0,
-        le=MAX_CROP_LAYERS,
-        description="Extra crop layers: layer i adds (2**i)**2 overlapping crops, each "
-        "encoded again (slow).",
-    )
-    crop_nms_thresh: float = Field(
-        _amg_default("crop_nms_thresh"),
-        ge=0,
-        le=1,
-        description="Box IoU above which a mask from a larger crop loses to one from a "
-        "smaller crop.",
-    )
-    crop_overlap_ratio: float = Field(
-        _amg_default("crop_overlap_ratio"),
-        ge=0,
-        lt=1,
-        description="Overlap of neighbouring layer-1 crops as a fraction of the image's "
-        "short side.",
-    )
-    crop_n_points_downscale_factor: int = Field(
-        _amg_default("crop_n_points_downscale_factor"),
-        ge=1,
-        le=MAX_DOWNSCALE_FACTOR,
-        description="Crop layer i gets points_per_side / factor**i points per side.",
-    )
-    point_grids: (
-        Annotated[
-            list[
-                Annotated[
-                    list[Annotated[list[UnitFloat], Field(min_length=2, max_length=2)]],
-                    Field(min_length=1, max_length=MAX_GRID_POINTS),
-                ]
-            ],
-            Field(min_length=1, max_length=MAX_CROP_LAYERS + 1),
-        ]
-        | None
-    ) = Field(
-        _amg_default("point_grids"),
-        description="Explicit click grids instead of points_per_side: one list of [x, y] "
-        "(normalised to [0, 1]) per crop layer.",
-    )
-    min_mask_region_area: int = Field(
-        _amg_default("min_mask_region_area"),
-        ge=0,
-        le=2**31,
-        description="If > 0, fill holes and remove islands smaller than this many pixels.",
-    )
-    use_m2m: bool = Field(
-        _amg_default("use_m2m"),
-        description="Refine each mask once by decoding its click again with its own logits.",
-    )
-    multimask_output: bool = Field(
-        _amg_default("multimask_output"),
-        description="Three masks per click (whole, part, subpart); false: one per click.",
-    )
+def _amg_field(name: str, spec: ParamSpec, default: Any) -> tuple[Any, Any]:
+    """The API field of one AMG parameter: the engine's kind, bounds, default and
+    description, with the service's cap (if any) on top."""
+    if name in AMG_CAPS:
+        spec = spec.capped(AMG_CAPS[name])
+    if spec.kind == "point_grids":  # the bounds are each coordinate's
+        coordinate = Annotated[float, Field(allow_inf_nan=False, **_bounds(spec))]
+        point = Annotated[list[coordinate], Field(min_length=2, max_length=2)]
+        grid = Annotated[list[point], Field(min_length=1, max_length=MAX_GRID_POINTS)]
+        annotation: Any = Annotated[list[grid], Field(min_length=1, max_length=MAX_CROP_LAYERS + 1)]
+    elif spec.kind == "float":
+        annotation = Annotated[float, Field(allow_inf_nan=False, **_bounds(spec))]
+    elif spec.kind == "int":
+        annotation = Annotated[int, Field(**_bounds(spec))]
+    elif spec.kind == "bool":
+        annotation = bool
+    else:
+        raise TypeError(f"AMG parameter {name} ({spec.kind}) has no API form")
+    if spec.nullable:
+        annotation = annotation | None
+    description = spec.help[0].upper() + spec.help[1:] + "."
+    return annotation, Field(default, description=description)
 
 
 # AMGParams fields the API does not take: the output form is chosen by mask_format.
 AMG_FIELDS_NOT_IN_API = ("output_mode",)
+
+AMGOptions = create_model(
+    "AMGOptions",
+    __base__=_Strict,
+    __module__=__name__,
+    __doc__="Automatic mask generation parameters: Meta's SAM2AutomaticMaskGenerator's, with "
+    "its defaults. Checked again by the engine, which names any bad combination.",
+    **{
+        name: _amg_field(name, spec, AMGParams.defaults()[name])
+        for name, spec in PARAM_SPECS.items()
+        if name not in AMG_FIELDS_NOT_IN_API
+    },
+)
 
 
 class AMGRequest(_Strict):
@@ -402,49 +348,13 @@ class ErrorResponse(BaseModel):
 
 def encode_segmentation(rle: dict[str, Any], mask_format: str) -> Any:
     """One mask, given as the engine's uncompressed RLE, in the wire ``mask_format``."""
-    from sam2serve.engine.rle import rle_to_coco, rle_to_mask
-
-    if mask_format == "uncompressed_rle":
-        return {"size": list(rle["size"]), "counts": list(rle["counts"])}
-    if mask_format == "coco_rle":
-        return rle_to_coco(rle)
-    if mask_format == "png_base64":
-        return mask_to_png_base64(rle_to_mask(rle))
-    if mask_format == "polygon":
-        return mask_to_polygons(rle_to_mask(rle))
-    raise ValueError(f"mask_format must be one of {', '.join(MASK_FORMATS)}, got {mask_format!r}")
+    if mask_format not in MASK_FORMATS:
+        raise ValueError(
+            f"mask_format must be one of {', '.join(MASK_FORMATS)}, got {mask_format!r}"
+        )
+    return formats.encode_mask(rle, mask_format)
 
 
-def mask_to_png_base64(mask: Any) -> str:
-    """A 1-bit PNG of the (H, W) bool mask, base64-encoded."""
-    import base64
-    import io
-
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(mask).save(buffer, format="PNG", optimize=False)  # bool -> mode "1"
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def mask_to_polygons(mask: Any) -> list[list[float]]:
-    """Outer boundaries of the mask's regions as COCO polygons ``[x0, y0, x1, y1, ...]``.
-
-    Contours run through the pixel edges' midpoints (marching squares at level 0.5 on the
-    mask padded by one pixel), counter-clockwise around set pixels; hole boundaries, which
-    wind the other way, are left out as in COCO's polygon format.
-    """
-    import numpy as np
-    from skimage.measure import find_contours
-
-    padded = np.pad(mask.astype(np.uint8), 1)
-    polygons = []
-    for contour in find_contours(padded, 0.5, positive_orientation="high"):
-        rows, cols = contour[:, 0] - 1, contour[:, 1] - 1
-        # Shoelace area in (x=col, y=row): negative for the outer boundaries (holes: positive).
-        signed = 0.5 * float(np.dot(cols, np.roll(rows, -1)) - np.dot(rows, np.roll(cols, -1)))
-        if signed >= 0 or len(contour) < 3:
-            continue
-        xy = np.stack([cols, rows], axis=1)
-        polygons.append([round(float(v), 2) for v in xy[:-1].reshape(-1)])
-    return polygons
+# The encoders live in engine.formats; these names stay importable from here.
+mask_to_png_base64 = formats.mask_to_png_base64
+mask_to_polygons = formats.mask_to_polygons

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import io
 import os
 import re
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sam2serve import cli
-from sam2serve.commands import amg_flags, common, export, run
+from sam2serve.commands import common, export, run
 from sam2serve.commands.common import EXIT_CODES, EXIT_USAGE, CommandParser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,19 +182,6 @@ def test_threads_flag_on_every_command_that_runs_the_model():
         [action] = [a for a in parser._actions if "--threads" in a.option_strings]
         assert action.default is None
         assert "affinity" in action.help and "cgroup" in action.help
-
-
-def test_amg_flags_cover_every_amg_parameter_with_its_kind():
-    from sam2serve.engine.amg import AMGParams
-
-    kinds = {bool: "bool", int: "int", float: "float"}
-    for f in dataclasses.fields(AMGParams):
-        if f.name in amg_flags.AMG_FIXED:
-            continue
-        kind, _ = amg_flags.AMG_FLAGS[f.name]
-        expected = "json_file" if f.name == "point_grids" else kinds[type(f.default)]
-        assert kind == expected, f.name
-    assert set(amg_flags.AMG_FLAGS) | set(amg_flags.AMG_FIXED) == set(AMGParams.field_names())
 
 
 def test_names_kept_without_torch_match_their_source():

@@ -530,7 +530,10 @@ def test_generate_accepts_paths_bytes_and_threads(images, predictor, tmp_path):
     [
         (
             {"output_mode": "png"},
-            "output_mode must be one of 'binary_mask', 'uncompressed_rle', 'coco_rle', got 'png'",
+            (
+                "output_mode must be one of 'coco_rle', 'uncompressed_rle', 'png_base64', "
+                "'polygon', 'binary_mask', got 'png'"
+            ),
         ),
         ({"points_per_side": None}, "exactly one of points_per_side and point_grids"),
         ({"point_grids": [[[0.5, 0.5]]]}, "set points_per_side=None to use point_grids"),

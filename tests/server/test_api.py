@@ -362,14 +362,80 @@ def test_openapi_documents_both_body_forms(client):
     assert client.get("/docs").status_code == 200
 
 
-def test_amg_options_cover_every_engine_parameter():
-    import dataclasses
+def api_bounds(name: str):
+    """The engine's spec of an API parameter with the service's cap on top."""
+    from sam2serve.engine.amg_params import PARAM_SPECS
+    from sam2serve.server.schemas import AMG_CAPS
 
-    from sam2serve.engine.amg import AMGParams
+    spec = PARAM_SPECS[name]
+    return spec.capped(AMG_CAPS[name]) if name in AMG_CAPS else spec
+
+
+def just_outside(spec) -> list[float]:
+    step = 1 if spec.kind == "int" else 1e-3
+    values = [spec.low - step] if spec.low is not None else []
+    if spec.high is not None:
+        values.append(spec.high + step if spec.high_inclusive else spec.high)
+    return values
+
+
+def test_amg_options_are_the_engine_parameters_with_the_service_caps():
+    """Names, types, defaults, descriptions and bounds of the schema all come from the
+    engine's ParamSpecs; the service only adds its caps."""
+    from sam2serve.engine.amg_params import PARAM_SPECS, AMGParams
+    from sam2serve.server.schemas import (
+        AMG_FIELDS_NOT_IN_API,
+        MAX_CROP_LAYERS,
+        MAX_GRID_POINTS,
+        AMGOptions,
+    )
+
+    api = [name for name in PARAM_SPECS if name not in AMG_FIELDS_NOT_IN_API]
+    assert list(AMGOptions.model_fields) == api
+    schema = AMGOptions.model_json_schema()["properties"]
+    for name in api:
+        spec, field = api_bounds(name), schema[name]
+        assert field["default"] == AMGParams.defaults()[name], name
+        assert field["description"] == spec.help[0].upper() + spec.help[1:] + ".", name
+        branches = field.get("anyOf", [field])
+        assert ({"type": "null"} in branches) == spec.nullable, name
+        [value] = [b for b in branches if b != {"type": "null"}]
+        if spec.kind == "point_grids":
+            assert (value["minItems"], value["maxItems"]) == (1, MAX_CROP_LAYERS + 1)
+            value = value["items"]
+            assert (value["minItems"], value["maxItems"]) == (1, MAX_GRID_POINTS)
+            value = value["items"]
+            assert (value["minItems"], value["maxItems"]) == (2, 2)
+            value = value["items"]
+        kind = "float" if spec.kind == "point_grids" else spec.kind
+        assert value["type"] == {"int": "integer", "float": "number", "bool": "boolean"}[kind]
+        assert value.get("minimum") == spec.low, name
+        upper = "maximum" if spec.high_inclusive else "exclusiveMaximum"
+        assert value.get(upper) == spec.high, name
+        assert {"maximum", "exclusiveMaximum"} & set(value) <= {upper}, name
+
+
+def test_a_value_past_a_bound_is_refused_by_the_library_and_the_service(client):
+    from pydantic import ValidationError
+
+    from sam2serve.engine.amg_params import PARAM_SPECS, AMGParamError, AMGParams
     from sam2serve.server.schemas import AMG_FIELDS_NOT_IN_API, AMGOptions
 
-    engine = {f.name for f in dataclasses.fields(AMGParams)} - set(AMG_FIELDS_NOT_IN_API)
-    assert set(AMGOptions.model_fields) == engine
-    defaults = AMGParams()
-    for name in engine:
-        assert AMGOptions.model_fields[name].default == getattr(defaults, name), name
+    checked = 0
+    for name, engine in PARAM_SPECS.items():
+        if name in AMG_FIELDS_NOT_IN_API or engine.kind not in ("int", "float"):
+            continue
+        for value in just_outside(engine):  # the engine's own bounds
+            with pytest.raises(AMGParamError, match=rf"^{name} must be .*got {value!r}$"):
+                AMGParams(**{name: value})
+        for value in just_outside(api_bounds(name)):  # the same, or the service's cap
+            with pytest.raises(ValidationError):
+                AMGOptions(**{name: value})
+            response = client.post("/v1/amg", json={"params": {name: value}})
+            assert response.status_code == 422, (name, value, response.text)
+            error = error_of(response)
+            assert error["code"] == "invalid_request" and f"params.{name}" in error["message"]
+            checked += 1
+        if api_bounds(name).high is not None and api_bounds(name).high_inclusive:
+            AMGOptions(**{name: api_bounds(name).high})  # the bound itself is accepted
+    assert checked >= 12
