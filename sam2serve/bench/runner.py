@@ -364,6 +364,8 @@ def _export_artifacts(
                 str(out),
                 "--decoder",
                 config.aot_decoder,
+                "--device",
+                config.device,
             ],
             dict(os.environ),
             config.timeout_s,

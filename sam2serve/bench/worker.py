@@ -191,11 +191,21 @@ def write_checkpoint(size: str, seed: int, out: Path) -> int:
     return 0
 
 
-def export(size: str, mode: str, checkpoint: Path, out: Path, decoder: str) -> int:
-    """``sam2serve export`` of the benchmark's weights, for the ``+artifacts`` rows."""
+def export(size: str, mode: str, checkpoint: Path, out: Path, decoder: str, device: str) -> int:
+    """``sam2serve export`` of the benchmark's weights, for the ``+artifacts`` rows: the
+    image path as OpenVINO on the CPU, as AOTInductor on CUDA."""
     from sam2serve.runtime.export import export_artifacts
 
-    manifest = export_artifacts(size, mode, out, decoder=decoder, checkpoint=str(checkpoint))
+    backend = "openvino" if device == "cpu" else "aoti"
+    manifest = export_artifacts(
+        size,
+        mode,
+        out,
+        backend=backend,
+        decoder=decoder,
+        checkpoint=str(checkpoint),
+        device=device,
+    )
     print(json.dumps({"path": str(out), "export_seconds": manifest["export_seconds"]}))
     return 0
 
@@ -216,11 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     exp.add_argument("--checkpoint", type=Path, required=True)
     exp.add_argument("--out", type=Path, required=True)
     exp.add_argument("--decoder", choices=("aoti", "eager"), default="aoti")
+    exp.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args.spec, args.result)
     if args.command == "export":
-        return export(args.model, args.mode, args.checkpoint, args.out, args.decoder)
+        return export(args.model, args.mode, args.checkpoint, args.out, args.decoder, args.device)
     return write_checkpoint(args.model, args.seed, args.out)
 
 

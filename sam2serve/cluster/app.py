@@ -78,6 +78,8 @@ class SAM2Replica:
             model=self.args.model,
             mode=self.args.mode,
             backend="artifacts",
+            # Ray sets CUDA_VISIBLE_DEVICES to the GPU it assigned: it is always cuda:0.
+            device=self.args.device,
             threads=self.args.threads or _reserved_cpus(),
         )
         apply_threads(spec.threads)

@@ -23,6 +23,8 @@ from sam2serve.server.settings import ServerSettings
 IMPORT_PATH = "sam2serve.cluster.app:build_app"
 EXPORT_MODES = ("fast", "furious")  # the modes 'sam2serve export' writes
 DEFAULT_IMAGES_PER_REPLICA = 32
+# A replica runs on the CPU or on the one GPU Ray assigns it (always its cuda:0).
+REPLICA_DEVICES = ("cpu", "cuda")
 # ServerSettings fields a replica takes from the file. The model comes from the
 # artifacts, the API key from an environment variable, and a replica always warms up.
 NOT_SERVER_KEYS = frozenset(
@@ -73,6 +75,9 @@ class ReplicaArgs:
     # Torch threads per replica; None: the CPUs Ray reserved for it (ray_actor_options
     # num_cpus, 1 by default), so replicas sharing a machine do not oversubscribe it.
     threads: int | None = None
+    # Where a replica runs the model: "cpu", or "cuda" (the GPU Ray assigns it: give the
+    # deployment ray_actor_options.num_gpus, and artifacts exported with --device cuda).
+    device: str = "cpu"
     server: dict[str, Any] = field(default_factory=dict)  # ServerSettings fields
 
     @classmethod
@@ -114,6 +119,11 @@ class ReplicaArgs:
                 f"{where}.images_per_replica: expected an integer >= 1, "
                 f"got {self.images_per_replica!r}"
             )
+        if self.device not in REPLICA_DEVICES:
+            raise ConfigError(
+                f"{where}.device: expected one of {', '.join(REPLICA_DEVICES)} (a replica "
+                f"uses the GPU Ray assigns it), got {self.device!r}"
+            )
         if self.threads is not None and (not _is_int(self.threads) or self.threads < 1):
             raise ConfigError(
                 f"{where}.threads: expected an integer >= 1 (or leave it out: the CPUs Ray "
@@ -141,6 +151,7 @@ class ReplicaArgs:
             model=self.model,
             mode=self.mode,
             artifacts=self.artifacts,
+            device=self.device,
             api_key=api_key,
             warmup=False,  # the replica warms the model up before it reports ready
             **values,
@@ -249,6 +260,7 @@ def _app(raw: Any, where: str) -> AppSpec:
         )
     options = {k: v for k, v in options.items() if k != "name"}
     _check_deployment(options, f"{where}.deployments[0]")
+    _check_gpus(args.device, options, f"{where}.deployments[0].ray_actor_options.num_gpus")
     return AppSpec(name, prefix, args, options)
 
 
@@ -303,6 +315,22 @@ def _check_deployment(options: dict[str, Any], where: str) -> None:
             raise ConfigError(f"{key}.{name}: expected a number of seconds >= 0, got {value!r}")
 
 
+def _check_gpus(device: str, options: dict[str, Any], where: str) -> None:
+    """A CUDA replica needs Ray to reserve it a GPU, and a CPU replica must not hold one."""
+    actor = options.get("ray_actor_options") or {}
+    gpus = actor.get("num_gpus", 0) if isinstance(actor, dict) else 0
+    if device == "cuda" and not (_is_number(gpus) and gpus > 0):
+        raise ConfigError(
+            f"{where}: args.device is 'cuda', so each replica needs a GPU: expected a number "
+            f"> 0 (e.g. 1, or 0.5 to share one), got {gpus!r}"
+        )
+    if device == "cpu" and _is_number(gpus) and gpus > 0:
+        raise ConfigError(
+            f"{where}: {gpus!r} GPUs reserved for replicas that run on the CPU; set "
+            "args.device: cuda, or remove num_gpus"
+        )
+
+
 def _check_with_ray(raw: dict[str, Any]) -> None:
     """Ray Serve's own schema, for every key this module does not check itself."""
     try:
@@ -348,5 +376,5 @@ def check_local_artifacts(config: ClusterConfig) -> None:
             raise ConfigError(
                 f"applications[{i}].args.artifacts: directory {location!r} {what}; make it "
                 f"with 'sam2serve export --model {app.args.model} --mode {app.args.mode} "
-                f"--out {location}'"
+                f"{'--device cuda ' if app.args.device == 'cuda' else ''}--out {location}'"
             )

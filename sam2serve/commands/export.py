@@ -21,7 +21,11 @@ from sam2serve.commands.common import (
     info_line,
     warning_line,
 )
-from sam2serve.runtime.backends import ARTIFACT_DECODERS, ARTIFACT_IMAGE_PATHS
+from sam2serve.runtime.backends import (
+    ARTIFACT_DECODERS,
+    ARTIFACT_IMAGE_PATH_DEVICES,
+    ARTIFACT_IMAGE_PATHS,
+)
 from sam2serve.runtime.modes import MODES
 
 EXPORT_IMAGE_PATHS = ARTIFACT_IMAGE_PATHS
@@ -38,8 +42,8 @@ prompts, per chunk of kept masks) unless --decoder eager; the prompt encoder and
 decoder weights; and manifest.json (model, mode, precision, runtime versions, shapes,
 sha256 of every file, the command). Load them with --artifacts DIR in '{PROG} run',
 '{PROG} serve' and '{PROG} bench': no compilation and no checkpoint at start-up; a
-mismatch with the manifest is a clear error. Compiling takes a few minutes (tiny: ~2 min
-on 2 cores).
+mismatch with the manifest (model, mode, device, GPU architecture, runtime versions,
+checksums) is a clear error. Compiling takes a few minutes (tiny: ~2 min on 2 cores).
 
 {EXIT_STATUS_HELP}
 """
@@ -69,10 +73,11 @@ def add_arguments(parser: CommandParser) -> None:
     parser.add_argument(
         "--backend",
         choices=EXPORT_IMAGE_PATHS,
-        default="openvino",
+        default=None,
         help="image path runtime: openvino (IR + the IR compiled for this CPU; the fastest "
-        "here) or aoti (torch.export + AOTInductor .pt2 package, batch 1) "
-        "(default: %(default)s)",
+        "here) or aoti (torch.export + AOTInductor .pt2 package, batch 1) (default: openvino; "
+        "artifacts are CPU-only: AOTInductor packages compiled for CUDA crashed when loaded "
+        "on an H100, measured)",
     )
     parser.add_argument(
         "--decoder",
@@ -91,12 +96,20 @@ def export_command(args: argparse.Namespace) -> int:
     from sam2serve.runtime.export import export_artifacts
     from sam2serve.runtime.threads import apply_threads
 
-    model_flags.check_device(args.device)
-    if args.device != "cpu":  # backend 'artifacts' runs on the CPU only (its registry entry)
-        raise UsageError(
-            f"--device {args.device}: export writes CPU artifacts (their manifest says cpu); "
-            "use --device cpu"
+    device_type = args.device.split(":", 1)[0]
+    backend = args.backend or ("openvino" if device_type == "cpu" else "aoti")
+    if device_type not in ARTIFACT_IMAGE_PATH_DEVICES[backend]:
+        devices = ", ".join(ARTIFACT_IMAGE_PATH_DEVICES[backend])
+        why = (
+            ": AOTInductor packages compiled for CUDA crashed when loaded (torch 2.11 on an "
+            "H100, measured); on a GPU, run with --backend eager or compile instead"
+            if device_type == "cuda"
+            else ""
         )
+        raise UsageError(
+            f"--backend {backend} exports for {devices}, not --device {args.device}{why}"
+        )
+    model_flags.check_device(args.device)
     apply_threads(args.threads)
     try:
         with model_flags.load_errors_as_usage(args.checkpoint, args.model):
@@ -104,8 +117,9 @@ def export_command(args: argparse.Namespace) -> int:
                 args.model,
                 args.mode,
                 args.out,
-                backend=args.backend,
+                backend=backend,
                 decoder=args.decoder,
+                device=args.device,
                 checkpoint=args.checkpoint,
                 random_weights=args.random_weights,
                 seed=args.seed,
@@ -118,6 +132,6 @@ def export_command(args: argparse.Namespace) -> int:
         warning_line("exported RANDOM WEIGHTS - not a trained model")
     info_line(
         f"wrote {args.out} ({manifest['model']}, {manifest['mode']}, "
-        f"{manifest['precision']}) in {manifest['export_seconds']} s"
+        f"{manifest['precision']}, for {manifest['target']}) in {manifest['export_seconds']} s"
     )
     return EXIT_OK

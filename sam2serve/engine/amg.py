@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from sam2serve.engine.amg_params import OUTPUT_MODES, AMGParamError, AMGParams, OutputMode
+from sam2serve.engine.formats import encode_mask
 from sam2serve.engine.image import ImageSource, load_image
 from sam2serve.engine.masks import (
     batched_mask_to_box,
@@ -64,7 +65,7 @@ from sam2serve.engine.masks import (
 )
 from sam2serve.engine.nms import batched_nms, box_area
 from sam2serve.engine.predictor import LOW_RES_CLAMP, DecoderContext, Embedding, Predictor
-from sam2serve.engine.rle import Rle, area_from_rle, masks_to_rle, rle_to_coco, rle_to_mask
+from sam2serve.engine.rle import Rle, area_from_rle, masks_to_rle, rle_to_mask
 
 __all__ = [
     "OUTPUT_MODES",
@@ -86,7 +87,7 @@ Progress = Callable[[int, int], None]
 class MaskRecord(TypedDict):
     """One generated mask, with the keys and value types of Meta's generator."""
 
-    segmentation: np.ndarray | Rle  # (H, W) bool, or an RLE dict depending on output_mode
+    segmentation: Any  # in output_mode (engine.formats): (H, W) bool array, RLE dict, ...
     area: int  # pixels in the mask
     bbox: list[float]  # XYWH around the mask
     predicted_iou: float  # the model's own estimate of the mask's quality
@@ -168,6 +169,15 @@ class _Masks:
 def _nms(boxes: torch.Tensor, scores: torch.Tensor, threshold: float) -> torch.Tensor:
     """Greedy box NMS over all masks as one category, as Meta calls it."""
     return batched_nms(boxes.float(), scores, torch.zeros_like(boxes[:, 0]), threshold)
+
+
+def _rows_equal_to(values: Sequence[int], n_rows: int, device: torch.device) -> torch.Tensor:
+    """(n_rows, len(values)) int64, every row ``values``: filled with Python scalars on the
+    device, since a tensor made from ``values`` would be a host-to-device copy (a sync)."""
+    rows = torch.empty((n_rows, len(values)), dtype=torch.int64, device=device)
+    for column, value in enumerate(values):
+        rows[:, column] = value
+    return rows
 
 
 def _batches(n_items: int, batch_size: int) -> Iterator[slice]:
@@ -332,40 +342,34 @@ class MaskGenerator:
             low_res, iou_preds = self._refine(context, points, low_res, crop_size)
         iou_preds = iou_preds.float()
 
+        # Filters select rows with index tensors, one host sync each: the predicted-IoU
+        # filter before upscaling (the masks it drops are never upsampled), then the
+        # stability and crop-edge filters together (the boxes of masks the stability
+        # filter drops are computed too: cheaper than a sync on a GPU, and per-mask, so
+        # the kept records are the same).
         if p.pred_iou_thresh > 0.0:
-            keep = iou_preds > p.pred_iou_thresh
-            low_res, iou_preds, points = low_res[keep], iou_preds[keep], points[keep]
+            index = (iou_preds > p.pred_iou_thresh).nonzero()[:, 0]
+            low_res, iou_preds, points = low_res[index], iou_preds[index], points[index]
         masks, stability = self._upscale(low_res, crop_size)
-        if p.stability_score_thresh > 0.0:
-            keep = stability >= p.stability_score_thresh
-            masks, iou_preds, points, stability = (
-                masks[keep],
-                iou_preds[keep],
-                points[keep],
-                stability[keep],
-            )
-
         boxes = batched_mask_to_box(masks)
         # A box touching a crop edge that is not an image edge is likely a cut-off object.
         height, width = image_size
         keep = ~is_box_near_crop_edge(boxes, crop_box, [0, 0, width, height])
+        if p.stability_score_thresh > 0.0:
+            keep &= stability >= p.stability_score_thresh
+        index = keep.nonzero()[:, 0]
         masks, boxes, iou_preds, points, stability = (
-            masks[keep],
-            boxes[keep],
-            iou_preds[keep],
-            points[keep],
-            stability[keep],
+            t[index] for t in (masks, boxes, iou_preds, points, stability)
         )
 
         rles = self._rle(uncrop_masks(masks, crop_box, height, width))
-        crop_boxes = torch.tensor(crop_box, dtype=torch.int64, device=boxes.device)
         return _Masks(
             rles,
             uncrop_boxes_xyxy(boxes, crop_box),
             iou_preds,
             stability,
             uncrop_points(points, crop_box),
-            crop_boxes.expand(len(rles), 4),
+            _rows_equal_to(crop_box, len(rles), boxes.device),
         )
 
     def _refine(
@@ -445,31 +449,32 @@ class MaskGenerator:
 
     def _records(self, masks: _Masks) -> list[MaskRecord]:
         """Meta's record dicts; the per-mask tensors cross to the host here, once each."""
-        mode = self.params.output_mode
-        if mode == "binary_mask":
-            segmentations: list[Any] = [rle_to_mask(rle) for rle in masks.rles]
-        elif mode == "coco_rle":
-            segmentations = [rle_to_coco(rle) for rle in masks.rles]
-        else:
-            segmentations = masks.rles
+        segmentations = [encode_mask(rle, self.params.output_mode) for rle in masks.rles]
         # Meta moves everything to float32 numpy before writing records, so boxes and
-        # crop boxes are lists of floats; the same values here.
-        bboxes = box_xyxy_to_xywh(masks.boxes).float().cpu().tolist()
-        crop_boxes = box_xyxy_to_xywh(masks.crop_boxes).float().cpu().tolist()
-        points = masks.points.float().cpu().tolist()
-        iou_preds = masks.iou_preds.cpu().tolist()
-        stability = masks.stability_scores.cpu().tolist()
+        # crop boxes are lists of floats; the same values here. The fields cross to the
+        # host as one float64 table (float32 values are exact in float64): one transfer.
+        table = torch.cat(
+            [
+                box_xyxy_to_xywh(masks.boxes).float(),
+                box_xyxy_to_xywh(masks.crop_boxes).float(),
+                masks.points.float(),
+                masks.iou_preds.float()[:, None],
+                masks.stability_scores.float()[:, None],
+            ],
+            dim=1,
+        )
+        rows = table.double().cpu().tolist()
         return [
             MaskRecord(
                 segmentation=segmentations[i],
                 area=area_from_rle(masks.rles[i]),
-                bbox=bboxes[i],
-                predicted_iou=iou_preds[i],
-                point_coords=[points[i]],
-                stability_score=stability[i],
-                crop_box=crop_boxes[i],
+                bbox=row[0:4],
+                predicted_iou=row[10],
+                point_coords=[row[8:10]],
+                stability_score=row[11],
+                crop_box=row[4:8],
             )
-            for i in range(len(masks))
+            for i, row in enumerate(rows)
         ]
 
 

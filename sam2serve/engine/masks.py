@@ -118,16 +118,25 @@ def batched_mask_to_box(masks: torch.Tensor) -> torch.Tensor:
     return boxes.masked_fill(is_empty.unsqueeze(-1), 0)
 
 
+def _shifted(coords: torch.Tensor, offsets: tuple[int, ...]) -> torch.Tensor:
+    """``coords`` (..., K) plus ``offsets[k]`` in column k. Python scalars, not a tensor
+    of offsets: on a GPU that tensor would be a host-to-device copy waiting for the stream."""
+    if not any(offsets):
+        return coords.clone()
+    columns = [coords[..., k] + offset for k, offset in enumerate(offsets)]
+    return torch.stack(columns, dim=-1)
+
+
 def uncrop_boxes_xyxy(boxes: torch.Tensor, crop_box: list[int]) -> torch.Tensor:
     """Move XYXY boxes (..., 4) from crop coordinates to full-image coordinates."""
     x0, y0, _, _ = crop_box
-    return boxes + torch.tensor([x0, y0, x0, y0], device=boxes.device)
+    return _shifted(boxes, (x0, y0, x0, y0))
 
 
 def uncrop_points(points: torch.Tensor, crop_box: list[int]) -> torch.Tensor:
     """Move (x, y) points (..., 2) from crop coordinates to full-image coordinates."""
     x0, y0, _, _ = crop_box
-    return points + torch.tensor([x0, y0], device=points.device)
+    return _shifted(points, (x0, y0))
 
 
 def uncrop_masks(
@@ -148,12 +157,15 @@ def is_box_near_crop_edge(
 ) -> torch.Tensor:
     """(N,) bool: the box (in crop coordinates) touches a crop edge that is not also an
     edge of the original image, i.e. the mask is probably cut off by the crop."""
-    crop = torch.as_tensor(crop_box, dtype=torch.float, device=boxes.device)
-    orig = torch.as_tensor(orig_box, dtype=torch.float, device=boxes.device)
     boxes = uncrop_boxes_xyxy(boxes, crop_box).float()
-    near_crop_edge = torch.isclose(boxes, crop[None, :], atol=atol, rtol=0)
-    near_image_edge = torch.isclose(boxes, orig[None, :], atol=atol, rtol=0)
-    return (near_crop_edge & ~near_image_edge).any(dim=1)
+    # Column by column against Python scalars (no host-to-device copy); |a - b| <= atol
+    # is torch.isclose with rtol 0 on finite values.
+    cut_off = torch.zeros(boxes.shape[:1], dtype=torch.bool, device=boxes.device)
+    for k, (crop_edge, image_edge) in enumerate(zip(crop_box, orig_box, strict=True)):
+        near_crop_edge = (boxes[:, k] - float(crop_edge)).abs() <= atol
+        near_image_edge = (boxes[:, k] - float(image_edge)).abs() <= atol
+        cut_off |= near_crop_edge & ~near_image_edge
+    return cut_off
 
 
 def box_xyxy_to_xywh(box_xyxy: torch.Tensor) -> torch.Tensor:

@@ -7,9 +7,20 @@ so the two box operations AMG needs live here:
   IoU with a kept box is strictly greater than the threshold (as torchvision's kernel does);
 - `batched_nms` does the same independently per category.
 
-The IoU matrix is computed once on the boxes' device; the greedy pass then runs on the
-host over the thresholded matrix after a single transfer, instead of a host sync per box.
-That is O(N^2) memory, fine for the few thousand boxes AMG produces per crop.
+The IoU matrix is computed once on the boxes' device. The greedy pass then runs where it
+is cheapest: on the CPU a Python loop over the thresholded matrix (one row OR per kept
+box); on a GPU, on the device, as a fixed-point iteration (below) with a few host syncs
+instead of one per box or a copy of the matrix. Both are exact. O(N^2) memory, fine for
+the few thousand boxes AMG produces per crop.
+
+The device pass. Sorted by score, box j survives greedy NMS iff no *surviving* earlier
+box suppresses it: ``keep_j = not any(keep_i and S_ij for i < j)``. That recurrence has
+exactly one solution (keep_0 is fixed, and each keep_j follows from the earlier ones), and
+iterating ``keep <- F(keep)`` from all-true fixes at least one more leading entry per step,
+so it reaches that solution in at most N steps, and in practice in a handful (the length
+of the longest chain of suppressions). Each step is one (N,) x (N, N) product; we check
+for the fixed point every few steps (the only syncs) and fall back to the host loop in the
+rare case it has not converged after many.
 """
 
 from __future__ import annotations
@@ -73,12 +84,39 @@ def _greedy_keep(suppresses: np.ndarray) -> list[int]:
     return keep
 
 
+# Device pass: steps between fixed-point checks, and checks before the host fallback.
+_STEPS_PER_CHECK = 4
+_MAX_CHECKS = 64
+
+
+def _greedy_keep_on_device(suppresses: torch.Tensor) -> torch.Tensor:
+    """The greedy survivors (bool (N,)) of boxes sorted by score, computed on the device
+    by the fixed-point iteration of the module docstring."""
+    n = suppresses.shape[0]
+    # Only earlier boxes suppress later ones: the strict upper triangle.
+    earlier = torch.triu(suppresses, diagonal=1).to(torch.float32)
+    keep = torch.ones(n, dtype=torch.bool, device=suppresses.device)
+    for _ in range(_MAX_CHECKS):
+        previous = keep
+        for _ in range(_STEPS_PER_CHECK):
+            # Counts of surviving earlier suppressors are exact in float32 (< 2**24).
+            keep = (keep.to(torch.float32) @ earlier) == 0
+        if torch.equal(keep, previous):
+            return keep
+    positions = _greedy_keep(suppresses.cpu().numpy())  # a very long suppression chain
+    keep = torch.zeros(n, dtype=torch.bool, device=suppresses.device)
+    keep[torch.as_tensor(positions, dtype=torch.int64, device=suppresses.device)] = True
+    return keep
+
+
 def _nms_with_groups(
     boxes: torch.Tensor,
     scores: torch.Tensor,
     idxs: torch.Tensor | None,
     iou_threshold: float,
+    on_device: bool | None = None,
 ) -> torch.Tensor:
+    """``on_device``: run the greedy pass on the boxes' device (default: on GPUs only)."""
     _check_inputs(boxes, scores)
     if boxes.shape[0] == 0:
         return torch.empty((0,), dtype=torch.int64, device=boxes.device)
@@ -92,6 +130,10 @@ def _nms_with_groups(
         # and exact (large offsets cost float precision in the IoU).
         sorted_idxs = idxs[order]
         suppresses &= sorted_idxs[:, None] == sorted_idxs[None, :]
+    if on_device is None:
+        on_device = boxes.device.type != "cpu"
+    if on_device:
+        return order[_greedy_keep_on_device(suppresses).nonzero()[:, 0]]
     keep_sorted = _greedy_keep(suppresses.cpu().numpy())  # the one host transfer
     keep_positions = torch.as_tensor(keep_sorted, dtype=torch.int64, device=boxes.device)
     return order[keep_positions]

@@ -452,7 +452,9 @@ class Predictor:
                     f"got {tuple(box.shape)}"
                 )
             corners = self.to_input_frame(box.reshape(-1, 2, 2), size, normalize_coords)
-            corner_labels = torch.tensor(BOX_LABELS, dtype=torch.int32, device=device)
+            # Made on the device, not copied from the host: labels 2 and 3.
+            first, last = BOX_LABELS
+            corner_labels = torch.arange(first, last + 1, dtype=torch.int32, device=device)
             corner_labels = corner_labels.expand(corners.shape[0], 2)
             if coords is None:
                 coords, labels = corners, corner_labels

@@ -76,6 +76,16 @@ def gelu_(x: torch.Tensor, act: torch.nn.GELU) -> torch.Tensor:
     return torch.ops.aten.gelu_(x, approximate=act.approximate)
 
 
+def _tokens_at(tokens: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    """``tokens[:, positions]`` (B, len(positions), C) without a list index: indexing with
+    a Python list copies it to the device first, which on a GPU waits for the stream (a
+    host sync per prompt chunk); a contiguous run is a view, anything else a stack."""
+    first, last = positions[0], positions[-1]
+    if positions == list(range(first, last + 1)):
+        return tokens[:, first : last + 1]
+    return torch.stack([tokens[:, i] for i in positions], dim=1)
+
+
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """(B, H, N, dh) -> (B, N, H*dh)."""
     b, h, n, d = x.shape
@@ -459,7 +469,7 @@ class FastMaskDecoder:
                 side, keys, layer, queries, query_pe, f"layer{index}"
             )
         final = self.transformer.final_attn_token_to_image
-        q_out, pe_out = queries[:, read_tokens], query_pe[:, read_tokens]
+        q_out, pe_out = _tokens_at(queries, read_tokens), _tokens_at(query_pe, read_tokens)
         attn_out = self.token_to_image(side, keys, final, q_out + pe_out, "final")
         return self.transformer.norm_final_attn(q_out + attn_out), keys
 

@@ -39,8 +39,10 @@ class PositionEmbeddingRandom(nn.Module):
     def encode_pixels(self, coords: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:
         """coords in pixels (x, y) of an image of ``image_size`` (h, w)."""
         h, w = image_size
-        size = torch.tensor([w, h], device=coords.device, dtype=torch.float32)
-        return self.encode(coords.to(torch.float32) / size)
+        coords = coords.to(torch.float32)
+        # Divided by Python scalars, not a (2,) tensor built here: on a GPU such a tensor
+        # is a host-to-device copy, which waits for the stream, on every prompt chunk.
+        return self.encode(torch.stack([coords[..., 0] / w, coords[..., 1] / h], dim=-1))
 
 
 class PromptEncoder(nn.Module):

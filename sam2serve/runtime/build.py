@@ -19,7 +19,7 @@ from sam2serve.checkpoint import load_model
 from sam2serve.engine.predictor import Predictor
 from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder
 from sam2serve.modeling.sam2 import SAM2Image
-from sam2serve.runtime.modes import Mode, get_mode
+from sam2serve.runtime.modes import get_mode
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 from sam2serve.runtime.threads import apply_threads
 
@@ -40,6 +40,8 @@ def build_predictor(
             if backend.needs_artifacts
             else f"artifacts are run by backend 'artifacts', not {backend.name!r}"
         )
+    if not backend.needs_artifacts:  # artifacts carry the dtype they were exported in
+        spec = resolve_dtype(spec)
     apply_threads(spec.threads)
     set_numerics(spec)
     implementation = backend.load()
@@ -47,7 +49,8 @@ def build_predictor(
         predictor = implementation.build(spec, weights)
     else:
         predictor = implementation.build_from_model(spec, model)
-    predictor.runtime = spec
+    if predictor.runtime is None:
+        predictor.runtime = spec
     return predictor
 
 
@@ -81,26 +84,49 @@ def set_numerics(spec: RuntimeSpec) -> None:
         torch.backends.cudnn.allow_tf32 = allow
 
 
-def reduced_dtype(device: torch.device) -> torch.dtype:
-    """bf16, except on a GPU without it (pre-Ampere), where fp16 is the reduced precision."""
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return torch.float16
-    return torch.bfloat16
+def native_reduced_dtype(device: torch.device | str) -> str:
+    """The reduced precision ``device`` runs natively: bf16 on GPUs that have it (Ampere
+    and later) and on CPUs with AVX512-BF16 or AMX; fp16 on older GPUs; on other CPUs
+    float32, because bf16 is emulated there (tiny's encoder took 32.3 s in bf16 against
+    3.9 s in fp32 on an AVX2-only CPU, measured)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return "bfloat16" if native else "float32"
 
 
-def encoder_dtype(mode: Mode, device: torch.device) -> torch.dtype:
-    return reduced_dtype(device) if mode.reduced_precision_encoder else torch.float32
+def resolve_dtype(spec: RuntimeSpec) -> RuntimeSpec:
+    """``spec`` with its dtype decided: float32 for the lossless modes, the device's
+    native reduced precision for the others unless the spec names one."""
+    if spec.dtype is not None:
+        return spec
+    if not get_mode(spec.mode).reduced_precision_encoder:
+        return spec.replace(dtype="float32")
+    return spec.replace(dtype=native_reduced_dtype(spec.device))
 
 
-def upscaling_dtype(mode: Mode, device: torch.device) -> torch.dtype:
-    return reduced_dtype(device) if mode.reduced_precision_upscaling else torch.float32
+def encoder_dtype(spec: RuntimeSpec) -> torch.dtype:
+    """What the image encoder computes in under ``spec`` (its dtype resolved)."""
+    mode = get_mode(spec.mode)
+    return _reduced(spec) if mode.reduced_precision_encoder else torch.float32
 
 
-def eager_image_path(model: SAM2Image, mode: Mode) -> Callable[[torch.Tensor], Any]:
+def upscaling_dtype(spec: RuntimeSpec) -> torch.dtype:
+    """What the fast decoder's second upscaling half computes in under ``spec``."""
+    mode = get_mode(spec.mode)
+    return _reduced(spec) if mode.reduced_precision_upscaling else torch.float32
+
+
+def _reduced(spec: RuntimeSpec) -> torch.dtype:
+    return getattr(torch, resolve_dtype(spec).dtype or "float32")
+
+
+def eager_image_path(model: SAM2Image, spec: RuntimeSpec) -> Callable[[torch.Tensor], Any]:
     """The mode's eager image path: fp32; or reduced precision as bf16 weights on the CPU
     (measured faster than autocast there) and as autocast on CUDA (Meta's way: the
     weights stay fp32)."""
-    dtype = encoder_dtype(mode, model.device)
+    dtype = encoder_dtype(spec)
     if dtype == torch.float32:
         return model.encode_image
     if model.device.type == "cuda":
@@ -118,13 +144,14 @@ def predictor_for(
     """A Predictor running ``model``'s heads the way ``spec``'s mode says; the image path
     and the fast decoder may come from a backend, else they run eagerly."""
     mode = get_mode(spec.mode)
+    spec = resolve_dtype(spec)
     assert spec.prompt_chunk is not None  # resolved by RuntimeSpec
     predictor = Predictor(
         model,
         decoder=mode.decoder,
         prompt_chunk=spec.prompt_chunk,
         image_encoder=image_encoder,
-        upscaling_dtype=upscaling_dtype(mode, model.device),
+        upscaling_dtype=upscaling_dtype(spec),
         fast_decoder=fast_decoder,
     )
     predictor.runtime = spec

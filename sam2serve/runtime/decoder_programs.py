@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder, FinalKeys, ImageSide
-from sam2serve.runtime.aoti import AOTIProgram, cpu_model
+from sam2serve.runtime.aoti import AOTIProgram, compile_target
 
 SIDE_PT2 = "decoder_side.pt2"
 PROMPTS_PT2 = "decoder_prompts.pt2"
@@ -142,6 +142,17 @@ def _filled_side(
     return side, keys.gain_name
 
 
+def _inductor_configs() -> dict[str, object]:
+    """Inductor settings for the programs. Triton's coalescing analysis (its tiling
+    heuristic) asserts on the masks program's dynamic shapes in torch 2.11 (seen on an
+    H100: ``tiling_utils.get_pw_red_splits``); without it the kernels keep the default
+    tiling. CPU code generation does not run it."""
+    triton = torch._inductor.config.triton
+    if hasattr(triton, "coalesce_tiling_analysis"):
+        return {"triton.coalesce_tiling_analysis": False}
+    return {}
+
+
 def export_decoder_programs(
     fast: FastMaskDecoder,
     prompt_encoder: torch.nn.Module,
@@ -164,7 +175,8 @@ def export_decoder_programs(
         layout = [(name, len(v) if isinstance(v, tuple) else 0) for name, v in side.cache.items()]
         leaves = [t.contiguous() for t in side_leaves(side, layout)]
         channels = image_embed.shape[1]
-        sparse = torch.randn(4, 2, channels, generator=torch.Generator().manual_seed(0))
+        generator = torch.Generator().manual_seed(0)
+        sparse = torch.randn(4, 2, channels, generator=generator).to(image_embed.device)
         _, hyper, a, coef, vecs = _PromptsProgram(fast, layout, side.size)(sparse, leaves)
         finals = [t.contiguous() for t in (a, coef, vecs, hyper[:, 1:])]
     prompts = torch.export.Dim("prompts", max=MAX_PROMPTS)
@@ -211,13 +223,18 @@ def export_decoder_programs(
                 dynamic_shapes=dynamic,
                 prefer_deferred_runtime_asserts_over_guards=True,
             )
-            torch._inductor.aoti_compile_and_package(program, package_path=str(out / name))
+            torch._inductor.aoti_compile_and_package(
+                program, package_path=str(out / name), inductor_configs=_inductor_configs()
+            )
     return {
         "backend": "aoti",
         "files": list(PROGRAM_FILES),
         "layout": [list(entry) for entry in layout],
         "gain_name": gain_name,
-        "cpu": cpu_model(),
+        # What the programs were compiled for: this CPU's name, or this GPU and its
+        # architecture (they run only on the same).
+        "device": image_embed.device.type,
+        "target": compile_target(image_embed.device),
         "upscaling_dtype": str(fast.upscaling_dtype).removeprefix("torch."),
     }
 
@@ -236,11 +253,13 @@ class CompiledFastDecoder(FastMaskDecoder):
 
     source = "AOTInductor programs, not compiled"
 
-    def __init__(self, decoder: torch.nn.Module, directory: Path, entry: dict) -> None:
+    def __init__(
+        self, decoder: torch.nn.Module, directory: Path, entry: dict, device: torch.device
+    ) -> None:
         super().__init__(decoder, getattr(torch, entry["upscaling_dtype"]))
-        self.side_program = AOTIProgram(directory / SIDE_PT2)
-        self.prompts_program = AOTIProgram(directory / PROMPTS_PT2)
-        self.masks_program = AOTIProgram(directory / MASKS_PT2)
+        self.side_program = AOTIProgram(directory / SIDE_PT2, device)
+        self.prompts_program = AOTIProgram(directory / PROMPTS_PT2, device)
+        self.masks_program = AOTIProgram(directory / MASKS_PT2, device)
         self.gain_name = entry["gain_name"]
         self.layout = [(name, arity) for name, arity in entry["layout"]]
 
@@ -269,18 +288,24 @@ class CompiledFastDecoder(FastMaskDecoder):
         iou, hyper, a, coef, vecs = self.prompts_program(
             [sparse_embeddings.float().contiguous(), *side.leaves]
         )
-        return iou, hyper[:, mask_indices], FinalKeys(a, coef, vecs, None, self.gain_name)
+        if mask_indices != ALL_MASKS:  # not a list index: that would be a host sync
+            hyper = torch.stack([hyper[:, m] for m in mask_indices], dim=1)
+        return iou, hyper, FinalKeys(a, coef, vecs, None, self.gain_name)
 
     def upscale(self, side: CompiledSide, keys: FinalKeys, hyper: torch.Tensor) -> torch.Tensor:
         finals = (keys.a, keys.coef, keys.vecs, hyper)
         return self.masks_program([*(t.contiguous() for t in finals), *side.leaves])[0]
 
 
-def load_fast_decoder(decoder: torch.nn.Module, directory: Path, entry: dict) -> FastMaskDecoder:
-    """The exported programs, or, if they were compiled for another CPU (Inductor targets
-    the exporting CPU's instruction set), the eager fast decoder with the same dtype."""
-    if entry.get("cpu") != cpu_model():
+def load_fast_decoder(
+    decoder: torch.nn.Module, directory: Path, entry: dict, device: torch.device
+) -> FastMaskDecoder:
+    """The exported programs on ``device``, or, if they were compiled for another CPU or
+    GPU (Inductor targets the exporting CPU's instruction set, or the exporting GPU's
+    architecture), the eager fast decoder with the same dtype."""
+    here = compile_target(device)
+    if entry.get("target") != here:
         eager = FastMaskDecoder(decoder, getattr(torch, entry["upscaling_dtype"]))
-        eager.source = f"eager (programs compiled for {entry.get('cpu')!r}, not this CPU)"
+        eager.source = f"eager (programs compiled for {entry.get('target')!r}, not {here!r})"
         return eager
-    return CompiledFastDecoder(decoder, directory, entry)
+    return CompiledFastDecoder(decoder, directory, entry, device)

@@ -15,8 +15,14 @@
   backend, unless ``decoder="eager"``): the fast mask decoder through torch.export and
   AOTInductor (:mod:`sam2serve.runtime.decoder_programs`); without them the decoder runs
   eagerly from ``heads.pt``;
-- ``manifest.json``: what was exported and how — model, mode, precision, runtime versions,
-  shapes, the sha256 of every file, the weights' origin and the command.
+- ``manifest.json``: what was exported and how — model, mode, device and the compile
+  target (CPU name, or GPU name and architecture), precision, runtime versions, shapes,
+  the sha256 of every file, the weights' origin and the command.
+
+Artifacts are per device: the manifest names the device and what the packages were
+compiled for, and a loader asking for another device gets an :class:`ArtifactError`.
+Only CPU artifacts are exported today (``ARTIFACT_IMAGE_PATH_DEVICES``): AOTInductor
+packages compiled for CUDA crashed when loaded (see ``CUDA_ARTIFACTS_WHY``).
 
 ``load_artifacts`` checks the manifest against the request and the installed runtime
 before anything is loaded; every mismatch is an :class:`ArtifactError` that names it.
@@ -44,11 +50,15 @@ from sam2serve.config import get_config
 from sam2serve.engine.predictor import Predictor
 from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder
 from sam2serve.modeling.sam2 import ImageFeatures, SAM2Image
-from sam2serve.runtime.aoti import AOTIProgram
-from sam2serve.runtime.backends import ARTIFACT_DECODERS, ARTIFACT_IMAGE_PATHS
-from sam2serve.runtime.build import encoder_dtype, predictor_for, upscaling_dtype
+from sam2serve.runtime.aoti import AOTIProgram, compile_target
+from sam2serve.runtime.backends import (
+    ARTIFACT_DECODERS,
+    ARTIFACT_IMAGE_PATH_DEVICES,
+    ARTIFACT_IMAGE_PATHS,
+)
+from sam2serve.runtime.build import encoder_dtype, predictor_for, resolve_dtype, upscaling_dtype
 from sam2serve.runtime.decoder_programs import export_decoder_programs, load_fast_decoder
-from sam2serve.runtime.modes import Mode, get_mode
+from sam2serve.runtime.modes import get_mode
 from sam2serve.runtime.spec import RuntimeSpec
 
 MANIFEST = "manifest.json"
@@ -58,7 +68,8 @@ HEADS = "heads.pt"
 # The image path compiled for this CPU (OpenVINO's export_model): loading it skips the
 # ~8 s compile of the IR; used only on a CPU of the same name, else the IR is compiled.
 ENCODER_BLOB = "image_encoder.cpu.blob"
-FORMAT_VERSION = 1
+# 2: per-device artifacts (the manifest's device and compile targets).
+FORMAT_VERSION = 2
 # How the image path is exported (BACKENDS, historically: the manifest's "backend" key) and
 # how the mask decoder runs from the artifacts (AOTInductor programs, or eagerly).
 BACKENDS = ARTIFACT_IMAGE_PATHS
@@ -67,6 +78,10 @@ DECODERS = ARTIFACT_DECODERS
 # of images runs image by image), run by AOTIProgram.
 ENCODER_PT2 = "image_encoder.pt2"
 OUTPUT_NAMES = ("image_embed", "high_res_s0", "high_res_s1")
+CUDA_ARTIFACTS_WHY = (
+    ": AOTInductor packages compiled for CUDA crashed when loaded (torch 2.11 on an H100, "
+    "measured); on a GPU, run --backend eager or compile"
+)
 
 
 class ArtifactError(RuntimeError):
@@ -93,9 +108,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _encoder_precision(spec: Mode) -> str:
+def _encoder_precision(spec: RuntimeSpec) -> str:
     # fast is lossless: keep f32 (OpenVINO would pick bf16 on a CPU that has it).
-    return "bf16" if spec.reduced_precision_encoder else "f32"
+    return {torch.bfloat16: "bf16", torch.float16: "f16"}.get(encoder_dtype(spec), "f32")
 
 
 def convert_image_path(model: SAM2Image) -> tuple[object, tuple[torch.Tensor, ...]]:
@@ -156,7 +171,7 @@ def _import_compiled(directory: Path, manifest: dict) -> OpenVINOImageEncoder | 
     return OpenVINOImageEncoder(imported, "imported, not compiled")
 
 
-def openvino_image_encoder(model: SAM2Image, spec: Mode) -> OpenVINOImageEncoder:
+def openvino_image_encoder(model: SAM2Image, spec: RuntimeSpec) -> OpenVINOImageEncoder:
     """Convert and compile the image path at start-up: the alternative to artifacts
     (tens of seconds for tiny, measured by ``sam2serve bench`` as mode ``NAME+jit``)."""
     converted, _ = convert_image_path(model)
@@ -174,18 +189,26 @@ def export_artifacts(
     random_weights: bool = False,
     seed: int = 0,
     command: str | None = None,
+    device: str = "cpu",
     progress: Callable[[str], None] = lambda step: None,
 ) -> dict:
-    """Export the model of ``size`` for ``mode`` into ``out``; returns the manifest.
-    ``progress`` is told each step as it starts (the whole export takes minutes)."""
+    """Export the model of ``size`` for ``mode`` on ``device`` into ``out``; returns the
+    manifest. ``progress`` is told each step as it starts (the whole export takes minutes)."""
     if backend not in BACKENDS:
         raise ArtifactError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if decoder not in DECODERS:
         raise ArtifactError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
-    spec = get_mode(mode)
-    if spec.decoder != "fast":
+    device_type = torch.device(device).type
+    if device_type not in ARTIFACT_IMAGE_PATH_DEVICES[backend]:
+        raise ArtifactError(
+            f"backend {backend!r} exports for "
+            f"{', '.join(ARTIFACT_IMAGE_PATH_DEVICES[backend])}, not {device!r}"
+            + (CUDA_ARTIFACTS_WHY if device_type == "cuda" else "")
+        )
+    if get_mode(mode).decoder != "fast":
         raise ArtifactError(f"export is for the fast and furious modes, got {mode!r}")
-    model = load_model(size, checkpoint, random_weights=random_weights, seed=seed)
+    spec = resolve_dtype(RuntimeSpec(size, mode, "artifacts", device=device))
+    model = load_model(size, checkpoint, random_weights=random_weights, seed=seed, device=device)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -197,7 +220,7 @@ def export_artifacts(
         progress("image path: OpenVINO conversion and compilation for this CPU")
         reference, encoder_files, extra = _export_openvino(model, spec, out)
     if decoder == "aoti":
-        fast = FastMaskDecoder(model.sam_mask_decoder, upscaling_dtype(spec, model.device))
+        fast = FastMaskDecoder(model.sam_mask_decoder, upscaling_dtype(spec))
         embed, *high_res = reference
         extra["decoder"] = export_decoder_programs(
             fast, model.sam_prompt_encoder, embed, tuple(high_res), out, progress
@@ -210,9 +233,16 @@ def export_artifacts(
         "model": size,
         "mode": mode,
         # How a loader runs these files: RuntimeSpec(model, mode, backend="artifacts").
-        "spec": {"model": size, "mode": mode, "backend": "artifacts", "device": "cpu"},
+        "spec": {
+            "model": size,
+            "mode": mode,
+            "backend": "artifacts",
+            "device": device_type,
+            "dtype": spec.dtype,
+        },
         "backend": backend,
-        "device": "cpu",
+        "device": device_type,
+        "target": compile_target(model.device),
         "precision": _encoder_precision(spec),
         "runtime": _runtime_versions(backend),
         "input": {"name": "images", "shape": ["batch", 3, side, side], "dtype": "float32"},
@@ -233,7 +263,7 @@ def export_artifacts(
 
 
 def _export_openvino(
-    model: SAM2Image, spec: Mode, out: Path
+    model: SAM2Image, spec: RuntimeSpec, out: Path
 ) -> tuple[tuple[torch.Tensor, ...], tuple[str, ...], dict]:
     import openvino as ov
 
@@ -246,13 +276,13 @@ def _export_openvino(
 
 
 def _export_aoti(
-    model: SAM2Image, spec: Mode, out: Path
+    model: SAM2Image, spec: RuntimeSpec, out: Path
 ) -> tuple[tuple[torch.Tensor, ...], tuple[str, ...], dict]:
     """torch.export of the image path (the encoder in the mode's dtype), compiled ahead of
     time by AOTInductor into one package."""
-    model.image_encoder.to(encoder_dtype(spec, model.device))
+    model.image_encoder.to(encoder_dtype(spec))
     path = _ImagePath(model).eval()
-    example = torch.zeros(1, 3, model.image_size, model.image_size)
+    example = torch.zeros(1, 3, model.image_size, model.image_size, device=model.device)
     with torch.inference_mode():
         reference = path(example)
     program = torch.export.export(path, (example,))
@@ -287,26 +317,45 @@ def read_manifest(directory: str | Path) -> dict:
     return manifest
 
 
-def check_manifest(manifest: dict, directory: Path, size: str | None, mode: str | None) -> None:
+def check_manifest(
+    manifest: dict,
+    directory: Path,
+    size: str | None,
+    mode: str | None,
+    device: torch.device | None = None,
+) -> None:
     """Every mismatch between the artifacts and the request or the runtime, named."""
-    import openvino as ov
-
     problems = []
     if size is not None and manifest["model"] != size:
         problems.append(f"model is {manifest['model']!r}, asked for {size!r}")
     if mode is not None and manifest["mode"] != mode:
         problems.append(f"mode is {manifest['mode']!r}, asked for {mode!r}")
     backend = manifest.get("backend", "openvino")
+    if device is not None and manifest["device"] != device.type:
+        problems.append(
+            f"exported for {manifest['device']}, asked for {device.type} (export them again "
+            f"with --device {device.type}{' --backend aoti' if device.type == 'cuda' else ''})"
+        )
+    elif (
+        device is not None
+        and device.type == "cuda"
+        and manifest["target"] != (here := compile_target(device))
+    ):
+        # CUDA kernels are compiled for the exporting GPU's architecture.
+        problems.append(f"compiled for {manifest['target']!r}, this GPU is {here!r}")
     compiled_by_torch = backend == "aoti" or "decoder" in manifest
     if compiled_by_torch and manifest["runtime"]["torch"] != torch.__version__:
         problems.append(
             f"compiled with torch {manifest['runtime']['torch']}, installed is {torch.__version__}"
         )
-    if backend == "openvino" and manifest["runtime"]["openvino"] != ov.__version__:
-        problems.append(
-            f"exported with OpenVINO {manifest['runtime']['openvino']}, "
-            f"installed is {ov.__version__}"
-        )
+    if backend == "openvino":
+        import openvino as ov
+
+        if manifest["runtime"]["openvino"] != ov.__version__:
+            problems.append(
+                f"exported with OpenVINO {manifest['runtime']['openvino']}, "
+                f"installed is {ov.__version__}"
+            )
     for name, expected in manifest["files"].items():
         path = directory / name
         if not path.is_file():
@@ -335,15 +384,18 @@ class OpenVINOImageEncoder:
 
 
 class AOTImageEncoder:
-    """Runs the AOTInductor package of the image path (batch 1, image by image)."""
+    """Runs the AOTInductor package of the image path (batch 1, image by image) on the
+    device it was compiled for."""
 
     source = "AOTInductor package, not compiled"
 
-    def __init__(self, package: str) -> None:
-        self.runner = AOTIProgram(package)
+    def __init__(self, package: str, device: torch.device) -> None:
+        self.runner = AOTIProgram(package, device)
+        self.device = device
 
     def __call__(self, images: torch.Tensor) -> ImageFeatures:
-        outputs = [self.runner([image[None].float().cpu().contiguous()]) for image in images]
+        images = images.to(self.device, torch.float32)
+        outputs = [self.runner([image[None].contiguous()]) for image in images]
         embed, s0, s1 = (torch.cat(parts) for parts in zip(*outputs))
         return ImageFeatures(embed, (s0, s1))
 
@@ -356,18 +408,33 @@ def load_artifacts(directory: str | Path, spec: RuntimeSpec | None = None) -> Pr
     directory = Path(directory)
     manifest = read_manifest(directory)
     if spec is None:
-        spec = RuntimeSpec(model=manifest["model"], mode=manifest["mode"], backend="artifacts")
-    check_manifest(manifest, directory, spec.model, spec.mode)
+        spec = RuntimeSpec(
+            model=manifest["model"],
+            mode=manifest["mode"],
+            backend="artifacts",
+            device=manifest["device"],
+        )
+    device = torch.device(spec.device)
+    check_manifest(manifest, directory, spec.model, spec.mode, device)
+    exported_dtype = manifest["spec"]["dtype"]
+    if spec.dtype is not None and spec.dtype != exported_dtype:
+        raise ArtifactError(
+            f"artifacts in {str(directory)!r} compute in {exported_dtype}, asked for "
+            f"{spec.dtype}: export them again"
+        )
+    spec = spec.replace(dtype=exported_dtype)
     model = SAM2Image(get_config(manifest["model"]), with_image_encoder=False)
-    model.load_state_dict(torch.load(directory / HEADS, weights_only=True), strict=True)
+    heads = torch.load(directory / HEADS, weights_only=True, map_location=device)
+    model.load_state_dict(heads, strict=True)
     info = manifest["weights"]
     model.weights_info = WeightsInfo(info["source"], path=info.get("path"), seed=info.get("seed"))
-    model.eval()
+    model.to(device).eval()
     fast_decoder = None
     if "decoder" in manifest:
-        fast_decoder = load_fast_decoder(model.sam_mask_decoder, directory, manifest["decoder"])
+        entry = manifest["decoder"]
+        fast_decoder = load_fast_decoder(model.sam_mask_decoder, directory, entry, device)
     if manifest.get("backend") == "aoti":
-        aot_encoder = AOTImageEncoder(str(directory / ENCODER_PT2))
+        aot_encoder = AOTImageEncoder(str(directory / ENCODER_PT2), device)
         return predictor_for(model, spec, aot_encoder, fast_decoder)
     encoder = _import_compiled(directory, manifest)
     if encoder is None:  # exported on another CPU (or before blobs): compile the IR here

@@ -1,8 +1,9 @@
 """RuntimeSpec: everything that decides how a model runs, in one frozen, validated value.
 
 *Model* (its size), *mode* (what answers: :mod:`sam2serve.runtime.modes`), *backend* (what
-executes them: :mod:`sam2serve.runtime.backends`), *device*, *threads* and the prompt
-chunk. It is checked once, on construction, with messages that name the bad value; the
+executes them: :mod:`sam2serve.runtime.backends`), *device*, the *dtype* of the mode's
+reduced-precision parts, *threads* and the prompt chunk. It is checked once, on
+construction, with messages that name the bad value; the
 Predictor carries it (``predictor.runtime``), and the service's /readyz and metrics, the
 CLI's outputs, artifact manifests and bench rows write it. Torch-free.
 """
@@ -16,6 +17,8 @@ from typing import Any
 from sam2serve.config import MODEL_CONFIGS
 from sam2serve.runtime.backends import DEFAULT_BACKEND, get_backend_info
 from sam2serve.runtime.modes import DEVICE_TYPES, get_mode
+
+DTYPES = ("float32", "bfloat16", "float16")
 from sam2serve.runtime.threads import check_threads
 
 
@@ -46,6 +49,13 @@ class RuntimeSpec:
     threads: int | None = None
     # Prompts per decoder call; None: the mode's choice for the device.
     prompt_chunk: int | None = None
+    # What the mode's reduced-precision parts (furious: the image encoder and the second
+    # half of the upscaling) compute in; always float32 for the lossless modes. None: the
+    # best the device runs natively, resolved when the predictor is built
+    # (runtime.build.native_reduced_dtype): bfloat16 on CUDA GPUs with bf16 and on CPUs
+    # with AVX512-BF16 or AMX, float16 on older GPUs, float32 on CPUs without native
+    # bf16 (emulated bf16 made the tiny encoder 8x slower there, measured).
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_CONFIGS:
@@ -72,6 +82,15 @@ class RuntimeSpec:
             )
         if self.threads is not None:
             check_threads(self.threads)
+        if self.dtype is not None:
+            if self.dtype not in DTYPES:
+                raise ValueError(
+                    f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}"
+                )
+            if not mode.reduced_precision_encoder and self.dtype != "float32":
+                raise ValueError(
+                    f"mode {mode.name!r} computes in float32 (it is lossless), not {self.dtype!r}"
+                )
         if self.prompt_chunk is None:
             object.__setattr__(self, "prompt_chunk", mode.prompt_chunk(device_type))
         elif isinstance(self.prompt_chunk, bool) or not (

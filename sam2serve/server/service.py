@@ -99,7 +99,9 @@ class Service:
         self.settings = settings
         self.predictor = predictor
         self.model_name = predictor.model.config.name
-        self.dtype_name = str(predictor.dtype).removeprefix("torch.")
+        # What the mode computes in (furious: its reduced precision), else the heads' dtype.
+        runtime_dtype = getattr(predictor.runtime, "dtype", None)
+        self.dtype_name = runtime_dtype or str(predictor.dtype).removeprefix("torch.")
         self.metrics = Metrics()
         self.cache = EmbeddingCache(settings.cache_bytes)
         self.masks = MaskCache(settings.mask_cache_bytes)

@@ -78,6 +78,7 @@ def test_furious_is_bf16_autocast_close_to_baseline(photo, prompts, backend, tin
     furious = ours("furious", tiny_checkpoint, backend)
     # Autocast keeps the weights fp32 (Meta's way), unlike the CPU's bf16 weights.
     assert furious.model.image_encoder.neck.convs[0].conv.weight.dtype == torch.float32
+    assert furious.runtime.dtype == ("bfloat16" if torch.cuda.is_bf16_supported() else "float16")
     a = fast.predict(fast.encode(photo), **prompts).masks
     b = furious.predict(furious.encode(photo), **prompts).masks
     ious = [mask_iou(x, y) for x, y in zip(a.flatten(0, 1), b.flatten(0, 1))]
@@ -100,9 +101,59 @@ def test_amg_on_cuda_matches_the_cpu(photo, tiny_checkpoint):
     assert agree / len(on_cpu) >= 0.95
 
 
-def test_artifacts_on_cuda_are_a_clear_error():
-    with pytest.raises(ValueError, match="backend 'artifacts' runs on cpu, not on 'cuda'"):
-        RuntimeSpec("tiny", "fast", "artifacts", device=DEVICE)
+def count_syncs(work) -> int:
+    """How many synchronizing CUDA calls ``work()`` makes (torch's sync debug mode)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            work()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
+def test_no_host_sync_inside_the_decode_loop(photo, tiny_checkpoint):
+    """Decoding 4x more prompt chunks makes no more host syncs: none happen per chunk."""
+    predictor = ours("fast", tiny_checkpoint)
+    embedding = predictor.encode(photo)
+    rng = np.random.default_rng(5)
+
+    def decode(n: int) -> None:
+        coords = torch.as_tensor(rng.uniform(0, 300, (n, 1, 2)), dtype=torch.float32)
+        coords, labels = coords.to(DEVICE), torch.ones(n, 1, dtype=torch.int32, device=DEVICE)
+        context = predictor.decoder_context(embedding)
+        frame = predictor.to_input_frame(coords, embedding.original_size, True)
+        predictor.decode_low_res(context, frame, labels, None, True)
+
+    decode(64)  # warm-up
+    one_chunk = count_syncs(lambda: decode(predictor.prompt_chunk))
+    four_chunks = count_syncs(lambda: decode(4 * predictor.prompt_chunk))
+    print(f"host syncs: {one_chunk} for one chunk, {four_chunks} for four")
+    assert four_chunks == one_chunk
+
+
+def test_amg_syncs_a_few_times_per_batch(photo, tiny_checkpoint):
+    """AMG's host syncs grow with its batches by a small constant (filters index with
+    tensors; NMS and the records cross once), never with its masks."""
+    params = {"points_per_side": 16, "pred_iou_thresh": 0.0, "stability_score_thresh": 0.0}
+    predictor = ours("fast", tiny_checkpoint)
+    embedding = predictor.encode(photo)
+    generator = MaskGenerator(predictor, output_mode="uncompressed_rle", **params)
+    generator.generate(photo, embedding=embedding)  # warm-up
+    counts = {}
+    for per_batch in (64, 128):
+        run = MaskGenerator(
+            predictor, output_mode="uncompressed_rle", points_per_batch=per_batch, **params
+        )
+        counts[per_batch] = count_syncs(lambda r=run: r.generate(photo, embedding=embedding))
+    batches = {per_batch: 256 // per_batch for per_batch in counts}
+    per_batch_syncs = (counts[64] - counts[128]) / (batches[64] - batches[128])
+    print(f"AMG host syncs: {counts} (batches {batches}); {per_batch_syncs:.1f} per batch")
+    assert per_batch_syncs <= 4, counts
 
 
 def test_service_on_cuda(tiny_checkpoint):

@@ -129,3 +129,40 @@ def test_empty_and_bad_shapes():
         nms(torch.zeros(3, 4), torch.zeros(2), 0.5)
     with pytest.raises(ValueError, match="idxs"):
         batched_nms(torch.zeros(3, 4), torch.zeros(3), torch.zeros(2), 0.5)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("threshold", [0.0, 0.3, 0.7])
+def test_the_device_pass_keeps_what_the_host_loop_keeps(seed, threshold):
+    """The GPU's fixed-point greedy pass, run here on the CPU, against the host loop and
+    the textbook algorithm: the same boxes, in the same order, with categories too."""
+    from sam2serve.engine.nms import _nms_with_groups
+
+    generator = torch.Generator().manual_seed(seed)
+    n = 300
+    boxes = random_boxes(generator, n)
+    scores = torch.rand(n, generator=generator, dtype=torch.float64)
+    groups = torch.randint(0, 3, (n,), generator=generator)
+    for idxs in (None, groups):
+        on_host = _nms_with_groups(boxes, scores, idxs, threshold, on_device=False)
+        on_device = _nms_with_groups(boxes, scores, idxs, threshold, on_device=True)
+        assert on_device.tolist() == on_host.tolist()
+    categories = groups.tolist()
+    expected = brute_force_nms(boxes.tolist(), scores.tolist(), categories, threshold)
+    assert _nms_with_groups(boxes, scores, groups, threshold, on_device=True).tolist() == expected
+
+
+def test_the_device_pass_follows_a_long_suppression_chain(monkeypatch):
+    """Boxes each overlapping only the next: greedy keeps every other one, and the
+    fixed-point pass needs as many steps as the chain is long (here past its check limit,
+    so the host fallback answers)."""
+    import sam2serve.engine.nms as nms_module
+
+    monkeypatch.setattr(nms_module, "_MAX_CHECKS", 2)
+    n = 40
+    boxes = torch.tensor([[i * 6.0, 0.0, i * 6.0 + 10.0, 10.0] for i in range(n)])
+    scores = torch.linspace(1.0, 0.1, n)
+    expected = list(range(0, n, 2))
+    for on_device in (False, True):
+        kept = nms_module._nms_with_groups(boxes, scores, None, 0.2, on_device=on_device)
+        assert kept.tolist() == expected

@@ -69,7 +69,9 @@ def test_manifest_describes_the_export(exported):
     assert manifest["compiled"]["file"] == "image_encoder.cpu.blob"
     decoder = manifest["decoder"]
     assert decoder["backend"] == "aoti" and decoder["upscaling_dtype"] == "float32"
-    assert decoder["layout"] and decoder["cpu"]
+    assert decoder["layout"] and decoder["device"] == "cpu" and decoder["target"]
+    assert manifest["device"] == "cpu" and manifest["spec"]["device"] == "cpu"
+    assert manifest["spec"]["dtype"] == "float32"
     assert manifest["weights"]["source"] == "random"
 
 
@@ -187,7 +189,7 @@ def _exported_on_another_cpu(exported, tmp_path, entry: str):
     copy = tmp_path / "copy"
     shutil.copytree(exported, copy)
     manifest = json.loads((copy / "manifest.json").read_text())
-    manifest[entry]["cpu"] = "Some Other CPU"
+    manifest[entry]["target" if entry == "decoder" else "cpu"] = "Some Other CPU"
     (copy / "manifest.json").write_text(json.dumps(manifest))
     return copy
 
@@ -252,6 +254,39 @@ def test_decoder_programs_match_the_eager_fast_decoder(exported):
     assert torch.equal(got[2], want[2]) and 0 < len(want[2]) < 9
     assert (got[0] - want[0]).abs().max() / want[0].abs().max() < 1e-5
     assert not dynamo_utils.counters["frames"], dict(dynamo_utils.counters["frames"])
+
+
+def test_artifacts_for_another_device_are_a_clear_error(exported, tmp_path):
+    """Artifacts never run on another device than their manifest's: asking for CUDA is a
+    named error (the backend is CPU-only), and a manifest for another device is refused
+    before anything is loaded, never run silently on the CPU."""
+    with pytest.raises(ValueError, match="backend 'artifacts' runs on cpu, not on 'cuda'"):
+        RuntimeSpec("tiny", "fast", "artifacts", device="cuda")
+    copy = tmp_path / "copy"
+    shutil.copytree(exported, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["device"] = "cuda"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="exported for cuda, asked for cpu"):
+        load_artifacts(copy, RuntimeSpec("tiny", "fast", "artifacts"))
+
+
+@pytest.mark.parametrize("backend", ["openvino", "aoti"])
+def test_export_for_cuda_is_refused_with_the_reason(backend, tmp_path, capsys):
+    """CUDA artifacts are not offered (their packages crashed when loaded on an H100): the
+    command and the library say so, and what to run instead, before anything loads."""
+    from sam2serve import cli
+
+    argv = ["export", "--out", str(tmp_path), "--device", "cuda", "--random-weights"]
+    code = cli.main([*argv, "--backend", backend])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--backend {backend} exports for cpu, not --device cuda" in err
+    assert "--backend eager or compile" in err and "Traceback" not in err
+    message = f"backend '{backend}' exports for cpu, not 'cuda'"
+    with pytest.raises(ArtifactError, match=message):
+        export_artifacts(
+            "tiny", "fast", tmp_path, backend=backend, random_weights=True, device="cuda"
+        )
 
 
 def test_decoder_programs_from_another_cpu_are_not_used(exported, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from sam2serve.runtime import backends
 from sam2serve.runtime.backends import BACKENDS, BackendInfo
@@ -24,6 +25,8 @@ from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
         ({"backend": "artifacts", "mode": "baseline"}, "runs the fast and furious modes"),
         ({"threads": 0}, "threads must be an integer >= 1, got 0"),
         ({"prompt_chunk": 0}, "prompt_chunk must be an integer >= 1, got 0"),
+        ({"dtype": "int4"}, "unknown dtype 'int4'; expected one of float32, bfloat16, float16"),
+        ({"mode": "fast", "dtype": "bfloat16"}, "mode 'fast' computes in float32 (it is lossless)"),
     ],
 )
 def test_bad_specs_name_the_value(fields, message):
@@ -45,13 +48,31 @@ def test_weights_come_from_one_place():
 
 
 def test_the_predictor_carries_its_spec():
-    spec = RuntimeSpec("tiny", "furious", threads=1)
+    spec = RuntimeSpec("tiny", "furious", threads=1, dtype="bfloat16")
     predictor = build_predictor(spec, WeightsSource(random_weights=True, seed=1))
     assert predictor.runtime == spec and predictor.prompt_chunk == 4
-    # furious on the CPU: bf16 encoder weights, the heads fp32.
-    assert predictor.model.image_encoder.neck.convs[0].conv.weight.dtype.is_floating_point
+    # furious in bf16 on the CPU: bf16 encoder weights, the heads fp32.
     assert str(predictor.model.image_encoder.neck.convs[0].conv.weight.dtype) == "torch.bfloat16"
     assert str(predictor.dtype) == "torch.float32"
+    assert predictor.fast_decoder.upscaling_dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(("native", "expected"), [(True, "bfloat16"), (False, "float32")])
+def test_furious_computes_in_what_the_cpu_runs_natively(monkeypatch, native, expected):
+    """bf16 where the CPU has bf16 instructions; elsewhere it is emulated (8x slower,
+    measured) and furious keeps float32. The spec the predictor carries says which."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    spec = RuntimeSpec("tiny", "furious", threads=1)
+    assert spec.dtype is None  # decided when built, from the device
+    predictor = build_predictor(spec, WeightsSource(random_weights=True, seed=1))
+    assert predictor.runtime == spec.replace(dtype=expected)
+    weight = predictor.model.image_encoder.neck.convs[0].conv.weight
+    assert str(weight.dtype) == f"torch.{expected}"
+    lossless = build_predictor(
+        RuntimeSpec("tiny", "fast", threads=1), WeightsSource(random_weights=True)
+    )
+    assert lossless.runtime.dtype == "float32"
 
 
 def test_a_new_backend_is_one_module_and_one_registry_line(monkeypatch):

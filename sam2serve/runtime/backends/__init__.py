@@ -50,6 +50,13 @@ class BackendInfo:
 
 
 _FAST_MODES = ("fast", "furious")
+# The devices artifacts are exported for and run on, per image-path format. Manifests,
+# loaders and checks are per device (the manifest names the device and the compile
+# target), but CUDA is not offered: AOTInductor packages compiled for an H100 (torch
+# 2.11.0+cu130, the GPU machine's build) crashed the process when loaded (a segfault in
+# AOTIModelPackageLoader, the image path's package too, in a fresh process; measured).
+ARTIFACT_IMAGE_PATH_DEVICES = {"openvino": ("cpu",), "aoti": ("cpu",)}
+ARTIFACT_DEVICES = ("cpu",)
 
 BACKENDS: dict[str, BackendInfo] = {
     info.name: info
@@ -73,7 +80,7 @@ BACKENDS: dict[str, BackendInfo] = {
             "'sam2serve export' artifacts: the image path (OpenVINO or AOTInductor) and the "
             "mask decoder (AOTInductor), nothing compiled at start-up",
             "sam2serve.runtime.backends.artifacts",
-            ("cpu",),
+            ARTIFACT_DEVICES,
             _FAST_MODES,
             needs_artifacts=True,
         ),

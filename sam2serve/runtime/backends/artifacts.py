@@ -19,10 +19,14 @@ class Artifacts:
         raise ValueError("artifacts carry their own model: build them without one")
 
     def versions(self) -> dict[str, str]:
-        import openvino
         import torch
 
-        return {"torch": torch.__version__, "openvino": openvino.__version__}
+        versions = {"torch": torch.__version__}
+        try:  # CUDA artifacts are AOTInductor only: OpenVINO need not be installed
+            import openvino
+        except ImportError:
+            return versions
+        return {**versions, "openvino": openvino.__version__}
 
 
 BACKEND = Artifacts()

@@ -8,13 +8,12 @@ import torch
 from sam2serve.engine.predictor import Predictor
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.runtime.build import LoadsWeights, eager_image_path, predictor_for
-from sam2serve.runtime.modes import get_mode
 from sam2serve.runtime.spec import RuntimeSpec
 
 
 class Compiled(LoadsWeights):
     def build_from_model(self, spec: RuntimeSpec, model: SAM2Image) -> Predictor:
-        image_path = eager_image_path(model, get_mode(spec.mode))
+        image_path = eager_image_path(model, spec)
         # The input is always (B, 3, 1024, 1024): only the batch varies, so one graph.
         compiled = torch.compile(image_path, dynamic=False)
         return predictor_for(model, spec, compiled)

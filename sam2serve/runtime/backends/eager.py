@@ -7,13 +7,12 @@ import torch
 from sam2serve.engine.predictor import Predictor
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.runtime.build import LoadsWeights, eager_image_path, predictor_for
-from sam2serve.runtime.modes import get_mode
 from sam2serve.runtime.spec import RuntimeSpec
 
 
 class Eager(LoadsWeights):
     def build_from_model(self, spec: RuntimeSpec, model: SAM2Image) -> Predictor:
-        return predictor_for(model, spec, eager_image_path(model, get_mode(spec.mode)))
+        return predictor_for(model, spec, eager_image_path(model, spec))
 
     def versions(self) -> dict[str, str]:
         return {"torch": torch.__version__}

@@ -6,7 +6,6 @@ from __future__ import annotations
 from sam2serve.engine.predictor import Predictor
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.runtime.build import LoadsWeights, predictor_for
-from sam2serve.runtime.modes import get_mode
 from sam2serve.runtime.spec import RuntimeSpec
 
 
@@ -14,7 +13,7 @@ class OpenVINO(LoadsWeights):
     def build_from_model(self, spec: RuntimeSpec, model: SAM2Image) -> Predictor:
         from sam2serve.runtime.export import openvino_image_encoder
 
-        return predictor_for(model, spec, openvino_image_encoder(model, get_mode(spec.mode)))
+        return predictor_for(model, spec, openvino_image_encoder(model, spec))
 
     def versions(self) -> dict[str, str]:
         import openvino
