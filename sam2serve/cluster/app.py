@@ -1,9 +1,10 @@
 """The service as a Ray Serve application: one deployment per model/mode.
 
-Each replica of :class:`SAM2Replica` loads ``sam2serve export`` artifacts (a shared
-directory, or an fsspec URI copied to a local cache, checked against the manifest), runs
-one encode and one decode, and only then finishes its constructor, so Ray Serve routes
-to it only once it is warm. It then serves the very app ``sam2serve serve`` serves
+Each replica of :class:`SAM2Replica` loads its model
+(:func:`sam2serve.cluster.model_source.load_replica_model`: ``sam2serve export`` artifacts
+on the CPU, or an official checkpoint on the CPU or the GPU Ray assigned it, each from a
+shared path or an fsspec URI copied to a local cache), runs one encode and one decode, and
+only then finishes its constructor, so Ray Serve routes to it only once it is warm. It then serves the very app ``sam2serve serve`` serves
 (:func:`sam2serve.server.app.create_app`), wrapped by :class:`ReplicaIngress`.
 
 Within a replica, concurrent encodes are batched across requests by the app's model
@@ -58,49 +59,38 @@ class HeldImage:
 @serve.deployment
 @serve.ingress()
 class SAM2Replica:
-    """One replica: warm model from shared artifacts, the service app, readiness report."""
+    """One replica: a warm model (artifacts or a checkpoint), the service app, its report."""
 
     def __init__(self, args: dict[str, Any]) -> None:
         constructor_started = time.time()
-        from sam2serve.cluster.artifacts import resolve_artifacts
-        from sam2serve.runtime.export import load_artifacts
-        from sam2serve.runtime.spec import RuntimeSpec
-        from sam2serve.runtime.threads import apply_threads
+        from sam2serve.cluster.model_source import load_replica_model
         from sam2serve.server.app import create_app
 
         self.args = ReplicaArgs.from_dict(args)
         stages = {"process_to_constructor": max(0.0, constructor_started - process_start_time())}
+        loaded = load_replica_model(self.args, threads=_reserved_cpus())
+        stages.update(loaded.stages_s)
+        predictor, source = loaded.predictor, loaded.source
         clock = time.perf_counter()
-        local = resolve_artifacts(self.args.artifacts, self.args.artifacts_cache)
-        stages["fetch_artifacts"] = time.perf_counter() - clock
-        clock = time.perf_counter()
-        spec = RuntimeSpec(
-            model=self.args.model,
-            mode=self.args.mode,
-            backend="artifacts",
-            # Ray sets CUDA_VISIBLE_DEVICES to the GPU it assigned: it is always cuda:0.
-            device=self.args.device,
-            threads=self.args.threads or _reserved_cpus(),
-        )
-        apply_threads(spec.threads)
-        predictor = load_artifacts(local.directory, spec)
-        stages["load_artifacts"] = time.perf_counter() - clock
-        clock = time.perf_counter()
-        warm_up(predictor)
+        warm_up(predictor)  # with backend compile, this is where it compiles
         stages["warmup"] = time.perf_counter() - clock
 
         context = serve.get_replica_context()
         weights = predictor.model.weights_info
+        assert predictor.runtime is not None  # set by build_predictor
         self.report = ReplicaReport(
             replica=context.replica_id.unique_id,
             deployment=context.deployment,
             app=context.app_name,
             model=self.args.model,
             mode=self.args.mode,
-            artifacts_source=local.source,
-            artifacts_dir=str(local.directory),
-            artifacts_copied=local.copied,
-            manifest_sha256=local.manifest_sha256,
+            backend=predictor.runtime.backend,
+            device=predictor.runtime.device,
+            source_kind=source.kind,
+            source_location=source.location,
+            source_local=source.local_path,
+            source_copied=source.copied,
+            source_sha256=source.sha256,
             weights=weights.as_dict(),
             compile_frames=compile_frames(),
             stages_s={k: round(v, 3) for k, v in stages.items()},

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sam2serve.cluster.config import ClusterConfig, check_local_artifacts
+from sam2serve.cluster.config import ClusterConfig, check_local_sources
 
 STATE_FILE = (
     Path(os.environ.get("SAM2SERVE_CACHE", Path.home() / ".cache" / "sam2serve")) / "cluster.json"
@@ -101,8 +101,9 @@ def up(config: ClusterConfig, address: str | None, local: LocalRay, timeout_s: f
 
     from sam2serve.cluster.app import bind_app
 
+    on_this_machine = address is None
     if address is None:
-        check_local_artifacts(config)
+        check_local_sources(config)
         address = _existing_local_address()
         try:
             if address is None:
@@ -111,6 +112,8 @@ def up(config: ClusterConfig, address: str | None, local: LocalRay, timeout_s: f
         except ClusterError:  # none, or a stale state file: start one
             address = start_local_ray(local)
     connect(address)
+    if on_this_machine:
+        check_local_gpus(config)
     serve.start(http_options=config.http_options)
     urls = []
     for spec in config.apps:
@@ -121,6 +124,25 @@ def up(config: ClusterConfig, address: str | None, local: LocalRay, timeout_s: f
         urls.append(config.url(spec))
     wait_running([spec.name for spec in config.apps], timeout_s)
     return urls
+
+
+def check_local_gpus(config: ClusterConfig) -> None:
+    """On the local Ray: a replica that reserves more GPUs than Ray sees here would wait
+    for them forever (Ray keeps it pending) and 'up' would only time out, so say it now.
+    Other clusters may add GPU nodes on demand (KubeRay), so they are not checked."""
+    import ray
+
+    have = float(ray.cluster_resources().get("GPU", 0.0))
+    for spec in config.apps:
+        actor = spec.deployment.get("ray_actor_options") or {}
+        wanted = float(actor.get("num_gpus", 0) or 0)
+        if wanted > have:
+            raise ClusterError(
+                f"application {spec.name!r} reserves {wanted:g} GPU(s) per replica "
+                f"(ray_actor_options.num_gpus) but the local Ray sees {have:g}; run it on a "
+                "machine with a GPU (check CUDA_VISIBLE_DEVICES and 'ray status'), or deploy "
+                "to a GPU cluster with --address"
+            )
 
 
 def wait_running(names: list[str], timeout_s: float) -> None:

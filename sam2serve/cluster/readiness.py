@@ -1,7 +1,7 @@
 """How a replica becomes ready, and what it reports about it.
 
-A replica is ready only when warm: its constructor fetches the artifacts, loads them
-(checked against their manifest), runs one encode and one decode, and only then returns,
+A replica is ready only when warm: its constructor fetches its model source (artifacts or
+a checkpoint) to this node, loads it, runs one encode and one decode, and only then returns,
 which is when Ray Serve marks it RUNNING and routes traffic to it. The time from the
 replica's process start to that point is its cold start; it is kept per stage in a
 :class:`ReplicaReport` and exported as Prometheus gauges (our ``/metrics``) and as Ray
@@ -18,7 +18,9 @@ from typing import Any
 
 # Ray Serve histogram boundaries for the cold start, in seconds.
 START_BUCKETS_S = [1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0]
-STAGES = ("process_to_constructor", "fetch_artifacts", "load_artifacts", "warmup")
+# The cold-start stages, in order: fetch_model and load_model are the model source's
+# (sam2serve.cluster.model_source), warmup includes torch.compile's compilation if any.
+STAGES = ("process_to_constructor", "fetch_model", "load_model", "warmup")
 
 
 def process_start_time() -> float:
@@ -50,10 +52,13 @@ class ReplicaReport:
     app: str
     model: str
     mode: str
-    artifacts_source: str  # the configured path or URI
-    artifacts_dir: str  # the local directory loaded
-    artifacts_copied: bool  # fetched through fsspec on this start
-    manifest_sha256: str
+    backend: str  # what runs the model (sam2serve.runtime.backends)
+    device: str  # "cpu", or "cuda": the GPU Ray assigned this replica
+    source_kind: str  # "artifacts" or "checkpoint"
+    source_location: str  # the configured path or URI
+    source_local: str  # the local directory (artifacts) or file (checkpoint) loaded
+    source_copied: bool  # fetched through fsspec on this start
+    source_sha256: str  # of the artifacts' manifest, or of the checkpoint file
     weights: dict[str, Any]
     compile_frames: int
     pid: int = field(default_factory=os.getpid)
@@ -86,22 +91,25 @@ class ReadinessMetrics:
         start.labels(report.replica, "total").set(report.start_to_ready_s)
         Gauge(
             "sam2serve_replica_compile_frames",
-            "TorchDynamo frames this replica compiled (0 when it started from artifacts).",
+            "TorchDynamo frames this replica compiled (0 unless its backend is compile).",
             ["replica"],
             registry=self.registry,
         ).labels(report.replica).set(report.compile_frames)
         Info(
             "sam2serve_replica",
-            "The replica, its deployment and where its artifacts came from.",
+            "The replica, its deployment, what runs its model and where the model came from.",
             registry=self.registry,
         ).info(
             {
                 "replica": report.replica,
                 "deployment": report.deployment,
                 "app": report.app,
-                "artifacts": report.artifacts_source,
-                "manifest_sha256": report.manifest_sha256,
-                "copied": str(report.artifacts_copied).lower(),
+                "backend": report.backend,
+                "device": report.device,
+                "source_kind": report.source_kind,
+                "source_location": report.source_location,
+                "source_sha256": report.source_sha256,
+                "source_copied": str(report.source_copied).lower(),
             }
         )
 

@@ -27,13 +27,15 @@ from sam2serve.commands.common import (
 )
 
 DEFAULT_CONFIG = "deploy/serve_tiny.yaml"
+GPU_CONFIG = "deploy/serve_tiny_cuda.yaml"
 
 DESCRIPTION = f"""\
 Run the service as a Ray Serve application: one deployment per model/mode, autoscaled
-replicas that start from shared '{PROG} export' artifacts and report ready only when
-warm. The config file is a Ray Serve config file (see {DEFAULT_CONFIG} and
-docs/cluster.md), so the same file works with 'serve deploy' and KubeRay's RayService;
-each application's args give its model, mode, device and threads per replica.
+replicas that report ready only when warm. Replicas start from shared '{PROG} export'
+artifacts (CPU) or from an official checkpoint (CPU or GPU: {GPU_CONFIG}).
+The config file is a Ray Serve config file (see {DEFAULT_CONFIG} and docs/cluster.md),
+so the same file works with 'serve deploy' and KubeRay's RayService; each application's
+args give its model, mode, backend, device and threads per replica.
 
 commands:
   up      start a local Ray (or use --address) and deploy every application of the file
@@ -74,8 +76,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         help="deploy the config file's applications (local Ray unless --address)",
         description="Deploy every application of a cluster config file and wait until its "
         "replicas are warm. Without --address, a local Ray head is started with 'ray start' "
-        "(it keeps running after this command; 'cluster down' stops it) and every "
-        "artifacts directory of the file must exist here.",
+        "(it keeps running after this command; 'cluster down' stops it), every artifacts "
+        "directory and checkpoint file the file names by path must exist here, and the "
+        "GPUs its replicas reserve must be visible to Ray.",
         epilog=UP_EPILOG,
         handler=up_command,
         add_arguments=_up_arguments,
@@ -332,8 +335,9 @@ def burst_command(args: argparse.Namespace) -> int:
         f"{machine.memory_gb:.0f} GiB, {machine.os}, Python {machine.python}, torch {machine.torch}",
         "load average (1/5/15 min)": f"before {'/'.join(f'{x:.2f}' for x in load_before)}, "
         f"after {'/'.join(f'{x:.2f}' for x in load_after)}",
-        "model": f"{replica.get('model')} ({replica.get('mode')}), from export artifacts "
-        f"(manifest sha256 {str(replica.get('manifest_sha256'))[:12]}...)",
+        "model": f"{replica.get('model')} ({replica.get('mode')}), backend "
+        f"{replica.get('backend')} on {replica.get('device')}, from {replica.get('source_kind')} "
+        f"{replica.get('source_location')} (sha256 {str(replica.get('source_sha256'))[:12]}...)",
         "weights": "RANDOM WEIGHTS (no checkpoint can be downloaded here): masks are "
         "meaningless, the work is real"
         if weights.get("source") == "random"

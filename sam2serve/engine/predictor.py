@@ -27,7 +27,6 @@ from sam2serve.modeling.sam2 import ImageFeatures, SAM2Image
 
 LOW_RES_CLAMP = 32.0
 VALID_LABELS = (-1, 0, 1, 2, 3)
-BOX_LABELS = (2, 3)
 # Prompts per decoder call: every prompt carries its own (4096 x 256) image keys after the
 # first attention layer, ~25 MB of activations each in fp32, so chunks bound the memory.
 DEFAULT_PROMPT_CHUNK = 64
@@ -452,9 +451,8 @@ class Predictor:
                     f"got {tuple(box.shape)}"
                 )
             corners = self.to_input_frame(box.reshape(-1, 2, 2), size, normalize_coords)
-            # Made on the device, not copied from the host: labels 2 and 3.
-            first, last = BOX_LABELS
-            corner_labels = torch.arange(first, last + 1, dtype=torch.int32, device=device)
+            # Labels 2 and 3 (a box's corners), made on the device: no host copy (a sync).
+            corner_labels = torch.arange(2, 4, dtype=torch.int32, device=device)
             corner_labels = corner_labels.expand(corners.shape[0], 2)
             if coords is None:
                 coords, labels = corners, corner_labels

@@ -204,20 +204,26 @@ def test_no_request_is_lost_when_a_replica_dies_and_a_new_one_starts_warm(cluste
     with httpx.Client(timeout=60) as client:
         report = from_replica(client, cluster["url"] + "/cluster/replica", new_id).json()
         metrics = from_replica(client, cluster["url"] + "/metrics", new_id).text
-    assert report["artifacts_source"] == cluster["uri"]
-    assert report["manifest_sha256"] == cluster["manifest_sha256"]
+    assert (report["source_kind"], report["backend"], report["device"]) == (
+        "artifacts",
+        "artifacts",
+        "cpu",
+    )
+    assert report["source_location"] == cluster["uri"]
+    assert report["source_sha256"] == cluster["manifest_sha256"]
     assert report["compile_frames"] == 0
-    assert report["artifacts_copied"] is False  # this node's cache already held the copy
+    assert report["source_copied"] is False  # this node's cache already held the copy
     assert report["weights"]["source"] == "random"
     assert set(report["stages_s"]) == {
         "process_to_constructor",
-        "fetch_artifacts",
-        "load_artifacts",
+        "fetch_model",
+        "load_model",
         "warmup",
     }
     assert report["start_to_ready_s"] > 0
     line = f'sam2serve_replica_start_to_ready_seconds{{replica="{new_id}",stage="total"}}'
     assert line in metrics
+    assert 'source_kind="artifacts"' in metrics  # sam2serve_replica_info
     assert "sam2serve_requests_total" in metrics  # the app's own metrics, next to ours
 
 

@@ -42,6 +42,17 @@ def test_up_names_a_missing_artifacts_directory(tmp_path, capsys):
     assert f"directory '{missing}' does not exist" in err and "sam2serve export" in err
 
 
+def test_up_names_a_missing_checkpoint_file(tmp_path, capsys):
+    raw = yaml.safe_load((REPO / "deploy" / "serve_tiny_cuda.yaml").read_text())
+    missing = tmp_path / "sam2.1_hiera_tiny.pt"
+    raw["applications"][0]["args"]["checkpoint"] = str(missing)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["cluster", "up", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"args.checkpoint: '{missing}' does not exist" in err and err.count("\n") == 1
+
+
 def test_burst_names_a_bad_task(capsys):
     assert main(["cluster", "burst", "--url", "http://127.0.0.1:9", "--tasks", "amg,xyz"]) == 2
     assert "unknown task 'xyz'" in capsys.readouterr().err

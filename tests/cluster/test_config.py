@@ -1,4 +1,5 @@
-"""The cluster config file: the shipped files load, every bad value is named."""
+"""The cluster config file: the shipped files load, every bad value is named, a replica's
+model comes from exactly one of artifacts (CPU) and a checkpoint (CPU or GPU)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from sam2serve.cluster.config import (
     ConfigError,
-    check_local_artifacts,
+    check_local_sources,
     load_config,
     parse_config,
 )
@@ -119,7 +120,183 @@ def test_bad_values_are_named(path, value, message):
 def test_missing_artifacts_directory_is_named():
     config = parse_config(good())
     with pytest.raises(ConfigError, match=r"args\.artifacts: directory '/nonexistent/art' does"):
-        check_local_artifacts(config)
+        check_local_sources(config)
+
+
+def with_args(device: str = "cpu", num_gpus: float | None = None, **args) -> dict:
+    """good() with these args (None removes a key) and, if given, num_gpus per replica."""
+    raw = copy.deepcopy(good())
+    app = raw["applications"][0]
+    app["args"]["device"] = device
+    for key, value in args.items():
+        if value is None:
+            app["args"].pop(key, None)
+        else:
+            app["args"][key] = value
+    if num_gpus is not None:
+        app["deployments"][0]["ray_actor_options"] = {"num_gpus": num_gpus, "num_cpus": 1}
+    return raw
+
+
+CHECKPOINT = "/nonexistent/sam2.1_hiera_tiny.pt"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            with_args(artifacts=None),
+            (
+                r"applications\[0\]\.args\.artifacts or applications\[0\]\.args\.checkpoint: "
+                r"required \(neither is given\); a replica loads either"
+            ),
+        ),
+        (
+            with_args(checkpoint=CHECKPOINT),
+            (
+                r"args\.checkpoint: '/nonexistent/sam2\.1_hiera_tiny\.pt' given with artifacts "
+                r"'/nonexistent/art'; a replica loads one of them"
+            ),
+        ),
+        (
+            with_args(artifacts=None, checkpoint=""),
+            r"args\.checkpoint: expected a path or fsspec URI, got ''",
+        ),
+        (
+            with_args(artifacts=None, checkpoint=CHECKPOINT, backend="tensorrt-llm"),
+            (
+                r"args\.backend: 'tensorrt-llm' is not a backend; accepted: eager, compile, "
+                r"openvino \(with checkpoint\), artifacts \(with artifacts\)"
+            ),
+        ),
+        (
+            with_args(backend="eager"),
+            (
+                r"args\.backend: 'eager' starts from weights, but this replica loads artifacts "
+                r"'/nonexistent/art'; accepted with artifacts: artifacts"
+            ),
+        ),
+        (
+            with_args(artifacts=None, checkpoint=CHECKPOINT, backend="artifacts"),
+            (
+                r"args\.backend: 'artifacts' runs 'sam2serve export' artifacts, but this replica "
+                r"loads checkpoint '/nonexistent/sam2\.1_hiera_tiny\.pt'; accepted with a "
+                r"checkpoint: eager, compile, openvino"
+            ),
+        ),
+        (
+            with_args(device="cuda", num_gpus=1),
+            (
+                r"args\.device: 'cuda' with artifacts '/nonexistent/art': 'sam2serve export' "
+                r"artifacts are CPU-only .*give checkpoint .* with backend: eager"
+            ),
+        ),
+        (
+            with_args(
+                device="cuda", num_gpus=1, artifacts=None, checkpoint=CHECKPOINT, backend="openvino"
+            ),
+            r"args\.device: backend 'openvino' runs on cpu, not 'cuda'",
+        ),
+        (
+            with_args(artifacts=None, checkpoint=CHECKPOINT, backend="openvino", mode="baseline"),
+            r"args\.mode: 'baseline' is not run by backend 'openvino'; accepted: fast, furious",
+        ),
+        (
+            with_args(artifacts=None, checkpoint=CHECKPOINT, artifacts_cache="/var/cache/a"),
+            (
+                r"args\.artifacts_cache: '/var/cache/a' is where artifacts URIs are copied, but this "
+                r"replica loads checkpoint .*use checkpoint_cache"
+            ),
+        ),
+        (
+            with_args(checkpoint_cache="/var/cache/c"),
+            r"args\.checkpoint_cache: '/var/cache/c' is where checkpoint URIs are copied",
+        ),
+        (
+            with_args(device="cuda", artifacts=None, checkpoint=CHECKPOINT),
+            (
+                r"deployments\[0\]\.ray_actor_options\.num_gpus: args\.device is 'cuda', so each "
+                r"replica needs a GPU: expected a number > 0 .*got 0"
+            ),
+        ),
+        (
+            with_args(num_gpus=1),
+            r"ray_actor_options\.num_gpus: 1 GPUs reserved for replicas that run on the CPU",
+        ),
+    ],
+    ids=[
+        "no-source",
+        "both-sources",
+        "empty-checkpoint",
+        "unknown-backend",
+        "weights-backend-with-artifacts",
+        "artifacts-backend-with-checkpoint",
+        "cuda-artifacts",
+        "cuda-openvino",
+        "mode-not-run-by-backend",
+        "artifacts-cache-with-checkpoint",
+        "checkpoint-cache-with-artifacts",
+        "cuda-without-gpus",
+        "cpu-with-gpus",
+    ],
+)
+def test_model_source_rules_are_named(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(raw)
+
+
+@pytest.mark.parametrize(
+    ("backend", "mode", "device", "expected"),
+    [
+        (None, "fast", "cuda", "eager"),  # a checkpoint defaults to eager
+        ("compile", "furious", "cuda", "compile"),
+        ("eager", "baseline", "cpu", "eager"),  # any mode: nothing was exported
+        ("openvino", "fast", "cpu", "openvino"),
+    ],
+)
+def test_a_checkpoint_runs_with_a_backend_that_starts_from_weights(backend, mode, device, expected):
+    raw = with_args(
+        device=device,
+        num_gpus=1 if device == "cuda" else None,
+        artifacts=None,
+        checkpoint="s3://bucket/sam2.1_hiera_tiny.pt",
+        backend=backend,
+        mode=mode,
+    )
+    raw["applications"][0]["deployments"][0]["name"] = f"sam2_tiny_{mode}"
+    args = parse_config(raw).apps[0].args
+    spec = args.runtime_spec(threads=4)
+    assert (spec.backend, spec.device, spec.mode, spec.threads) == (expected, device, mode, 4)
+    assert args.source_kind == "checkpoint"
+    assert args.settings(api_key=None).checkpoint == "s3://bucket/sam2.1_hiera_tiny.pt"
+
+
+def test_artifacts_default_to_their_backend_and_threads_to_the_reserved_cpus():
+    args = parse_config(good()).apps[0].args
+    spec = args.runtime_spec(threads=2)
+    assert (args.source_kind, spec.backend, spec.device, spec.threads) == (
+        "artifacts",
+        "artifacts",
+        "cpu",
+        2,
+    )
+    pinned = parse_config(with_args(threads=3)).apps[0].args
+    assert pinned.runtime_spec(threads=2).threads == 3  # the file's threads win
+
+
+def test_local_checkpoint_files_are_checked(tmp_path):
+    missing = tmp_path / "sam2.1_hiera_tiny.pt"
+    config = parse_config(with_args(artifacts=None, checkpoint=str(missing)))
+    with pytest.raises(
+        ConfigError,
+        match=rf"applications\[0\]\.args\.checkpoint: '{missing}' does not exist; give the "
+        r"path \(or fsspec URI\) of Meta's sam2\.1_hiera_tiny\.pt",
+    ):
+        check_local_sources(config)
+    missing.write_bytes(b"weights")
+    check_local_sources(config)  # exists: the replica's load checks what it holds
+    uri = parse_config(with_args(artifacts=None, checkpoint="s3://bucket/sam2.1_hiera_tiny.pt"))
+    check_local_sources(uri)  # URIs are the replicas' to read
 
 
 def test_a_bad_file_names_itself(tmp_path):

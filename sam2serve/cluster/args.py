@@ -1,0 +1,271 @@
+"""An application's ``args``: what each of its replicas loads and the limits it keeps.
+
+A replica's model comes from exactly one of two places:
+
+- ``artifacts``: a ``sam2serve export`` directory (or fsspec URI), run by backend
+  ``artifacts``: nothing compiled at start-up, but CPU only (AOTInductor packages
+  compiled for CUDA segfaulted when loaded on an H100, so ``sam2serve export`` refuses
+  ``--device cuda``; see ``ARTIFACT_IMAGE_PATH_DEVICES`` in sam2serve.runtime.backends);
+- ``checkpoint``: an official SAM 2.1 checkpoint file (or fsspec URI), run by a backend
+  that starts from weights (``eager``, ``compile``, ...) on the CPU or on the GPU Ray
+  assigns the replica. This is how a replica runs on a GPU.
+
+Backends, their devices and modes come from the runtime's registry
+(:data:`sam2serve.runtime.backends.BACKENDS`), so a new backend needs no change here.
+Every bad value is a :class:`ConfigError` naming the key and the value. Torch-free: the
+CLI checks a file before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from sam2serve.config import MODEL_SIZES
+from sam2serve.runtime.backends import BACKENDS, DEFAULT_BACKEND, BackendInfo
+from sam2serve.runtime.modes import MODES
+from sam2serve.runtime.spec import RuntimeSpec
+from sam2serve.server.settings import ServerSettings
+
+EXPORT_MODES = BACKENDS["artifacts"].modes or ()  # the modes 'sam2serve export' writes
+DEFAULT_IMAGES_PER_REPLICA = 32
+# A replica runs on the CPU or on the one GPU Ray assigns it (always its cuda:0).
+REPLICA_DEVICES = ("cpu", "cuda")
+# ServerSettings fields a replica takes from the file. The model comes from the
+# artifacts or checkpoint, the API key from an environment variable, and a replica
+# always warms up.
+NOT_SERVER_KEYS = frozenset(
+    {
+        "model",
+        "mode",
+        "backend",
+        "checkpoint",
+        "random_weights",
+        "artifacts",
+        "seed",
+        "device",
+        "threads",
+        "api_key",
+    }
+)
+SERVER_KEYS = tuple(
+    f.name for f in dataclasses.fields(ServerSettings) if f.name not in NOT_SERVER_KEYS
+)
+# The backends a checkpoint can be run by (those that start from weights).
+WEIGHT_BACKENDS = tuple(name for name, info in BACKENDS.items() if not info.needs_artifacts)
+ARTIFACT_BACKENDS = tuple(name for name, info in BACKENDS.items() if info.needs_artifacts)
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be used; the message names the key and value."""
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class ReplicaArgs:
+    """An application's ``args``: what each of its replicas loads and the limits it keeps."""
+
+    model: str
+    mode: str
+    # Exactly one of the two: 'sam2serve export' artifacts (a directory every replica can
+    # read, or an fsspec URI), or an official SAM 2.1 checkpoint file (path or URI).
+    artifacts: str | None = None
+    checkpoint: str | None = None
+    # What runs the model (sam2serve.runtime.backends); None: 'artifacts' for artifacts,
+    # 'eager' for a checkpoint.
+    backend: str | None = None
+    artifacts_cache: str | None = None  # where artifacts URIs are copied (default: ~/.cache)
+    checkpoint_cache: str | None = None  # where checkpoint URIs are copied (default: ~/.cache)
+    images_per_replica: int = DEFAULT_IMAGES_PER_REPLICA  # image ids a replica advertises
+    api_key_env: str | None = None  # environment variable with the API key, if any
+    # Torch threads per replica; None: the CPUs Ray reserved for it (ray_actor_options
+    # num_cpus, 1 by default), so replicas sharing a machine do not oversubscribe it.
+    threads: int | None = None
+    # Where a replica runs the model: "cpu", or "cuda" (the GPU Ray assigns it: give the
+    # deployment ray_actor_options.num_gpus, and a checkpoint: artifacts are CPU-only).
+    device: str = "cpu"
+    server: dict[str, Any] = field(default_factory=dict)  # ServerSettings fields
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "args") -> ReplicaArgs:
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {raw!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in raw:
+            if key not in known:
+                raise ConfigError(
+                    f"{where}.{key}: unknown key (value {raw[key]!r}); accepted: "
+                    + ", ".join(sorted(known))
+                )
+        for key in ("model", "mode"):
+            if key not in raw:
+                raise ConfigError(f"{where}.{key}: required")
+        args = cls(**raw)
+        args.check(where)
+        return args
+
+    @property
+    def source_kind(self) -> str:
+        """Where the model comes from: "artifacts" or "checkpoint"."""
+        return "artifacts" if self.artifacts is not None else "checkpoint"
+
+    @property
+    def source_location(self) -> str:
+        """The configured path or URI of the model."""
+        location = self.artifacts if self.artifacts is not None else self.checkpoint
+        assert location is not None  # checked: exactly one is given
+        return location
+
+    @property
+    def runtime_backend(self) -> str:
+        """The backend that runs the model, the default for its source filled in."""
+        if self.backend is not None:
+            return self.backend
+        return ARTIFACT_BACKENDS[0] if self.artifacts is not None else DEFAULT_BACKEND
+
+    def runtime_spec(self, threads: int | None) -> RuntimeSpec:
+        """How a replica runs the model. Ray sets CUDA_VISIBLE_DEVICES to the GPU it
+        assigned, so "cuda" is always that GPU (the replica's cuda:0)."""
+        return RuntimeSpec(
+            model=self.model,
+            mode=self.mode,
+            backend=self.runtime_backend,
+            device=self.device,
+            threads=self.threads or threads,
+        )
+
+    def check(self, where: str = "args") -> None:
+        if self.model not in MODEL_SIZES:
+            raise ConfigError(
+                f"{where}.model: {self.model!r} is not a model size; "
+                f"accepted: {', '.join(MODEL_SIZES)}"
+            )
+        backend = self._check_source(where)
+        self._check_mode_and_device(backend, where)
+        if not is_int(self.images_per_replica) or self.images_per_replica < 1:
+            raise ConfigError(
+                f"{where}.images_per_replica: expected an integer >= 1, "
+                f"got {self.images_per_replica!r}"
+            )
+        if self.threads is not None and (not is_int(self.threads) or self.threads < 1):
+            raise ConfigError(
+                f"{where}.threads: expected an integer >= 1 (or leave it out: the CPUs Ray "
+                f"reserves for the replica), got {self.threads!r}"
+            )
+        if not isinstance(self.server, dict):
+            raise ConfigError(f"{where}.server: expected a mapping, got {self.server!r}")
+        for key, value in self.server.items():
+            if key not in SERVER_KEYS:
+                raise ConfigError(
+                    f"{where}.server.{key}: unknown setting (value {value!r}); accepted: "
+                    + ", ".join(SERVER_KEYS)
+                )
+        try:
+            self.settings(api_key=None)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}.server.{exc}") from None
+
+    def _check_source(self, where: str) -> BackendInfo:
+        """Exactly one of artifacts and checkpoint, a backend that runs it, its cache."""
+        for key in ("artifacts", "checkpoint", "artifacts_cache", "checkpoint_cache"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ConfigError(f"{where}.{key}: expected a path or fsspec URI, got {value!r}")
+        if self.artifacts is None and self.checkpoint is None:
+            raise ConfigError(
+                f"{where}.artifacts or {where}.checkpoint: required (neither is given); a "
+                "replica loads either 'sam2serve export' artifacts (CPU) or an official SAM 2.1 "
+                "checkpoint file (CPU or GPU, with a backend such as eager)"
+            )
+        if self.artifacts is not None and self.checkpoint is not None:
+            raise ConfigError(
+                f"{where}.checkpoint: {self.checkpoint!r} given with artifacts "
+                f"{self.artifacts!r}; a replica loads one of them: remove the other"
+            )
+        for cache, source in (("artifacts_cache", "artifacts"), ("checkpoint_cache", "checkpoint")):
+            if getattr(self, cache) is not None and getattr(self, source) is None:
+                raise ConfigError(
+                    f"{where}.{cache}: {getattr(self, cache)!r} is where {source} URIs are "
+                    f"copied, but this replica loads {self.source_kind} {self.source_location!r}"
+                    f"; remove it (or use {self.source_kind}_cache)"
+                )
+        name = self.runtime_backend
+        if not isinstance(name, str) or name not in BACKENDS:
+            raise ConfigError(
+                f"{where}.backend: {name!r} is not a backend; accepted: "
+                f"{', '.join(WEIGHT_BACKENDS)} (with checkpoint), "
+                f"{', '.join(ARTIFACT_BACKENDS)} (with artifacts)"
+            )
+        backend = BACKENDS[name]
+        if backend.needs_artifacts and self.artifacts is None:
+            raise ConfigError(
+                f"{where}.backend: {name!r} runs 'sam2serve export' artifacts, but this replica "
+                f"loads checkpoint {self.checkpoint!r}; accepted with a checkpoint: "
+                f"{', '.join(WEIGHT_BACKENDS)} (or give artifacts instead)"
+            )
+        if not backend.needs_artifacts and self.artifacts is not None:
+            raise ConfigError(
+                f"{where}.backend: {name!r} starts from weights, but this replica loads "
+                f"artifacts {self.artifacts!r}; accepted with artifacts: "
+                f"{', '.join(ARTIFACT_BACKENDS)} (or give a checkpoint instead)"
+            )
+        return backend
+
+    def _check_mode_and_device(self, backend: BackendInfo, where: str) -> None:
+        """The mode and the device the backend runs, as the runtime's registry lists them."""
+        if self.artifacts is not None and self.mode not in EXPORT_MODES:
+            raise ConfigError(
+                f"{where}.mode: {self.mode!r} has no export artifacts; "
+                f"accepted: {', '.join(EXPORT_MODES)}"
+            )
+        modes = backend.modes or tuple(MODES)
+        if self.mode not in modes:
+            raise ConfigError(
+                f"{where}.mode: {self.mode!r} is not run by backend {backend.name!r}; "
+                f"accepted: {', '.join(modes)}"
+            )
+        if self.device not in REPLICA_DEVICES:
+            raise ConfigError(
+                f"{where}.device: expected one of {', '.join(REPLICA_DEVICES)} (a replica "
+                f"uses the GPU Ray assigns it), got {self.device!r}"
+            )
+        if self.device in backend.devices:
+            return
+        if self.artifacts is not None:
+            raise ConfigError(
+                f"{where}.device: {self.device!r} with artifacts {self.artifacts!r}: "
+                "'sam2serve export' artifacts are CPU-only (AOTInductor packages compiled "
+                "for CUDA crashed when loaded on an H100); for a GPU replica give checkpoint "
+                "(an official SAM 2.1 checkpoint file or URI) with backend: eager instead"
+            )
+        raise ConfigError(
+            f"{where}.device: backend {backend.name!r} runs on {', '.join(backend.devices)}, "
+            f"not {self.device!r}"
+        )
+
+    def settings(self, api_key: str | None) -> ServerSettings:
+        """The replica's ServerSettings (the app is handed the replica's predictor, so the
+        model fields only describe it)."""
+        values = dict(self.server)
+        if "cors_origins" in values:
+            values["cors_origins"] = tuple(values["cors_origins"])
+        return ServerSettings(
+            model=self.model,
+            mode=self.mode,
+            backend=self.runtime_backend,
+            artifacts=self.artifacts,
+            checkpoint=self.checkpoint,
+            device=self.device,
+            api_key=api_key,
+            warmup=False,  # the replica warms the model up before it reports ready
+            **values,
+        )
