@@ -19,15 +19,17 @@ import pytest
 import skimage.data
 from PIL import Image
 from pycocotools import mask as mask_utils
+from pycocotools.coco import COCO
 
 from sam2serve import cli
 from sam2serve.commands.amg_flags import AMG_FIXED
 from sam2serve.commands.common import DEFAULT_MODE
 from sam2serve.commands.inputs import expand_images
-from sam2serve.commands.run import format_json
+from sam2serve.commands.run_outputs import format_json
 from sam2serve.engine import tasks
 from sam2serve.engine.amg import AMGParams
 from sam2serve.engine.formats import JSON_FORMATS, mask_to_polygons
+from sam2serve.engine.overlay import STAMP_COLOUR
 from sam2serve.engine.tasks import prompt_point
 
 # Small grids keep this file fast; thresholds at 0 so random weights still give masks.
@@ -83,6 +85,8 @@ def amg_run(image_dir, tmp_path_factory):
             out,
             "--fallback-random-weights",
             "--overlay",
+            "--coco",
+            root / "coco" / "instances.json",
             *AMG_FLAGS,
         )
     return code, stderr, out
@@ -460,6 +464,9 @@ def test_help_documents_every_amg_parameter_with_its_default(capsys):
         "--random-weights",
         "--fallback-random-weights",
         "--mask-format",
+        "--coco",
+        "--min-score",
+        "--max-masks",
         "samples",
         "_masks.json",
         "p50",
@@ -548,3 +555,172 @@ def test_help_lists_the_modes_and_the_bench_command(capsys):
     bench_help = capsys.readouterr().out
     for flag in ("--modes", "--n", "--random-weights", "--pred-iou-thresh", "--mps-prompts"):
         assert flag in bench_help
+
+
+# --------------------------------------------------------------------------- COCO
+
+
+def decode_record(record: dict) -> np.ndarray:
+    rle = record["segmentation"]
+    return mask_utils.decode({"size": rle["size"], "counts": rle["counts"].encode()}) > 0
+
+
+def assert_coco_matches_the_json(coco_path: Path, out: Path) -> COCO:
+    """pycocotools loads the run's COCO file, and every annotation is the mask (score,
+    area) of the per-image JSON, in order; bbox is pycocotools' own toBbox."""
+    coco = COCO(str(coco_path))
+    for image in coco.loadImgs(coco.getImgIds()):
+        result = load_result(out / f"{Path(image['file_name']).stem}_masks.json")
+        assert (image["file_name"], image["width"], image["height"]) == (
+            result["image"], result["width"], result["height"],
+        )  # fmt: skip
+        annotations = coco.loadAnns(coco.getAnnIds(imgIds=[image["id"]]))
+        assert len(annotations) == len(result["masks"])
+        for annotation, record in zip(annotations, result["masks"], strict=True):
+            mask = decode_record(record)
+            assert np.array_equal(coco.annToMask(annotation) > 0, mask)
+            assert annotation["score"] == record["predicted_iou"]
+            assert annotation["area"] == record["area"] == int(mask.sum())
+            assert annotation["bbox"] == mask_utils.toBbox(coco.annToRLE(annotation)).tolist()
+            assert (annotation["iscrowd"], annotation["category_id"]) == (0, 1)
+    return coco
+
+
+def test_coco_file_holds_every_written_image_and_round_trips(amg_run):
+    _, stderr, out = amg_run
+    coco_path = out.parent / "coco" / "instances.json"
+    coco = assert_coco_matches_the_json(coco_path, out)
+    names = [image["file_name"] for image in coco.loadImgs(coco.getImgIds())]
+    assert names == ["astronaut.jpg", "coffee.png"]  # not the corrupt file
+    assert len(coco.getAnnIds()) > 0
+    assert coco.loadCats(coco.getCatIds()) == [
+        {"id": 1, "name": "object", "supercategory": "object"}
+    ]
+    info = json.loads(coco_path.read_text())["info"]
+    assert info["sam2serve"]["random_weights"] is True
+    assert info["sam2serve"]["runtime"]["model"] == "tiny" and info["sam2serve"]["task"] == "amg"
+    assert f"coco: 2 image(s), {len(coco.getAnnIds())} annotation(s) written" in stderr
+
+
+@pytest.fixture(scope="module")
+def object_prompts(tmp_path_factory) -> Path:
+    """A click, a box, a box with a negative click, two clicks with labels (coffee.png is
+    120 x 100 after the fixture's downscaling)."""
+    path = tmp_path_factory.mktemp("objects") / "prompts.json"
+    path.write_text(
+        json.dumps(
+            {
+                "coffee.png": [
+                    [75, 40],
+                    {"box": [20, 10, 120, 70]},
+                    {"points": [[60, 30]], "labels": [0], "box": [20, 10, 120, 70]},
+                    {"points": [[30, 20], [100, 60]], "labels": [1, 0]},
+                ]
+            }
+        )
+    )
+    return path
+
+
+def test_mps_with_objects_and_filters_writes_them_everywhere(image_dir, object_prompts, tmp_path):
+    """Boxes and negative clicks reach the records and the overlay; --min-score and
+    --max-masks keep the same masks in the JSON and the COCO file."""
+    coffee = image_dir / "coffee.png"
+    base = ["run", "--task", "mps", coffee, "--random-weights", "--prompts", object_prompts]
+    code, stderr = run_cli(*base, "--out", tmp_path / "all", "--overlay")
+    assert code == 0, stderr
+    everything = load_result(tmp_path / "all" / "coffee_masks.json")["masks"]
+    assert len(everything) == 4
+    assert everything[1]["box"] == [20.0, 10.0, 120.0, 70.0] and everything[1]["point_coords"] == []
+    assert everything[3]["point_labels"] == [1, 0] and "point_labels" not in everything[0]
+    with Image.open(tmp_path / "all" / "coffee_overlay.png") as overlay:
+        pixels = np.asarray(overlay.convert("RGB"))
+    assert tuple(pixels[30, 60]) == (230, 0, 0)  # the negative click: a red dot
+    assert tuple(pixels[20, 30]) == (255, 255, 255)  # a positive click: a white dot
+
+    scores = sorted(r["predicted_iou"] for r in everything)
+    min_score = (scores[0] + scores[1]) / 2  # drops exactly the lowest
+    code, stderr = run_cli(
+        *base, "--out", tmp_path / "some", "--coco", tmp_path / "some.json",
+        "--min-score", str(min_score), "--max-masks", "2",
+    )  # fmt: skip
+    assert code == 0, stderr
+    result = load_result(tmp_path / "some" / "coffee_masks.json")
+    assert result["filters"] == {"min_score": min_score, "max_masks": 2}
+    kept = [r for r in everything if r["predicted_iou"] >= min_score]
+    best = sorted(kept, key=lambda r: -r["predicted_iou"])[:2]
+    expected = [r for r in everything if any(r is b for b in best)]
+    assert [r["predicted_iou"] for r in result["masks"]] == [r["predicted_iou"] for r in expected]
+    assert [r["segmentation"] for r in result["masks"]] == [r["segmentation"] for r in expected]
+    assert_coco_matches_the_json(tmp_path / "some.json", tmp_path / "some")
+
+
+# --------------------------------------------------------------------------- first run
+
+
+def readme_quick_start() -> list[str]:
+    """The arguments of the README's one-line quick start after 'sam2serve'."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+    [line] = [line for line in readme if line.startswith("pip install torch==2.13.0 -e . && ")]
+    install, _, command = line.partition(" && ")
+    assert install == "pip install torch==2.13.0 -e ."
+    program, *argv = command.split()
+    assert program == "sam2serve"
+    return argv
+
+
+def test_readme_quick_start_shows_masks_with_random_weights(image_dir, tmp_path, monkeypatch):
+    """The README's main command, on one small photo instead of the four samples: with no
+    checkpoint it falls back to random weights, keeps every mask (and says so), and
+    stamps the overlay."""
+    argv = readme_quick_start()
+    assert {"--overlay", "--fallback-random-weights", "samples", "out/"} <= set(argv)
+    argv = [
+        str(image_dir / "coffee.png") if a == "samples" else str(tmp_path) if a == "out/" else a
+        for a in argv
+    ]
+    monkeypatch.setenv("SAM2SERVE_CACHE", str(tmp_path / "empty_cache"))
+    monkeypatch.setenv("SAM2SERVE_OFFLINE", "1")
+    code, stderr = run_cli(*argv)
+    assert code == 0, stderr
+    assert "amg keeps every mask (--pred-iou-thresh 0 --stability-score-thresh 0" in stderr
+    result = load_result(tmp_path / "coffee_masks.json")
+    assert result["params"]["pred_iou_thresh"] == 0.0
+    assert result["params"]["stability_score_thresh"] == 0.0
+    assert result["params"]["points_per_side"] == 16
+    assert result["masks"], "random weights must still show masks"
+    with Image.open(tmp_path / "coffee_overlay.png") as overlay:
+        pixels = np.asarray(overlay.convert("RGB")).astype(int)
+    band = pixels[:8]  # the stamp: a red band with white letters, across the top
+    red = (np.abs(band - STAMP_COLOUR).sum(axis=2) < 10).mean()
+    white = (band.min(axis=2) > 200).mean()
+    assert red > 0.5 and white > 0.02, (red, white)
+
+
+def test_a_checkpoint_keeps_metas_thresholds_and_no_stamp(image_dir, tiny_checkpoint, tmp_path):
+    """Weights from a file (even these test weights) are not random: Meta's defaults, no
+    notice, no stamp (nothing passes them here, so the overlay is the photo itself)."""
+    code, stderr = run_cli(
+        "run", "--task", "amg", image_dir / "coffee.png", "--out", tmp_path,
+        "--checkpoint", tiny_checkpoint, "--points-per-side", "4", "--overlay",
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert "keeps every mask" not in stderr
+    result = load_result(tmp_path / "coffee_masks.json")
+    assert (result["params"]["pred_iou_thresh"], result["params"]["stability_score_thresh"]) == (
+        0.8, 0.95,
+    )  # fmt: skip
+    assert result["masks"] == []
+    with Image.open(tmp_path / "coffee_overlay.png") as overlay:
+        assert np.array_equal(np.asarray(overlay), np.asarray(Image.open(image_dir / "coffee.png")))
+
+
+def test_random_weights_keep_a_threshold_the_user_gave(image_dir, tmp_path):
+    code, stderr = run_cli(
+        "run", "--task", "amg", image_dir / "coffee.png", "--out", tmp_path,
+        "--random-weights", "--points-per-side", "2", "--pred-iou-thresh", "0.3",
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert "amg keeps every mask (--stability-score-thresh 0;" in stderr
+    params = load_result(tmp_path / "coffee_masks.json")["params"]
+    assert (params["pred_iou_thresh"], params["stability_score_thresh"]) == (0.3, 0.0)

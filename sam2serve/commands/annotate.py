@@ -20,7 +20,7 @@ from sam2serve.commands.common import (
     error_line,
 )
 from sam2serve.commands.inputs import DEFAULT_PROMPTS_NAME, MASKS_SUFFIX, Points
-from sam2serve.commands.run import write_json
+from sam2serve.commands.run_outputs import write_json
 
 DESCRIPTION = f"""\
 Make point prompts for --task sps / mps from the outputs of --task amg.

@@ -1,17 +1,21 @@
 """The inputs of ``sam2serve run``, checked before the model loads: image arguments
-(files, directories, ``samples``) and the prompts file of the point tasks.
+(files, directories, ``samples``), the prompts file of the point tasks, the mask filters
+and the ``--coco`` file's directory.
 
 What the command line gets wrong is a usage error (exit 2) before any work: an image
 file that does not exist, a directory without images, two images that would write the
-same outputs, a prompts file that is unreadable, malformed, names an image not given, or
-holds a point outside its image (read from the image's header). What can only be found
-by decoding an image (a corrupt file) fails that image alone (exit 1 at the end).
+same outputs, a prompts file that is unreadable, malformed (a label other than 0 or 1, an
+empty box, ...), names an image not given, or holds a point or box outside its image (read
+from the image's header); a filter out of range, a --coco directory that takes no file.
+What can only be found by decoding an image (a corrupt file) fails that image alone (exit
+1 at the end).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import warnings
 from collections.abc import Sequence
@@ -27,7 +31,7 @@ from sam2serve.samples import SAMPLE_NAMES, load_sample
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 MASKS_SUFFIX = "_masks.json"
 DEFAULT_PROMPTS_NAME = "prompts.json"
-Points = list[list[float]]
+Points = list[list[float]]  # what annotate writes: [x, y] clicks
 # EXIF orientations that rotate the image by 90 degrees (load_image applies them).
 _TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)
 # Python's repr of a stream, which Pillow puts in some messages: "<_io.BytesIO object at
@@ -153,11 +157,55 @@ def _deduplicate(items: list[ImageInput]) -> list[ImageInput]:
     return unique
 
 
+# --------------------------------------------------------------------------- outputs
+
+
+def check_filters(min_score: float | None, max_masks: int | None) -> None:
+    """--min-score and --max-masks, the mask filters of every output."""
+    if min_score is not None and not 0.0 <= min_score <= 1.0:  # NaN fails too
+        raise UsageError(
+            f"--min-score must be a number in [0, 1] (a predicted IoU), got {min_score}"
+        )
+    if max_masks is not None and max_masks < 1:
+        raise UsageError(f"--max-masks must be an integer >= 1, got {max_masks}")
+
+
+def check_coco_file(path: Path) -> None:
+    """The --coco file's directory exists (or is made) and takes a new file: found now,
+    not after the whole run."""
+    if path.is_dir():
+        raise UsageError(f"--coco {str(path)!r} is a directory; give a file name")
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".{path.name}.{os.getpid()}.probe"
+        probe.touch(exist_ok=False)
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(
+            f"--coco {str(path)!r}: cannot write in directory {str(directory)!r} "
+            f"({exc.strerror or exc})"
+        ) from None
+
+
 # --------------------------------------------------------------------------- prompts
 
+# One prompt of an image: a point [x, y] (a foreground click, as in the original format),
+# or an object {"points": [[x, y], ...], "labels": [1, 0, ...], "box": [x0, y0, x1, y1]},
+# normalised with all three keys (labels default to 1, box to None); engine.tasks takes both.
+Prompt = list[float] | dict[str, Any]
+Prompts = list[Prompt]
+PROMPT_KEYS = ("points", "labels", "box")
+_EXPECTED_ENTRY = (
+    'a list of [x, y] points or of objects {"points": [[x, y], ...], "labels": [1, 0, ...], '
+    '"box": [x0, y0, x1, y1]}'
+)
 
-def load_prompts(path: Path) -> dict[str, Points]:
-    """A prompts file: a JSON object mapping image name (or stem) to [[x, y], ...]."""
+
+def load_prompts(path: Path) -> dict[str, Prompts]:
+    """A prompts file: a JSON object mapping image name (or stem) to a list of prompts,
+    each a point [x, y] or an object with points, labels (1 foreground, 0 background)
+    and a box."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -173,15 +221,76 @@ def load_prompts(path: Path) -> dict[str, Points]:
         raise UsageError(
             f"--prompts file {str(path)!r} must hold {expected}, got a {type(data).__name__}"
         )
-    prompts: dict[str, Points] = {}
-    for key, points in data.items():
+    prompts: dict[str, Prompts] = {}
+    for key, entry in data.items():
         where = f"--prompts file {str(path)!r}, image {key!r}"
-        if not isinstance(points, list):
-            raise UsageError(f"{where}: expected a list of [x, y] points, got {points!r:.80}")
-        prompts[key] = [
-            _parse_point(point, f"{where}, point {i}") for i, point in enumerate(points)
-        ]
+        if not isinstance(entry, list):
+            raise UsageError(f"{where}: expected {_EXPECTED_ENTRY}, got {entry!r:.80}")
+        prompts[key] = [_parse_prompt(prompt, where, i) for i, prompt in enumerate(entry)]
     return prompts
+
+
+def _parse_prompt(prompt: Any, where: str, index: int) -> Prompt:
+    if isinstance(prompt, dict):
+        return _parse_object(prompt, f"{where}, object {index}")
+    if isinstance(prompt, list):
+        return _parse_point(prompt, f"{where}, point {index}")
+    raise UsageError(
+        f"{where}, prompt {index}: expected [x, y] or an object with points, labels and a "
+        f"box, got {prompt!r:.80}"
+    )
+
+
+def _parse_object(prompt: dict[str, Any], where: str) -> dict[str, Any]:
+    unknown = sorted(set(prompt) - set(PROMPT_KEYS))
+    if unknown:
+        raise UsageError(
+            f"{where}: unknown key {unknown[0]!r}; an object has {', '.join(PROMPT_KEYS)}"
+        )
+    points = prompt.get("points", [])
+    if not isinstance(points, list):
+        raise UsageError(f"{where}: points must be a list of [x, y], got {points!r:.80}")
+    points = [_parse_point(point, f"{where}, points[{j}]") for j, point in enumerate(points)]
+    labels = prompt.get("labels")
+    if labels is None:
+        labels = [1] * len(points)
+    elif not isinstance(labels, list) or len(labels) != len(points):
+        raise UsageError(
+            f"{where}: labels must be a list of one label per point ({len(points)}), "
+            f"got {labels!r:.80}"
+        )
+    for j, label in enumerate(labels):
+        if isinstance(label, bool) or label not in (0, 1):
+            raise UsageError(
+                f"{where}, labels[{j}]: a label is 1 (foreground) or 0 (background), "
+                f"got {label!r:.40}"
+            )
+    box = prompt.get("box")
+    if box is not None:
+        box = _parse_box(box, where)
+    if not points and box is None:
+        raise UsageError(f"{where}: an object needs points or a box (or both), got {prompt!r:.80}")
+    return {"points": points, "labels": [int(label) for label in labels], "box": box}
+
+
+def _parse_box(box: Any, where: str) -> list[float]:
+    valid = (
+        isinstance(box, list)
+        and len(box) == 4
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)
+        and all(math.isfinite(v) for v in box)
+    )
+    if not valid:
+        raise UsageError(
+            f"{where}: box must be [x0, y0, x1, y1] with four finite numbers, got {box!r:.80}"
+        )
+    x0, y0, x1, y1 = (float(v) for v in box)
+    if x1 <= x0 or y1 <= y0:
+        raise UsageError(
+            f"{where}: box {box!r:.80} is empty: it needs x1 > x0 and y1 > y0 "
+            "([x0, y0, x1, y1], top-left then bottom-right)"
+        )
+    return [x0, y0, x1, y1]
 
 
 def _parse_point(point: Any, where: str) -> list[float]:
@@ -197,15 +306,15 @@ def _parse_point(point: Any, where: str) -> list[float]:
 
 
 def match_prompts(
-    prompts: dict[str, Points], images: list[ImageInput], path: Path
-) -> dict[str, Points]:
+    prompts: dict[str, Prompts], images: list[ImageInput], path: Path
+) -> dict[str, Prompts]:
     """Prompts by image name; every key must name a given image (by file name or stem),
-    and every point must lie inside its image."""
+    and every point and box must lie inside its image."""
     by_name = {item.name: item for item in images}
     by_stem = {item.stem: item for item in images}
-    matched: dict[str, Points] = {}
+    matched: dict[str, Prompts] = {}
     unknown = []
-    for key, points in prompts.items():
+    for key, entry in prompts.items():
         item = by_name.get(key) or by_stem.get(key)
         if item is None:
             unknown.append(key)
@@ -214,8 +323,8 @@ def match_prompts(
             raise UsageError(
                 f"--prompts file {str(path)!r} has two entries for image {item.name!r}"
             )
-        _check_inside(points, item, path)
-        matched[item.name] = points
+        _check_inside(entry, item, path)
+        matched[item.name] = entry
     if unknown:
         shown = ", ".join(repr(k) for k in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
         raise UsageError(
@@ -225,14 +334,34 @@ def match_prompts(
     return matched
 
 
-def _check_inside(points: Points, item: ImageInput, path: Path) -> None:
-    size = item.size() if points else None
+def _check_inside(entry: Prompts, item: ImageInput, path: Path) -> None:
+    size = item.size() if entry else None
     if size is None:
         return
     height, width = size
-    for x, y in points:
-        if not (0 <= x <= width and 0 <= y <= height):
+    hint = "(are the prompts for another image?)"
+    for index, prompt in enumerate(entry):
+        if isinstance(prompt, list):
+            x, y = prompt
+            if not (0 <= x <= width and 0 <= y <= height):
+                raise UsageError(
+                    f"--prompts file {str(path)!r}: point [{x:g}, {y:g}] of image "
+                    f"{item.name!r} lies outside its {width}x{height} pixels {hint}"
+                )
+            continue
+        where = f"--prompts file {str(path)!r}: image {item.name!r}, object {index}"
+        for j, (x, y) in enumerate(prompt["points"]):
+            if not (0 <= x <= width and 0 <= y <= height):
+                raise UsageError(
+                    f"{where}, points[{j}]: [{x:g}, {y:g}] lies outside its {width}x{height} "
+                    f"pixels {hint}"
+                )
+        box = prompt["box"]
+        if box is not None and not (
+            0 <= box[0] and 0 <= box[1] and box[2] <= width and box[3] <= height
+        ):
+            shown = ", ".join(f"{v:g}" for v in box)
             raise UsageError(
-                f"--prompts file {str(path)!r}: point [{x:g}, {y:g}] of image {item.name!r} "
-                f"lies outside its {width}x{height} pixels (are the prompts for another image?)"
+                f"{where}: box [{shown}] is not inside its {width}x{height} pixels (accepted: "
+                f"0 <= x0 < x1 <= {width}, 0 <= y0 < y1 <= {height}) {hint}"
             )

@@ -1,17 +1,19 @@
 """``sam2serve run``: masks for a batch of images (amg, sps or mps), one JSON file each.
 
-It checks the flags and every input (images, prompts, AMG parameters) before the model
-loads, loads it once, and for each image times decode + encode + mask decoding + RLE,
-writes ``<stem>_masks.json`` (and with ``--overlay`` ``<stem>_overlay.png``), then prints a
-latency summary. One image that fails is reported and skipped (exit 1 at the end).
+It checks the flags and every input (images, prompts, AMG parameters, the --coco file's
+directory) before the model loads, loads it once, and for each image times decode +
+encode + mask decoding + RLE, writes ``<stem>_masks.json`` (and with ``--overlay``
+``<stem>_overlay.png``), then the ``--coco`` dataset of the whole run and a latency
+summary. One image that fails is reported and skipped (exit 1 at the end).
+
+With random weights, amg keeps every mask unless the quality thresholds are given (Meta's
+defaults drop every random mask, and a first run that shows nothing explains nothing),
+and every overlay carries a RANDOM WEIGHTS stamp.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +39,7 @@ from sam2serve.commands.common import (
     add_weights_flags,
     described,
     error_line,
+    info_line,
     warning_line,
 )
 from sam2serve.commands.inputs import (
@@ -44,17 +47,29 @@ from sam2serve.commands.inputs import (
     IMAGE_EXTENSIONS,
     MASKS_SUFFIX,
     ImageInput,
-    Points,
+    Prompts,
+    check_coco_file,
+    check_filters,
     expand_images,
     load_prompts,
     match_prompts,
 )
-from sam2serve.engine.formats import FORMATS, JSON_FORMATS, encode_mask
+from sam2serve.commands.run_outputs import (
+    OVERLAY_SUFFIX,
+    Outputs,
+    in_mask_format,
+    prepare_out_dir,
+)
+from sam2serve.engine.coco import CocoWriter, coco_info
+from sam2serve.engine.formats import FORMATS, JSON_FORMATS
 from sam2serve.runtime.modes import MODES
 from sam2serve.samples import SAMPLE_NAMES
 
 TASKS = ("amg", "sps", "mps")  # engine.tasks.TASKS (checked by the tests), without torch
-OVERLAY_SUFFIX = "_overlay.png"
+RANDOM_WEIGHTS_STAMP = "RANDOM WEIGHTS: masks are meaningless"
+# What amg keeps with random weights unless the flags are given: every mask (Meta's
+# defaults, 0.8 and 0.95, drop all of a random model's masks).
+RANDOM_WEIGHTS_THRESHOLDS = {"pred_iou_thresh": 0.0, "stability_score_thresh": 0.0}
 
 DESCRIPTION = f"""\
 Segment a batch of images with SAM 2.1 and write one JSON file of masks per image.
@@ -63,10 +78,15 @@ tasks:
   amg  automatic mask generation: a grid of clicks over the whole image, masks filtered by
        predicted IoU and stability, duplicates removed by box NMS (Meta's
        SAM2AutomaticMaskGenerator; every parameter is a flag below, Meta's defaults)
-  sps  single point segmentation: the FIRST point of each image's --prompts entry,
+  sps  single point segmentation: the FIRST prompt of each image's --prompts entry,
        3 candidate masks, the one with the highest predicted IoU is kept
-  mps  multi point segmentation: EVERY point of the image's --prompts entry is its own
-       prompt; the best of 3 candidates is kept for each
+  mps  multi point segmentation: EVERY prompt of the image's --prompts entry is decoded
+       on its own (all in one call); the best of 3 candidates is kept for each
+
+prompts (--prompts FILE): a JSON object mapping image file name (or stem) to a list of
+  prompts, each a click [x, y] or an object {{"points": [[x, y], ...], "labels": [1, 0, ...],
+  "box": [x0, y0, x1, y1]}} (labels: 1 foreground, 0 background, default 1; a box alone
+  is allowed); checked against each image's size before the model loads
 
 modes (--mode; the masks are the same in baseline and fast):
 {described({name: mode.description for name, mode in MODES.items()})}
@@ -80,14 +100,19 @@ images:
 
 outputs, in --out:
   <stem>{MASKS_SUFFIX}   {{"image", "width", "height", "task", "model", "mode", "device",
-                       "runtime", "weights", "params", "mask_format", "timings",
-                       "masks": [...]}}; each mask has "segmentation" (in --mask-format),
-                       "area", "bbox" (XYWH), "predicted_iou", "point_coords"; amg adds
-                       "stability_score" and "crop_box". "timings" (ms) cover decode +
+                       "runtime", "weights", "params", "filters", "mask_format",
+                       "timings", "masks": [...]}}; each mask has "segmentation" (in
+                       --mask-format), "area", "bbox" (XYWH), "predicted_iou",
+                       "point_coords"; amg adds "stability_score" and "crop_box", an
+                       object prompt "point_labels" and "box". "timings" (ms) cover decode +
                        encode + masks + RLE (and "stages", finer), not reading the file,
                        converting to --mask-format or writing the JSON.
   <stem>{OVERLAY_SUFFIX}  with --overlay: the masks in distinct colours over the image
+  --coco FILE         one COCO instances file for the run (images, annotations with COCO
+                       RLE, area, bbox, score = predicted IoU, one category "object"),
+                       loadable with pycocotools.coco.COCO
   stderr              a progress bar, then per-image latency p50/p90/mean and images/s
+  --min-score and --max-masks filter the masks of every output
 
 mask formats (--mask-format; 'annotate' reads coco_rle, the default):
 {described({name: FORMATS[name].description for name in JSON_FORMATS})}
@@ -96,15 +121,19 @@ weights:
   official SAM 2.1 checkpoints by default, found in $SAM2SERVE_CACHE or
   ~/.cache/sam2serve/checkpoints under Meta's file names (sam2.1_hiera_tiny.pt, ...) or
   downloaded there (SAM2SERVE_OFFLINE=1 turns the download off). Random weights give
-  meaningless masks; they are announced on stderr and recorded in every JSON.
+  meaningless masks; they are announced on stderr, recorded in every JSON and stamped on
+  every overlay, and amg then keeps every mask (--pred-iou-thresh 0
+  --stability-score-thresh 0) unless those flags are given.
 
 {EXIT_STATUS_HELP}
 """
 
 EPILOG = f"""\
 examples:
-  {PROG} run --task amg {SAMPLES_ARG} --out out/ --fallback-random-weights --points-per-side 16
-  {PROG} run --task amg photos/ --out amg/ --checkpoint sam2.1_hiera_tiny.pt --overlay
+  {PROG} run --task amg {SAMPLES_ARG} --out out/ --fallback-random-weights --points-per-side 16 \\
+      --overlay
+  {PROG} run --task amg photos/ --out amg/ --checkpoint sam2.1_hiera_tiny.pt --overlay \\
+      --coco amg/instances.json --min-score 0.9
   {PROG} annotate amg/                      # writes amg/{DEFAULT_PROMPTS_NAME}
   {PROG} run --task sps photos/ --out sps/ --prompts amg/{DEFAULT_PROMPTS_NAME}
 """
@@ -146,13 +175,32 @@ def add_arguments(parser: CommandParser) -> None:
         "--prompts",
         type=Path,
         metavar="FILE",
-        help="sps/mps: JSON object mapping image file name (or stem) to a list "
-        f"of [x, y] pixel points, e.g. from '{PROG} annotate'",
+        help="sps/mps: JSON object mapping image file name (or stem) to a list of prompts: "
+        '[x, y] pixel points or {"points", "labels", "box"} objects (see "prompts" above), '
+        f"e.g. from '{PROG} annotate'",
     )
     parser.add_argument(
         "--overlay",
         action="store_true",
         help=f"also write <stem>{OVERLAY_SUFFIX}: the masks over the image",
+    )
+    parser.add_argument(
+        "--coco",
+        type=Path,
+        metavar="FILE",
+        help="also write one COCO instances file of every image's masks (see above)",
+    )
+    parser.add_argument(
+        "--min-score",
+        type=float,
+        metavar="X",
+        help="keep only masks whose predicted IoU is at least X, in [0, 1] (every output)",
+    )
+    parser.add_argument(
+        "--max-masks",
+        type=int,
+        metavar="N",
+        help="keep at most N masks per image, the highest predicted IoU first (every output)",
     )
     parser.add_argument(
         "--mask-format",
@@ -183,7 +231,8 @@ def run_command(args: argparse.Namespace) -> int:
     if args.task != "amg" and args.prompts is None:
         raise UsageError(
             f"--task {args.task} needs --prompts FILE: a JSON object mapping image names to "
-            f"[[x, y], ...] points; make one from amg outputs with "
+            f"[[x, y], ...] points (or objects with points, labels and a box); make one from "
+            f"amg outputs with "
             f"'{PROG} run --task amg IMAGES --out AMG_DIR' then '{PROG} annotate AMG_DIR'"
         )
     images = expand_images(args.images)
@@ -191,13 +240,19 @@ def run_command(args: argparse.Namespace) -> int:
     if args.prompts is not None:
         prompts = match_prompts(load_prompts(args.prompts), images, args.prompts)
     params = amg_params_from(args)  # validated for every task: a bad value is a bad value
-    out_dir = _prepare_out_dir(args.out)
+    check_filters(args.min_score, args.max_masks)
+    out_dir = prepare_out_dir(args.out)
+    if args.coco is not None:
+        check_coco_file(args.coco)
 
     from sam2serve.engine.tasks import mask_generator
     from sam2serve.runtime.modes import get_mode
     from sam2serve.runtime.threads import check_threads
 
     predictor = model_flags.build(args, spec)
+    random_weights = predictor.model.weights_info.is_random
+    if args.task == "amg" and random_weights:
+        params = _keep_all_masks(args, params)
     mode = get_mode(spec.mode)
     generator = mask_generator(predictor, params, mode) if args.task == "amg" else None
     segmenter = Segmenter(args.task, predictor, mode, generator)
@@ -209,9 +264,48 @@ def run_command(args: argparse.Namespace) -> int:
         "runtime": spec.replace(threads=check_threads(spec.threads)).as_dict(),
         "weights": model_flags.weights_record(predictor.model.weights_info),
         "params": _task_params(args.task, params, args.mask_format),
+        "filters": {"min_score": args.min_score, "max_masks": args.max_masks},
         "mask_format": args.mask_format,
     }
-    return _run_images(images, segmenter, prompts, header, out_dir, args.overlay)
+    outputs = Outputs(
+        out_dir,
+        overlay=args.overlay,
+        stamp=RANDOM_WEIGHTS_STAMP if random_weights else None,
+        min_score=args.min_score,
+        max_masks=args.max_masks,
+        coco_path=args.coco,
+        coco=None if args.coco is None else CocoWriter(_coco_info(header, random_weights)),
+    )
+    return _run_images(images, segmenter, prompts, header, outputs)
+
+
+def _keep_all_masks(args: argparse.Namespace, params: Any) -> Any:
+    """Random weights: the quality thresholds the user did not set keep every mask."""
+    changed = {
+        name: value
+        for name, value in RANDOM_WEIGHTS_THRESHOLDS.items()
+        if getattr(args, name) is None
+    }
+    if not changed:
+        return params
+    flags = " ".join(f"--{name.replace('_', '-')} {value:g}" for name, value in changed.items())
+    info_line(
+        f"random weights: amg keeps every mask ({flags}; Meta's defaults would drop them "
+        "all); give these flags to choose other thresholds"
+    )
+    return params.replace(**changed)
+
+
+def _coco_info(header: dict[str, Any], random_weights: bool) -> dict[str, Any]:
+    return coco_info(
+        f"{PROG} run --task {header['task']}",
+        task=header["task"],
+        runtime=header["runtime"],
+        weights=header["weights"],
+        random_weights=random_weights,
+        params=header["params"],
+        filters=header["filters"],
+    )
 
 
 def _task_params(task: str, params: Any, mask_format: str) -> dict[str, Any]:
@@ -220,18 +314,8 @@ def _task_params(task: str, params: Any, mask_format: str) -> dict[str, Any]:
     return {
         "multimask_output": True,
         "selection": "highest predicted_iou of the 3 masks of each prompt",
-        "prompts_per_image": "first point only" if task == "sps" else "every point",
+        "prompts_per_image": "first prompt only" if task == "sps" else "every prompt",
     }
-
-
-def _prepare_out_dir(out: Path) -> Path:
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {str(out)!r} exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create --out directory {str(out)!r}: {exc.strerror}") from None
-    return out
 
 
 # --------------------------------------------------------------------------- one image
@@ -280,7 +364,7 @@ class Segmenter:
     generator: Any = None  # MaskGenerator for amg
 
     def __call__(
-        self, item: ImageInput, source: Any, points: Points | None
+        self, item: ImageInput, source: Any, points: Prompts | None
     ) -> tuple[Any, list[dict[str, Any]], Timings]:
         from sam2serve.engine import tasks
 
@@ -300,10 +384,9 @@ class Segmenter:
 def _run_images(
     images: list[ImageInput],
     segmenter: Segmenter,
-    prompts: dict[str, Points] | None,
+    prompts: dict[str, Prompts] | None,
     header: dict[str, Any],
-    out_dir: Path,
-    overlay: bool,
+    outputs: Outputs,
 ) -> int:
     from tqdm import tqdm
 
@@ -316,6 +399,7 @@ def _run_images(
         try:
             points = _points_for(item, segmenter.task, prompts)
             pixels, records, timings = segmenter(item, item.read(), points)
+            records = outputs.select(records)
             height, width = pixels.shape[:2]
             result = {
                 "image": item.name,
@@ -326,12 +410,7 @@ def _run_images(
                 "timings": timings.as_dict(),
                 "masks": in_mask_format(records, header["mask_format"]),
             }
-            write_json(out_dir / f"{item.stem}{MASKS_SUFFIX}", result)
-            if overlay:
-                from sam2serve.engine.overlay import draw_overlay
-
-                image = draw_overlay(pixels, records, show_points=segmenter.task != "amg")
-                image.save(out_dir / f"{item.stem}{OVERLAY_SUFFIX}")
+            outputs.write(item, pixels, records, result, segmenter.task)
         except ItemFailure as exc:
             failed.append(item.name)
             error_line(f"{exc}; skipped")
@@ -343,11 +422,12 @@ def _run_images(
         done.append(timings)
         progress.set_postfix(masks=len(records), refresh=False)
     progress.close()
-    _print_summary(done, failed, segmenter.task, out_dir)
+    outputs.finish()
+    _print_summary(done, failed, segmenter.task, outputs.out_dir)
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def _points_for(item: ImageInput, task: str, prompts: dict[str, Points] | None) -> Points | None:
+def _points_for(item: ImageInput, task: str, prompts: dict[str, Prompts] | None) -> Prompts | None:
     if task == "amg":
         return None
     assert prompts is not None
@@ -388,53 +468,3 @@ def _print_summary(done: list[Timings], failed: list[str], task: str, out_dir: P
             )
         )
     print("\n".join(lines), file=sys.stderr)
-
-
-# --------------------------------------------------------------------------- JSON output
-
-
-def in_mask_format(records: list[dict[str, Any]], mask_format: str) -> list[dict[str, Any]]:
-    """The records (the engine's tasks give COCO RLE) with each mask in ``mask_format``."""
-    if mask_format == "coco_rle":
-        return records
-    from sam2serve.engine.rle import coco_to_rle
-
-    return [
-        {**record, "segmentation": encode_mask(coco_to_rle(record["segmentation"]), mask_format)}
-        for record in records
-    ]
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write atomically: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(format_json(data), encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def json_safe(value: Any) -> Any:
-    """NaN/inf (an empty mask's 0/0 stability score) become null: JSON has no NaN."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [json_safe(v) for v in value]
-    return value
-
-
-def format_json(data: dict[str, Any]) -> str:
-    """One top-level entry per line, and one line per element of a list of records:
-    easy to read and to diff, and still plain JSON."""
-    data = json_safe(data)
-    entries = []
-    for key, value in data.items():
-        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            text = "[\n" + ",\n".join(f"  {json.dumps(v)}" for v in value) + "\n ]"
-        else:
-            text = json.dumps(value)
-        entries.append(f" {json.dumps(key)}: {text}")
-    return "{\n" + ",\n".join(entries) + "\n}\n"

@@ -4,12 +4,20 @@ Each takes an image (a path, encoded bytes, a PIL image or an array), runs one t
 returns records whose ``segmentation`` is COCO RLE (``{"size": [h, w], "counts": str}``):
 
 - ``amg(generator, image)``: automatic mask generation, Meta's records in Meta's order;
-- ``sps(predictor, image, point)``: single point segmentation, the best of 3 masks;
-- ``mps(predictor, image, points)``: every point its own prompt, the best of 3 each.
+- ``sps(predictor, image, prompt)``: single point segmentation, the best of 3 masks;
+- ``mps(predictor, image, prompts)``: every prompt on its own, the best of 3 each.
+
+A prompt is a click ``[x, y]`` (a foreground point: the experiment's prompts) or an
+object ``{"points": [[x, y], ...], "labels": [1, 0, ...], "box": [x0, y0, x1, y1]}``
+(labels default to 1, the box is optional, so is every point when there is a box). The
+prompts of one image are decoded together: box corners (labels 2 and 3) first, then the
+clicks, each prompt padded to the longest with SAM's "not a point" label -1, as the
+service's /v1/segment does; a list of plain clicks needs no padding.
 
 Point records hold ``segmentation``, ``area``, ``bbox`` (XYWH as Meta writes it),
-``predicted_iou`` and ``point_coords`` (the prompt). The CLI, the benchmark and the server
-all call these, so a task means the same thing everywhere.
+``predicted_iou`` and ``point_coords`` (the prompt's clicks); an object's records add
+``point_labels`` and ``box``. The CLI, the benchmark and the server all call these, so a
+task means the same thing everywhere.
 
 How a task runs follows the execution mode's flags (see :mod:`sam2serve.runtime.modes`;
 any object with the attributes of :class:`TaskFlags` will do, a ``Mode`` included):
@@ -31,7 +39,7 @@ On CUDA the timer synchronises at stage boundaries; without a timer nothing sync
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -58,6 +66,7 @@ __all__ = [
     "encode",
     "mask_generator",
     "mps",
+    "prompt_arrays",
     "prompt_point",
     "prompt_points",
     "records_to_rle",
@@ -69,6 +78,11 @@ TASKS = ("amg", "sps", "mps")
 STAGES = ("decode", "preprocess", "encode", "decode_masks", "postprocess", "rle")
 Record = dict[str, Any]
 Point = Sequence[float]
+# A click [x, y], or an object {"points": [[x, y], ...], "labels": [...], "box": [...]}.
+Prompt = Point | Mapping[str, Any]
+# SAM's label for a padding point, which the prompt encoder embeds as "not a point".
+PADDING_LABEL = -1
+BOX_CORNER_LABELS = (2, 3)
 
 
 class TaskFlags(Protocol):
@@ -274,13 +288,57 @@ def amg(
 # --------------------------------------------------------------------------- sps / mps
 
 
-def _point_tensors(points: Sequence[Point], device: torch.device) -> tuple[torch.Tensor, ...]:
-    coords = torch.as_tensor(np.asarray(points, dtype=np.float32), device=device)
-    if coords.ndim != 2 or coords.shape[1] != 2:
-        raise ValueError(f"points must be a list of [x, y], got shape {tuple(coords.shape)}")
-    coords = coords[:, None, :]  # (B, 1, 2): every point is its own prompt
-    labels = torch.ones(coords.shape[:2], dtype=torch.int32, device=device)
-    return coords, labels
+def _as_object(prompt: Prompt) -> tuple[list[list[float]], list[int], list[float] | None]:
+    """(clicks, labels, box) of a prompt; a bare [x, y] is one foreground click."""
+    if isinstance(prompt, Mapping):
+        points = [[float(x), float(y)] for x, y in prompt.get("points") or []]
+        labels = prompt.get("labels")
+        labels = [1] * len(points) if labels is None else [int(label) for label in labels]
+        if len(labels) != len(points):
+            raise ValueError(f"{len(points)} points but {len(labels)} labels in {prompt!r:.80}")
+        box = prompt.get("box")
+        box = None if box is None else [float(v) for v in box]
+        if not points and box is None:
+            raise ValueError(f"a prompt needs points or a box, got {prompt!r:.80}")
+        return points, labels, box
+    point = [float(v) for v in prompt]
+    if len(point) != 2:
+        raise ValueError(f"a point is [x, y], got {list(prompt)!r:.80}")
+    return [point], [1], None
+
+
+def prompt_arrays(prompts: Sequence[Prompt]) -> tuple[np.ndarray, np.ndarray]:
+    """(B, N, 2) float32 coords in image pixels and (B, N) int32 labels: each prompt's box
+    corners (labels 2, 3) then its clicks, padded to the longest prompt with label -1."""
+    sequences = []
+    for prompt in prompts:
+        points, labels, box = _as_object(prompt)
+        if box is not None:
+            points = [box[:2], box[2:], *points]
+            labels = [*BOX_CORNER_LABELS, *labels]
+        sequences.append((points, labels))
+    longest = max(len(labels) for _, labels in sequences)
+    coords = np.zeros((len(sequences), longest, 2), dtype=np.float32)
+    all_labels = np.full((len(sequences), longest), PADDING_LABEL, dtype=np.int32)
+    for row, (points, labels) in enumerate(sequences):
+        coords[row, : len(points)] = points
+        all_labels[row, : len(labels)] = labels
+    return coords, all_labels
+
+
+def _prompt_tensors(
+    prompts: Sequence[Prompt], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    coords, labels = prompt_arrays(prompts)
+    return torch.as_tensor(coords, device=device), torch.as_tensor(labels, device=device)
+
+
+def _prompt_fields(prompt: Prompt) -> dict[str, Any]:
+    """What a record says about its prompt: the clicks (and an object's labels and box)."""
+    points, labels, box = _as_object(prompt)
+    if not isinstance(prompt, Mapping):
+        return {"point_coords": points}
+    return {"point_coords": points, "point_labels": labels, "box": box}
 
 
 def _best_masks_batched(
@@ -326,15 +384,15 @@ def _best_masks_one_by_one(
 def _point_records(
     predictor: Predictor,
     pixels: np.ndarray,
-    points: Sequence[Point],
+    prompts: Sequence[Prompt],
     flags: TaskFlags,
     timer: StageTimer | None,
     embedding: Embedding | None,
 ) -> list[Record]:
     embedding = _embedding_for(predictor, pixels, embedding, timer)
-    if len(points) == 0:
+    if len(prompts) == 0:
         return []
-    coords, labels = _point_tensors(points, predictor.device)
+    coords, labels = _prompt_tensors(prompts, predictor.device)
     with _stage(timer, "decode_masks"):
         coords = predictor.to_input_frame(coords, embedding.original_size, normalize=True)
     best = _best_masks_batched if flags.batch_prompts else _best_masks_one_by_one
@@ -355,10 +413,10 @@ def _point_records(
             "area": area,
             "bbox": box,
             "predicted_iou": iou,
-            "point_coords": [[float(point[0]), float(point[1])]],
+            **_prompt_fields(prompt),
         }
-        for segmentation, area, box, iou, point in zip(
-            segmentations, areas, boxes, ious, points, strict=True
+        for segmentation, area, box, iou, prompt in zip(
+            segmentations, areas, boxes, ious, prompts, strict=True
         )
     ]
 
@@ -367,31 +425,32 @@ def _point_records(
 def sps(
     predictor: Predictor,
     image: ImageSource,
-    point: Point,
+    prompt: Prompt,
     *,
     flags: TaskFlags = DEFAULT_FLAGS,
     timer: StageTimer | None = None,
     embedding: Embedding | None = None,
 ) -> list[Record]:
-    """Single point segmentation: one record, the best of 3 masks for ``point`` ([x, y]
-    in image pixels)."""
+    """Single point segmentation: one record, the best of 3 masks for ``prompt`` (a click
+    [x, y] in image pixels, or an object with clicks, labels and a box)."""
     pixels = decode(image, timer)
-    return _point_records(predictor, pixels, [point], flags, timer, embedding)
+    return _point_records(predictor, pixels, [prompt], flags, timer, embedding)
 
 
 @torch.inference_mode()
 def mps(
     predictor: Predictor,
     image: ImageSource,
-    points: Sequence[Point],
+    prompts: Sequence[Prompt],
     *,
     flags: TaskFlags = DEFAULT_FLAGS,
     timer: StageTimer | None = None,
     embedding: Embedding | None = None,
 ) -> list[Record]:
-    """Multi point segmentation: one record per point, each point its own prompt."""
+    """Multi point segmentation: one record per prompt (a click or an object), all of
+    them decoded together."""
     pixels = decode(image, timer)
-    return _point_records(predictor, pixels, list(points), flags, timer, embedding)
+    return _point_records(predictor, pixels, list(prompts), flags, timer, embedding)
 
 
 # --------------------------------------------------------------------------- prompts

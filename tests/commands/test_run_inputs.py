@@ -154,3 +154,99 @@ def test_image_errors_name_the_file_without_python_reprs(tmp_path, data):
     message = str(failure.value)
     assert "'" + str(path) + "'" in message
     assert "<_io" not in message and "object at 0x" not in message
+
+
+# --------------------------------------------------------------------------- object prompts
+
+
+def test_prompts_take_objects_with_boxes_and_negative_points(photo_dir, tmp_path):
+    """Points, objects and the defaults of an object, normalised; the old form unchanged."""
+    path = tmp_path / "prompts.json"
+    path.write_text(
+        json.dumps(
+            {
+                "grey": [
+                    [3, 4],
+                    {"points": [[10, 10], [20, 5]], "labels": [1, 0]},
+                    {"box": [1, 2, 30, 25]},
+                    {"points": [[5, 5]], "box": [0, 0, 40, 30]},
+                ]
+            }
+        )
+    )
+    images = inputs.expand_images([str(photo_dir)])
+    prompts = inputs.match_prompts(inputs.load_prompts(path), images, path)
+    assert prompts == {
+        "grey.png": [
+            [3.0, 4.0],
+            {"points": [[10.0, 10.0], [20.0, 5.0]], "labels": [1, 0], "box": None},
+            {"points": [], "labels": [], "box": [1.0, 2.0, 30.0, 25.0]},
+            {"points": [[5.0, 5.0]], "labels": [1], "box": [0.0, 0.0, 40.0, 30.0]},
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    ("entry", "fragment"),
+    [
+        ([{"points": [[1, 2]], "labels": [2]}], "image 'grey.png', object 0, labels[0]: a label is 1 (foreground) or 0 (background), got 2"),
+        ([[1, 1], {"points": [[1, 2]], "labels": [True]}], "object 1, labels[0]"),
+        ([{"points": [[1, 2], [3, 4]], "labels": [1]}], "object 0: labels must be a list of one label per point (2), got [1]"),
+        ([{"box": [10, 5, 10, 20]}], "object 0: box [10, 5, 10, 20] is empty: it needs x1 > x0 and y1 > y0"),
+        ([{"box": [10, 5, 20]}], "object 0: box must be [x0, y0, x1, y1] with four finite numbers, got [10, 5, 20]"),
+        ([{"points": [[1, "a"]]}], "object 0, points[0]: expected [x, y]"),
+        ([{}], "object 0: an object needs points or a box"),
+        ([{"point": [[1, 2]]}], "object 0: unknown key 'point'; an object has points, labels, box"),
+        ([{"points": [[1, 2]]}, {"points": [[41, 2]]}], "image 'grey.png', object 1, points[0]: [41, 2] lies outside its 40x30"),
+        ([{"box": [5, 5, 40, 31]}], "object 0: box [5, 5, 40, 31] is not inside its 40x30 pixels"),
+        (["x"], "prompt 0: expected [x, y] or an object"),
+    ],
+)  # fmt: skip
+def test_bad_objects_stop_the_run_naming_the_image_object_and_value(
+    no_model, photo_dir, tmp_path, entry, fragment
+):
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"grey.png": entry}))
+    code, stderr = run_cli(
+        "run", "--task", "mps", photo_dir, "--out", tmp_path / "out", "--prompts", prompts
+    )
+    assert code == EXIT_USAGE
+    assert fragment in one_error(stderr)
+
+
+# --------------------------------------------------------------------------- --coco, filters
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--min-score", "1.5"], "--min-score must be a number in [0, 1] (a predicted IoU), got 1.5"),
+        (["--min-score", "nan"], "--min-score must be a number in [0, 1]"),
+        (["--max-masks", "0"], "--max-masks must be an integer >= 1, got 0"),
+        (["--max-masks", "two"], "argument --max-masks: invalid int value: 'two'"),
+    ],
+)  # fmt: skip
+def test_bad_filters_stop_the_run(no_model, photo_dir, tmp_path, flags, fragment):
+    code, stderr = run_cli("run", "--task", "amg", photo_dir, "--out", tmp_path / "out", *flags)
+    assert code == EXIT_USAGE
+    assert fragment in one_error(stderr)
+
+
+def test_a_coco_file_that_cannot_be_written_stops_the_run(no_model, photo_dir, tmp_path):
+    not_a_dir = tmp_path / "file.txt"
+    not_a_dir.write_text("a file, not a directory")
+    code, stderr = run_cli(
+        "run", "--task", "amg", photo_dir, "--out", tmp_path / "out",
+        "--coco", not_a_dir / "instances.json",
+    )  # fmt: skip
+    assert code == EXIT_USAGE
+    assert f"--coco '{not_a_dir / 'instances.json'}': cannot write in directory" in one_error(
+        stderr
+    )
+    code, stderr = run_cli(
+        "run", "--task", "amg", photo_dir, "--out", tmp_path / "out", "--coco", tmp_path
+    )
+    assert code == EXIT_USAGE and "is a directory; give a file name" in one_error(stderr)
+    # A directory that does not exist yet is made, and the probe file is gone.
+    inputs.check_coco_file(tmp_path / "new" / "c.json")
+    assert list((tmp_path / "new").iterdir()) == []

@@ -207,3 +207,85 @@ def test_a_wrong_embedding_is_refused(predictor, image, embedding):
     with pytest.raises(ValueError, match="embedding is for"):
         tasks.mps(predictor, image[:100], POINTS[:1], embedding=embedding)
     assert torch.is_inference_mode_enabled() is False
+
+
+# --------------------------------------------------------------------------- object prompts
+
+BOX = [120.0, 60.0, 330.0, 260.0]
+OBJECTS = [
+    {"points": [], "labels": [], "box": BOX},  # a box alone
+    {"points": [[200.0, 150.0]], "labels": [0], "box": BOX},  # a box and a negative click
+    {"points": [[200.0, 150.0], [60.0, 40.0]], "labels": [1, 0], "box": None},
+]
+
+
+def best_of_three(predictor, embedding, **prompt) -> tuple[np.ndarray, float]:
+    """The Predictor's own answer for one object: its best mask and score."""
+    one = predictor.predict(embedding, multimask_output=True, **prompt)
+    best = int(one.iou_scores[0].argmax())
+    return one.masks[0, best].numpy(), float(one.iou_scores[0, best])
+
+
+def assert_record_is(record: dict, mask: np.ndarray, score: float) -> None:
+    found = decode_coco(record["segmentation"])
+    assert np.logical_xor(found, mask).sum() <= max(5, mask.sum() // 1000)
+    assert record["predicted_iou"] == pytest.approx(score, abs=1e-4)
+
+
+def test_prompt_arrays_put_box_corners_first_and_pad_with_minus_one():
+    coords, labels = tasks.prompt_arrays([[5, 6], OBJECTS[1], {"box": [1, 2, 3, 4]}])
+    assert coords.dtype == np.float32 and labels.dtype == np.int32
+    np.testing.assert_array_equal(
+        coords, [[[5, 6], [0, 0], [0, 0]], [[120, 60], [330, 260], [200, 150]], [[1, 2], [3, 4], [0, 0]]]
+    )  # fmt: skip
+    np.testing.assert_array_equal(labels, [[1, -1, -1], [2, 3, 0], [2, 3, -1]])
+    coords, labels = tasks.prompt_arrays([[5, 6], [7, 8]])  # clicks alone: no padding
+    assert coords.shape == (2, 1, 2) and labels.tolist() == [[1], [1]]
+
+
+def test_sps_with_an_object_is_the_predictors_box_and_labels(predictor, image, embedding):
+    """Each object alone against Predictor.predict given the box as ``boxes`` (which puts
+    the corners first itself) and the clicks with their labels."""
+    for prompt in OBJECTS:
+        (record,) = tasks.sps(predictor, image, prompt, embedding=embedding)
+        kwargs = {"boxes": prompt["box"]} if prompt["box"] else {}
+        if prompt["points"]:
+            kwargs |= {"point_coords": [prompt["points"]], "point_labels": [prompt["labels"]]}
+        assert_record_is(record, *best_of_three(predictor, embedding, **kwargs))
+        assert record["point_coords"] == prompt["points"]
+        assert record["point_labels"] == prompt["labels"] and record["box"] == prompt["box"]
+
+
+def test_mps_pads_shorter_objects_with_not_a_point(predictor, image, embedding):
+    """Objects of different lengths are decoded together, the shorter padded with SAM's
+    "not a point" (label -1) as the service does: the box-only object is the Predictor's
+    answer for its corners plus one padding point, written out by hand."""
+    records = tasks.mps(predictor, image, OBJECTS, embedding=embedding)
+    assert len(records) == 3
+    padded_box = {"point_coords": [[[120, 60], [330, 260], [0, 0]]], "point_labels": [[2, 3, -1]]}
+    assert_record_is(records[0], *best_of_three(predictor, embedding, **padded_box))
+    (alone,) = tasks.sps(predictor, image, OBJECTS[1], embedding=embedding)  # the longest
+    assert_record_is(records[1], *best_of_three(predictor, embedding, boxes=BOX, point_coords=[[[200, 150]]], point_labels=[[0]]))  # fmt: skip
+    assert records[1]["predicted_iou"] == pytest.approx(alone["predicted_iou"], abs=1e-4)
+    one_by_one = tasks.mps(predictor, image, OBJECTS, flags=REFERENCE_WAY, embedding=embedding)
+    for a, b in zip(one_by_one, records, strict=True):
+        assert a["predicted_iou"] == pytest.approx(b["predicted_iou"], abs=1e-5)
+
+
+def test_point_records_keep_their_form(predictor, image, embedding):
+    """A bare click keeps the original record (no labels, no box); objects add them."""
+    plain, obj = tasks.mps(predictor, image, [POINTS[0], OBJECTS[2]], embedding=embedding)
+    assert set(plain) == {"segmentation", "area", "bbox", "predicted_iou", "point_coords"}
+    assert set(obj) == set(plain) | {"point_labels", "box"}
+    with pytest.raises(ValueError, match="needs points or a box"):
+        tasks.mps(predictor, image, [{"points": []}], embedding=embedding)
+
+
+def test_the_fast_decoder_gives_objects_the_same_masks(predictor, image, embedding):
+    """Padded objects through the fast decoder (enough prompts to use it) as through the
+    reference decoder."""
+    fast = Predictor(predictor.model, decoder="fast", fast_min_prompts=1)
+    prompts = [*OBJECTS, POINTS[0], *OBJECTS]
+    reference = tasks.mps(predictor, image, prompts, embedding=embedding)
+    for a, b in zip(tasks.mps(fast, image, prompts, embedding=embedding), reference, strict=True):
+        assert_record_is(a, decode_coco(b["segmentation"]), b["predicted_iou"])
