@@ -3,8 +3,10 @@
 The embedding cache is keyed by :class:`EmbeddingKey` — the SHA-256 of the uploaded
 image bytes plus the model, mode and dtype that produced the embedding — so an entry can
 only ever be reached by sending the same image to the same model. The ``image_id`` a
-client sends back is that hash, issued by the server: a client cannot choose what an id
-points to, so it cannot poison another client's entry.
+client sends back is that hash (:func:`sam2serve.store.identity.image_id_of`, which the
+persistent store keys by too), issued by the server: a client cannot choose what an id
+points to, so it cannot poison another client's entry. (Behind the cache, the persistent
+store is trusted like the model's weights: whoever may write it chooses its answers.)
 
 Both caches are plain LRUs with a byte budget: reads refresh an entry, inserting past the
 budget evicts the least recently used entries, and an entry larger than the whole budget
@@ -15,7 +17,6 @@ be touched from the event loop and from worker threads alike.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -25,6 +26,18 @@ from typing import Generic, TypeVar
 import torch
 
 from sam2serve.engine.predictor import Embedding
+from sam2serve.store.identity import image_id_of
+
+__all__ = [
+    "ByteLRU",
+    "CacheStats",
+    "EmbeddingCache",
+    "EmbeddingKey",
+    "MaskCache",
+    "StoredMask",
+    "image_id_of",
+    "looks_like_image_id",
+]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -115,11 +128,6 @@ class EmbeddingKey:
     model: str
     mode: str
     dtype: str
-
-
-def image_id_of(data: bytes) -> str:
-    """The id the server issues for an image: the hex SHA-256 of its encoded bytes."""
-    return hashlib.sha256(data).hexdigest()
 
 
 def looks_like_image_id(value: str) -> bool:

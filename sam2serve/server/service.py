@@ -3,8 +3,12 @@
 :class:`Service` owns the model worker (one thread, batched encodes, bounded queue), the
 embedding and mask caches and the metrics. Embeddings are cached by content hash
 (:mod:`sam2serve.server.cache`); concurrent requests for the same uncached image share one
-encode (a :class:`_Flight`). A client that gives up cancels its model jobs; every failure
-a client can see is an :class:`~sam2serve.server.errors.ApiError`.
+encode (a :class:`_Flight`). With a persistent store (``settings.store``,
+:mod:`sam2serve.store`) an embedding comes from memory, else the store, else an encode,
+and every encode is written through to the store before it is answered, so any replica
+that shares the store can answer the image's ``image_id`` without encoding it again. A
+client that gives up cancels its model jobs; every failure a client can see is an
+:class:`~sam2serve.server.errors.ApiError`.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ from sam2serve.server.memory import release_free_memory
 from sam2serve.server.metrics import Metrics
 from sam2serve.server.settings import ServerSettings
 from sam2serve.server.uploads import decode_image
+from sam2serve.store.embedding_store import EmbeddingStore
+from sam2serve.store.identity import StoreIdentity, embedding_dtype, weights_identity
+from sam2serve.store.location import StoreError
 
 log = logging.getLogger("sam2serve.server")
 
@@ -100,10 +107,10 @@ class Service:
         self.predictor = predictor
         self.model_name = predictor.model.config.name
         # What the mode computes in (furious: its reduced precision), else the heads' dtype.
-        runtime_dtype = getattr(predictor.runtime, "dtype", None)
-        self.dtype_name = runtime_dtype or str(predictor.dtype).removeprefix("torch.")
+        self.dtype_name = embedding_dtype(predictor)
         self.metrics = Metrics()
         self.cache = EmbeddingCache(settings.cache_bytes)
+        self.store = self._open_store()
         self.masks = MaskCache(settings.mask_cache_bytes)
         self.worker = ModelWorker(
             predictor,
@@ -169,6 +176,20 @@ class Service:
             log.exception("warm-up failed; /readyz stays 503")
             return
         self._set_ready()
+
+    def _open_store(self) -> EmbeddingStore | None:
+        """The persistent store of ``settings.store`` for this runtime, or None."""
+        if self.settings.store is None:
+            return None
+        weights_info = getattr(self.predictor.model, "weights_info", None)
+        try:
+            weights = weights_identity(weights_info, self.settings.artifacts)
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"store {self.settings.store!r}: {exc}") from None
+        identity = StoreIdentity(
+            self.model_name, self.settings.mode, self.dtype_name, weights, self.settings.store_dtype
+        )
+        return EmbeddingStore(self.settings.store, identity)
 
     def key_for(self, image_id: str) -> EmbeddingKey:
         return EmbeddingKey(image_id, self.model_name, self.settings.mode, self.dtype_name)
@@ -239,8 +260,9 @@ class Service:
             raise ApiError(503, "shutting_down", str(exc)) from None
 
     # ------------------------------------------------------------------ embeddings
-    def cached_image(self, image_id: str) -> ImageState:
-        """The cached embedding of an image_id this server issued, or 404."""
+    async def cached_image(self, image_id: str) -> ImageState:
+        """The embedding of an image_id from the memory cache, else from the store (where
+        another replica or 'sam2serve embed' put it), or 404."""
         if not looks_like_image_id(image_id):
             raise ApiError(
                 422,
@@ -250,14 +272,44 @@ class Service:
             )
         key = self.key_for(image_id)
         embedding = self.cache.get(key)
+        if embedding is None and self.store is not None:
+            embedding = await self._from_store(key)
         if embedding is None:
+            where = "the embedding cache" + (" or the store" if self.store is not None else "")
             raise ApiError(
                 404,
                 "unknown_image_id",
-                f"image_id {image_id!r} is not in the embedding cache (evicted, or never "
+                f"image_id {image_id!r} is not in {where} (evicted, or never "
                 f"issued by this server for model {self.model_name!r}); send the image itself",
             )
         return ImageState(key, embedding, cached=True)
+
+    async def _from_store(self, key: EmbeddingKey) -> Embedding | None:
+        """The stored embedding (then cached in memory), or None: missing, damaged, or the
+        store unreachable (logged; the request goes on as a miss)."""
+        assert self.store is not None
+        started = time.perf_counter()
+        try:
+            embedding = await asyncio.to_thread(self.store.get, key.image_id, self.predictor.device)
+        except OSError:
+            log.warning("cannot read the embedding store; treated as a miss", exc_info=True)
+            return None
+        self.metrics.stage_latency.labels("store_read").observe(time.perf_counter() - started)
+        if embedding is not None:
+            self.cache.put(key, embedding)
+        return embedding
+
+    async def _write_through(self, key: EmbeddingKey, embedding: Embedding) -> None:
+        """Put a new embedding in the store; a failure is logged, never the request's."""
+        if self.store is None:
+            return
+        started = time.perf_counter()
+        try:
+            await asyncio.to_thread(self.store.put, key.image_id, embedding)
+        except Exception:  # the answer is ready; the store is only a cache
+            log.warning("cannot write to the embedding store", exc_info=True)
+            return
+        self.metrics.stage_latency.labels("store_write").observe(time.perf_counter() - started)
 
     async def image_from_bytes(
         self,
@@ -267,7 +319,7 @@ class Service:
         check_size: Callable[[tuple[int, int]], None] | None = None,
     ) -> ImageState:
         """The embedding of an uploaded image: from the cache, from an encode already under
-        way for the same bytes, or from a new (batched) encode.
+        way for the same bytes, from the store, or from a new (batched) encode.
 
         ``pixels``: the image already decoded, if the caller needed it anyway.
         ``check_size(size)``: the request's checks that need the image size, run before
@@ -278,6 +330,11 @@ class Service:
         if embedding is not None:
             return self._checked(ImageState(key, embedding, cached=True), check_size)
         flight = self._flights.get(key)
+        if flight is None and self.store is not None:
+            embedding = await self._from_store(key)
+            if embedding is not None:
+                return self._checked(ImageState(key, embedding, cached=True), check_size)
+            flight = self._flights.get(key)  # one may have started while we read
         if flight is None:
             if pixels is None:
                 pixels = await self.decode(data)
@@ -332,6 +389,9 @@ class Service:
             try:
                 embedding, timing = await asyncio.wrap_future(handle.future)
                 self.cache.put(key, embedding)  # even if every requester has timed out
+                # Stored before it is answered: a replica sharing the store can then serve
+                # the image_id this response gives (a write is ms, an encode seconds).
+                await self._write_through(key, embedding)
                 return embedding, timing
             finally:
                 self._flights.pop(key, None)
@@ -357,7 +417,7 @@ class Service:
                 "part named 'image') or an 'image_id' from a previous response",
             )
         if image_id is not None:
-            return self._checked(self.cached_image(image_id), check_size)
+            return self._checked(await self.cached_image(image_id), check_size)
         assert data is not None
         return await self.image_from_bytes(data, clock, check_size=check_size)
 
