@@ -12,7 +12,17 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from sam2serve.commands import annotate, bench, cluster, export, loadtest, run, serve
+from sam2serve.commands import (
+    annotate,
+    bench,
+    cluster,
+    embed,
+    export,
+    labelstudio,
+    loadtest,
+    run,
+    serve,
+)
 from sam2serve.commands.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -30,7 +40,7 @@ from sam2serve.runtime.threads import set_wait_policy
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # In the order `sam2serve --help` lists them.
-COMMANDS = (run, annotate, bench, export, serve, loadtest, cluster)
+COMMANDS = (run, annotate, embed, bench, export, serve, labelstudio, loadtest, cluster)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,9 +21,12 @@ LAYERS = {
     "samples": 2,
     "engine": 3,
     "runtime": 4,
+    "store": 4.5,  # persistent embeddings (engine's Embedding, runtime identity), under the surfaces
     "server": 5,
     "bench": 5,
+    "compat": 5,  # Meta's image API (SAM2ImagePredictor, ...) over engine and runtime
     "cluster": 6,  # the service's app as a Ray Serve application
+    "labelstudio": 6,  # the service's app as a Label Studio ML backend
     "commands": 7,
     "cli": 7,
     "__main__": 8,
@@ -74,6 +77,9 @@ def test_no_package_imports_a_layer_above_it():
         "sam2serve.runtime.spec",
         "sam2serve.runtime.threads",
         "sam2serve.server.settings",
+        "sam2serve.store.identity",
+        "sam2serve.store.location",
+        "sam2serve.labelstudio.options",
     ],
 )
 def test_vocabulary_modules_import_no_torch(module):

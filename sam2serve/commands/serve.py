@@ -8,11 +8,12 @@ tried before the model loads: a port in use costs no start-up time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import errno
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sam2serve.commands import model as model_flags
@@ -35,6 +36,8 @@ from sam2serve.commands.common import (
     warning_line,
 )
 from sam2serve.server.settings import DEFAULT_API_KEY_ENV, MiB, ServerSettings
+from sam2serve.store.identity import STORE_DTYPES
+from sam2serve.store.location import StoreError, check_location
 
 DEFAULTS = ServerSettings()
 SETTINGS_FIELDS = tuple(f.name for f in dataclasses.fields(ServerSettings))
@@ -52,6 +55,8 @@ multipart file part 'image'):
                        bbox, area, as coco_rle | uncompressed_rle | png_base64 | polygon
   POST /v1/amg         image + AMG parameters -> every mask (the library's AMG records)
   GET  /healthz        alive;  GET /readyz: model loaded and warm;  GET /metrics: Prometheus
+  GET  /               the annotation page (click to segment, AMG, COCO / PNG export);
+                       GET /v1/images lists the --images folder, /v1/images/file?name= reads one
 
 concurrent encodes are batched (--max-batch-size, --max-wait-ms) on one model thread; when
 --max-queue jobs are waiting, new requests get 503 with Retry-After. Client errors are 4xx
@@ -65,6 +70,8 @@ examples:
   {PROG} serve --random-weights                       # smoke run on 127.0.0.1:8000
   {PROG} serve --model base_plus --checkpoint sam2.1_hiera_base_plus.pt --port 9000
   {DEFAULT_API_KEY_ENV}=secret {PROG} serve --host 0.0.0.0   # clients send the key
+  {PROG} serve --random-weights --images photos/      # label photos/ at http://127.0.0.1:8000/
+  {PROG} embed photos/ --store emb/ && {PROG} serve --images photos/ --store emb/
 
   curl -s -F image=@photo.jpg http://127.0.0.1:8000/v1/embeddings
 """
@@ -218,10 +225,39 @@ def add_arguments(parser: CommandParser) -> None:
         help="uvicorn log level (default: %(default)s)",
     )
 
+    page = parser.add_argument_group("annotation page (GET /)")
+    page.add_argument(
+        "--images",
+        dest="images_dir",
+        default=None,
+        metavar="DIR",
+        help="a folder of images the page may browse and open (its jpg jpeg png webp bmp tif "
+        "tiff files, not its subfolders), through GET /v1/images (default: none)",
+    )
+
     for title, flags in SETTING_FLAGS.items():
         group = parser.add_argument_group(title)
         for setting in flags:
             setting.add_to(group)
+
+    store = parser.add_argument_group("embedding store (docs/labelling.md)")
+    store.add_argument(
+        "--store",
+        default=None,
+        metavar="DIR",
+        help=f"a persistent embedding store (a directory or an fsspec URI, e.g. "
+        f"file:///data/emb, s3://bucket/emb with s3fs) behind the memory cache: embeddings "
+        f"come from memory, then the store, then the encoder, and every encode is written to "
+        f"it; fill it ahead of time with '{PROG} embed', share it between replicas "
+        "(default: none)",
+    )
+    store.add_argument(
+        "--store-dtype",
+        choices=STORE_DTYPES,
+        default=DEFAULTS.store_dtype,
+        help="precision of the store's entries; it must match the one 'embed' wrote "
+        "(default: %(default)s)",
+    )
     parser.set_defaults(flags=flag_of(parser))
 
 
@@ -283,9 +319,26 @@ def _bind_message(host: str, port: int, exc: OSError) -> str:
     return f"cannot listen on {where}: {exc.strerror or exc}"
 
 
+@contextlib.contextmanager
+def store_errors_as_usage() -> Iterator[None]:
+    """A store that cannot be opened or used is a usage error naming --store."""
+    try:
+        yield
+    except StoreError as exc:
+        raise UsageError(f"--store: {exc}") from None
+
+
+def check_store(settings: ServerSettings) -> None:
+    """The --store location opens (before the model loads)."""
+    if settings.store is not None:
+        with store_errors_as_usage():
+            check_location(settings.store)
+
+
 def serve_command(args: argparse.Namespace) -> int:
     spec = model_flags.runtime_spec(args)
     settings = settings_from(args)
+    check_store(settings)
     check_address(args.host, args.port)
     if args.host not in LOOPBACK_HOSTS and settings.api_key is None:
         warning_line(
@@ -301,14 +354,15 @@ def serve_command(args: argparse.Namespace) -> int:
     from sam2serve.server.http_server import uvicorn_config
 
     apply_threads(spec.threads)
-    with model_flags.load_errors_as_usage(settings.checkpoint, settings.model):
+    loading = model_flags.load_errors_as_usage(settings.checkpoint, settings.model)
+    with loading, store_errors_as_usage():
         app = create_app(settings)
     info = app.state.service.predictor.model.weights_info
     if info.is_random:
         warning_line(f"serving {info.describe()}")
     info_line(
         f"serving {spec.model} ({spec.label}, {spec.device}) on http://{args.host}:{args.port} "
-        "- API docs at /docs"
+        "- annotation page at /, API docs at /docs"
     )
     config = uvicorn_config(app, settings, args.host, args.port, log_level=args.log_level)
     server = uvicorn.Server(config)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+from sam2serve.store.identity import DEFAULT_STORE_DTYPE, STORE_DTYPES
 
 MiB = 1024 * 1024
 
@@ -90,12 +92,23 @@ class ServerSettings:
     cache_bytes: int = DEFAULT_CACHE_BYTES
     # Byte budget of the store of returned masks' low-res logits (for mask_id refinement).
     mask_cache_bytes: int = DEFAULT_MASK_CACHE_BYTES
+    # The persistent embedding store behind the memory cache (a directory or an fsspec URI,
+    # shared by replicas and filled ahead of time by 'sam2serve embed'): memory -> store ->
+    # encode, every encode written through. None: no store.
+    store: str | None = None
+    # The precision entries are kept in: float32 (exact) or float16 (half the bytes).
+    store_dtype: str = DEFAULT_STORE_DTYPE
 
     # ---- access
     # When set, /v1/* and /metrics need "Authorization: Bearer KEY" or "X-API-Key: KEY".
     api_key: str | None = None
     # Origins allowed by CORS; empty: no CORS headers at all (browsers refuse cross-origin).
     cors_origins: tuple[str, ...] = ()
+
+    # ---- the annotation page
+    # A folder of images the page may browse (GET /v1/images): its image files, not its
+    # subfolders; None: no folder (those endpoints answer 404 "no_image_folder").
+    images_dir: str | None = None
 
     # ---- start-up
     # Run one encode and one decode before /readyz reports ready.
@@ -148,6 +161,19 @@ class ServerSettings:
             raise ValueError(f"max_wait_ms must be a number >= 0, got {self.max_wait_ms!r}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to disable it)")
+        if self.images_dir is not None and not (
+            isinstance(self.images_dir, str) and self.images_dir and os.path.isdir(self.images_dir)
+        ):
+            raise ValueError(f"images_dir must be an existing directory, got {self.images_dir!r}")
+        if self.store is not None and not (isinstance(self.store, str) and self.store.strip()):
+            raise ValueError(
+                f"store must be a directory or an fsspec URI (leave it unset for none), got "
+                f"{self.store!r}"
+            )
+        if self.store_dtype not in STORE_DTYPES:
+            raise ValueError(
+                f"store_dtype must be one of {', '.join(STORE_DTYPES)}, got {self.store_dtype!r}"
+            )
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
 
     def runtime_spec(self) -> RuntimeSpec:

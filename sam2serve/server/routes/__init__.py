@@ -4,6 +4,10 @@
 - segment.py: POST /v1/segment (masks for prompts, the interactive path)
 - amg.py: POST /v1/amg (automatic mask generation, the bulk path)
 - health.py: GET /healthz, /readyz (probes) and /metrics (Prometheus)
+- coco.py: POST /v1/coco (masks a client holds -> a COCO file, by the engine's writer)
+- images.py: GET /v1/images, /v1/images/file (the server's image folder, serve --images)
+- page.py: GET / and /page/<asset> (the annotation page: HTML, ES modules, CSS; open, like
+  /docs, while the API it calls keeps its key)
 - common.py: what the /v1 routes share (router policy, OpenAPI pieces, request steps)
 
 Routes get the app's resources through the dependencies of
@@ -16,9 +20,17 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from sam2serve.server.routes import amg, embeddings, health, segment
+from sam2serve.server.routes import amg, coco, embeddings, health, images, page, segment
 
 # In the order the app includes them (their order in the OpenAPI document).
-ROUTERS: tuple[APIRouter, ...] = (embeddings.router, segment.router, amg.router, health.router)
+ROUTERS: tuple[APIRouter, ...] = (
+    embeddings.router,
+    segment.router,
+    amg.router,
+    coco.router,
+    images.router,
+    health.router,
+    page.router,
+)
 
 __all__ = ["ROUTERS"]

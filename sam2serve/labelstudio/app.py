@@ -1,0 +1,62 @@
+"""The Label Studio ML backend app: the service's app with Label Studio's endpoints added.
+
+``create_labelstudio_app`` builds the service's app (:func:`sam2serve.server.app.create_app`:
+the Service with its embedding cache, batching model worker, limits, metrics and error
+shape; the annotation page and /v1 API stay available) and includes the router of
+:mod:`sam2serve.labelstudio.routes`. So Label Studio's clicks share the cache, the queue
+and the limits with every other client of the same process, and a persistent embedding
+store, once the Service reads one, serves Label Studio too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx
+from fastapi import FastAPI
+
+from sam2serve.engine.predictor import Predictor
+from sam2serve.labelstudio.images import ImageFetcher
+from sam2serve.labelstudio.options import LabelStudioOptions
+from sam2serve.labelstudio.predict import LabelStudioBackend
+from sam2serve.labelstudio.routes import router
+from sam2serve.server.app import create_app
+from sam2serve.server.settings import ServerSettings
+
+
+def create_labelstudio_app(
+    settings: ServerSettings,
+    options: LabelStudioOptions,
+    predictor: Predictor | None = None,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> FastAPI:
+    """The service's app for ``settings`` plus Label Studio's endpoints; loads the model
+    unless a ``predictor`` is given. ``transport``: the HTTP transport that fetches images
+    (tests hand in a mock)."""
+    app = create_app(settings, predictor)
+    fetcher = ImageFetcher(
+        max_bytes=settings.max_upload_bytes,
+        timeout_s=options.fetch_timeout_s,
+        local_roots=options.local_roots,
+        transport=transport,
+    )
+    app.state.labelstudio = LabelStudioBackend(options, fetcher)
+    app.include_router(router)
+
+    service_lifespan = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with service_lifespan(app):
+            try:
+                yield
+            finally:
+                await fetcher.aclose()
+
+    app.router.lifespan_context = lifespan
+    return app
+
+
+__all__ = ["create_labelstudio_app"]

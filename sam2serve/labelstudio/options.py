@@ -1,0 +1,96 @@
+"""What the Label Studio backend needs beyond the service's settings, checked once.
+
+Torch-free, so ``sam2serve labelstudio`` checks its flags before anything heavy loads.
+The service's own settings (model, limits, caches) stay in
+:class:`~sam2serve.server.settings.ServerSettings`; these are only what is particular to
+answering Label Studio: where its files are, and what a task without a click gets.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+# What a task gets when Label Studio asks for predictions without an interaction (the
+# "retrieve predictions" action, or a task opened with pre-labelling on).
+PREANNOTATE_MODES = {
+    "center": "one mask from a positive click at the image centre (one encode and one "
+    "decode per task: cheap, and it leaves the task's embedding cached for the clicks that "
+    "follow)",
+    "amg": "automatic mask generation: every object, one brush region each (one encode and "
+    "a 32x32 grid of clicks per task: slow on a CPU)",
+    "none": "no regions: an empty prediction (the image is still fetched and encoded, so "
+    "the embedding is cached for the clicks that follow)",
+}
+DEFAULT_PREANNOTATE = "center"
+DEFAULT_URL_ENV = "LABEL_STUDIO_URL"
+DEFAULT_KEY_ENV = "LABEL_STUDIO_API_KEY"
+
+
+@dataclass(frozen=True)
+class LabelStudioOptions:
+    """How the backend reaches Label Studio's files and what pre-annotation does."""
+
+    # Label Studio's address, for the task URLs it gives relative to itself
+    # (/data/upload/..., /data/local-files/?d=...). None: the hostname Label Studio sent in
+    # /setup for the project.
+    url: str | None = None
+    # A Label Studio access token (legacy token or personal access token) to read those
+    # files. None: the project owner's token Label Studio sent in /setup.
+    api_key: str | None = None
+    # Folders whose files a task may name by local path (absolute, or file://); none: a
+    # local path is refused (a remote caller must not read this machine's files).
+    local_roots: tuple[str, ...] = ()
+    preannotate: str = DEFAULT_PREANNOTATE
+    # Seconds one image download may take.
+    fetch_timeout_s: float = 30.0
+    # Tasks of one /predict request worked on at once (fetch, encode, decode); the model
+    # worker batches their encodes.
+    max_concurrent_tasks: int = 4
+
+    def __post_init__(self) -> None:
+        if self.url is not None:
+            parts = urlsplit(self.url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ValueError(
+                    f"url: expected Label Studio's address as http(s)://HOST[:PORT], got "
+                    f"{self.url!r}"
+                )
+            object.__setattr__(self, "url", self.url.rstrip("/"))
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be empty (leave it unset to use /setup's token)")
+        roots = tuple(os.path.realpath(root) for root in self.local_roots)
+        for given, root in zip(self.local_roots, roots, strict=True):
+            if not os.path.isdir(root):
+                raise ValueError(f"local_roots: {given!r} is not an existing directory")
+        object.__setattr__(self, "local_roots", roots)
+        if self.preannotate not in PREANNOTATE_MODES:
+            raise ValueError(
+                f"preannotate: expected one of {', '.join(PREANNOTATE_MODES)}, got "
+                f"{self.preannotate!r}"
+            )
+        if not (
+            isinstance(self.fetch_timeout_s, (int, float))
+            and math.isfinite(self.fetch_timeout_s)
+            and self.fetch_timeout_s > 0
+        ):
+            raise ValueError(f"fetch_timeout_s must be a number > 0, got {self.fetch_timeout_s!r}")
+        if (
+            isinstance(self.max_concurrent_tasks, bool)
+            or not isinstance(self.max_concurrent_tasks, int)
+            or self.max_concurrent_tasks < 1
+        ):
+            raise ValueError(
+                f"max_concurrent_tasks must be an integer >= 1, got {self.max_concurrent_tasks!r}"
+            )
+
+
+__all__ = [
+    "DEFAULT_KEY_ENV",
+    "DEFAULT_PREANNOTATE",
+    "DEFAULT_URL_ENV",
+    "PREANNOTATE_MODES",
+    "LabelStudioOptions",
+]

@@ -1,0 +1,273 @@
+"""From Label Studio's /predict request to brush regions, on the service's engine.
+
+Every model step goes through the app's :class:`~sam2serve.server.service.Service`: the
+image's embedding comes from its cache (by content hash; concurrent tasks' encodes are
+batched by its model worker, and the same image asked twice is encoded once), clicks are
+decoded as one interactive model job, automatic mask generation runs as a bulk job that
+yields to clicks. The backend itself keeps no per-request state; what it remembers is
+what Label Studio's /setup told it about each project (its address and a token).
+
+Two kinds of request:
+
+- interactive (``params.context`` has clicks or a box): the prompt's mask, one brush
+  region with the model's score. A single click is ambiguous, so it is decoded with SAM's
+  three candidates and the best-scored one answers; more clicks or a box give one mask.
+- pre-annotation (no ``context``): what ``--preannotate`` says for every task (a centre
+  click, AMG, or nothing). Whatever it is, each task's image is fetched and encoded, so
+  its embedding is cached for the clicks that follow.
+
+A request for one task fails with its error (a 4xx naming the task and the reason); in a
+request for several tasks (Label Studio pre-annotating a project), a task that fails is
+logged and gets an empty prediction, so one broken image does not lose the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import secrets
+from typing import Any
+
+from sam2serve.engine.amg import MaskGenerator
+from sam2serve.engine.amg_params import AMGParams
+from sam2serve.engine.rle import Rle, rle_to_mask
+from sam2serve.labelstudio.brush import mask_to_brush_rle
+from sam2serve.labelstudio.context import ClickPrompt, prompt_from_context
+from sam2serve.labelstudio.images import ImageFetcher, LabelStudioAccess
+from sam2serve.labelstudio.label_config import (
+    ControlTag,
+    LabelConfig,
+    LabelConfigError,
+    parse_label_config,
+)
+from sam2serve.labelstudio.options import LabelStudioOptions
+from sam2serve.labelstudio.protocol import (
+    Prediction,
+    PredictRequest,
+    PredictResponse,
+    SetupRequest,
+    SetupResponse,
+    Task,
+    project_id,
+)
+from sam2serve.server.batching import JobContext
+from sam2serve.server.errors import ApiError
+from sam2serve.server.prompts import DecodedMasks, decode_objects
+from sam2serve.server.schemas import ObjectPrompt, Point
+from sam2serve.server.service import ImageState, RequestClock, Service
+
+log = logging.getLogger("sam2serve.labelstudio")
+
+
+class LabelStudioBackend:
+    """Answers Label Studio's ML backend calls with the service's model."""
+
+    def __init__(self, options: LabelStudioOptions, fetcher: ImageFetcher) -> None:
+        self.options = options
+        self.fetcher = fetcher
+        # What /setup said per project id: Label Studio's address and the owner's token.
+        self._setup_access: dict[str, LabelStudioAccess] = {}
+
+    # ------------------------------------------------------------------ /setup
+    def model_version(self, service: Service) -> str:
+        """Names the answers: model, mode and weights. Label Studio skips tasks that already
+        have a prediction of the current version, so other weights predict anew."""
+        weights = service.weights
+        if weights.get("file"):
+            identity = str(weights["file"]).rsplit(".", 1)[0]
+        elif weights.get("source") == "random":
+            identity = f"random-seed{weights.get('seed')}"
+        else:
+            identity = str(weights.get("source"))
+        return f"sam2serve-{service.model_name}-{service.settings.mode}-{identity}"
+
+    def setup(self, body: SetupRequest, service: Service) -> SetupResponse:
+        """Remember the project's address and token; check its config when it is sent."""
+        if body.schema_:
+            _config(body.schema_)
+        key = project_id(body.project)
+        if key is not None and (body.hostname or body.access_token):
+            self._setup_access[key] = LabelStudioAccess(
+                body.hostname.rstrip("/") if body.hostname else None, body.access_token or None
+            )
+        return SetupResponse(model_version=self.model_version(service))
+
+    def access_for(self, project: str | None) -> LabelStudioAccess:
+        """The backend's own address and token first, then what /setup sent."""
+        own = LabelStudioAccess(self.options.url, self.options.api_key)
+        key = project_id(project)
+        return own.over(self._setup_access.get(key, LabelStudioAccess())) if key else own
+
+    # ------------------------------------------------------------------ /predict
+    async def predict(self, body: PredictRequest, service: Service, client: str) -> PredictResponse:
+        config = _config(body.label_config)
+        context = body.params.context
+        prompt = prompt_from_context(context) if context is not None else None
+        if prompt is not None and len(prompt.points) > service.settings.max_points_per_object:
+            raise ApiError(
+                422,
+                "too_many_prompts",
+                f"context.result: {len(prompt.points)} clicks; at most "
+                f"{service.settings.max_points_per_object} per object (max_points_per_object)",
+            )
+        if context is not None and prompt is None:
+            mode = "empty"  # an interaction without clicks (all removed): nothing to show
+        else:
+            mode = "click" if prompt is not None else self.options.preannotate
+        version = self.model_version(service)
+        access = self.access_for(body.project)
+        limit = asyncio.Semaphore(self.options.max_concurrent_tasks)
+        alone = len(body.tasks) == 1
+
+        async def one(index: int, task: Task) -> Prediction:
+            async with limit:
+                try:
+                    regions = await self._task_regions(
+                        task, index, config, prompt, mode, service, access
+                    )
+                except ApiError as exc:
+                    if alone:
+                        raise
+                    log.warning("task %s: no prediction: %s", task.id, exc.message)
+                    regions = []
+            scores = [r["score"] for r in regions]
+            score = sum(scores) / len(scores) if scores else None
+            return Prediction(result=regions, score=score, model_version=version)
+
+        with self._bulk_slot(mode, service, client):
+            predictions = await asyncio.gather(*(one(i, t) for i, t in enumerate(body.tasks)))
+        return PredictResponse(results=list(predictions), model_version=version)
+
+    @staticmethod
+    def _bulk_slot(mode: str, service: Service, client: str) -> contextlib.AbstractContextManager:
+        """AMG holds one of the client's bulk slots, as /v1/amg does."""
+        return service.bulk_slot(client) if mode == "amg" else contextlib.nullcontext()
+
+    async def _task_regions(
+        self,
+        task: Task,
+        index: int,
+        config: LabelConfig,
+        prompt: ClickPrompt | None,
+        mode: str,
+        service: Service,
+        access: LabelStudioAccess,
+    ) -> list[dict[str, Any]]:
+        if mode == "empty":
+            return []
+        where = f"tasks[{index}]" + (f" (task {task.id})" if task.id is not None else "")
+        wanted_image = prompt.image_name if prompt is not None else None
+        try:
+            brush = config.brush_for(wanted_image)
+        except LabelConfigError as exc:
+            raise ApiError(422, "invalid_label_config", str(exc)) from None
+        image_name = config.image_of(brush, wanted_image)
+        field = config.images[image_name]
+        if field not in task.data:
+            fields = ", ".join(sorted(map(str, task.data))[:10]) or "none"
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"{where}.data: no field {field!r} (the Image tag {image_name!r} shows "
+                f"${field}); the task's fields: {fields}",
+            )
+        data = await self.fetcher.fetch(task.data[field], access, f"{where}.data.{field}")
+        clock = RequestClock()
+        draw = _RegionMaker(
+            brush, image_name, config.label_for(brush, prompt.label if prompt else None)
+        )
+        if mode == "amg":
+            pixels = await service.decode(data)
+            image = await service.image_from_bytes(data, clock, pixels)
+            records = await _amg(service, image, pixels, clock)
+            return await asyncio.to_thread(
+                lambda: [draw.region(r["segmentation"], r["predicted_iou"]) for r in records]
+            )
+        image = await service.image_from_bytes(data, clock)
+        height, width = image.size
+        if mode == "click":
+            assert prompt is not None
+            obj, multimask = prompt.in_pixels(width, height), prompt.single_click
+        elif mode == "center":
+            obj, multimask = ObjectPrompt(points=[Point(x=width / 2, y=height / 2)]), True
+        else:
+            return []
+        rle, score = await _best_mask(service, image, obj, multimask, clock)
+        return [await asyncio.to_thread(draw.region, rle, score)]
+
+
+class _RegionMaker:
+    """Brush regions of one tag, image and label (made off the event loop: encoding is a
+    pass over the whole image)."""
+
+    def __init__(self, brush: ControlTag, image_name: str, label: str) -> None:
+        self.brush, self.image_name, self.label = brush, image_name, label
+
+    def region(self, rle: Rle, score: float) -> dict[str, Any]:
+        mask = rle_to_mask(rle)
+        height, width = mask.shape
+        return {
+            "id": secrets.token_hex(5),
+            "from_name": self.brush.name,
+            "to_name": self.image_name,
+            "type": "brushlabels",
+            "original_width": width,
+            "original_height": height,
+            "image_rotation": 0,
+            "value": {
+                "format": "rle",
+                "rle": mask_to_brush_rle(mask),
+                "brushlabels": [self.label],
+            },
+            "score": float(score),
+            "readonly": False,
+        }
+
+
+async def _best_mask(
+    service: Service, image: ImageState, obj: ObjectPrompt, multimask: bool, clock: RequestClock
+) -> tuple[Rle, float]:
+    """The prompt's mask (the best-scored of SAM's three for a single click)."""
+
+    def run(context: JobContext) -> DecodedMasks:
+        return decode_objects(
+            service.predictor, image.embedding, [obj], [None], multimask, check=context.check
+        )
+
+    decoded = await service.run_job("decode", run, clock)
+    scores = decoded.scores[0]
+    best = max(range(len(scores)), key=scores.__getitem__)
+    return decoded.rles[0][best], scores[best]
+
+
+async def _amg(
+    service: Service, image: ImageState, pixels: Any, clock: RequestClock
+) -> list[dict[str, Any]]:
+    """Every object of the image (AMG with Meta's defaults), as the service's bulk job."""
+    params = AMGParams.from_dict({"output_mode": "uncompressed_rle"})
+    generator = MaskGenerator(service.predictor, params)
+
+    def run(context: JobContext) -> list[dict[str, Any]]:
+        return generator.generate(
+            pixels, embedding=image.embedding, progress=lambda done, total: context.check()
+        )
+
+    records: list[dict[str, Any]] = await service.run_job("amg", run, clock, bulk=True)
+    return sorted(records, key=lambda r: -r["area"])
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed(xml: str) -> LabelConfig:
+    return parse_label_config(xml)
+
+
+def _config(xml: str) -> LabelConfig:
+    try:
+        return _parsed(xml)
+    except LabelConfigError as exc:
+        raise ApiError(422, "invalid_label_config", str(exc)) from None
+
+
+__all__ = ["LabelStudioBackend"]

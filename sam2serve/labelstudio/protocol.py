@@ -1,0 +1,152 @@
+"""Label Studio's ML backend protocol: the bodies it sends and the answers it reads.
+
+Label Studio (``label_studio/ml/api_connector.py``) calls, on the backend's URL:
+
+- ``GET /health``: is it up (1 s timeout);
+- ``POST /setup`` ``{project, schema, hostname, access_token, extra_params}``: on connect
+  and before predictions; answered with ``{model_version}`` (3 s timeout);
+- ``POST /predict`` ``{tasks, project, label_config, params: {login, password, context}}``:
+  ``context`` is the annotator's interaction (``{"result": [regions]}``) for interactive
+  pre-annotation, absent when Label Studio pre-annotates tasks; answered with
+  ``{results: [one prediction per task], model_version}``, a prediction being
+  ``{result: [regions], score, model_version}``;
+- ``GET /versions``, ``POST /webhook``.
+
+Label Studio adds fields of its own to all of these; the models accept and ignore them.
+A region's coordinates are percentages of the image's width and height.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Open(BaseModel):
+    """A body part Label Studio may extend: unknown fields are kept, not refused."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class RegionValue(_Open):
+    """Where a region is, in percent of the image, and its labels."""
+
+    x: float = Field(description="Left (rectangle) or position (keypoint), % of width.")
+    y: float = Field(description="Top (rectangle) or position (keypoint), % of height.")
+    width: float | None = Field(None, description="Rectangle width, % of image width.")
+    height: float | None = Field(None, description="Rectangle height, % of image height.")
+    rotation: float = Field(0.0, description="Rectangle rotation in degrees (must be 0).")
+    keypointlabels: list[str] | None = None
+    rectanglelabels: list[str] | None = None
+    labels: list[str] | None = Field(
+        None, description="The label names Label Studio's smart tools add to their regions."
+    )
+
+    @field_validator("x", "y", "width", "height", "rotation")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+
+class ContextRegion(_Open):
+    """One region of the annotator's interaction: a click or a box."""
+
+    type: str = Field(description="keypointlabels, keypoint, rectanglelabels or rectangle.")
+    value: RegionValue
+    is_positive: bool | None = Field(
+        None, description="Keypoints: true for a positive click, false for a negative one."
+    )
+    from_name: str | None = None
+    to_name: str | None = Field(None, description="The Image tag the region is on.")
+    original_width: int | None = None
+    original_height: int | None = None
+    image_rotation: float = 0.0
+
+
+class Context(_Open):
+    result: list[ContextRegion] = Field(default_factory=list)
+
+
+class PredictParams(_Open):
+    context: Context | None = None
+
+
+class Task(_Open):
+    id: int | None = None
+    data: dict[str, Any] = Field(description="The task's data; the image URL is one field.")
+
+
+class PredictRequest(_Open):
+    tasks: list[Task] = Field(min_length=1)
+    project: str | None = Field(None, description="'<project id>.<created timestamp>'.")
+    label_config: str = Field(min_length=1, description="The project's labelling config.")
+    params: PredictParams = Field(default_factory=PredictParams)
+
+    @field_validator("project", mode="before")
+    @classmethod
+    def _project_as_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) else value
+
+
+class SetupRequest(_Open):
+    project: str | None = None
+    schema_: str | None = Field(None, alias="schema", description="The labelling config.")
+    hostname: str | None = Field(None, description="Label Studio's address, for its files.")
+    access_token: str | None = Field(None, description="A token to read Label Studio's files.")
+
+    @field_validator("project", mode="before")
+    @classmethod
+    def _project_as_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) else value
+
+
+class Prediction(BaseModel):
+    result: list[dict[str, Any]] = Field(description="Regions, in Label Studio's format.")
+    score: float | None = Field(None, description="Mean score of the regions.")
+    model_version: str
+
+
+class PredictResponse(BaseModel):
+    results: list[Prediction] = Field(description="One prediction per task, in order.")
+    model_version: str
+
+
+class SetupResponse(BaseModel):
+    model_version: str
+
+
+class HealthResponse(BaseModel):
+    status: str = Field("UP", description="Always 'UP' when the process answers.")
+    model_class: str = "sam2serve"
+    model_version: str
+    ready: bool = Field(description="The model is loaded and warmed up.")
+
+
+class VersionsResponse(BaseModel):
+    versions: list[str]
+
+
+def project_id(project: str | None) -> str | None:
+    """Label Studio's project id from its ``'<id>.<timestamp>'`` uid."""
+    return None if project is None else project.split(".", 1)[0]
+
+
+__all__ = [
+    "Context",
+    "ContextRegion",
+    "HealthResponse",
+    "PredictParams",
+    "PredictRequest",
+    "PredictResponse",
+    "Prediction",
+    "RegionValue",
+    "SetupRequest",
+    "SetupResponse",
+    "Task",
+    "VersionsResponse",
+    "project_id",
+]

@@ -1,0 +1,241 @@
+"""POST /v1/coco: masks a client holds -> one COCO instances file, by the engine's writer.
+
+The annotation page's export: its accepted objects (masks it received, merged or edited,
+as RLE) go in with their names, and the COCO file comes back, written by
+:class:`~sam2serve.engine.coco.CocoWriter`, the writer of ``sam2serve run --coco``, so
+both exports are the same format (compressed RLE, COCO's bbox, area, score, iscrowd 0).
+Each distinct object name is a category, in order of first appearance.
+
+No model work: the masks are checked (size, runs that cover the image exactly, the
+server's ``max_pixels``) and re-encoded off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Any
+
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from sam2serve.engine.coco import CocoWriter, coco_info
+from sam2serve.server.dependencies import ServiceDep, SettingsDep
+from sam2serve.server.errors import ApiError
+from sam2serve.server.request_body import JSON_MEDIA
+from sam2serve.server.routes.common import read_body, v1_router
+from sam2serve.server.settings import ServerSettings
+
+MAX_IMAGES = 256
+MAX_OBJECTS_PER_IMAGE = 4096
+MAX_SIDE = 1_000_000
+DEFAULT_CATEGORY_NAME = "object"
+
+router = v1_router()
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+Side = Annotated[int, Field(ge=1, le=MAX_SIDE)]
+
+
+class RleIn(_Strict):
+    """A mask as run lengths, column-major, starting with a run of zeros: COCO's compressed
+    string (``counts`` a str, as pycocotools writes it) or the runs themselves."""
+
+    size: list[Side] = Field(min_length=2, max_length=2, description="[height, width]")
+    counts: str | list[Annotated[int, Field(ge=0, le=2**40)]] = Field(
+        description="pycocotools' compressed string, or the run lengths (summing to h*w)"
+    )
+
+
+class CocoObjectIn(_Strict):
+    name: str = Field(
+        DEFAULT_CATEGORY_NAME,
+        min_length=1,
+        max_length=200,
+        description="The object's name: its category (objects of one name share one).",
+    )
+    segmentation: RleIn = Field(description="The mask, the size of the image.")
+    score: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        description="The model's predicted IoU of the mask, if any (a merged mask has none).",
+    )
+
+
+class CocoImageIn(_Strict):
+    file_name: str = Field(min_length=1, max_length=1024, description="The image's file name.")
+    width: Side = Field(description="Image width in pixels.")
+    height: Side = Field(description="Image height in pixels.")
+    objects: list[CocoObjectIn] = Field(
+        default_factory=list,
+        max_length=MAX_OBJECTS_PER_IMAGE,
+        description="The image's objects, in annotation order.",
+    )
+
+
+class CocoRequest(_Strict):
+    """Images and their masks, to be written as one COCO instances file."""
+
+    images: list[CocoImageIn] = Field(min_length=1, max_length=MAX_IMAGES)
+    description: str = Field(
+        "annotated with the sam2serve page", max_length=1000, description="COCO info.description."
+    )
+
+
+class CocoImageOut(BaseModel):
+    id: int
+    file_name: str
+    width: int
+    height: int
+
+
+class CocoRleOut(BaseModel):
+    size: list[int] = Field(description="[height, width]")
+    counts: str = Field(description="pycocotools' compressed run-length string")
+
+
+class CocoAnnotation(BaseModel):
+    id: int
+    image_id: int
+    category_id: int
+    segmentation: CocoRleOut
+    area: int = Field(description="Pixels in the mask.")
+    bbox: list[float] = Field(description="[x, y, width, height], as pycocotools' toBbox.")
+    iscrowd: int
+    score: float | None = Field(None, description="Predicted IoU, when the mask has one.")
+
+
+class CocoCategory(BaseModel):
+    id: int
+    name: str
+    supercategory: str
+
+
+class CocoFile(BaseModel):
+    """A COCO instances file (pycocotools.coco.COCO loads it)."""
+
+    info: dict[str, Any]
+    licenses: list[Any]
+    images: list[CocoImageOut]
+    annotations: list[CocoAnnotation]
+    categories: list[CocoCategory]
+
+
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema with its definitions inlined: the body is read by hand, so
+    FastAPI does not add its models to the document's components."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return inline(
+                    {
+                        **definitions[ref.removeprefix("#/$defs/")],
+                        **{k: v for k, v in node.items() if k != "$ref"},
+                    }
+                )
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return inline(schema)
+
+
+@router.post(
+    "/coco",
+    response_model=CocoFile,
+    summary="A COCO instances file of the masks sent (the annotation page's export)",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {JSON_MEDIA: {"schema": inline_schema(CocoRequest)}},
+        }
+    },
+)
+async def coco(request: Request, service: ServiceDep, settings: SettingsDep) -> Response:
+    body, image = await read_body(request, CocoRequest, service)
+    if image is not None:
+        raise ApiError(422, "invalid_request", "image: /v1/coco takes masks, not an image")
+    dataset = await asyncio.to_thread(build_dataset, body, settings)
+    # The writer's own dict (an annotation without a score has no "score" key).
+    return Response(json.dumps(dataset, allow_nan=False), media_type=JSON_MEDIA)
+
+
+def build_dataset(body: CocoRequest, settings: ServerSettings) -> dict[str, Any]:
+    """(In a worker thread.) The COCO dict of the request, or a 422 naming the bad mask."""
+    names: dict[str, int] = {}
+    for image in body.images:
+        for obj in image.objects:
+            names.setdefault(obj.name, len(names) + 1)
+    categories = [
+        {"id": index, "name": name, "supercategory": DEFAULT_CATEGORY_NAME}
+        for name, index in (names or {DEFAULT_CATEGORY_NAME: 1}).items()
+    ]
+    writer = CocoWriter(coco_info(body.description), categories)
+    for i, image in enumerate(body.images):
+        where = f"images[{i}]"
+        if image.width * image.height > settings.max_pixels:
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"{where}: {image.width}x{image.height} pixels; the limit is "
+                f"{settings.max_pixels} (max_pixels)",
+            )
+        records = [
+            {
+                "segmentation": checked_rle(obj.segmentation, image, f"{where}.objects[{j}]"),
+                "score": obj.score,
+            }
+            for j, obj in enumerate(image.objects)
+        ]
+        try:
+            writer.add_image(image.file_name, image.width, image.height, records)
+        except ValueError as exc:
+            raise ApiError(422, "invalid_request", f"{where}: {exc}") from None
+        # The writer gives every annotation its first category; each object has its name's.
+        first = len(writer.annotations) - len(image.objects)
+        for annotation, obj in zip(writer.annotations[first:], image.objects, strict=True):
+            annotation["category_id"] = names[obj.name]
+    return writer.dataset()
+
+
+def checked_rle(rle: RleIn, image: CocoImageIn, where: str) -> dict[str, Any]:
+    """The mask as the engine's uncompressed RLE: the image's size, runs >= 0 that cover
+    exactly height x width pixels (422 naming ``where`` otherwise)."""
+    height, width = rle.size
+    if (height, width) != (image.height, image.width):
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"{where}.segmentation.size: {rle.size} is not the image's [height, width] "
+            f"{[image.height, image.width]}",
+        )
+    if isinstance(rle.counts, str):
+        from sam2serve.engine.rle import coco_to_rle
+
+        try:
+            counts = coco_to_rle({"size": [height, width], "counts": rle.counts})["counts"]
+        except (ValueError, TypeError, UnicodeError) as exc:
+            raise ApiError(422, "invalid_request", f"{where}.segmentation.counts: {exc}") from None
+    else:
+        counts = list(rle.counts)
+    if any(run < 0 for run in counts) or sum(counts) != height * width:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"{where}.segmentation.counts: the runs must be >= 0 and cover the "
+            f"{height}x{width} image exactly ({height * width} pixels)",
+        )
+    return {"size": [height, width], "counts": counts}
+
+
+__all__ = ["CocoFile", "CocoRequest", "build_dataset", "router"]
