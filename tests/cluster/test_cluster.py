@@ -35,7 +35,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _config(artifacts_uri: str, cache: str, port: int) -> dict:
+def _config(artifacts_uri: str, cache: str, port: int, store: str) -> dict:
     return {
         "http_options": {"host": "127.0.0.1", "port": port},
         "applications": [
@@ -48,7 +48,8 @@ def _config(artifacts_uri: str, cache: str, port: int) -> dict:
                     "mode": "fast",
                     "artifacts": artifacts_uri,
                     "artifacts_cache": cache,
-                    "server": {"max_batch_size": 2},
+                    # One embedding store for both replicas (sam2serve.store).
+                    "server": {"max_batch_size": 2, "store": store},
                 },
                 "deployments": [
                     {
@@ -97,7 +98,8 @@ def cluster(exported_artifacts, tmp_path_factory):
     port = _free_port()
     uri = exported_artifacts.resolve().as_uri()  # fsspec: every replica copies/verifies
     cache = str(tmp_path_factory.mktemp("replica_cache"))
-    config = parse_config(_config(uri, cache, port))
+    store = tmp_path_factory.mktemp("store").resolve().as_uri()  # an fsspec URI
+    config = parse_config(_config(uri, cache, port, store))
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options=config.http_options)
@@ -142,6 +144,38 @@ def from_replica(client: httpx.Client, url: str, replica: str) -> httpx.Response
         if answer.headers[REPLICA_HEADER] == replica:
             return answer
     raise AssertionError(f"replica {replica} never answered {url}")
+
+
+def test_a_click_is_answered_by_a_replica_that_never_saw_the_image(cluster):
+    """The replicas share one embedding store: an image encoded by one replica is answered
+    by the other from its image_id alone (the request carries no image, so it cannot be
+    encoded there: without the store the answer would be 404 unknown_image_id)."""
+    data = png(700, side=112)
+    with httpx.Client(timeout=120) as client:
+        upload = client.post(
+            cluster["url"] + "/v1/embeddings", json={"image": base64.b64encode(data).decode()}
+        )
+        assert upload.status_code == 200, upload.text
+        encoder = upload.headers[REPLICA_HEADER]
+        click = {
+            "image_id": upload.json()["image_id"],
+            "objects": [{"points": [{"x": 40, "y": 40}]}],
+            "multimask_output": False,
+        }
+        answers = {}
+        for _ in range(60):  # no routing header: Ray's router picks a replica per request
+            answer = client.post(cluster["url"] + "/v1/segment", json=click)
+            assert answer.status_code == 200, answer.text
+            answers[answer.headers[REPLICA_HEADER]] = answer.json()
+            if len(answers) == 2:
+                break
+    assert encoder in answers and len(answers) == 2, sorted(answers)
+    (other,) = set(answers) - {encoder}
+    masks = {
+        replica: [(m["segmentation"], m["area"]) for m in answer["objects"][0]["masks"]]
+        for replica, answer in answers.items()
+    }
+    assert masks[other] == masks[encoder]  # the same embedding, so the same mask
 
 
 def test_no_request_is_lost_when_a_replica_dies_and_a_new_one_starts_warm(cluster):
