@@ -38,7 +38,12 @@ from sam2serve.commands.common import (
     info_line,
     positive_int,
 )
-from sam2serve.commands.inputs import IMAGE_EXTENSIONS, ImageInput, expand_images
+from sam2serve.commands.inputs import (
+    IMAGE_EXTENSIONS,
+    ImageInput,
+    add_images_argument,
+    expand_images,
+)
 from sam2serve.store.identity import DEFAULT_STORE_DTYPE, STORE_DTYPES
 from sam2serve.store.location import StoreError, check_location
 
@@ -93,12 +98,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def add_arguments(parser: CommandParser) -> None:
-    parser.add_argument(
-        "images",
-        nargs="+",
-        metavar="IMAGES_OR_DIRS",
-        help=f"image files, directories of images, or '{SAMPLES_ARG}'",
-    )
+    add_images_argument(parser)
     parser.add_argument(
         "--store",
         required=True,

@@ -106,6 +106,16 @@ def clean_image_message(message: str) -> str:
     return message.replace("cannot identify image file", "not a format Pillow can open")
 
 
+def add_images_argument(parser: Any) -> None:
+    """The IMAGES_OR_DIRS positional of the commands that read images (see expand_images)."""
+    parser.add_argument(
+        "images",
+        nargs="+",
+        metavar="IMAGES_OR_DIRS",
+        help=f"image files, directories of images, or '{SAMPLES_ARG}'",
+    )
+
+
 def expand_images(arguments: Sequence[str]) -> list[ImageInput]:
     """Files, directories (their image files, sorted) and 'samples', in argument order; an
     argument that yields no image is a usage error."""
@@ -273,14 +283,18 @@ def _parse_object(prompt: dict[str, Any], where: str) -> dict[str, Any]:
     return {"points": points, "labels": [int(label) for label in labels], "box": box}
 
 
-def _parse_box(box: Any, where: str) -> list[float]:
-    valid = (
-        isinstance(box, list)
-        and len(box) == 4
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)
-        and all(math.isfinite(v) for v in box)
+def _finite_numbers(value: Any, count: int) -> bool:
+    """``value`` is a JSON list of ``count`` finite numbers (booleans are not numbers)."""
+    return (
+        isinstance(value, list)
+        and len(value) == count
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        and all(math.isfinite(v) for v in value)
     )
-    if not valid:
+
+
+def _parse_box(box: Any, where: str) -> list[float]:
+    if not _finite_numbers(box, 4):
         raise UsageError(
             f"{where}: box must be [x0, y0, x1, y1] with four finite numbers, got {box!r:.80}"
         )
@@ -294,13 +308,7 @@ def _parse_box(box: Any, where: str) -> list[float]:
 
 
 def _parse_point(point: Any, where: str) -> list[float]:
-    valid = (
-        isinstance(point, list)
-        and len(point) == 2
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in point)
-        and all(math.isfinite(v) for v in point)
-    )
-    if not valid:
+    if not _finite_numbers(point, 2):
         raise UsageError(f"{where}: expected [x, y] with two finite numbers, got {point!r:.80}")
     return [float(point[0]), float(point[1])]
 

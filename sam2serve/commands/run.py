@@ -48,6 +48,7 @@ from sam2serve.commands.inputs import (
     MASKS_SUFFIX,
     ImageInput,
     Prompts,
+    add_images_argument,
     check_coco_file,
     check_filters,
     expand_images,
@@ -152,12 +153,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def add_arguments(parser: CommandParser) -> None:
-    parser.add_argument(
-        "images",
-        nargs="+",
-        metavar="IMAGES_OR_DIRS",
-        help=f"image files, directories of images, or '{SAMPLES_ARG}'",
-    )
+    add_images_argument(parser)
     parser.add_argument(
         "--task",
         choices=TASKS,
