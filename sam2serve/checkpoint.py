@@ -9,6 +9,9 @@ Resolution order for ``load_model(size, checkpoint=...)``:
    progress bar and a sha256 check when the hash is known (set ``SAM2SERVE_OFFLINE=1``
    to skip the attempt);
 4. otherwise a :class:`CheckpointError` that says where to put the file.
+
+``load_model`` builds the image path and skips the video keys by name;
+``load_video_model`` builds :class:`SAM2Video` and loads every key of the file, strictly.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 
 from sam2serve.config import ModelConfig, get_config
 from sam2serve.modeling.sam2 import SAM2Image
+from sam2serve.modeling.sam2_video import SAM2Video
 
 CACHE_ENV = "SAM2SERVE_CACHE"
 OFFLINE_ENV = "SAM2SERVE_OFFLINE"
@@ -141,8 +145,9 @@ def download(url: str, dest: Path) -> Path:
     return dest
 
 
-def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """The ``"model"`` state dict of an official checkpoint file, image keys only."""
+def read_state_dict(path: Path, include_video: bool = False) -> dict[str, torch.Tensor]:
+    """The ``"model"`` state dict of an official checkpoint file: image keys only, or every
+    key with ``include_video`` (for SAM2Video)."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # unpickling errors come in many types
@@ -151,6 +156,8 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(
             f"{str(path)!r} is not a SAM2 checkpoint: expected a dict with a 'model' state dict"
         )
+    if include_video:
+        return dict(data["model"])
     return {k: v for k, v in data["model"].items() if not is_video_key(k)}
 
 
@@ -177,8 +184,9 @@ def check_keys(model: SAM2Image, state: dict[str, torch.Tensor], path: Path) -> 
         )
 
 
-def random_state_dict(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """A seeded random state dict in which every tensor matters.
+def random_state_dict(cfg: ModelConfig, seed: int, video: bool = False) -> dict[str, torch.Tensor]:
+    """A seeded random state dict in which every tensor matters (of SAM2Video's keys with
+    ``video``; the image keys' values do not depend on it).
 
     PyTorch's default init leaves LayerNorm at one/zero and positional embeddings at
     zero; a small perturbation of every tensor makes each parameter influence outputs.
@@ -187,8 +195,32 @@ def random_state_dict(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = SAM2Image(cfg)
+    if video:
+        return _random_video_state_dict(cfg, seed, model.state_dict(), generator)
     state = {}
     for key, value in model.state_dict().items():
+        noise = torch.randn(value.shape, generator=generator, dtype=value.dtype)
+        state[key] = value + 0.02 * noise
+    return state
+
+
+def _random_video_state_dict(
+    cfg: ModelConfig,
+    seed: int,
+    image_state: dict[str, torch.Tensor],
+    generator: torch.Generator,
+) -> dict[str, torch.Tensor]:
+    """The image keys exactly as the image-only random_state_dict, then the video keys
+    drawn after them (sorted, from the same generator)."""
+    state = {}
+    for key, value in image_state.items():
+        noise = torch.randn(value.shape, generator=generator, dtype=value.dtype)
+        state[key] = value + 0.02 * noise
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
+        video_state = SAM2Video(cfg).state_dict()
+    for key in sorted(set(video_state) - set(state)):
+        value = video_state[key]
         noise = torch.randn(value.shape, generator=generator, dtype=value.dtype)
         state[key] = value + 0.02 * noise
     return state
@@ -216,6 +248,34 @@ def load_model(
     else:
         path = resolve_checkpoint(cfg, checkpoint)
         state = read_state_dict(path)
+        check_keys(model, state, path)
+        info = WeightsInfo("checkpoint", path=str(path))
+    model.load_state_dict(state, strict=True)
+    model.weights_info = info
+    return model.to(device).eval()
+
+
+def load_video_model(
+    size: str = "tiny",
+    checkpoint: str | Path | None = None,
+    *,
+    random_weights: bool = False,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> SAM2Video:
+    """Build the SAM 2.1 video model of ``size``: every key of the official file is loaded
+    (strictly: a missing, unexpected or misshapen key is a CheckpointError), or seeded
+    random weights. Eval mode, with ``weights_info`` as load_model's."""
+    cfg = get_config(size)
+    if random_weights and checkpoint is not None:
+        raise CheckpointError("pass either a checkpoint or random_weights, not both")
+    model = SAM2Video(cfg)
+    if random_weights:
+        state = random_state_dict(cfg, seed, video=True)
+        info = WeightsInfo("random", seed=seed)
+    else:
+        path = resolve_checkpoint(cfg, checkpoint)
+        state = read_state_dict(path, include_video=True)
         check_keys(model, state, path)
         info = WeightsInfo("checkpoint", path=str(path))
     model.load_state_dict(state, strict=True)

@@ -22,6 +22,7 @@ from sam2serve.commands import (
     loadtest,
     run,
     serve,
+    track,
 )
 from sam2serve.commands.common import (
     EXIT_INTERRUPTED,
@@ -40,14 +41,14 @@ from sam2serve.runtime.threads import set_wait_policy
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # In the order `sam2serve --help` lists them.
-COMMANDS = (run, annotate, embed, bench, export, serve, labelstudio, loadtest, cluster)
+COMMANDS = (run, annotate, track, embed, bench, export, serve, labelstudio, loadtest, cluster)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         prog=PROG,
-        description="Segment Anything 2 on images: batch masks, benchmark, ahead-of-time "
-        "export,\nHTTP service and its Ray Serve cluster.",
+        description="Segment Anything 2 on images and videos: batch masks, video tracking, "
+        "benchmark,\nahead-of-time export, HTTP service and its Ray Serve cluster.",
         epilog=f"'{PROG} COMMAND --help' explains a command and every flag.\n{EXIT_STATUS_HELP}",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}")

@@ -1,7 +1,8 @@
 """Model sizes of SAM2.1 (and SAM2.0, which shares the image-path architecture) as code.
 
 The numbers are those of Meta's published Hydra configs (``sam2.1_hiera_{t,s,b+,l}.yaml``);
-only the image path is described here: Hiera trunk, FPN neck and the SAM heads.
+the image path (Hiera trunk, FPN neck, SAM heads) differs per size; the video memory path
+(:class:`VideoConfig`) is the same for all four sizes in SAM 2.1.
 """
 
 from __future__ import annotations
@@ -35,6 +36,80 @@ class HieraConfig:
 
 
 @dataclass(frozen=True)
+class VideoConfig:
+    """The memory path of SAM 2.1 (identical in the four ``sam2.1_hiera_*.yaml``), plus the
+    settings Meta's ``build_sam2_video_predictor`` adds on top of the yaml.
+
+    Only the values SAM 2.1 uses are implemented; the fields record them so that the code
+    that depends on them says so, and so a future variant changes one place.
+    """
+
+    # Memory bank: the prompted ("conditioning") frames plus the 6 frames before the current
+    # one (num_maskmem - 1), each with a learned temporal embedding maskmem_tpos_enc[i].
+    num_maskmem: int = 7
+    mem_dim: int = 64  # memory encoder output channels (memory_encoder.out_proj)
+    memory_attention_layers: int = 4
+    memory_attention_ffn_dim: int = 2048
+    rope_theta: float = 10000.0
+    # -1: every conditioning frame is attended to (no selection of the closest ones).
+    max_cond_frames_in_attn: int = -1
+    # 1: the previous frames in the memory bank are consecutive (no temporal stride).
+    memory_temporal_stride_for_eval: int = 1
+    # Mask logits -> memory-encoder input: sigmoid(logits) * 20 - 10 (binarized first for
+    # masks that came straight from clicks: binarize_mask_from_pts_for_mem_enc, set by
+    # Meta's build_sam2_video_predictor).
+    sigmoid_scale_for_mem_enc: float = 20.0
+    sigmoid_bias_for_mem_enc: float = -10.0
+    binarize_mask_from_pts_for_mem_enc: bool = True
+    # A mask prompt becomes the output directly (logits 20 * mask - 10), not a SAM decode.
+    use_mask_input_as_output_without_sam: bool = True
+    # On a frame with no memory yet, no_mem_embed is added to the features (as on images)
+    # rather than attended to as a single "no memory" token.
+    directly_add_no_mem_embed: bool = True
+    # A learned embedding added to the memory of frames where the object is judged absent.
+    no_obj_embed_spatial: bool = True
+    # The stride-4/8 features feed the mask decoder (as in the image path).
+    use_high_res_features_in_sam: bool = True
+    # Three candidate masks for 0 or 1 click, on the first frame and while tracking; the
+    # object pointer then comes from the chosen candidate's token.
+    multimask_output_in_sam: bool = True
+    multimask_output_for_tracking: bool = True
+    multimask_min_pt_num: int = 0
+    multimask_max_pt_num: int = 1
+    use_multimask_token_for_obj_ptr: bool = True
+    # Object pointers: one 256-d token per frame from the SAM output token (a 3-layer MLP,
+    # use_mlp_for_obj_ptr_proj), split into 4 tokens of mem_dim for the cross-attention,
+    # with a signed sine temporal encoding projected to mem_dim (proj_tpos_enc_in_obj_ptrs),
+    # taken only from the past of the tracking direction, at most max_obj_ptrs_in_encoder.
+    use_obj_ptrs_in_encoder: bool = True
+    max_obj_ptrs_in_encoder: int = 16
+    add_tpos_enc_to_obj_ptrs: bool = True
+    proj_tpos_enc_in_obj_ptrs: bool = True
+    use_signed_tpos_enc_to_obj_ptrs: bool = True
+    only_obj_ptrs_in_the_past_for_eval: bool = True
+    use_mlp_for_obj_ptr_proj: bool = True
+    # Object-score head; an absent object gets the learned no_obj_ptr instead of its
+    # pointer (fixed_no_obj_ptr: a hard switch on score > 0, not soft_no_obj_ptr).
+    pred_obj_scores: bool = True
+    fixed_no_obj_ptr: bool = True
+    soft_no_obj_ptr: bool = False
+    # Predictor settings (SAM2VideoPredictor). Meta's build_sam2_video_predictor sets
+    # fill_hole_area=8, which needs Meta's CUDA connected-components extension and is
+    # skipped (with a warning) without it; we do not implement it: 0 is the behaviour of
+    # Meta's predictor without the extension (every CPU install).
+    fill_hole_area: int = 0
+    non_overlap_masks: bool = False  # output masks may overlap (no per-pixel argmax)
+    non_overlap_masks_for_mem_enc: bool = False
+    clear_non_cond_mem_around_input: bool = False
+    # A correction on an already tracked frame stays a non-conditioning frame.
+    add_all_frames_to_correct_as_cond: bool = False
+    # Meta stores memories in bfloat16 (halves the state); kept for bit-compatible results.
+    memory_dtype_name: str = "bfloat16"
+    # Meta's compile_image_encoder is False for SAM 2.1 (compilation is the runtime's job).
+    compile_image_encoder: bool = False
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     name: str
     trunk: HieraConfig
@@ -45,6 +120,7 @@ class ModelConfig:
     # Number of lowest-resolution levels the neck computes but the heads never use.
     scalp: int = 1
     checkpoint_names: tuple[str, ...] = field(default_factory=tuple)
+    video: VideoConfig = field(default_factory=VideoConfig)
 
     @property
     def embedding_size(self) -> int:

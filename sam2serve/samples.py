@@ -31,3 +31,44 @@ def load_sample(name: str) -> np.ndarray:
 def load_samples() -> dict[str, np.ndarray]:
     """Every sample photo, by name, in a fixed order."""
     return {name: load_sample(name) for name in SAMPLE_NAMES}
+
+
+# The sample clip: two shapes crossing a photograph, one passing in front of the other,
+# so a tracker has motion, scale change and an occlusion to get through.
+SAMPLE_CLIP_NAME = "sample"
+
+
+def sample_clip(
+    num_frames: int = 8, size: tuple[int, int] = (240, 320)
+) -> tuple[list[np.ndarray], dict[int, list[np.ndarray]]]:
+    """A synthetic clip made offline: ``num_frames`` uint8 (H, W, 3) frames of ``size``
+    (height, width) - a red disc moving right and growing, a blue square moving left and
+    passing in front of it - over the coffee photograph, and each object's true mask per
+    frame ({1: disc masks, 2: square masks}, bool (H, W)). Deterministic."""
+    if num_frames < 1:
+        raise ValueError(f"a clip needs at least one frame, got num_frames={num_frames}")
+    height, width = size
+    if height < 32 or width < 32:
+        raise ValueError(f"clip frames must be at least 32x32, got {width}x{height}")
+    from PIL import Image
+
+    background = Image.fromarray(load_sample("coffee")).resize((width, height))
+    base = (np.asarray(background, dtype=np.float32) * 0.6).astype(np.uint8)
+    rows, cols = np.mgrid[0:height, 0:width]
+    frames: list[np.ndarray] = []
+    truth: dict[int, list[np.ndarray]] = {1: [], 2: []}
+    for i in range(num_frames):
+        t = i / max(num_frames - 1, 1)
+        frame = base.copy()
+        cy, cx = height * 0.5, width * (0.2 + 0.5 * t)
+        radius = min(height, width) * (0.12 + 0.06 * t)
+        disc = (rows - cy) ** 2 + (cols - cx) ** 2 <= radius**2
+        half = min(height, width) * 0.13
+        sy, sx = height * (0.35 + 0.3 * t), width * (0.8 - 0.5 * t)
+        square = (np.abs(rows - sy) <= half) & (np.abs(cols - sx) <= half)
+        frame[disc] = (220, 40, 40)
+        frame[square] = (40, 70, 220)  # drawn last: the square occludes the disc
+        frames.append(frame)
+        truth[1].append(disc & ~square)
+        truth[2].append(square)
+    return frames, truth

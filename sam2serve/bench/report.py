@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sam2serve.bench.runner import BASELINE, BenchResult, RunResult
+from sam2serve.bench.variants import AMG_VARIANTS, DEFAULT_VARIANT
 from sam2serve.engine.tasks import STAGES
 
 __all__ = ["CSV_COLUMNS", "csv_text", "markdown", "render_chart", "write_outputs"]
@@ -38,6 +39,7 @@ STAGE_COLOURS = {
 }
 CSV_COLUMNS = (
     "task",
+    "variant",
     "mode",
     "cache",
     "images",
@@ -65,11 +67,39 @@ CSV_COLUMNS = (
 )
 
 
-def _baseline(result: BenchResult, task: str) -> RunResult | None:
+def _baseline(result: BenchResult, task: str, variant: str = "") -> RunResult | None:
+    """The baseline run that ``task`` (and its AMG ``variant``) is compared with."""
     for run in result.runs:
-        if run.task == task and run.mode == BASELINE and run.cache == "cold" and run.ok:
+        if (
+            run.task == task
+            and run.variant == variant
+            and run.mode == BASELINE
+            and run.cache == "cold"
+            and run.ok
+        ):
             return run
     return None
+
+
+def _panels(result: BenchResult) -> list[tuple[str, str]]:
+    """(task, variant) in report order: each task of the run, AMG once per variant."""
+    panels = []
+    for task in result.config.tasks:
+        variants = [""]
+        if task == "amg":
+            variants = list(dict.fromkeys(r.variant for r in result.runs if r.task == task))
+        panels += [(task, variant) for variant in variants or [""]]
+    return panels
+
+
+def _panel_title(task: str, variant: str) -> str:
+    if variant in ("", DEFAULT_VARIANT):
+        return TASK_TITLES[task]
+    return f"{TASK_TITLES[task]}, variant {variant}"
+
+
+def _task_label(run: RunResult) -> str:
+    return run.task if run.variant in ("", DEFAULT_VARIANT) else f"{run.task} {run.variant}"
 
 
 def _speedup(run: RunResult, baseline: RunResult | None, attribute: str) -> float | None:
@@ -83,7 +113,9 @@ def _speedup(run: RunResult, baseline: RunResult | None, attribute: str) -> floa
 def _row(run: RunResult, baseline: RunResult | None) -> dict[str, object]:
     stats, accuracy = run.stats, run.accuracy
     row: dict[str, object] = dict.fromkeys(CSV_COLUMNS, "")
-    row.update(task=run.task, mode=run.label, cache=run.cache, error=run.error or "")
+    row.update(
+        task=run.task, variant=run.variant, mode=run.label, cache=run.cache, error=run.error or ""
+    )
     if stats is not None:
         row.update(
             images=stats.images,
@@ -124,7 +156,7 @@ def csv_text(result: BenchResult) -> str:
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
     for run in result.runs:
-        writer.writerow(_row(run, _baseline(result, run.task)))
+        writer.writerow(_row(run, _baseline(result, run.task, run.variant)))
     return out.getvalue()
 
 
@@ -148,14 +180,14 @@ def _accuracy_cells(run: RunResult) -> list[str]:
     return [miou, str(accuracy.fails), exact]
 
 
-def _task_table(result: BenchResult, task: str) -> list[str]:
-    baseline = _baseline(result, task)
+def _task_table(result: BenchResult, task: str, variant: str = "") -> list[str]:
+    baseline = _baseline(result, task, variant)
     header = (
         "| mode | p50 ms | p90 ms | p99 ms | mean ms | max ms | first iter ms | images/s "
         "| start→ready s | peak mem MB | masks/img | mIoU | fails | exact masks |"
     )
     lines = [header, _separator(header)]
-    for run in (r for r in result.runs if r.task == task):
+    for run in (r for r in result.runs if r.task == task and r.variant == variant):
         if not run.ok:
             lines.append(f"| {run.label} | {run.error} |" + " |" * (header.count("|") - 3))
             continue
@@ -203,7 +235,7 @@ def _stage_table(result: BenchResult) -> list[str]:
         total = sum(run.stages_ms.values())
         largest = max(STAGES, key=lambda s: run.stages_ms.get(s, 0.0))
         share = run.stages_ms[largest] / total if total > 0 else 0.0
-        cells = [run.task, run.label]
+        cells = [_task_label(run), run.label]
         cells += [_ms(run.stages_ms.get(stage, 0.0)) for stage in STAGES]
         cells += [_ms(total), f"{STAGE_TITLES[largest]} ({share:.0%})"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -281,9 +313,25 @@ def markdown(result: BenchResult, chart_name: str | None = None) -> str:
         + ". mIoU / fails / exact masks compare each mode's masks with the baseline's "
         "(AMG: an image fails when its mask count differs; masks paired in area order).",
     ]
-    for task in config.tasks:
-        lines += ["", f"## {TASK_TITLES[task]}", "", *_task_table(result, task)]
-        notes = sorted({note for run in result.runs if run.task == task for note in run.notes})
+    for task, variant in _panels(result):
+        lines += ["", f"## {_panel_title(task, variant)}", ""]
+        if variant not in ("", DEFAULT_VARIANT):
+            explanation = (
+                f"Variant {variant}: {AMG_VARIANTS[variant].help}. With random weights the "
+                "default AMG keeps next to no masks, so its rows time the encoder and the "
+                "decoder only; these rows carry the whole AMG workload. mIoU and fails compare "
+                f"with the baseline's {variant} masks."
+            )
+            lines += [explanation, ""]
+        lines += _task_table(result, task, variant)
+        notes = sorted(
+            {
+                note
+                for run in result.runs
+                if run.task == task and run.variant == variant
+                for note in run.notes
+            }
+        )
         lines += [f"\n_{note}._" for note in notes]
     lines += [
         "",
@@ -321,8 +369,11 @@ def render_chart(result: BenchResult) -> bytes:
 
     width, left, right, bar, gap = 1100, 170, 260, 24, 10
     title_font, font = _font(18), _font(14)
-    panels = [(task, [r for r in result.runs if r.task == task]) for task in result.config.tasks]
-    height = 70 + sum(50 + len(runs) * (bar + gap) for _, runs in panels) + 20
+    panels = [
+        (task, variant, [r for r in result.runs if r.task == task and r.variant == variant])
+        for task, variant in _panels(result)
+    ]
+    height = 70 + sum(50 + len(runs) * (bar + gap) for _, _, runs in panels) + 20
     image = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(image)
     config = result.config
@@ -340,10 +391,10 @@ def render_chart(result: BenchResult) -> bytes:
         x += 24 + int(draw.textlength(STAGE_TITLES[stage], font=font)) + 16
     y = 70
     plot = width - left - right
-    for task, runs in panels:
-        draw.text((10, y + 8), TASK_TITLES[task], fill="black", font=title_font)
+    for task, variant, runs in panels:
+        draw.text((10, y + 8), _panel_title(task, variant), fill="black", font=title_font)
         y += 40
-        baseline = _baseline(result, task)
+        baseline = _baseline(result, task, variant)
         longest = max((sum(r.stages_ms.values()) for r in runs if r.ok), default=0.0)
         scale = plot / longest if longest > 0 else 0.0
         for run in runs:

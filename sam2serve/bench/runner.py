@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from sam2serve.bench import metrics
+from sam2serve.bench import hf_peer, metrics
 from sam2serve.bench.machine import MachineInfo, load_average, machine_info
 from sam2serve.bench.reference import MISSING_MESSAGE, missing_requirements
+from sam2serve.bench.variants import AMG_VARIANTS, DEFAULT_VARIANT
 from sam2serve.bench.worker import SPAWN_TIME_ENV
 from sam2serve.engine.amg import AMGParams
 from sam2serve.engine.masks import build_point_grid
@@ -55,6 +56,8 @@ BASELINE = "baseline"
 REFERENCE = "reference"
 REFERENCE_BF16 = "reference-bf16"  # Meta's code under torch.autocast(bfloat16)
 REFERENCES = (REFERENCE, REFERENCE_BF16)
+# Rows that run another implementation on the same weights (no RuntimeSpec label).
+PEERS = (*REFERENCES, *hf_peer.HF_PEERS)
 PROMPT_POLICIES = ("auto", "amg", "grid")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 SAMPLES = "samples"
@@ -87,6 +90,11 @@ class BenchConfig:
     command: str = ""
     work_dir: Path | None = None  # kept when given; a temporary directory otherwise
     timeout_s: float | None = None
+    # AMG variants (sam2serve.bench.variants), each a set of AMG rows with its own baseline.
+    amg_variants: tuple[str, ...] = (DEFAULT_VARIANT,)
+
+    def variant_params(self, variant: str) -> AMGParams:
+        return AMG_VARIANTS[variant].apply(self.amg_params)
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,7 @@ class RunResult:
     skipped: bool = False  # not run on purpose (e.g. sam2 missing), not a failure
     notes: list[str] = field(default_factory=list)
     records: list[list[dict[str, Any]]] | None = field(default=None, repr=False)
+    variant: str = ""  # the AMG variant of an AMG run; "" for the point tasks
 
     @property
     def ok(self) -> bool:
@@ -290,10 +299,13 @@ def _run_worker(
     checkpoint: Path,
     images: Sequence[BenchImage],
     prompts: list[list[list[float]]] | None,
+    variant: str = DEFAULT_VARIANT,
 ) -> RunResult:
     label = mode if cache == "cold" else f"{mode} (warm)"
     run = RunResult(task=task, mode=mode, label=label, cache=cache)
-    slug = f"{task}-{mode}-{cache}"
+    # A variant other than the default gets its own files and compile cache.
+    key = task if task != "amg" or variant == DEFAULT_VARIANT else f"{task}-{variant}"
+    slug = f"{key}-{mode}-{cache}"
     spec = {
         "task": task,
         "mode": mode,
@@ -304,15 +316,15 @@ def _run_worker(
         "checkpoint": str(checkpoint),
         "images": [str(image.path) for image in images],
         "prompts": prompts,
-        "amg_params": config.amg_params.to_dict(),
+        "amg_params": config.variant_params(variant).to_dict(),
         "artifacts": str(_artifacts_dir(work, mode)) if _from_artifacts(mode) else None,
     }
     spec_path, result_path = work / f"{slug}.spec.json", work / f"{slug}.result.json"
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
     result_path.unlink(missing_ok=True)
     # A cold run gets an empty compile cache; its warm repeat reuses what it filled.
-    cache_dir = work / "inductor" / f"{task}-{mode}"
-    _log(f"{task} {label}: {len(images)} image(s) in a fresh process ({cache} compile cache)")
+    cache_dir = work / "inductor" / f"{key}-{mode}"
+    _log(f"{key} {label}: {len(images)} image(s) in a fresh process ({cache} compile cache)")
     try:
         done = _start_worker(
             ["run", str(spec_path), str(result_path)], _worker_env(cache_dir), config.timeout_s
@@ -333,7 +345,7 @@ def _artifacts_dir(work: Path, mode: str) -> Path:
 
 def _from_artifacts(label: str) -> bool:
     """Whether the row ``label`` (``MODE+BACKEND``) starts from export artifacts."""
-    if label in REFERENCES:
+    if label in PEERS:
         return False
     from sam2serve.runtime.backends import BACKENDS
     from sam2serve.runtime.spec import RuntimeSpec
@@ -386,7 +398,7 @@ def _export_artifacts(
 
 def mode_compiles(mode: str) -> bool:
     """Whether the row ``mode`` (``MODE+BACKEND``) compiles at start-up."""
-    if mode in REFERENCES:
+    if mode in PEERS:
         return False
     from sam2serve.runtime.spec import RuntimeSpec
 
@@ -404,14 +416,14 @@ def _plan_modes(modes: Sequence[str], notes: list[str]) -> list[str]:
 
     unknown = []
     for mode in modes:
-        if mode in REFERENCES:
+        if mode in PEERS:
             continue
         try:
             RuntimeSpec.from_label(mode)
         except ValueError as exc:
             unknown.append(f"{mode!r} ({exc})")
     if unknown:
-        known = [*REFERENCES, *MODES]
+        known = [*PEERS, *MODES]
         raise BenchError(
             f"unknown mode(s) {', '.join(unknown)}; expected some of {', '.join(known)}, "
             f"each also as MODE+BACKEND with a backend of {', '.join(BACKENDS)}"
@@ -422,6 +434,74 @@ def _plan_modes(modes: Sequence[str], notes: list[str]) -> list[str]:
     else:
         ordered.remove(BASELINE)
     return [BASELINE, *ordered]
+
+
+def _peer_skips(modes: Sequence[str], tasks: Sequence[str], notes: list[str]) -> dict[str, str]:
+    """The peer rows that cannot run here, each with the reason its row shows; the notes
+    say how to install what is missing."""
+    skips: dict[str, str] = {}
+    missing = missing_requirements() if set(REFERENCES) & set(modes) else []
+    if missing:
+        message = MISSING_MESSAGE.format(missing=", ".join(missing))
+        _log(message)
+        notes.append(message)
+        skips.update(dict.fromkeys(REFERENCES, "sam2 not installed"))
+    peers = [mode for mode in modes if mode in hf_peer.HF_PEERS]
+    if peers and set(tasks) & set(hf_peer.HF_TASKS):
+        notes.append(hf_peer.ROWS_NOTE)
+        for mode in peers:
+            reason = hf_peer.unavailable(mode)
+            if reason is not None:
+                _log(reason.message)
+                notes.append(reason.message)
+                skips[mode] = reason.row
+    return skips
+
+
+def _plan_variants(config: BenchConfig, notes: list[str]) -> list[str]:
+    """The AMG variants to run, in order; one whose parameters equal an earlier one's
+    (the flags already keep every mask) is not run twice."""
+    unknown = [v for v in config.amg_variants if v not in AMG_VARIANTS]
+    if unknown or not config.amg_variants:
+        raise BenchError(
+            f"unknown AMG variant(s) {', '.join(map(repr, unknown))}; expected some of "
+            f"{', '.join(AMG_VARIANTS)}"
+        )
+    if "amg" not in config.tasks:  # only the first variant's baseline, for the prompts
+        return list(config.amg_variants[:1])
+    planned: dict[str, AMGParams] = {}
+    for variant in dict.fromkeys(config.amg_variants):
+        params = config.variant_params(variant)
+        same = next((name for name, p in planned.items() if p == params), None)
+        if same is not None:
+            notes.append(
+                f"AMG variant {variant} was not run: with these AMG flags its parameters are "
+                f"those of variant {same}"
+            )
+            continue
+        planned[variant] = params
+    if len(planned) > 1:
+        notes.append(
+            "AMG runs once per variant, each with its own baseline run; a variant's mIoU and "
+            "fails compare each mode's masks with the baseline's masks of the same variant. "
+            + "; ".join(f"{name}: {AMG_VARIANTS[name].help}" for name in planned)
+        )
+    return list(planned)
+
+
+def _note_empty_amg(runs: Sequence[RunResult], variant: str, notes: list[str]) -> None:
+    baseline = next(
+        (r for r in runs if r.task == "amg" and r.mode == BASELINE and r.variant == variant),
+        None,
+    )
+    if baseline is not None and baseline.ok and not baseline.masks_per_image:
+        what = "AMG" if variant == DEFAULT_VARIANT else f"AMG variant {variant}"
+        notes.append(
+            f"the baseline's {what} kept no masks (with random weights the predicted IoUs "
+            "are about 0.5, under pred_iou_thresh): its time is the encoder and the decoder, "
+            "post-processing and RLE have nothing to do, and its mIoU is n/a; variant "
+            "keep-all (--amg-variants) keeps every mask"
+        )
 
 
 def _compare(task: str, run: RunResult, baseline: RunResult | None) -> None:
@@ -449,6 +529,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
         raise BenchError("give --checkpoint PATH (official SAM 2.1 weights) or --random-weights")
     notes: list[str] = []
     modes = _plan_modes(config.modes, notes)
+    variants = _plan_variants(config, notes)
 
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load_start = load_average()
@@ -474,11 +555,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
             checkpoint = config.checkpoint
             weights = f"checkpoint {checkpoint.name}"
         _export_artifacts(config, work, modes, checkpoint, notes)
-        missing = missing_requirements() if set(REFERENCES) & set(modes) else []
-        if missing:
-            message = MISSING_MESSAGE.format(missing=", ".join(missing))
-            _log(message)
-            notes.append(message)
+        skips = _peer_skips(modes, config.tasks, notes)
         use_grid = config.point_prompts == "grid" or (
             config.point_prompts == "auto" and config.random_weights
         )
@@ -487,17 +564,31 @@ def run_bench(config: BenchConfig) -> BenchResult:
         prompts_used: dict[str, str] = {}
         baseline_amg: RunResult | None = None
 
-        def run_task(task: str, prompts: list | None) -> None:
+        def run_task(task: str, prompts: list | None, variant: str = DEFAULT_VARIANT) -> None:
             baseline = None
             for mode in modes:
-                if mode in REFERENCES and missing:
-                    skip = RunResult(task, mode, mode, "cold", error="not run: sam2 not installed")
+                if mode in hf_peer.HF_PEERS and task not in hf_peer.HF_TASKS:
+                    continue  # the peer covers the point tasks only (a note says so)
+                if mode in skips:
+                    skip = RunResult(task, mode, mode, "cold", error=f"not run: {skips[mode]}")
                     skip.skipped = True
+                    skip.variant = variant if task == "amg" else ""
                     runs.append(skip)
                     continue
                 caches = ["cold", "warm"] if config.warm and mode_compiles(mode) else ["cold"]
                 for cache in caches:
-                    run = _run_worker(config, work, task, mode, cache, checkpoint, images, prompts)
+                    run = _run_worker(
+                        config,
+                        work,
+                        task,
+                        mode,
+                        cache,
+                        checkpoint,
+                        images,
+                        prompts,
+                        variant=variant,
+                    )
+                    run.variant = variant if task == "amg" else ""
                     if mode == BASELINE and cache == "cold":
                         baseline = run
                     _compare(task, run, baseline)
@@ -508,28 +599,29 @@ def run_bench(config: BenchConfig) -> BenchResult:
         if point_tasks and not use_grid and "amg" not in tasks:
             # The prompts come from the baseline's AMG masks, so that run is needed anyway.
             baseline_amg = _run_worker(
-                config, work, "amg", BASELINE, "cold", checkpoint, images, None
+                config, work, "amg", BASELINE, "cold", checkpoint, images, None, variants[0]
             )
             if not baseline_amg.ok:
                 raise BenchError("the baseline AMG run that makes the prompts failed")
             notes.append("the baseline AMG run that made the point prompts is not reported")
         for task in tasks:
             if task == "amg":
-                run_task("amg", None)
-                baseline_amg = next(r for r in runs if r.task == "amg" and r.mode == BASELINE)
-                if baseline_amg.ok and not baseline_amg.masks_per_image:
-                    notes.append(
-                        "the baseline's AMG kept no masks (with random weights the predicted "
-                        "IoUs are about 0.5, under pred_iou_thresh): AMG time is the encoder "
-                        "and the decoder, post-processing and RLE have nothing to do, and "
-                        "AMG mIoU is n/a; --pred-iou-thresh 0 --stability-score-thresh 0 "
-                        "keep masks"
-                    )
+                for variant in variants:
+                    run_task("amg", None, variant)
+                    _note_empty_amg(runs, variant, notes)
+                # Point prompts come from the first variant's baseline masks.
+                baseline_amg = next(
+                    r
+                    for r in runs
+                    if r.task == "amg" and r.mode == BASELINE and r.variant == variants[0]
+                )
                 continue
             amg_records = baseline_amg.records if baseline_amg and baseline_amg.ok else None
             prompts, prompts_used[task] = _point_prompts(
                 task, images, amg_records, use_grid, config.mps_prompts
             )
+            if amg_records is not None and not use_grid and len(variants) > 1:
+                prompts_used[task] += f" ({variants[0]} variant)"
             if use_grid and config.random_weights:
                 prompts_used[task] += (
                     "; random weights: AMG keeps next to no masks, so its masks cannot make "
@@ -557,11 +649,12 @@ def run_bench(config: BenchConfig) -> BenchResult:
 
 
 def _one_line(run: RunResult) -> str:
+    task = run.task if run.variant in ("", DEFAULT_VARIANT) else f"{run.task} {run.variant}"
     if not run.ok:
-        return f"{run.task} {run.label}: {run.error}"
+        return f"{task} {run.label}: {run.error}"
     assert run.stats is not None
     text = (
-        f"{run.task} {run.label}: p50 {run.stats.p50_ms:.0f} ms, first {run.stats.first_ms:.0f} ms, "
+        f"{task} {run.label}: p50 {run.stats.p50_ms:.0f} ms, first {run.stats.first_ms:.0f} ms, "
         f"ready {run.ready_s:.1f} s, {run.masks_per_image:.1f} masks/image"
     )
     if run.accuracy is not None and run.mode != BASELINE:

@@ -98,6 +98,17 @@ def _make_runner(spec: dict[str, Any]) -> tuple[Runner, dict[str, Any]]:
             autocast_bf16=spec["mode"] == "reference-bf16",
         )
         return runner, {"torchvision": runner.torchvision, "rle_stage": True}
+    from sam2serve.bench.hf_peer import HF_PEERS, HF_PROCESSOR, HFRunner
+
+    if spec["mode"] in HF_PEERS:
+        runner = HFRunner(
+            spec["task"],
+            spec["model"],
+            Path(spec["checkpoint"]),
+            spec["device"],
+            use_processor=spec["mode"] == HF_PROCESSOR,
+        )
+        return runner, {"rle_stage": True}
     engine = _EngineRunner(spec)
     return engine, {"rle_stage": True}
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sam2serve.config import MODEL_SIZES
-from sam2serve.runtime.backends import BACKENDS, DEFAULT_BACKEND, BackendInfo
+from sam2serve.runtime.backends import BACKENDS, BackendInfo
 from sam2serve.runtime.modes import MODES
-from sam2serve.runtime.spec import RuntimeSpec
+from sam2serve.runtime.spec import RuntimeSpec, default_backend
 from sam2serve.server.settings import ServerSettings
 
 EXPORT_MODES = BACKENDS["artifacts"].modes or ()  # the modes 'sam2serve export' writes
@@ -130,7 +130,7 @@ class ReplicaArgs:
         """The backend that runs the model, the default for its source filled in."""
         if self.backend is not None:
             return self.backend
-        return ARTIFACT_BACKENDS[0] if self.artifacts is not None else DEFAULT_BACKEND
+        return ARTIFACT_BACKENDS[0] if self.artifacts is not None else default_backend(self.mode)
 
     def runtime_spec(self, threads: int | None) -> RuntimeSpec:
         """How a replica runs the model. Ray sets CUDA_VISIBLE_DEVICES to the GPU it

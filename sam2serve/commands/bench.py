@@ -73,7 +73,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 def add_arguments(parser: CommandParser) -> None:
     # The bench's own vocabulary lives with the harness (which imports torch): this parser
     # is only built when 'bench' is the command.
+    from sam2serve.bench.hf_peer import HF_PEERS, HF_TASKS
     from sam2serve.bench.runner import PROMPT_POLICIES, REFERENCE, REFERENCES
+    from sam2serve.bench.variants import AMG_VARIANTS
 
     parser.add_argument(
         "--task",
@@ -84,12 +86,15 @@ def add_arguments(parser: CommandParser) -> None:
     add_model_flag(parser)
     parser.add_argument(
         "--modes",
-        default=",".join((REFERENCE, *MODES)),
+        default=",".join((REFERENCE, *MODES, *HF_PEERS)),
         metavar="LIST",
         help="comma-separated rows, each a mode: "
-        f"{', '.join((*REFERENCES, *MODES))}; a mode may name its backend as MODE+BACKEND "
-        f"({', '.join(BACKENDS)}; 'artifacts' rows start from '{PROG} export' artifacts, "
-        "exported once before the runs); reference-bf16 is Meta's code under bf16 autocast "
+        f"{', '.join((*REFERENCES, *MODES, *HF_PEERS))}; a mode may name its backend as "
+        f"MODE+BACKEND ({', '.join(BACKENDS)}; 'artifacts' rows start from '{PROG} export' "
+        "artifacts, exported once before the runs); reference-bf16 is Meta's code under bf16 "
+        f"autocast; {' and '.join(HF_PEERS)} are Hugging Face transformers' Sam2Model on the "
+        f"same weights ({', '.join(t.upper() for t in HF_TASKS)} only; hf on our "
+        "preprocessed pixels, hf-processor through its own Sam2Processor) "
         "(default: %(default)s; baseline is always run)",
     )
     parser.add_argument(
@@ -165,12 +170,23 @@ def add_arguments(parser: CommandParser) -> None:
         help="keep the runs' specs, raw results and images here (default: a temporary "
         "directory, removed at the end)",
     )
-    add_amg_flags(parser.add_argument_group(AMG_GROUP_TITLE))
+    amg = parser.add_argument_group(AMG_GROUP_TITLE)
+    amg.add_argument(
+        "--amg-variants",
+        default=",".join(AMG_VARIANTS),
+        metavar="LIST",
+        help="comma-separated AMG variants, each reported in its own table with its own "
+        "baseline run: "
+        + "; ".join(f"{name}: {variant.help}" for name, variant in AMG_VARIANTS.items())
+        + " (default: %(default)s)",
+    )
+    add_amg_flags(amg)
 
 
 def bench_command(args: argparse.Namespace) -> int:
     from sam2serve.bench.report import markdown, write_outputs
     from sam2serve.bench.runner import BenchConfig, BenchError, run_bench
+    from sam2serve.bench.variants import parse_variants
 
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     if not modes:
@@ -178,6 +194,10 @@ def bench_command(args: argparse.Namespace) -> int:
     if args.n is not None and args.n < 1:
         raise UsageError(f"--n must be at least 1, got {args.n}")
     params = amg_params_from(args)
+    try:
+        variants = parse_variants(args.amg_variants)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     model_flags.check_device(args.device)
     config = BenchConfig(
         tasks=TASKS if args.task == "all" else (args.task,),
@@ -200,6 +220,7 @@ def bench_command(args: argparse.Namespace) -> int:
         command=command_line(args),
         work_dir=args.work_dir,
         timeout_s=args.timeout,
+        amg_variants=variants,
     )
     try:
         with model_flags.load_errors_as_usage(args.checkpoint, args.model):

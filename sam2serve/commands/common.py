@@ -323,7 +323,13 @@ def add_backend_flag(parser: argparse._ActionsContainer) -> None:
             f"{info.name}: {info.description} ({', '.join(info.devices)})"
             for info in BACKENDS.values()
         )
-        + f" (default: {DEFAULT_BACKEND}; 'artifacts' with --artifacts)",
+        + f" (default: {DEFAULT_BACKEND}"
+        + "".join(
+            f"; {mode.default_backend} for --mode {mode.name}"
+            for mode in MODES.values()
+            if mode.default_backend is not None
+        )
+        + "; 'artifacts' with --artifacts)",
     )
 
 

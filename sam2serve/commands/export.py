@@ -25,13 +25,17 @@ from sam2serve.runtime.backends import (
     ARTIFACT_DECODERS,
     ARTIFACT_IMAGE_PATH_DEVICES,
     ARTIFACT_IMAGE_PATHS,
+    ONNX_EXPORT,
+    ONNX_MODES,
 )
 from sam2serve.runtime.modes import MODES
 
 EXPORT_IMAGE_PATHS = ARTIFACT_IMAGE_PATHS
+EXPORT_BACKENDS = (*ARTIFACT_IMAGE_PATHS, ONNX_EXPORT)
 EXPORT_DECODERS = ARTIFACT_DECODERS
 # Artifacts hold the fast decoder: the modes that run it.
 EXPORT_MODES = tuple(name for name, mode in MODES.items() if mode.decoder == "fast")
+DEFAULT_EXPORT_MODE = "furious"
 
 DESCRIPTION = f"""\
 Export the model for the {" or ".join(EXPORT_MODES)} mode as ahead-of-time artifacts: the
@@ -44,6 +48,13 @@ sha256 of every file, the command). Load them with --artifacts DIR in '{PROG} ru
 '{PROG} serve' and '{PROG} bench': no compilation and no checkpoint at start-up; a
 mismatch with the manifest (model, mode, device, GPU architecture, runtime versions,
 checksums) is a clear error. Compiling takes a few minutes (tiny: ~2 min on 2 cores).
+With --mode int8 the OpenVINO image path is first quantised by NNCF on calibration
+photographs (pip install "sam2serve[int8]"); the manifest records precision int8 and the
+calibration.
+With --backend onnx (modes {" and ".join(ONNX_MODES)}): image_encoder.onnx and
+prompt_decoder.onnx in the interface annotation tools running SAM 2 through ONNX Runtime
+consume (docs/onnx.md), int8-quantised encoder with --mode int8; run them with
+'{PROG} run --backend onnxruntime --artifacts DIR' or plain onnxruntime.
 
 {EXIT_STATUS_HELP}
 """
@@ -69,15 +80,20 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 def add_arguments(parser: CommandParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="directory to write")
     add_model_flag(parser)
-    add_mode_flag(parser, default="furious", modes=EXPORT_MODES)
+    add_mode_flag(parser, default=None, modes=EXPORT_MODES)
+    [mode_flag] = [a for a in parser._actions if "--mode" in a.option_strings]
+    mode_flag.help = mode_flag.help.replace(
+        "%(default)s", f"{DEFAULT_EXPORT_MODE}; {ONNX_MODES[0]} with --backend onnx"
+    )
     parser.add_argument(
         "--backend",
-        choices=EXPORT_IMAGE_PATHS,
+        choices=EXPORT_BACKENDS,
         default=None,
         help="image path runtime: openvino (IR + the IR compiled for this CPU; the fastest "
         "here) or aoti (torch.export + AOTInductor .pt2 package, batch 1) (default: openvino; "
         "artifacts are CPU-only: AOTInductor packages compiled for CUDA crashed when loaded "
-        "on an H100, measured)",
+        "on an H100, measured); or onnx: ONNX graphs for ONNX Runtime and the annotation "
+        "tools (docs/onnx.md; --mode fast or int8, default fast)",
     )
     parser.add_argument(
         "--decoder",
@@ -96,6 +112,9 @@ def export_command(args: argparse.Namespace) -> int:
     from sam2serve.runtime.export import export_artifacts
     from sam2serve.runtime.threads import apply_threads
 
+    if args.backend == ONNX_EXPORT:
+        return export_onnx_command(args)
+    args.mode = args.mode or DEFAULT_EXPORT_MODE
     device_type = args.device.split(":", 1)[0]
     backend = args.backend or ("openvino" if device_type == "cpu" else "aoti")
     if device_type not in ARTIFACT_IMAGE_PATH_DEVICES[backend]:
@@ -109,6 +128,13 @@ def export_command(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--backend {backend} exports for {devices}, not --device {args.device}{why}"
         )
+    if MODES[args.mode].quantized_encoder is not None:
+        if backend != "openvino":
+            raise UsageError(
+                f"--mode {args.mode} exports its image path through OpenVINO (NNCF "
+                f"quantisation), not --backend {backend} (or use --backend onnx)"
+            )
+        model_flags.check_quantizer()
     model_flags.check_device(args.device)
     apply_threads(args.threads)
     try:
@@ -133,5 +159,46 @@ def export_command(args: argparse.Namespace) -> int:
     info_line(
         f"wrote {args.out} ({manifest['model']}, {manifest['mode']}, "
         f"{manifest['precision']}, for {manifest['target']}) in {manifest['export_seconds']} s"
+    )
+    return EXIT_OK
+
+
+def export_onnx_command(args: argparse.Namespace) -> int:
+    """--backend onnx: the two ONNX graphs (CPU export; they run on any provider)."""
+    mode = args.mode or ONNX_MODES[0]
+    if mode not in ONNX_MODES:
+        raise UsageError(
+            f"--backend onnx exports the {' and '.join(ONNX_MODES)} modes, not --mode {mode}"
+        )
+    if args.device != "cpu":
+        raise UsageError(
+            f"--backend onnx exports on the cpu (the graphs then run on any ONNX Runtime "
+            f"execution provider), not --device {args.device}"
+        )
+    from sam2serve.runtime.onnx_export import export_onnx, require_onnx
+    from sam2serve.runtime.threads import apply_threads
+
+    with model_flags.load_errors_as_usage():
+        require_onnx()
+    apply_threads(args.threads)
+    try:
+        with model_flags.load_errors_as_usage(args.checkpoint, args.model):
+            manifest = export_onnx(
+                args.model,
+                mode,
+                args.out,
+                checkpoint=args.checkpoint,
+                random_weights=args.random_weights,
+                seed=args.seed,
+                command=command_line(args),
+                progress=info_line,
+            )
+    except OSError as exc:
+        raise UsageError(f"cannot write --out {args.out!r}: {exc.strerror or exc}") from None
+    if args.random_weights:
+        warning_line("exported RANDOM WEIGHTS - not a trained model")
+    info_line(
+        f"wrote {args.out} ({manifest['model']}, {manifest['mode']}, {manifest['precision']}, "
+        f"ONNX opset {manifest['opset']}) in {manifest['export_seconds']} s"
     )
     return EXIT_OK

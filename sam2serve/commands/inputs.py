@@ -242,7 +242,7 @@ def load_prompts(path: Path) -> dict[str, Prompts]:
 
 def _parse_prompt(prompt: Any, where: str, index: int) -> Prompt:
     if isinstance(prompt, dict):
-        return _parse_object(prompt, f"{where}, object {index}")
+        return parse_object_prompt(prompt, f"{where}, object {index}")
     if isinstance(prompt, list):
         return _parse_point(prompt, f"{where}, point {index}")
     raise UsageError(
@@ -251,7 +251,7 @@ def _parse_prompt(prompt: Any, where: str, index: int) -> Prompt:
     )
 
 
-def _parse_object(prompt: dict[str, Any], where: str) -> dict[str, Any]:
+def parse_object_prompt(prompt: dict[str, Any], where: str) -> dict[str, Any]:
     unknown = sorted(set(prompt) - set(PROMPT_KEYS))
     if unknown:
         raise UsageError(

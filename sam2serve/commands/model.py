@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sam2serve.commands.common import UsageError, info_line, message, warning_line
+from sam2serve.runtime.backends import BACKENDS
+from sam2serve.runtime.modes import get_mode
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 
 if TYPE_CHECKING:
@@ -28,18 +30,34 @@ def runtime_spec(args: argparse.Namespace) -> RuntimeSpec:
     implies the 'artifacts' backend); a combination that cannot run is a usage error."""
     artifacts = getattr(args, "artifacts", None)
     backend = args.backend or ("artifacts" if artifacts is not None else None)
-    if backend == "artifacts" and artifacts is None:
+    # Backends that run 'sam2serve export' output: artifacts, onnxruntime (ONNX exports).
+    needs_artifacts = backend is not None and BACKENDS[backend].needs_artifacts
+    if needs_artifacts and artifacts is None:
         raise UsageError(
-            "--backend artifacts runs 'sam2serve export' artifacts: give --artifacts DIR"
+            f"--backend {backend} runs 'sam2serve export' output: give --artifacts DIR"
         )
-    if artifacts is not None and backend != "artifacts":
-        raise UsageError(f"--artifacts runs with --backend artifacts, not --backend {backend}")
+    if artifacts is not None and not needs_artifacts:
+        runners = " or ".join(name for name, info in BACKENDS.items() if info.needs_artifacts)
+        raise UsageError(f"--artifacts runs with --backend {runners}, not --backend {backend}")
     fields: dict[str, Any] = {"model": args.model, "mode": args.mode, "device": args.device}
     if backend is not None:
         fields["backend"] = backend
     try:
-        return RuntimeSpec(threads=args.threads, **fields)
+        spec = RuntimeSpec(threads=args.threads, **fields)
     except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if get_mode(spec.mode).quantized_encoder and not BACKENDS[spec.backend].needs_artifacts:
+        check_quantizer()  # quantised at start-up: say what to install before loading
+    return spec
+
+
+def check_quantizer() -> None:
+    """NNCF must be installed to quantise (mode int8 without artifacts); torch-free."""
+    from sam2serve.runtime.quantize import QuantizerMissing, require_nncf
+
+    try:
+        require_nncf()
+    except QuantizerMissing as exc:
         raise UsageError(str(exc)) from None
 
 

@@ -41,16 +41,19 @@ def draw_overlay(
     records: Sequence[dict[str, Any]],
     show_points: bool = False,
     stamp: str | None = None,
+    colour_keys: Sequence[int] | None = None,
 ) -> Image.Image:
     """The (H, W, 3) uint8 image with the records' masks (COCO RLE ``segmentation``) over
     it; ``show_points`` also draws each record's prompt (``point_coords``, with
-    ``point_labels`` and ``box`` when it has them); ``stamp`` is written across the top."""
+    ``point_labels`` and ``box`` when it has them); ``stamp`` is written across the top.
+    Colours go by area rank, or by ``colour_keys`` (one per record: a tracked object keeps
+    its colour from frame to frame)."""
     canvas = pixels.astype(np.float32)
     order = sorted(range(len(records)), key=lambda i: -records[i]["area"])
     colours: dict[int, np.ndarray] = {}
     for rank, index in enumerate(order):
         mask = rle_to_mask(coco_to_rle(records[index]["segmentation"]))
-        colours[index] = colour(rank)
+        colours[index] = colour(rank if colour_keys is None else colour_keys[index])
         canvas[mask] = (1 - OVERLAY_ALPHA) * canvas[mask] + OVERLAY_ALPHA * colours[index]
     image = Image.fromarray(np.rint(canvas).clip(0, 255).astype(np.uint8))
     if show_points:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -45,6 +45,22 @@ ALL_MASK_TOKENS = [0, 1, 2, 3]
 
 class PromptError(ValueError):
     """A prompt the model cannot take; the message names the bad value."""
+
+
+class PromptDecoder(Protocol):
+    """A prompt encoder + mask decoder that runs elsewhere (an ONNX Runtime session): for
+    B prompts with points on ONE image, the low-res logits of all four mask tokens
+    (B, 4, 256, 256) and their IoU (B, 4). The Predictor makes the multimask choice,
+    filters and upsamples, as for its own decoders."""
+
+    def __call__(
+        self,
+        image_embed: torch.Tensor,
+        high_res_feats: tuple[torch.Tensor, torch.Tensor],
+        coords: torch.Tensor,
+        labels: torch.Tensor,
+        mask_input: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
@@ -169,11 +185,14 @@ class Predictor:
         upscaling_dtype: torch.dtype = torch.float32,
         fast_decoder: FastMaskDecoder | None = None,
         mask_bytes_budget: int = DEFAULT_MASK_BYTES_BUDGET,
+        prompt_decoder: PromptDecoder | None = None,
     ) -> None:
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
         if fast_decoder is not None and decoder != "fast":
             raise ValueError(f"a fast decoder was given to a predictor with decoder {decoder!r}")
+        if prompt_decoder is not None and decoder != "reference":
+            raise ValueError("a prompt decoder replaces the model's: give decoder='reference'")
         self.model = model
         # The image path can run elsewhere (an ahead-of-time compiled artifact); by default
         # it is the model's own encode_image.
@@ -186,6 +205,9 @@ class Predictor:
         if fast_decoder is None and decoder == "fast":
             fast_decoder = FastMaskDecoder(model.sam_mask_decoder, upscaling_dtype)
         self.fast_decoder = fast_decoder
+        # Prompts with points may be decoded elsewhere too (an ONNX Runtime session); a
+        # mask input alone still runs the model's decoder.
+        self.prompt_decoder = prompt_decoder
         self.fast_min_prompts = fast_min_prompts
         if mask_bytes_budget < 1:
             raise ValueError(f"mask_bytes_budget must be >= 1, got {mask_bytes_budget}")
@@ -325,6 +347,15 @@ class Predictor:
                 low, iou, rows = self._decode_fast(
                     context.side, coords[chunk], labels[chunk], multimask_output, min_iou
                 )
+            elif self.prompt_decoder is not None and coords is not None:
+                low, iou, rows = self._decode_external(
+                    context.embedding,
+                    coords[chunk],
+                    labels[chunk],
+                    chunk_masks,
+                    multimask_output,
+                    min_iou,
+                )
             else:
                 out = self.model.decode_masks(
                     context.embedding.image_embed,
@@ -365,6 +396,26 @@ class Predictor:
             rows = _passing_rows(iou, min_iou)
             low = low[rows]
         return low, iou, rows
+
+    def _decode_external(
+        self,
+        embedding: Embedding,
+        coords: torch.Tensor,
+        labels: torch.Tensor,
+        mask_input: torch.Tensor | None,
+        multimask_output: bool,
+        min_iou: float | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        assert self.prompt_decoder is not None
+        low, iou = self.prompt_decoder(
+            embedding.image_embed, embedding.high_res_feats, coords, labels, mask_input
+        )
+        if multimask_output:
+            low, iou = low[:, 1:], iou[:, 1:]
+        else:
+            low, iou = self.model.sam_mask_decoder.select_single_mask(low, iou)
+        rows = _passing_rows(iou, min_iou)
+        return (low if min_iou is None else low[rows]), iou, rows
 
     def upscale(
         self, low_res: torch.Tensor, size: tuple[int, int], return_logits: bool = False

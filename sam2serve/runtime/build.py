@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from sam2serve.checkpoint import load_model
-from sam2serve.engine.predictor import Predictor
+from sam2serve.engine.predictor import Predictor, PromptDecoder
 from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.runtime.modes import get_mode
@@ -38,7 +38,8 @@ def build_predictor(
         raise ValueError(
             f"backend {backend.name!r} starts from 'sam2serve export' artifacts: give them"
             if backend.needs_artifacts
-            else f"artifacts are run by backend 'artifacts', not {backend.name!r}"
+            else f"artifacts are run by backend 'artifacts', not {backend.name!r} (an ONNX "
+            "export: by 'onnxruntime')"
         )
     if not backend.needs_artifacts:  # artifacts carry the dtype they were exported in
         spec = resolve_dtype(spec)
@@ -140,19 +141,22 @@ def predictor_for(
     spec: RuntimeSpec,
     image_encoder: Callable[[torch.Tensor], Any] | None = None,
     fast_decoder: FastMaskDecoder | None = None,
+    prompt_decoder: PromptDecoder | None = None,
 ) -> Predictor:
     """A Predictor running ``model``'s heads the way ``spec``'s mode says; the image path
-    and the fast decoder may come from a backend, else they run eagerly."""
+    and the fast decoder may come from a backend, else they run eagerly. A backend's
+    ``prompt_decoder`` (ONNX Runtime) replaces the model's decoder for prompts with points."""
     mode = get_mode(spec.mode)
     spec = resolve_dtype(spec)
     assert spec.prompt_chunk is not None  # resolved by RuntimeSpec
     predictor = Predictor(
         model,
-        decoder=mode.decoder,
+        decoder=mode.decoder if prompt_decoder is None else "reference",
         prompt_chunk=spec.prompt_chunk,
         image_encoder=image_encoder,
         upscaling_dtype=upscaling_dtype(spec),
         fast_decoder=fast_decoder,
+        prompt_decoder=prompt_decoder,
     )
     predictor.runtime = spec
     return predictor

@@ -109,6 +109,8 @@ def _sha256(path: Path) -> str:
 
 
 def _encoder_precision(spec: RuntimeSpec) -> str:
+    if get_mode(spec.mode).quantized_encoder is not None:
+        return "int8"  # its unquantised ops in f32 (_precision_config)
     # fast is lossless: keep f32 (OpenVINO would pick bf16 on a CPU that has it).
     return {torch.bfloat16: "bf16", torch.float16: "f16"}.get(encoder_dtype(spec), "f32")
 
@@ -174,8 +176,23 @@ def _import_compiled(directory: Path, manifest: dict) -> OpenVINOImageEncoder | 
 def openvino_image_encoder(model: SAM2Image, spec: RuntimeSpec) -> OpenVINOImageEncoder:
     """Convert and compile the image path at start-up: the alternative to artifacts
     (tens of seconds for tiny, measured by ``sam2serve bench`` as mode ``NAME+jit``)."""
-    converted, _ = convert_image_path(model)
+    converted, _, _ = mode_image_path(model, spec)
     return compile_for_cpu(converted, _encoder_precision(spec))
+
+
+def mode_image_path(
+    model: SAM2Image, spec: RuntimeSpec
+) -> tuple[object, tuple[torch.Tensor, ...], dict]:
+    """The image path as OpenVINO runs it in ``spec``'s mode: converted, then for int8
+    quantised by NNCF (sam2serve.runtime.quantize); its fp32 eager outputs on the example
+    input; and what the manifest records of the quantisation ({} for the float modes)."""
+    converted, reference = convert_image_path(model)
+    if get_mode(spec.mode).quantized_encoder is None:
+        return converted, reference, {}
+    from sam2serve.runtime.quantize import DEFAULT_CALIBRATION, quantize_image_path
+
+    quantized = quantize_image_path(converted, model.image_size, DEFAULT_CALIBRATION)
+    return quantized, reference, {"calibration": DEFAULT_CALIBRATION.as_dict()}
 
 
 def export_artifacts(
@@ -206,7 +223,12 @@ def export_artifacts(
             + (CUDA_ARTIFACTS_WHY if device_type == "cuda" else "")
         )
     if get_mode(mode).decoder != "fast":
-        raise ArtifactError(f"export is for the fast and furious modes, got {mode!r}")
+        raise ArtifactError(f"export is for the fast, furious and int8 modes, got {mode!r}")
+    if get_mode(mode).quantized_encoder is not None and backend != "openvino":
+        raise ArtifactError(
+            f"mode {mode!r} exports its image path through OpenVINO (NNCF quantisation), "
+            f"not {backend!r}"
+        )
     spec = resolve_dtype(RuntimeSpec(size, mode, "artifacts", device=device))
     model = load_model(size, checkpoint, random_weights=random_weights, seed=seed, device=device)
     out = Path(out)
@@ -217,7 +239,11 @@ def export_artifacts(
         progress("image path: torch.export + AOTInductor (about a minute)")
         reference, encoder_files, extra = _export_aoti(model, spec, out)
     else:
-        progress("image path: OpenVINO conversion and compilation for this CPU")
+        progress(
+            "image path: OpenVINO conversion"
+            + (", int8 calibration" if get_mode(mode).quantized_encoder else "")
+            + " and compilation for this CPU"
+        )
         reference, encoder_files, extra = _export_openvino(model, spec, out)
     if decoder == "aoti":
         fast = FastMaskDecoder(model.sam_mask_decoder, upscaling_dtype(spec))
@@ -267,12 +293,12 @@ def _export_openvino(
 ) -> tuple[tuple[torch.Tensor, ...], tuple[str, ...], dict]:
     import openvino as ov
 
-    converted, reference = convert_image_path(model)
+    converted, reference, quantization = mode_image_path(model, spec)
     ov.save_model(converted, out / ENCODER_XML, compress_to_fp16=False)
     encoder = compile_for_cpu(converted, _encoder_precision(spec))
     (out / ENCODER_BLOB).write_bytes(encoder.compiled.export_model().getvalue())
     compiled = {"compiled": {"file": ENCODER_BLOB, "device": "CPU", "cpu": cpu_name()}}
-    return reference, (ENCODER_XML, ENCODER_BIN, ENCODER_BLOB), compiled
+    return reference, (ENCODER_XML, ENCODER_BIN, ENCODER_BLOB), {**compiled, **quantization}
 
 
 def _export_aoti(
@@ -298,7 +324,9 @@ def _runtime_versions(backend: str) -> dict[str, str]:
     return {"openvino": ov.__version__, "torch": torch.__version__}
 
 
-def read_manifest(directory: str | Path) -> dict:
+def read_manifest(directory: str | Path, expected_format: int | str = FORMAT_VERSION) -> dict:
+    """The manifest in ``directory``; ``expected_format``: these artifacts' format version,
+    or ``"onnx"`` for 'sam2serve export --backend onnx' (run by backend 'onnxruntime')."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise ArtifactError(
@@ -309,7 +337,14 @@ def read_manifest(directory: str | Path) -> dict:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"{str(path)!r} is not valid JSON: {exc}") from None
-    if manifest.get("format") != FORMAT_VERSION:
+    found = manifest.get("format") if isinstance(manifest, dict) else None
+    if found != expected_format and "onnx" in (found, expected_format):
+        runner = "backend 'onnxruntime'" if found == "onnx" else "backend 'artifacts'"
+        raise ArtifactError(
+            f"{str(path)!r} is {'an ONNX export' if found == 'onnx' else 'not an ONNX export'}"
+            f": run it with {runner}"
+        )
+    if found != expected_format:
         raise ArtifactError(
             f"{str(path)!r} has format {manifest.get('format')!r}; this "
             f"sam2serve reads format {FORMAT_VERSION}: export again"

@@ -17,6 +17,10 @@ offer the names without importing torch.
   bf16 weights on the CPU, bf16 autocast on CUDA (fp16 where the GPU has no bf16); TF32
   matmuls allowed on CUDA. The transformer stays fp32 because its LayerNorm statistics are
   computed from Gram matrices, which reduced precision would not survive.
+- ``int8``: ``fast`` with the image encoder quantised to int8 after training (weights and
+  activations, calibrated on photographs: :mod:`sam2serve.runtime.calibration`), run by a
+  backend with int8 kernels (OpenVINO via NNCF, ONNX Runtime's quantiser); answers change
+  within the accuracy the bench reports against the baseline.
 
 Prompt chunks are chosen per device: on this CPU (2 cores, measured) the per-prompt cost
 rises once a chunk's activations leave the cache (the fast decoder costs 39 ms/prompt in
@@ -47,6 +51,11 @@ class Mode:
     prompt_chunk_cuda: int = 64
     # TF32 matmuls on CUDA (Ampere and later): off where answers must match fp32.
     allow_tf32: bool = False
+    # Post-training quantisation of the image encoder: None, or the integer type ("int8").
+    quantized_encoder: str | None = None
+    # The backend a spec without one gets: None for the registry's default (eager); a mode
+    # that eager cannot run names one that can, so `--mode int8` alone just works.
+    default_backend: str | None = None
 
     def prompt_chunk(self, device_type: str) -> int:
         return self.prompt_chunk_cuda if device_type == "cuda" else self.prompt_chunk_cpu
@@ -78,6 +87,15 @@ MODES: dict[str, Mode] = {
             reduced_precision_encoder=True,
             reduced_precision_upscaling=True,
             allow_tf32=True,
+        ),
+        Mode(
+            name="int8",
+            description="fast + the image encoder quantised to int8 (post-training, "
+            "calibrated on photographs; OpenVINO/NNCF or ONNX Runtime)",
+            decoder="fast",
+            prompt_chunk_cpu=4,
+            quantized_encoder="int8",
+            default_backend="openvino",
         ),
     )
 }

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sam2serve.config import MODEL_CONFIGS
-from sam2serve.runtime.backends import DEFAULT_BACKEND, get_backend_info
+from sam2serve.runtime.backends import BACKENDS, DEFAULT_BACKEND, get_backend_info
 from sam2serve.runtime.modes import DEVICE_TYPES, get_mode
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -43,7 +43,8 @@ class WeightsSource:
 class RuntimeSpec:
     model: str = "tiny"
     mode: str = "fast"
-    backend: str = DEFAULT_BACKEND
+    # None: the mode's default backend (default_backend; eager for the float modes).
+    backend: str | None = None
     device: str = "cpu"
     # Intra-op CPU threads; None: the CPUs this process may use (affinity and cgroup quota).
     threads: int | None = None
@@ -63,6 +64,8 @@ class RuntimeSpec:
                 f"unknown model {self.model!r}; expected one of {', '.join(MODEL_CONFIGS)}"
             )
         mode = get_mode(self.mode)
+        if self.backend is None:
+            object.__setattr__(self, "backend", default_backend(mode.name))
         backend = get_backend_info(self.backend)
         device_type = self.device.split(":", 1)[0]
         if device_type not in DEVICE_TYPES:
@@ -76,9 +79,15 @@ class RuntimeSpec:
                 f"{self.device!r}"
             )
         if backend.modes is not None and mode.name not in backend.modes:
+            if mode.quantized_encoder is not None:
+                runners = [n for n, i in BACKENDS.items() if i.modes and mode.name in i.modes]
+                raise ValueError(
+                    f"mode {mode.name!r} needs {mode.quantized_encoder} kernels, which backend "
+                    f"{backend.name!r} does not have: run it with backend "
+                    f"{' or '.join(runners)} (or leave the backend out: {mode.default_backend})"
+                )
             raise ValueError(
-                f"backend {backend.name!r} runs the {' and '.join(backend.modes)} modes, "
-                f"not {mode.name!r}"
+                f"backend {backend.name!r} runs the {_and(backend.modes)} modes, not {mode.name!r}"
             )
         if self.threads is not None:
             check_threads(self.threads)
@@ -105,16 +114,31 @@ class RuntimeSpec:
     @property
     def label(self) -> str:
         """``mode`` for eager, else ``mode+backend`` (the bench's row names)."""
-        return self.mode if self.backend == DEFAULT_BACKEND else f"{self.mode}+{self.backend}"
+        return (
+            self.mode
+            if self.backend == default_backend(self.mode)
+            else f"{self.mode}+{self.backend}"
+        )
 
     @classmethod
     def from_label(cls, label: str, **fields: Any) -> RuntimeSpec:
-        """``"furious+openvino"`` -> mode furious, backend openvino (names checked)."""
+        """``"furious+openvino"`` -> mode furious, backend openvino (names checked);
+        ``"int8"`` -> mode int8, its default backend (openvino)."""
         mode, _, backend = label.partition("+")
-        return cls(mode=mode, backend=backend or DEFAULT_BACKEND, **fields)
+        return cls(mode=mode, backend=backend or None, **fields)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def replace(self, **changes: Any) -> RuntimeSpec:
         return dataclasses.replace(self, **changes)
+
+
+def default_backend(mode: str) -> str:
+    """The backend a spec of ``mode`` gets when it names none: the mode's own choice (int8:
+    openvino, since eager has no int8 kernels), else the registry's default."""
+    return get_mode(mode).default_backend or DEFAULT_BACKEND
+
+
+def _and(names: tuple[str, ...]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

@@ -34,8 +34,9 @@ class ServerSettings:
     # ---- the model (ignored when create_app is handed a ready predictor)
     model: str = "tiny"
     mode: str = "fast"
-    # What executes the mode (sam2serve.runtime.backends); artifacts imply "artifacts".
-    backend: str = "eager"
+    # What executes the mode (sam2serve.runtime.backends); artifacts imply "artifacts";
+    # None: the mode's default (eager; openvino for int8).
+    backend: str | None = None
     checkpoint: str | None = None
     random_weights: bool = False
     artifacts: str | None = None  # a 'sam2serve export' directory (weights included)

@@ -100,7 +100,8 @@ def test_csv_has_every_column_and_a_row_per_task_and_mode(bench):
     assert [(r["task"], r["mode"]) for r in rows] == [
         (task, mode) for task in TASKS for mode in ["baseline", *[m for m in MODES[1:]]]
     ]
-    numeric = [c for c in CSV_COLUMNS if c not in ("task", "mode", "cache", "error", "miou")]
+    text = ("task", "variant", "mode", "cache", "error", "miou")
+    numeric = [c for c in CSV_COLUMNS if c not in text]
     for row in rows:
         assert row["error"] == "" and row["cache"] == "cold"
         assert int(row["images"]) == 2
@@ -196,7 +197,10 @@ def test_bench_usage_errors_are_one_line(tmp_path):
     cases = [
         (["bench", "--modes", "baseline,turbo", "--random-weights"], "turbo"),
         (["bench", "--modes", "fast+turbo", "--random-weights"], "'turbo'"),
-        (["bench", "--modes", "baseline+artifacts", "--random-weights"], "fast and furious"),
+        (
+            ["bench", "--modes", "baseline+artifacts", "--random-weights"],
+            "runs the fast, furious and int8 modes",
+        ),
         (["bench", "--images", str(tmp_path / "none"), "--random-weights"], "neither"),
         (["bench", "--n", "0", "--random-weights"], "--n must be at least 1"),
         (["bench", "--random-weights", "--points-per-side", "0"], "--points-per-side"),

@@ -49,7 +49,7 @@ class FakeWorkers:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, str, object]] = []
 
-    def __call__(self, config, work, task, mode, cache, checkpoint, images, prompts):
+    def __call__(self, config, work, task, mode, cache, checkpoint, images, prompts, variant=""):
         self.calls.append((task, mode, cache, prompts))
         run = RunResult(task=task, mode=mode, label=mode, cache=cache)
         records = []

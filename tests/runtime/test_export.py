@@ -102,7 +102,7 @@ def test_tampered_or_missing_files_are_named(exported, tmp_path):
 
 
 def test_export_refuses_the_baseline_mode(tmp_path):
-    with pytest.raises(ArtifactError, match="fast and furious"):
+    with pytest.raises(ArtifactError, match="for the fast, furious and int8 modes, got .baseline."):
         export_artifacts("tiny", "baseline", tmp_path, random_weights=True)
 
 
@@ -145,7 +145,7 @@ def test_labels_name_a_mode_and_a_backend(label, expected):
     [
         ("turbo+artifacts", "unknown mode 'turbo'"),
         ("fast+turbo", "unknown backend 'turbo'"),
-        ("baseline+openvino", "backend 'openvino' runs the fast and furious modes"),
+        ("baseline+openvino", "backend 'openvino' runs the fast, furious and int8 modes"),
     ],
 )
 def test_bad_labels_are_named(label, message):

@@ -22,7 +22,7 @@ from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
         ({"backend": "tensorrt"}, "unknown backend 'tensorrt'; expected one of eager, compile"),
         ({"device": "tpu"}, "unknown device 'tpu'; expected one of cpu, cuda"),
         ({"backend": "openvino", "device": "cuda"}, "backend 'openvino' runs on cpu, not on"),
-        ({"backend": "artifacts", "mode": "baseline"}, "runs the fast and furious modes"),
+        ({"backend": "artifacts", "mode": "baseline"}, "runs the fast, furious and int8 modes"),
         ({"threads": 0}, "threads must be an integer >= 1, got 0"),
         ({"prompt_chunk": 0}, "prompt_chunk must be an integer >= 1, got 0"),
         ({"dtype": "int4"}, "unknown dtype 'int4'; expected one of float32, bfloat16, float16"),

@@ -50,6 +50,14 @@ class BackendInfo:
 
 
 _FAST_MODES = ("fast", "furious")
+# The torch backends compute in floating point: int8 needs integer kernels (OpenVINO's, via
+# NNCF quantisation; ONNX Runtime's).
+_FLOAT_MODES = ("baseline", "fast", "furious")
+_OPENVINO_MODES = (*_FAST_MODES, "int8")
+# What 'sam2serve export --backend onnx' writes and backend 'onnxruntime' runs: fp32 graphs,
+# or the image encoder quantised to int8.
+ONNX_EXPORT = "onnx"
+ONNX_MODES = ("fast", "int8")
 # The devices artifacts are exported for and run on, per image-path format. Manifests,
 # loaders and checks are per device (the manifest names the device and the compile
 # target), but CUDA is not offered: AOTInductor packages compiled for an H100 (torch
@@ -61,19 +69,27 @@ ARTIFACT_DEVICES = ("cpu",)
 BACKENDS: dict[str, BackendInfo] = {
     info.name: info
     for info in (
-        BackendInfo("eager", "PyTorch eager", "sam2serve.runtime.backends.eager", ("cpu", "cuda")),
+        BackendInfo(
+            "eager",
+            "PyTorch eager",
+            "sam2serve.runtime.backends.eager",
+            ("cpu", "cuda"),
+            _FLOAT_MODES,
+        ),
         BackendInfo(
             "compile",
             "the image path through torch.compile (Inductor) at start-up",
             "sam2serve.runtime.backends.compiled",
             ("cpu", "cuda"),
+            _FLOAT_MODES,
         ),
         BackendInfo(
             "openvino",
-            "the image path converted and compiled with OpenVINO at start-up",
+            "the image path converted and compiled with OpenVINO at start-up (mode int8: "
+            "quantised by NNCF first, on calibration photographs)",
             "sam2serve.runtime.backends.openvino",
             ("cpu",),
-            _FAST_MODES,
+            _OPENVINO_MODES,
         ),
         BackendInfo(
             "artifacts",
@@ -81,7 +97,16 @@ BACKENDS: dict[str, BackendInfo] = {
             "mask decoder (AOTInductor), nothing compiled at start-up",
             "sam2serve.runtime.backends.artifacts",
             ARTIFACT_DEVICES,
-            _FAST_MODES,
+            _OPENVINO_MODES,
+            needs_artifacts=True,
+        ),
+        BackendInfo(
+            "onnxruntime",
+            "'sam2serve export --backend onnx' files through ONNX Runtime: the image encoder "
+            "(fp32, or int8 with mode int8) and the prompt decoder",
+            "sam2serve.runtime.backends.onnxruntime",
+            ("cpu", "cuda"),
+            ONNX_MODES,
             needs_artifacts=True,
         ),
     )

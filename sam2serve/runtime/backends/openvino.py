@@ -1,5 +1,7 @@
 """OpenVINO at start-up: the image path converted from our modules and compiled for this
-CPU when the predictor is built (tens of seconds; artifacts skip that)."""
+CPU when the predictor is built (tens of seconds; artifacts skip that). In mode int8 it is
+quantised by NNCF first, on calibration photographs (:mod:`sam2serve.runtime.quantize`):
+that calibration runs at every start-up; ``sam2serve export --mode int8`` does it once."""
 
 from __future__ import annotations
 
@@ -18,7 +20,12 @@ class OpenVINO(LoadsWeights):
     def versions(self) -> dict[str, str]:
         import openvino
 
-        return {"openvino": openvino.__version__}
+        versions = {"openvino": openvino.__version__}
+        try:  # the int8 mode's quantiser (optional)
+            import nncf
+        except ImportError:
+            return versions
+        return {**versions, "nncf": nncf.__version__}
 
 
 BACKEND = OpenVINO()

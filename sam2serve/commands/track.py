@@ -1,0 +1,440 @@
+"""``sam2serve track``: objects followed through a video from a few prompts, with SAM 2's
+memory (Meta's video predictor semantics), one COCO RLE JSON file per frame.
+
+It checks the flags, the prompts file and the video before the model loads, adds every
+prompt (any frame, any object), propagates forward from the first prompted frame to the
+end and, when that frame is not the first, in reverse to frame 0; each frame's file is
+written as soon as it is computed (a run stopped half way keeps what it wrote).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sam2serve.commands import model as model_flags
+from sam2serve.commands.common import (
+    EXIT_OK,
+    EXIT_STATUS_HELP,
+    PROG,
+    CommandParser,
+    UsageError,
+    add_command,
+    add_device_flag,
+    add_model_flag,
+    add_threads_flag,
+    add_weights_flags,
+    info_line,
+    positive_int,
+)
+from sam2serve.commands.inputs import parse_object_prompt
+from sam2serve.commands.run_outputs import json_safe, prepare_out_dir
+
+SAMPLE_VIDEO = "sample"
+SAMPLE_FRAMES = 8
+SUMMARY_NAME = "track.json"
+OVERLAY_SUFFIXES = (".mp4", ".gif")
+DEFAULT_MAX_FRAMES = 2_000
+
+DESCRIPTION = f"""\
+Track objects through a video: prompts (clicks and boxes) for any object on any frame,
+then SAM 2's memory carries each object from frame to frame, forward to the last frame
+and, when the first prompt is not on frame 0, backward to frame 0.
+
+video:
+  a video file (.mp4, .mov, .mkv, .avi, .webm, .gif; decoded with PyAV: pip install av),
+  a folder of frames (.jpg/.png/...; in the order of their integer names 0.jpg, 1.jpg,
+  ..., else by name), or the word '{SAMPLE_VIDEO}': a clip made offline ({SAMPLE_FRAMES}
+  frames, 320x240: a red disc and a blue square crossing a photo, the square passing in
+  front) with built-in prompts (a click on the disc and a box on the square, frame 0)
+
+prompts (--prompts FILE, JSON): frame index -> object id -> an object, e.g.
+  {{"0": {{"1": {{"points": [[120, 80], [140, 90]], "labels": [1, 0]}},
+         "2": {{"box": [10, 20, 60, 90]}}}},
+   "5": {{"1": {{"points": [[130, 85]]}}}}}}
+  points are [x, y] in the video's pixels, labels 1 (object) or 0 (not the object; default
+  1), a box is [x0, y0, x1, y1]; a later entry for an object corrects it on that frame.
+
+outputs, in --out:
+  frame_NNNNN.json   per frame: every object's mask as COCO RLE, its area and bbox
+  {SUMMARY_NAME}         the run: video, frames, objects, prompts, model, weights, frames/s
+  --overlay FILE     the masks drawn over the video (.mp4 or .gif), one colour per object
+
+stderr: a progress bar, then frames/s and per-frame latency p50/p90 of the propagation
+
+{EXIT_STATUS_HELP}
+"""
+
+EPILOG = f"""\
+examples:
+  {PROG} track {SAMPLE_VIDEO} --out tracked/ --random-weights --overlay tracked/clip.gif
+  {PROG} track clip.mp4 --prompts prompts.json --out tracked/ --checkpoint sam2.1_hiera_tiny.pt
+  {PROG} track frames/ --prompts prompts.json --out tracked/ --model large --device cuda
+"""
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    add_command(
+        subcommands,
+        "track",
+        help="track objects through a video from a few prompts (SAM 2's memory)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        handler=track_command,
+        add_arguments=add_arguments,
+    )
+
+
+def add_arguments(parser: CommandParser) -> None:
+    parser.add_argument(
+        "video",
+        metavar="VIDEO_OR_FRAME_DIR",
+        help=f"a video file, a folder of frames, or '{SAMPLE_VIDEO}'",
+    )
+    parser.add_argument(
+        "--prompts",
+        type=Path,
+        metavar="FILE",
+        help=f"the prompts (JSON, see above); required unless the video is '{SAMPLE_VIDEO}'",
+    )
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")
+    parser.add_argument(
+        "--overlay",
+        type=Path,
+        metavar="FILE",
+        help="also write the masks over the video to FILE (.mp4 or .gif)",
+    )
+    parser.add_argument(
+        "--max-frames",
+        type=positive_int,
+        default=DEFAULT_MAX_FRAMES,
+        metavar="N",
+        help="refuse videos with more frames (every frame is held in memory as pixels) "
+        "(default: %(default)s)",
+    )
+    model = parser.add_argument_group("model")
+    add_model_flag(model)
+    add_device_flag(model)
+    add_threads_flag(model)
+    add_weights_flags(model, artifacts=False)
+
+
+@dataclass(frozen=True)
+class ObjectPrompt:
+    frame: int
+    obj_id: int
+    points: list[list[float]]
+    labels: list[int]
+    box: list[float] | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"points": self.points, "labels": self.labels, "box": self.box}
+
+
+def track_command(args: argparse.Namespace) -> int:
+    if args.overlay is not None and args.overlay.suffix.lower() not in OVERLAY_SUFFIXES:
+        raise UsageError(
+            f"--overlay {str(args.overlay)!r}: the file must end in {' or '.join(OVERLAY_SUFFIXES)}"
+        )
+    sample = args.video == SAMPLE_VIDEO
+    if args.prompts is None and not sample:
+        raise UsageError(f"--prompts FILE is required (unless the video is '{SAMPLE_VIDEO}')")
+    if not sample and not Path(args.video).exists():
+        raise UsageError(f"no such video or frame folder: {args.video!r}")
+    prompts = None if args.prompts is None else load_video_prompts(args.prompts)
+    out_dir = prepare_out_dir(args.out)
+
+    frames, names, fps, source = _read_video(args, sample)
+    if prompts is None:
+        prompts = sample_prompts(frames)
+    check_prompts(prompts, len(frames), frames[0].shape[:2], args.prompts)
+
+    predictor, weights = _load_predictor(args)
+    state = predictor.init_state(frames)
+    for prompt in sorted(prompts, key=lambda p: (p.frame, p.obj_id)):
+        predictor.add_points(
+            state,
+            prompt.frame,
+            prompt.obj_id,
+            prompt.points or None,
+            prompt.labels or None,
+            box=prompt.box,
+        )
+    header = {
+        "video": source,
+        "frames": len(frames),
+        "width": int(frames[0].shape[1]),
+        "height": int(frames[0].shape[0]),
+        "fps": fps,
+        "objects": sorted(state.obj_ids),
+        "prompts": {
+            str(p.frame): {str(q.obj_id): q.as_dict() for q in prompts if q.frame == p.frame}
+            for p in prompts
+        },
+        "model": args.model,
+        "device": args.device,
+        "weights": weights,
+    }
+    first = min(prompt.frame for prompt in prompts)
+    results = _propagate(predictor, state, first, names, out_dir)
+    header["timings"] = results.summary()
+    (out_dir / SUMMARY_NAME).write_text(json.dumps(json_safe(header), indent=2) + "\n")
+    if args.overlay is not None:
+        _write_overlay(args.overlay, frames, results.records, fps, weights["random"])
+    _print_summary(results, out_dir, args.overlay)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def load_video_prompts(path: Path) -> list[ObjectPrompt]:
+    """The --prompts file: {frame: {object id: {points, labels, box}}}, every value checked
+    (the message names the frame, the object and the bad value)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--prompts file not found: {str(path)!r}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read --prompts file {str(path)!r}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--prompts file {str(path)!r} is not valid JSON: {exc}") from None
+    expected = 'a JSON object like {"0": {"1": {"points": [[x, y]], "labels": [1]}}}'
+    if not isinstance(data, dict) or not data:
+        raise UsageError(f"--prompts file {str(path)!r} must hold {expected}")
+    prompts = []
+    for frame_key, objects in data.items():
+        frame = _index(frame_key, "frame", f"--prompts file {str(path)!r}")
+        where = f"--prompts file {str(path)!r}, frame {frame_key!r}"
+        if not isinstance(objects, dict) or not objects:
+            raise UsageError(f"{where}: expected object id -> prompt, got {objects!r:.80}")
+        for obj_key, entry in objects.items():
+            obj_id = _index(obj_key, "object id", where)
+            if not isinstance(entry, dict):
+                raise UsageError(
+                    f"{where}, object {obj_key!r}: expected "
+                    f'{{"points": [[x, y], ...], "labels": [...], "box": [...]}}, got {entry!r:.80}'
+                )
+            parsed = parse_object_prompt(entry, f"{where}, object {obj_key!r}")
+            prompts.append(
+                ObjectPrompt(frame, obj_id, parsed["points"], parsed["labels"], parsed["box"])
+            )
+    return prompts
+
+
+def _index(key: str, what: str, where: str) -> int:
+    if not key.isdigit():
+        raise UsageError(f"{where}: {what} {key!r} is not a non-negative integer")
+    return int(key)
+
+
+def check_prompts(
+    prompts: list[ObjectPrompt], num_frames: int, size: tuple[int, int], path: Path | None
+) -> None:
+    """Every prompt on a frame of the video and inside it."""
+    height, width = size
+    where = "the prompts" if path is None else f"--prompts file {str(path)!r}"
+    for prompt in prompts:
+        if prompt.frame >= num_frames:
+            raise UsageError(
+                f"{where}: frame {prompt.frame} is past the video's last frame "
+                f"({num_frames} frames: 0 to {num_frames - 1})"
+            )
+        coordinates = [*prompt.points]
+        if prompt.box is not None:
+            coordinates += [prompt.box[:2], prompt.box[2:]]
+        for x, y in coordinates:
+            if not (0 <= x <= width and 0 <= y <= height):
+                raise UsageError(
+                    f"{where}, frame {prompt.frame}, object {prompt.obj_id}: [{x:g}, {y:g}] "
+                    f"is outside the {width}x{height} frame"
+                )
+
+
+def sample_prompts(frames: list[Any]) -> list[ObjectPrompt]:
+    """The sample clip's prompts: a click at the centre of the disc and a box around the
+    square, on frame 0, from the clip's true masks."""
+    import numpy as np
+
+    from sam2serve.samples import sample_clip
+
+    height, width = frames[0].shape[:2]
+    _, truth = sample_clip(len(frames), (height, width))
+    rows, cols = np.nonzero(truth[1][0])
+    click = [[float(cols.mean()), float(rows.mean())]]
+    rows, cols = np.nonzero(truth[2][0])
+    box = [float(cols.min()), float(rows.min()), float(cols.max() + 1), float(rows.max() + 1)]
+    return [ObjectPrompt(0, 1, click, [1], None), ObjectPrompt(0, 2, [], [], box)]
+
+
+# --------------------------------------------------------------------------- video and model
+
+
+def _read_video(args: argparse.Namespace, sample: bool) -> tuple[list, list[str], float, str]:
+    if sample:
+        from sam2serve.samples import sample_clip
+
+        frames, _ = sample_clip(SAMPLE_FRAMES)
+        return frames, [str(i) for i in range(len(frames))], 5.0, "sample clip (synthetic)"
+    from sam2serve.engine.video_io import VideoError, read_frames
+
+    try:
+        video = read_frames(args.video, max_frames=args.max_frames)
+    except VideoError as exc:
+        raise UsageError(str(exc)) from None
+    return video.frames, video.names, video.fps or 10.0, video.source
+
+
+def _load_predictor(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    from sam2serve.checkpoint import load_video_model
+    from sam2serve.engine.video.predictor import VideoPredictor
+    from sam2serve.runtime.threads import apply_threads
+
+    model_flags.check_device(args.device)
+    apply_threads(args.threads)
+    start = time.perf_counter()
+    with model_flags.load_errors_as_usage(args.checkpoint, args.model):
+        model = load_video_model(
+            args.model,
+            checkpoint=args.checkpoint,
+            random_weights=args.random_weights,
+            seed=args.seed,
+            device=args.device,
+        )
+    model_flags.announce_weights(
+        args.model,
+        model.weights_info,
+        f"on {args.device}",
+        f"loaded in {time.perf_counter() - start:.1f} s",
+    )
+    return VideoPredictor(model), model_flags.weights_record(model.weights_info)
+
+
+# --------------------------------------------------------------------------- propagation
+
+
+@dataclass
+class TrackResults:
+    records: dict[int, list[dict[str, Any]]]  # frame index -> one record per object
+    seconds: list[float]  # per propagated frame (decode + memory + RLE + write)
+    wall: float
+
+    def summary(self) -> dict[str, Any]:
+        import numpy as np
+
+        ms = np.asarray(self.seconds) * 1000
+        return {
+            "frames_tracked": len(self.seconds),
+            "seconds": round(self.wall, 3),
+            "frames_per_second": round(len(self.seconds) / self.wall, 3) if self.wall else None,
+            "frame_ms_p50": round(float(np.percentile(ms, 50)), 1) if len(ms) else None,
+            "frame_ms_p90": round(float(np.percentile(ms, 90)), 1) if len(ms) else None,
+        }
+
+
+def _propagate(
+    predictor: Any, state: Any, first: int, names: list[str], out_dir: Path
+) -> TrackResults:
+    from tqdm import tqdm
+
+    passes = [(first, False)] + ([(first, True)] if first > 0 else [])
+    records: dict[int, list[dict[str, Any]]] = {}
+    seconds: list[float] = []
+    progress = tqdm(
+        total=state.num_frames,
+        desc=f"{PROG} track",
+        unit="frame",
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
+    start = time.perf_counter()
+    for start_frame, reverse in passes:
+        frames = predictor.propagate(state, start_frame_idx=start_frame, reverse=reverse)
+        tick = time.perf_counter()
+        for result in frames:
+            if result.frame_idx not in records:
+                records[result.frame_idx] = _write_frame(result, names, out_dir)
+                progress.update(1)
+            now = time.perf_counter()
+            seconds.append(now - tick)
+            tick = now
+    progress.close()
+    return TrackResults(records, seconds, time.perf_counter() - start)
+
+
+def _write_frame(result: Any, names: list[str], out_dir: Path) -> list[dict[str, Any]]:
+    from sam2serve.engine.coco import coco_bbox
+    from sam2serve.engine.rle import area_from_rle, masks_to_rle, rle_to_coco
+
+    rles = masks_to_rle(result.masks)
+    records = []
+    for obj_id, rle in zip(result.obj_ids, rles, strict=True):
+        coco = rle_to_coco(rle)
+        records.append(
+            {
+                "obj_id": int(obj_id),
+                "segmentation": coco,
+                "area": area_from_rle(rle),
+                "bbox": coco_bbox(rle),
+            }
+        )
+    records.sort(key=lambda record: record["obj_id"])
+    height, width = result.masks.shape[-2:]
+    frame = {
+        "frame": result.frame_idx,
+        "name": names[result.frame_idx],
+        "width": int(width),
+        "height": int(height),
+        "objects": records,
+    }
+    path = out_dir / f"frame_{result.frame_idx:05d}.json"
+    staging = path.with_suffix(".json.tmp")
+    staging.write_text(json.dumps(json_safe(frame)) + "\n")
+    staging.replace(path)
+    return records
+
+
+def _write_overlay(
+    path: Path,
+    frames: list[Any],
+    records: dict[int, list[dict[str, Any]]],
+    fps: float,
+    random_weights: bool,
+) -> None:
+    import numpy as np
+
+    from sam2serve.engine.overlay import draw_overlay
+    from sam2serve.engine.video_io import VideoError, write_video
+
+    drawn = []
+    for index, pixels in enumerate(frames):
+        frame_records = records.get(index, [])
+        image = draw_overlay(
+            pixels,
+            frame_records,
+            stamp="RANDOM WEIGHTS" if random_weights else None,
+            colour_keys=[record["obj_id"] - 1 for record in frame_records],
+        )
+        drawn.append(np.asarray(image))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_video(path, drawn, fps)
+    except (OSError, VideoError) as exc:
+        raise UsageError(f"cannot write --overlay {str(path)!r}: {exc}") from None
+
+
+def _print_summary(results: TrackResults, out_dir: Path, overlay: Path | None) -> None:
+    summary = results.summary()
+    fps = summary["frames_per_second"]
+    info_line(
+        f"tracked {len(results.records)} frames in {summary['seconds']:.1f} s "
+        f"({fps if fps is not None and math.isfinite(fps) else 0:.2f} frames/s; per frame "
+        f"p50 {summary['frame_ms_p50']} ms, p90 {summary['frame_ms_p90']} ms) -> {out_dir}"
+        + (f"; overlay {overlay}" if overlay is not None else "")
+    )

@@ -1,0 +1,488 @@
+"""VideoPredictor: Meta's SAM2VideoPredictor semantics over a caller-owned VideoState.
+
+The predictor holds the model and its settings, nothing about any video: every call takes
+the state it works on. The flow is Meta's: prompts (points, a box, a mask) on any frame
+for any object give that frame's masks at once; ``propagate`` then encodes the prompted
+frames' memories ("preflight") and tracks every object frame by frame, forward or in
+reverse, yielding each frame's masks as soon as they are computed. A prompt added after
+propagating (a correction) is answered at once and taken into account by the next
+``propagate``. Objects whose memory banks hold the same frames run as one batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sam2serve.engine.video.frames import check_frames, preprocess_frame
+from sam2serve.engine.video.memory import MemorySelection, gather_memories, select_memories
+from sam2serve.engine.video.state import (
+    FeatureCache,
+    FrameOutput,
+    ObjectTrack,
+    PointPrompt,
+    VideoState,
+)
+from sam2serve.modeling.sam2_video import NO_OBJ_SCORE, FrameFeatures, HeadsOutput, SAM2Video
+
+# Meta clamps a previous mask's logits before feeding them back as a mask prompt.
+PREV_MASK_CLAMP = 32.0
+
+
+class VideoPromptError(ValueError):
+    """A prompt or request that cannot be applied to a video; the message names it."""
+
+
+@dataclass
+class FrameMasks:
+    """Masks of all objects on one frame, at the video's resolution."""
+
+    frame_idx: int
+    obj_ids: list[int]
+    mask_logits: torch.Tensor  # (N, 1, H, W) float32; N = len(obj_ids)
+
+    @property
+    def masks(self) -> torch.Tensor:
+        """(N, H, W) bool: logits > 0."""
+        return self.mask_logits[:, 0] > 0.0
+
+
+class VideoPredictor:
+    def __init__(
+        self,
+        model: SAM2Video,
+        *,
+        feature_cache_frames: int = 2,
+        storage_device: str | torch.device = "cpu",
+    ) -> None:
+        """``feature_cache_frames``: frames whose encoder features each state keeps (LRU;
+        Meta keeps 1). ``storage_device``: where memories and masks are stored ("cpu"
+        offloads them from a GPU, as Meta's offload_state_to_cpu)."""
+        if feature_cache_frames < 1:
+            raise ValueError(f"feature_cache_frames must be at least 1, got {feature_cache_frames}")
+        self.model = model
+        self.config = model.video_config
+        self.feature_cache_frames = feature_cache_frames
+        self.storage_device = torch.device(storage_device)
+        self.memory_dtype = getattr(torch, self.config.memory_dtype_name)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    # -- state ------------------------------------------------------------------------------
+
+    def init_state(self, frames: Sequence[np.ndarray]) -> VideoState:
+        """A new state for ``frames``: uint8 (H, W, 3) arrays of one size (kept, not
+        copied; features are computed when a frame is first needed)."""
+        height, width = check_frames(frames)
+        return VideoState(
+            frames=list(frames),
+            height=height,
+            width=width,
+            device=self.device,
+            storage_device=self.storage_device,
+            features=FeatureCache(self.feature_cache_frames),
+        )
+
+    def reset(self, state: VideoState) -> None:
+        """Forget every object, prompt and result (the frames and features stay)."""
+        state.objects.clear()
+
+    @torch.inference_mode()
+    def frame_features(self, state: VideoState, frame_idx: int) -> FrameFeatures:
+        features = state.features.get(frame_idx)
+        if features is None:
+            image = preprocess_frame(state.frames[frame_idx], self.model.image_size)
+            features = self.model.encode_frames(image.unsqueeze(0).to(state.device))
+            state.features.put(frame_idx, features)
+        return features
+
+    # -- prompts ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def add_points(
+        self,
+        state: VideoState,
+        frame_idx: int,
+        obj_id: int,
+        points: np.ndarray | Sequence[Sequence[float]] | None = None,
+        labels: np.ndarray | Sequence[int] | None = None,
+        *,
+        box: np.ndarray | Sequence[float] | None = None,
+        clear_old_points: bool = True,
+        normalize_coords: bool = True,
+    ) -> FrameMasks:
+        """Clicks (points (P, 2) x, y in video pixels; labels 1 positive / 0 negative)
+        and/or a box (x0, y0, x1, y1) for ``obj_id`` on ``frame_idx`` (Meta's
+        add_new_points_or_box). ``normalize_coords=False``: coordinates already in [0, 1].
+        Returns all objects' masks on that frame."""
+        self._check_frame(state, frame_idx)
+        coords, point_labels = self._points_tensor(points, labels, box, clear_old_points)
+        if normalize_coords:
+            coords = coords / torch.tensor([state.width, state.height], dtype=torch.float32)
+        coords = (coords * self.model.image_size).to(state.device)
+        point_labels = point_labels.to(state.device)
+        track = self._track_for(state, obj_id)
+        previous = None if clear_old_points else track.point_inputs.get(frame_idx)
+        if previous is not None:
+            coords = torch.cat([previous.coords, coords], dim=1)
+            point_labels = torch.cat([previous.labels, point_labels], dim=1)
+        prompt = PointPrompt(coords, point_labels)
+        track.point_inputs[frame_idx] = prompt
+        track.mask_inputs.pop(frame_idx, None)
+
+        is_init_cond = frame_idx not in track.frames_tracked
+        reverse = False if is_init_cond else track.frames_tracked[frame_idx]
+        is_cond = is_init_cond or self.config.add_all_frames_to_correct_as_cond
+        prev_logits = None
+        prev = track.latest_output(frame_idx, is_cond)
+        if prev is not None:
+            prev_logits = prev.pred_masks.to(state.device).clamp(-PREV_MASK_CLAMP, PREV_MASK_CLAMP)
+        outputs, _ = self._track_frame(
+            state,
+            [track],
+            frame_idx,
+            is_init_cond=is_init_cond,
+            reverse=reverse,
+            points=prompt,
+            mask=None,
+            prev_mask_logits=prev_logits,
+            run_memory_encoder=False,
+        )
+        track.temp_outputs(is_cond)[frame_idx] = outputs[0]
+        return self._frame_masks(state, frame_idx, is_cond)
+
+    @torch.inference_mode()
+    def add_mask(
+        self, state: VideoState, frame_idx: int, obj_id: int, mask: np.ndarray | torch.Tensor
+    ) -> FrameMasks:
+        """A binary mask (H, W) of ``obj_id`` on ``frame_idx`` (any size; resized to the
+        model's 1024x1024 and re-binarized, as Meta's add_new_mask)."""
+        self._check_frame(state, frame_idx)
+        mask_tensor = torch.as_tensor(np.asarray(mask) if not torch.is_tensor(mask) else mask)
+        if mask_tensor.dim() != 2:
+            raise VideoPromptError(f"mask must be 2-D (H, W), got shape {tuple(mask_tensor.shape)}")
+        mask_input = mask_tensor.bool()[None, None].float().to(state.device)
+        size = self.model.image_size
+        if mask_input.shape[-2:] != (size, size):
+            mask_input = F.interpolate(
+                mask_input, size=(size, size), mode="bilinear", align_corners=False, antialias=True
+            )
+            mask_input = (mask_input >= 0.5).float()
+        track = self._track_for(state, obj_id)
+        track.mask_inputs[frame_idx] = mask_input
+        track.point_inputs.pop(frame_idx, None)
+        is_init_cond = frame_idx not in track.frames_tracked
+        reverse = False if is_init_cond else track.frames_tracked[frame_idx]
+        is_cond = is_init_cond or self.config.add_all_frames_to_correct_as_cond
+        outputs, _ = self._track_frame(
+            state,
+            [track],
+            frame_idx,
+            is_init_cond=is_init_cond,
+            reverse=reverse,
+            points=None,
+            mask=mask_input,
+            prev_mask_logits=None,
+            run_memory_encoder=False,
+        )
+        track.temp_outputs(is_cond)[frame_idx] = outputs[0]
+        return self._frame_masks(state, frame_idx, is_cond)
+
+    @torch.inference_mode()
+    def clear_prompts(
+        self, state: VideoState, frame_idx: int, obj_id: int, need_output: bool = True
+    ) -> FrameMasks | None:
+        """Remove ``obj_id``'s prompts on ``frame_idx`` (Meta's clear_all_prompts_in_frame):
+        a prompted frame's result becomes an ordinary tracked one."""
+        self._check_frame(state, frame_idx)
+        track = self._track_for(state, obj_id)
+        track.point_inputs.pop(frame_idx, None)
+        track.mask_inputs.pop(frame_idx, None)
+        track.temp_cond_outputs.pop(frame_idx, None)
+        track.temp_non_cond_outputs.pop(frame_idx, None)
+        out = track.cond_outputs.pop(frame_idx, None)
+        if out is not None:
+            track.non_cond_outputs[frame_idx] = out
+            track.frames_tracked.pop(frame_idx, None)
+        if not need_output:
+            return None
+        is_cond = any(frame_idx in t.temp_cond_outputs for t in state.objects.values())
+        return self._frame_masks(state, frame_idx, is_cond)
+
+    @torch.inference_mode()
+    def remove_object(
+        self, state: VideoState, obj_id: int, *, strict: bool = False
+    ) -> tuple[list[int], list[FrameMasks]]:
+        """Drop ``obj_id``; returns the remaining ids and the re-rendered masks of the
+        frames where it had prompts (Meta's remove_object)."""
+        if obj_id not in state.objects:
+            if strict:
+                raise VideoPromptError(f"no object with id {obj_id}; existing ids: {state.obj_ids}")
+            return state.obj_ids, []
+        if len(state.objects) == 1:
+            self.reset(state)
+            return state.obj_ids, []
+        track = state.objects[obj_id]
+        prompted = sorted({*track.point_inputs, *track.mask_inputs})
+        for frame_idx in prompted:
+            self.clear_prompts(state, frame_idx, obj_id, need_output=False)
+        del state.objects[obj_id]
+        updated = []
+        for frame_idx in prompted:
+            is_cond = any(frame_idx in t.temp_cond_outputs for t in state.objects.values())
+            updated.append(self._frame_masks(state, frame_idx, is_cond))
+        return state.obj_ids, updated
+
+    # -- propagation -----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def propagate(
+        self,
+        state: VideoState,
+        start_frame_idx: int | None = None,
+        max_frame_num_to_track: int | None = None,
+        reverse: bool = False,
+    ) -> Iterator[FrameMasks]:
+        """Track every object through the video, yielding each frame's masks in order:
+        from ``start_frame_idx`` (default: the first prompted frame) forward to the end, or
+        in reverse to frame 0, at most ``max_frame_num_to_track`` frames further."""
+        self._preflight(state)
+        num_frames = state.num_frames
+        if start_frame_idx is None:
+            start_frame_idx = min(t for track in state.objects.values() for t in track.cond_outputs)
+        self._check_frame(state, start_frame_idx)
+        if max_frame_num_to_track is None:
+            max_frame_num_to_track = num_frames
+        if reverse:
+            end = max(start_frame_idx - max_frame_num_to_track, 0)
+            order = range(start_frame_idx, end - 1, -1) if start_frame_idx > 0 else range(0)
+        else:
+            end = min(start_frame_idx + max_frame_num_to_track, num_frames - 1)
+            order = range(start_frame_idx, end + 1)
+        for frame_idx in order:
+            yield self._propagate_frame(state, frame_idx, reverse)
+
+    def _propagate_frame(self, state: VideoState, frame_idx: int, reverse: bool) -> FrameMasks:
+        tracks = list(state.objects.values())
+        masks: list[torch.Tensor | None] = [None] * len(tracks)
+        groups: dict[MemorySelection, list[int]] = {}
+        for i, track in enumerate(tracks):
+            if frame_idx in track.cond_outputs:
+                masks[i] = track.cond_outputs[frame_idx].pred_masks.to(state.device)
+            else:
+                selection = select_memories(
+                    track, frame_idx, reverse, state.num_frames, self.config
+                )
+                groups.setdefault(selection, []).append(i)
+        for selection, members in groups.items():
+            group = [tracks[i] for i in members]
+            outputs, low_res = self._track_frame(
+                state,
+                group,
+                frame_idx,
+                is_init_cond=False,
+                reverse=reverse,
+                points=None,
+                mask=None,
+                prev_mask_logits=None,
+                run_memory_encoder=True,
+                selection=selection,
+            )
+            for row, (i, out) in enumerate(zip(members, outputs)):
+                tracks[i].non_cond_outputs[frame_idx] = out
+                masks[i] = low_res[row : row + 1]
+        for track in tracks:
+            track.frames_tracked[frame_idx] = reverse
+        stacked = torch.cat([m for m in masks if m is not None])
+        return FrameMasks(frame_idx, state.obj_ids, self._to_video_size(state, stacked))
+
+    def _preflight(self, state: VideoState) -> None:
+        """Encode the memories of prompts added since the last propagation and move them
+        into the objects' outputs (Meta's propagate_in_video_preflight)."""
+        if not state.objects:
+            raise VideoPromptError("no object has a prompt yet: add points, a box or a mask first")
+        for track in state.objects.values():
+            for cond in (False, True):
+                pending = track.temp_outputs(cond)
+                for frame_idx, out in pending.items():
+                    if out.maskmem_features is None:
+                        frame = self.frame_features(state, frame_idx)
+                        high_res = self.model.upscale(out.pred_masks.to(state.device))
+                        memory = self.model.encode_memory(
+                            frame,
+                            high_res,
+                            out.object_score_logits.to(state.device),
+                            from_points=True,
+                        )
+                        out.maskmem_features = self._store(memory.to(self.memory_dtype))
+                    track.outputs(cond)[frame_idx] = out
+                    if self.config.clear_non_cond_mem_around_input:
+                        self._clear_memory_around(state, frame_idx, track)
+                pending.clear()
+            if not track.cond_outputs:
+                raise VideoPromptError(
+                    f"object {track.obj_id} has no prompt on any frame; add one first"
+                )
+            for frame_idx in track.cond_outputs:
+                track.non_cond_outputs.pop(frame_idx, None)
+
+    def _clear_memory_around(self, state: VideoState, frame_idx: int, track: ObjectTrack) -> None:
+        reach = self.config.memory_temporal_stride_for_eval * self.config.num_maskmem
+        for t in range(frame_idx - reach, frame_idx + reach + 1):
+            track.non_cond_outputs.pop(t, None)
+
+    # -- one frame --------------------------------------------------------------------------
+
+    def _track_frame(
+        self,
+        state: VideoState,
+        tracks: list[ObjectTrack],
+        frame_idx: int,
+        *,
+        is_init_cond: bool,
+        reverse: bool,
+        points: PointPrompt | None,
+        mask: torch.Tensor | None,
+        prev_mask_logits: torch.Tensor | None,
+        run_memory_encoder: bool,
+        selection: MemorySelection | None = None,
+    ) -> tuple[list[FrameOutput], torch.Tensor]:
+        """Meta's track_step for B objects on one frame (B = 1 with a prompt).
+
+        Returns one FrameOutput per object (stored on the storage device) and the low-res
+        logits (B, 1, 256, 256) on the compute device.
+        """
+        model = self.model
+        batch = len(tracks)
+        frame = self.frame_features(state, frame_idx)
+        if mask is not None and self.config.use_mask_input_as_output_without_sam:
+            heads: HeadsOutput = model.mask_as_output(frame, batch, mask)
+        else:
+            if is_init_cond:
+                pix_feat = model.condition_without_memory(frame).expand(batch, -1, -1, -1)
+            else:
+                if selection is None:
+                    selection = select_memories(
+                        tracks[0], frame_idx, reverse, state.num_frames, self.config
+                    )
+                memories, pointers = gather_memories(tracks, selection, state.device)
+                pix_feat = model.condition_on_memory(
+                    frame, batch, memories, model.memory_position(state.device), pointers
+                )
+            num_points = 0 if points is None else points.labels.shape[1]
+            heads = model.forward_heads(
+                pix_feat,
+                frame.high_res_feats,
+                None if points is None else points.coords,
+                None if points is None else points.labels,
+                prev_mask_logits if mask is None else mask,
+                model.use_multimask(is_init_cond, num_points),
+            )
+        memory = None
+        if run_memory_encoder:
+            memory = model.encode_memory(
+                frame, heads.high_res_masks, heads.object_score_logits, points is not None
+            )
+            memory = self._store(memory.to(self.memory_dtype))
+        pred_masks = self._store(heads.low_res_masks)
+        outputs = [
+            FrameOutput(
+                pred_masks=pred_masks[i : i + 1],
+                obj_ptr=heads.obj_ptr[i : i + 1],
+                object_score_logits=heads.object_score_logits[i : i + 1],
+                maskmem_features=None if memory is None else memory[i : i + 1],
+            )
+            for i in range(batch)
+        ]
+        return outputs, heads.low_res_masks
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _store(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.storage_device, non_blocking=True)
+
+    def _frame_masks(self, state: VideoState, frame_idx: int, cond: bool) -> FrameMasks:
+        """All objects' latest masks on a frame at video size (absent: NO_OBJ_SCORE)."""
+        logits = torch.full(
+            (len(state.objects), 1, state.height, state.width),
+            NO_OBJ_SCORE,
+            dtype=torch.float32,
+            device=state.device,
+        )
+        for i, track in enumerate(state.objects.values()):
+            out = track.latest_output(frame_idx, cond)
+            if out is not None:
+                logits[i : i + 1] = self._to_video_size(state, out.pred_masks.to(state.device))
+        return FrameMasks(frame_idx, state.obj_ids, logits)
+
+    def _to_video_size(self, state: VideoState, low_res: torch.Tensor) -> torch.Tensor:
+        size = (state.height, state.width)
+        if low_res.shape[-2:] == size:
+            return low_res
+        return F.interpolate(low_res, size=size, mode="bilinear", align_corners=False)
+
+    def _track_for(self, state: VideoState, obj_id: int) -> ObjectTrack:
+        if isinstance(obj_id, bool) or not isinstance(obj_id, (int, np.integer)):
+            raise VideoPromptError(f"object id must be an integer, got {obj_id!r}")
+        obj_id = int(obj_id)
+        if obj_id not in state.objects:
+            state.objects[obj_id] = ObjectTrack(obj_id)
+        return state.objects[obj_id]
+
+    def _check_frame(self, state: VideoState, frame_idx: int) -> None:
+        if not isinstance(frame_idx, (int, np.integer)) or not 0 <= frame_idx < state.num_frames:
+            raise VideoPromptError(
+                f"frame index {frame_idx!r} is out of range: the video has "
+                f"{state.num_frames} frames (0..{state.num_frames - 1})"
+            )
+
+    def _points_tensor(
+        self,
+        points: np.ndarray | Sequence[Sequence[float]] | None,
+        labels: np.ndarray | Sequence[int] | None,
+        box: np.ndarray | Sequence[float] | None,
+        clear_old_points: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(1, P, 2) float32 coords and (1, P) int32 labels, box corners first."""
+        if (points is None) != (labels is None):
+            raise VideoPromptError("points and labels must be given together")
+        if points is None and box is None:
+            raise VideoPromptError("give points (with labels) or a box")
+        coords = torch.zeros((0, 2), dtype=torch.float32)
+        point_labels = torch.zeros((0,), dtype=torch.int32)
+        if points is not None:
+            coords = torch.as_tensor(np.asarray(points, dtype=np.float32))
+            point_labels = torch.as_tensor(np.asarray(labels, dtype=np.int32))
+            if coords.dim() != 2 or coords.shape[1] != 2:
+                raise VideoPromptError(f"points must have shape (P, 2), got {tuple(coords.shape)}")
+            if point_labels.shape != (coords.shape[0],):
+                raise VideoPromptError(
+                    f"labels must have shape ({coords.shape[0]},) to match the points, "
+                    f"got {tuple(point_labels.shape)}"
+                )
+            bad = sorted(set(point_labels.tolist()) - {0, 1})
+            if bad:
+                raise VideoPromptError(
+                    f"point labels must be 1 (positive) or 0 (negative), got {bad}"
+                )
+        coords, point_labels = coords[None], point_labels[None]
+        if box is not None:
+            if not clear_old_points:
+                raise VideoPromptError(
+                    "a box must come before any click on its frame: pass clear_old_points=True"
+                )
+            box_t = torch.as_tensor(np.asarray(box, dtype=np.float32))
+            if box_t.numel() != 4:
+                raise VideoPromptError(
+                    f"box must be (x0, y0, x1, y1), got shape {tuple(box_t.shape)}"
+                )
+            coords = torch.cat([box_t.reshape(1, 2, 2), coords], dim=1)
+            corner_labels = torch.tensor([[2, 3]], dtype=torch.int32)
+            point_labels = torch.cat([corner_labels, point_labels], dim=1)
+        return coords, point_labels

@@ -1,0 +1,182 @@
+"""Video in and out: the frames of a video file or of a folder of images, as uint8 RGB
+arrays, and an overlay clip written back as MP4 or GIF.
+
+Video files are decoded with PyAV (FFmpeg's libraries; ``pip install av``), imported only
+when a video file is read or written, so image-only use never needs it. A folder is read
+in Meta's order: by the integer of the file stem when every stem is an integer (``0.jpg,
+1.jpg, ..., 10.jpg``), else by name. Every frame must have the same size (a tracker's
+memory is per pixel), and the count is limited before anything large is held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sam2serve.engine.image import DEFAULT_MAX_PIXELS, ImageError, load_image
+
+FRAME_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
+VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v", ".gif")
+# Frames read at most unless the caller says otherwise: a bound on memory (a 1080p frame
+# is 6 MB as uint8, 2,000 frames 12 GB) that a long video hits with a clear message.
+DEFAULT_MAX_FRAMES = 2_000
+
+
+class VideoError(ValueError):
+    """A video or frame folder that cannot be read (the message names it and why)."""
+
+
+@dataclass(frozen=True)
+class VideoFrames:
+    """The decoded frames of one video: uint8 (H, W, 3) arrays, all the same size."""
+
+    frames: list[np.ndarray]
+    # Frames per second of the source; None for a folder of images.
+    fps: float | None
+    # One name per frame: the file name for a folder, the frame index for a video.
+    names: list[str]
+    source: str
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(height, width) of every frame."""
+        height, width = self.frames[0].shape[:2]
+        return height, width
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+
+def read_frames(
+    source: str | Path,
+    *,
+    max_frames: int | None = DEFAULT_MAX_FRAMES,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+) -> VideoFrames:
+    """The frames of ``source``: a video file (by its extension) or a folder of images."""
+    path = Path(source)
+    if path.is_dir():
+        return _read_folder(path, max_frames, max_pixels)
+    if not path.exists():
+        raise VideoError(f"no such video or frame folder: {str(path)!r}")
+    if path.suffix.lower() not in VIDEO_EXTENSIONS:
+        raise VideoError(
+            f"{str(path)!r} is neither a folder of frames nor a video file "
+            f"({', '.join(VIDEO_EXTENSIONS)})"
+        )
+    return _read_video(path, max_frames, max_pixels)
+
+
+def _frame_order(paths: list[Path]) -> list[Path]:
+    if all(p.stem.isdigit() for p in paths):
+        return sorted(paths, key=lambda p: (int(p.stem), p.name))
+    return sorted(paths, key=lambda p: p.name)
+
+
+def _read_folder(folder: Path, max_frames: int | None, max_pixels: int | None) -> VideoFrames:
+    paths = [p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in FRAME_EXTENSIONS]
+    if not paths:
+        raise VideoError(
+            f"frame folder {str(folder)!r} has no images ({', '.join(FRAME_EXTENSIONS)})"
+        )
+    _check_count(len(paths), max_frames, str(folder))
+    frames = []
+    for path in _frame_order(paths):
+        try:
+            frames.append(load_image(path, max_pixels=max_pixels))
+        except ImageError as exc:
+            raise VideoError(f"frame {str(path)!r}: {exc}") from None
+    names = [p.name for p in _frame_order(paths)]
+    _check_sizes(frames, names, str(folder))
+    return VideoFrames(frames=frames, fps=None, names=names, source=str(folder))
+
+
+def _read_video(path: Path, max_frames: int | None, max_pixels: int | None) -> VideoFrames:
+    av = _import_av("read video files")
+    frames: list[np.ndarray] = []
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise VideoError(f"{str(path)!r} has no video stream")
+            stream = container.streams.video[0]
+            fps = float(stream.average_rate) if stream.average_rate else None
+            for frame in container.decode(stream):
+                if max_frames is not None and len(frames) >= max_frames:
+                    raise VideoError(
+                        f"{str(path)!r} has more than {max_frames} frames (the limit; "
+                        "cut the video or raise the limit)"
+                    )
+                if max_pixels is not None and frame.width * frame.height > max_pixels:
+                    raise VideoError(
+                        f"{str(path)!r}: frames of {frame.width}x{frame.height} exceed the "
+                        f"{max_pixels:,}-pixel limit"
+                    )
+                frames.append(np.ascontiguousarray(frame.to_ndarray(format="rgb24")))
+    except av.error.FFmpegError as exc:  # not a video, truncated, unknown codec
+        raise VideoError(f"cannot decode {str(path)!r}: {exc}") from None
+    if not frames:
+        raise VideoError(f"{str(path)!r} has no frames")
+    names = [str(i) for i in range(len(frames))]
+    _check_sizes(frames, names, str(path))
+    return VideoFrames(frames=frames, fps=fps, names=names, source=str(path))
+
+
+def _check_count(count: int, max_frames: int | None, source: str) -> None:
+    if max_frames is not None and count > max_frames:
+        raise VideoError(
+            f"{source!r} has {count} frames, more than the limit of {max_frames} (cut the "
+            "video or raise the limit)"
+        )
+
+
+def _check_sizes(frames: Sequence[np.ndarray], names: Sequence[str], source: str) -> None:
+    first = frames[0].shape[:2]
+    for frame, name in zip(frames, names, strict=True):
+        if frame.shape[:2] != first:
+            raise VideoError(
+                f"{source!r}: frame {name} is {frame.shape[1]}x{frame.shape[0]}, the first "
+                f"is {first[1]}x{first[0]}; every frame of a video must have one size"
+            )
+
+
+def _import_av(purpose: str) -> Any:  # the av module
+    try:
+        import av
+    except ImportError:
+        raise VideoError(f"PyAV is needed to {purpose}: pip install av") from None
+    return av
+
+
+def write_video(path: str | Path, frames: Sequence[np.ndarray], fps: float | None = None) -> Path:
+    """Write uint8 (H, W, 3) ``frames`` as an MP4 (H.264 through PyAV) or, for a ``.gif``
+    path, an animated GIF (Pillow). Returns the path written."""
+    path = Path(path)
+    fps = fps or 10.0
+    if not frames:
+        raise VideoError("no frames to write")
+    if path.suffix.lower() == ".gif":
+        from PIL import Image
+
+        images = [Image.fromarray(frame) for frame in frames]
+        images[0].save(
+            path, save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0
+        )
+        return path
+    av = _import_av("write video files")
+    height, width = frames[0].shape[:2]
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("libx264", rate=round(fps))
+        # H.264 with 4:2:0 chroma needs even sizes.
+        stream.width, stream.height = width - width % 2, height - height % 2
+        stream.pix_fmt = "yuv420p"
+        for frame in frames:
+            even = np.ascontiguousarray(frame[: stream.height, : stream.width])
+            for packet in stream.encode(av.VideoFrame.from_ndarray(even, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path

@@ -1,0 +1,108 @@
+"""Rotary position encoding (axial, 2-D) and the attention layer that uses it.
+
+Memory attention places the current frame's 64x64 tokens and every memory frame's 64x64
+tokens on the same grid by rotating queries and keys by their (x, y) position: the
+similarity of a query and a key then depends on their relative offset, whichever frame the
+key comes from (the key frequencies are the query's, repeated once per memory frame).
+Object-pointer tokens have no spatial position; they are appended after the spatial keys
+and left unrotated (``num_k_exclude_rope``).
+
+Complex arithmetic (as in Meta's code) keeps the rounding identical to Meta's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def axial_frequencies(
+    head_dim: int, end_x: int, end_y: int, theta: float = 10000.0
+) -> torch.Tensor:
+    """(end_x * end_y, head_dim // 2) complex: x rotations in the first half of each
+    token's pairs, y rotations in the second; tokens in row-major (y, x) order."""
+    quarter = head_dim // 4
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 4)[:quarter].float() / head_dim))
+    t = torch.arange(end_x * end_y, dtype=torch.float32)
+    t_x = (t % end_x).float()
+    t_y = torch.div(t, end_x, rounding_mode="floor").float()
+    angles_x = torch.outer(t_x, freqs)
+    angles_y = torch.outer(t_y, freqs)
+    rot_x = torch.polar(torch.ones_like(angles_x), angles_x)
+    rot_y = torch.polar(torch.ones_like(angles_y), angles_y)
+    return torch.cat([rot_x, rot_y], dim=-1)
+
+
+def rotate(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, heads, N, D) by freqs (N, D/2) complex; consecutive channel pairs are the
+    real and imaginary parts."""
+    as_complex = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(as_complex * freqs).flatten(3).type_as(x)
+
+
+class RoPEAttention(nn.Module):
+    """Multi-head attention with axial RoPE on queries and (the first) keys.
+
+    ``kv_in_dim`` lets keys/values come from the narrower memory (mem_dim channels).
+    Parameter names follow Meta's (q_proj, k_proj, v_proj, out_proj).
+    """
+
+    def __init__(
+        self,
+        embedding_dim: int,
+        num_heads: int = 1,
+        kv_in_dim: int | None = None,
+        rope_theta: float = 10000.0,
+        repeat_keys: bool = False,
+    ) -> None:
+        super().__init__()
+        kv_in_dim = embedding_dim if kv_in_dim is None else kv_in_dim
+        self.num_heads = num_heads
+        self.q_proj = nn.Linear(embedding_dim, embedding_dim)
+        self.k_proj = nn.Linear(kv_in_dim, embedding_dim)
+        self.v_proj = nn.Linear(kv_in_dim, embedding_dim)
+        self.out_proj = nn.Linear(embedding_dim, embedding_dim)
+        self.head_dim = embedding_dim // num_heads
+        self.rope_theta = rope_theta
+        # Cross-attention to memories: several frames of keys share the query grid.
+        self.repeat_keys = repeat_keys
+        self._freqs: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def frequencies(self, tokens: int, device: torch.device) -> torch.Tensor:
+        """Rotations of a square grid of ``tokens`` cells, cached per size and device
+        (a constant, not state: it depends on nothing but the shape)."""
+        key = (tokens, device)
+        if key not in self._freqs:
+            side = int(math.sqrt(tokens))
+            freqs = axial_frequencies(self.head_dim, side, side, self.rope_theta)
+            self._freqs[key] = freqs.to(device)
+        return self._freqs[key]
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        return x.reshape(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_k_exclude_rope: int = 0
+    ) -> torch.Tensor:
+        """q (B, Nq, C) on a square grid; k, v (B, Nk, kv_in_dim), the last
+        ``num_k_exclude_rope`` keys without position."""
+        q = self._heads(self.q_proj(q))
+        k = self._heads(self.k_proj(k))
+        v = self._heads(self.v_proj(v))
+        freqs = self.frequencies(q.shape[-2], q.device)
+        num_rope = k.shape[-2] - num_k_exclude_rope
+        if num_rope != q.shape[-2] and not self.repeat_keys:
+            raise ValueError("keys on another grid than the queries need repeat_keys=True")
+        q = rotate(q, freqs)
+        if num_rope > 0:
+            repeats = num_rope // q.shape[-2]
+            # One copy of the query grid's rotations per memory frame.
+            k_freqs = freqs.unsqueeze(0).expand(repeats, -1, -1).flatten(0, 1)
+            k = torch.cat([rotate(k[:, :, :num_rope], k_freqs), k[:, :, num_rope:]], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v)
+        b, heads, n, d = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, n, heads * d))

@@ -1,0 +1,340 @@
+"""SAM2Video: SAM 2's tracking model — the image path (SAM2Image: encoder, prompt encoder,
+mask decoder) plus the memory path that carries an object from frame to frame.
+
+On each frame an object is either *prompted* (clicks, a box or a mask: a conditioning
+frame) or *tracked*. Tracking conditions the frame's stride-16 features on the object's
+memory bank (memory attention over past memories and object pointers), then runs the SAM
+heads without prompts. After each frame the predicted mask is encoded into a new memory
+(memory encoder) and the chosen output token becomes the frame's object pointer.
+
+Parameter names are exactly Meta's SAM2Base's, so official checkpoints load strictly with
+every key. Which frames enter the memory bank is the predictor's business
+(sam2serve.engine.video); the model turns the selected memories into tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sam2serve.config import ModelConfig
+from sam2serve.modeling.common import MLP
+from sam2serve.modeling.mask_decoder import MaskDecoder
+from sam2serve.modeling.memory_attention import MemoryAttention
+from sam2serve.modeling.memory_encoder import MemoryEncoder
+from sam2serve.modeling.sam2 import SAM2Image
+from sam2serve.modeling.sine_encoding import grid_sine_encoding, temporal_sine_encoding
+
+# Logit given to every pixel of an object judged absent (Meta's NO_OBJ_SCORE).
+NO_OBJ_SCORE = -1024.0
+# A mask prompt used as output becomes logits MASK_SCALE * mask + MASK_BIAS
+# (sigmoid(-10) ~ 4.5e-5: "certainly background").
+MASK_SCALE, MASK_BIAS = 20.0, -10.0
+
+
+@dataclass
+class FrameFeatures:
+    """One frame's encoder outputs as the video path needs them (batch 1 or B)."""
+
+    vision_feats: torch.Tensor  # (B, C, 64, 64) stride-16 features, no no_mem_embed
+    vision_pos: torch.Tensor  # (1, C, 64, 64) the neck's sine encoding of that level
+    high_res_feats: tuple[torch.Tensor, torch.Tensor]  # conv_s0 / conv_s1 projections
+
+    def select(self, index: int) -> FrameFeatures:
+        """Frame ``index`` of a batch of frames, as a batch of one."""
+        return FrameFeatures(
+            self.vision_feats[index : index + 1],
+            self.vision_pos,
+            tuple(f[index : index + 1] for f in self.high_res_feats),  # type: ignore[arg-type]
+        )
+
+
+@dataclass
+class SpatialMemory:
+    """One frame's memories of B objects, and its slot in the temporal embedding."""
+
+    features: torch.Tensor  # (B, mem_dim, 64, 64), any float dtype (stored as bfloat16)
+    tpos_index: int  # index into maskmem_tpos_enc: num_maskmem - 1 for prompted frames
+
+
+@dataclass
+class ObjectPointers:
+    """Object pointers of B objects on N frames and their signed frame distances."""
+
+    pointers: torch.Tensor  # (N, B, C)
+    distances: list[int]  # N signed distances (current frame - pointer's frame)
+    max_distance: int  # the normaliser of the temporal encoding
+
+
+@dataclass
+class HeadsOutput:
+    """What the SAM heads give one frame for B objects."""
+
+    low_res_masks: torch.Tensor  # (B, 1, 256, 256) logits, NO_OBJ_SCORE if absent
+    high_res_masks: torch.Tensor  # (B, 1, 1024, 1024) logits
+    obj_ptr: torch.Tensor  # (B, C)
+    object_score_logits: torch.Tensor  # (B, 1)
+
+
+class SAM2Video(SAM2Image):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        video = cfg.video
+        self.video_config = video
+        hidden, mem_dim = cfg.d_model, video.mem_dim
+        self.memory_attention = MemoryAttention(
+            hidden,
+            mem_dim,
+            video.memory_attention_layers,
+            video.memory_attention_ffn_dim,
+            video.rope_theta,
+        )
+        self.memory_encoder = MemoryEncoder(hidden, mem_dim)
+        self.num_maskmem = video.num_maskmem
+        self.mem_dim = mem_dim
+        # Temporal embedding of memory slots: [num_maskmem - 1] is for prompted frames,
+        # [t - 1] for the frame t steps before the current one.
+        self.maskmem_tpos_enc = nn.Parameter(torch.zeros(video.num_maskmem, 1, 1, mem_dim))
+        # Unused by SAM 2.1 (directly_add_no_mem_embed) but part of every checkpoint.
+        self.no_mem_pos_enc = nn.Parameter(torch.zeros(1, 1, hidden))
+        self.no_obj_ptr = nn.Parameter(torch.zeros(1, hidden))
+        self.no_obj_embed_spatial = nn.Parameter(torch.zeros(1, mem_dim))
+        # A mask prompt's pointer comes from the SAM heads fed the mask downsampled 4x.
+        self.mask_downsample = nn.Conv2d(1, 1, kernel_size=4, stride=4)
+        self.obj_ptr_proj = MLP(hidden, hidden, hidden, 3)
+        self.obj_ptr_tpos_proj = nn.Linear(hidden, mem_dim)
+
+    # -- frame features -------------------------------------------------------------------
+
+    def encode_frames(self, images: torch.Tensor) -> FrameFeatures:
+        """Normalised (B, 3, 1024, 1024) frames -> their features (no no_mem_embed: the
+        memory path decides what is added to them)."""
+        s0, s1, lowest = self.image_encoder(images)
+        decoder = self.sam_mask_decoder
+        height, width = lowest.shape[-2:]
+        pos = grid_sine_encoding(lowest.shape[1], height, width, lowest.device)
+        return FrameFeatures(lowest, pos, (decoder.conv_s0(s0), decoder.conv_s1(s1)))
+
+    # -- memory conditioning ----------------------------------------------------------------
+
+    def condition_without_memory(self, frame: FrameFeatures) -> torch.Tensor:
+        """Features of a frame with no memory: the image path's, no_mem_embed added."""
+        return frame.vision_feats + self.no_mem_embed.reshape(1, -1, 1, 1)
+
+    def condition_on_memory(
+        self,
+        frame: FrameFeatures,
+        batch: int,
+        memories: list[SpatialMemory],
+        memory_pos: torch.Tensor,
+        pointers: ObjectPointers | None,
+    ) -> torch.Tensor:
+        """(batch, C, 64, 64) features of a tracked frame, attended to the memory bank.
+
+        ``memory_pos`` (1, mem_dim, 64, 64) is the memory encoder's (constant) position
+        encoding. Memory tokens come in the given order, then the object-pointer tokens.
+        """
+        _, c, h, w = frame.vision_feats.shape
+        tokens, token_pos = [], []
+        spatial_pos = memory_pos.flatten(2).transpose(1, 2)  # (1, HW, mem_dim)
+        for memory in memories:
+            tokens.append(memory.features.float().flatten(2).transpose(1, 2))
+            tpos = self.maskmem_tpos_enc[memory.tpos_index].reshape(1, 1, -1)
+            token_pos.append((spatial_pos + tpos).expand(batch, -1, -1))
+        num_ptr_tokens = 0
+        if pointers is not None and pointers.distances:
+            ptr_tokens, ptr_pos = self._pointer_tokens(pointers, batch, c)
+            tokens.append(ptr_tokens)
+            token_pos.append(ptr_pos)
+            num_ptr_tokens = ptr_tokens.shape[1]
+        memory = torch.cat(tokens, dim=1)
+        memory_pos_all = torch.cat(token_pos, dim=1)
+        curr = frame.vision_feats.flatten(2).transpose(1, 2).expand(batch, -1, -1)
+        curr_pos = frame.vision_pos.flatten(2).transpose(1, 2).expand(batch, -1, -1)
+        out = self.memory_attention(curr, curr_pos, memory, memory_pos_all, num_ptr_tokens)
+        return out.transpose(1, 2).reshape(batch, c, h, w)
+
+    def _pointer_tokens(
+        self, pointers: ObjectPointers, batch: int, hidden: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Object pointers (N, B, C) -> (B, N * C / mem_dim, mem_dim) tokens: each pointer
+        is split into C / mem_dim tokens sharing its temporal encoding."""
+        device = pointers.pointers.device
+        distances = torch.tensor(pointers.distances, device=device)
+        pos = temporal_sine_encoding(distances / pointers.max_distance, hidden)
+        pos = self.obj_ptr_tpos_proj(pos)  # (N, mem_dim)
+        n = pointers.pointers.shape[0]
+        split = hidden // self.mem_dim
+        tokens = pointers.pointers.reshape(n, batch, split, self.mem_dim)
+        tokens = tokens.permute(1, 0, 2, 3).reshape(batch, n * split, self.mem_dim)
+        pos = pos.repeat_interleave(split, dim=0).unsqueeze(0).expand(batch, -1, -1)
+        return tokens, pos
+
+    # -- SAM heads ----------------------------------------------------------------------------
+
+    def use_multimask(self, is_init_cond_frame: bool, num_points: int) -> bool:
+        """Three candidates for 0 or 1 click (SAM 2.1: on first and tracked frames alike)."""
+        video = self.video_config
+        return (
+            video.multimask_output_in_sam
+            and (is_init_cond_frame or video.multimask_output_for_tracking)
+            and video.multimask_min_pt_num <= num_points <= video.multimask_max_pt_num
+        )
+
+    def forward_heads(
+        self,
+        pix_feat: torch.Tensor,
+        high_res_feats: tuple[torch.Tensor, torch.Tensor],
+        point_coords: torch.Tensor | None,
+        point_labels: torch.Tensor | None,
+        mask_input: torch.Tensor | None,
+        multimask_output: bool,
+    ) -> HeadsOutput:
+        """SAM heads on B objects' (possibly memory-conditioned) features (B, C, 64, 64).
+
+        Points in the 1024 frame (box corners as labels 2/3); without points, one padding
+        point (as Meta: the decoder always sees at least the padding tokens). mask_input
+        (B, 1, 256, 256) logits or None.
+        """
+        b = pix_feat.shape[0]
+        encoder = self.sam_prompt_encoder
+        if point_coords is None:
+            point_coords = pix_feat.new_zeros((b, 1, 2))
+            point_labels = torch.full((b, 1), -1, dtype=torch.int32, device=pix_feat.device)
+        sparse = encoder.embed_points(point_coords, point_labels)
+        if mask_input is None:
+            dense = encoder.no_mask_dense()
+        else:
+            if mask_input.shape[-2:] != encoder.mask_input_size:
+                mask_input = F.interpolate(
+                    mask_input.float(),
+                    size=encoder.mask_input_size,
+                    mode="bilinear",
+                    align_corners=False,
+                    antialias=True,
+                )
+            dense = encoder.embed_masks(mask_input)
+        decoder = self.sam_mask_decoder
+        logits, iou, tokens, object_score = decode_with_tokens(
+            decoder, pix_feat, encoder.dense_positional_encoding(), sparse, dense, high_res_feats
+        )
+        rows = torch.arange(b, device=pix_feat.device)
+        if multimask_output:
+            best = iou[:, 1:].argmax(dim=-1)
+            low_res = logits[:, 1:][rows, best].unsqueeze(1)
+            token = tokens[:, 1:][rows, best]
+        else:
+            # Dynamic multimask picks the mask; the pointer always comes from the
+            # single-mask token (what tracking saw in training).
+            low_res, _ = decoder.select_single_mask(logits, iou)
+            token = tokens[:, 0]
+        appearing = object_score > 0
+        low_res = torch.where(appearing[:, None, None], low_res, NO_OBJ_SCORE).float()
+        high_res = self.upscale(low_res)
+        obj_ptr = self.obj_ptr_proj(token)
+        obj_ptr = self._gate_pointer(obj_ptr, appearing.float())
+        return HeadsOutput(low_res, high_res, obj_ptr, object_score)
+
+    def upscale(self, low_res: torch.Tensor) -> torch.Tensor:
+        size = (self.image_size, self.image_size)
+        return F.interpolate(low_res, size=size, mode="bilinear", align_corners=False)
+
+    def _gate_pointer(self, obj_ptr: torch.Tensor, appearing: torch.Tensor) -> torch.Tensor:
+        """An absent object's pointer is the learned no_obj_ptr (fixed_no_obj_ptr)."""
+        return appearing * obj_ptr + (1 - appearing) * self.no_obj_ptr
+
+    def mask_as_output(
+        self,
+        frame: FrameFeatures,
+        batch: int,
+        masks: torch.Tensor,
+    ) -> HeadsOutput:
+        """A mask prompt (B, 1, 1024, 1024) in {0, 1} taken as the output itself.
+
+        Its object pointer still comes from the SAM heads, run on the raw frame features
+        with the mask (downsampled 4x by mask_downsample) as the mask prompt.
+        """
+        masks = masks.float()
+        high_res = masks * MASK_SCALE + MASK_BIAS
+        low_res = F.interpolate(
+            high_res,
+            size=(high_res.shape[-2] // 4, high_res.shape[-1] // 4),
+            mode="bilinear",
+            align_corners=False,
+            antialias=True,
+        )
+        pix_feat = frame.vision_feats.expand(batch, -1, -1, -1)
+        heads = self.forward_heads(
+            pix_feat, frame.high_res_feats, None, None, self.mask_downsample(masks), False
+        )
+        appearing = (masks.flatten(1) > 0.0).any(dim=1, keepdim=True).float()
+        object_score = MASK_SCALE * appearing + MASK_BIAS
+        obj_ptr = self._gate_pointer(heads.obj_ptr, appearing)
+        return HeadsOutput(low_res, high_res, obj_ptr, object_score)
+
+    # -- memory encoding ----------------------------------------------------------------------
+
+    def encode_memory(
+        self,
+        frame: FrameFeatures,
+        high_res_masks: torch.Tensor,
+        object_score_logits: torch.Tensor,
+        from_points: bool,
+    ) -> torch.Tensor:
+        """B objects' masks (B, 1, 1024, 1024 logits) on a frame -> memories (B, mem_dim,
+        64, 64). Masks straight from clicks are binarized; others go through a sigmoid."""
+        video = self.video_config
+        if from_points and video.binarize_mask_from_pts_for_mem_enc:
+            mask = (high_res_masks > 0).float()
+        else:
+            mask = torch.sigmoid(high_res_masks)
+        mask = mask * video.sigmoid_scale_for_mem_enc + video.sigmoid_bias_for_mem_enc
+        pix_feat = frame.vision_feats.expand(high_res_masks.shape[0], -1, -1, -1)
+        features = self.memory_encoder(pix_feat, mask)
+        absent = 1 - (object_score_logits > 0).float()
+        embed = self.no_obj_embed_spatial[..., None, None].expand(*features.shape)
+        return features + absent[..., None, None] * embed
+
+    def memory_position(self, device: torch.device) -> torch.Tensor:
+        """(1, mem_dim, 64, 64): the memories' position encoding (the same for all)."""
+        size = self.config.embedding_size
+        return self.memory_encoder.position_encoding(size, size, device)
+
+
+def decode_with_tokens(
+    decoder: MaskDecoder,
+    image_embed: torch.Tensor,
+    image_pe: torch.Tensor,
+    sparse: torch.Tensor,
+    dense: torch.Tensor,
+    high_res_feats: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MaskDecoder.predict_all_masks that also returns the mask tokens' outputs (B, 4, C),
+    which tracking turns into object pointers; the image path never needs them, so the
+    decoder (and its exact fast twin) stays as it is and this runs its layers in order."""
+    b = sparse.shape[0]
+    output_tokens = torch.cat(
+        [decoder.obj_score_token.weight, decoder.iou_token.weight, decoder.mask_tokens.weight]
+    )
+    tokens = torch.cat([output_tokens.unsqueeze(0).expand(b, -1, -1), sparse], dim=1)
+    src = image_embed + dense
+    hs, keys = decoder.transformer(src, image_pe, tokens)
+    mask_tokens_out = hs[:, 2 : 2 + decoder.num_mask_tokens]
+    _, c, h, w = src.shape
+    src = keys.transpose(1, 2).reshape(b, c, h, w)
+    dc1, ln1, act1, dc2, act2 = decoder.output_upscaling
+    feat_s0, feat_s1 = high_res_feats
+    upscaled = act1(ln1(dc1(src) + feat_s1))
+    upscaled = act2(dc2(upscaled) + feat_s0)
+    hyper_in = torch.stack(
+        [mlp(mask_tokens_out[:, i]) for i, mlp in enumerate(decoder.output_hypernetworks_mlps)],
+        dim=1,
+    )
+    _, cu, hu, wu = upscaled.shape
+    logits = (hyper_in @ upscaled.reshape(b, cu, hu * wu)).reshape(b, -1, hu, wu)
+    iou = decoder.iou_prediction_head(hs[:, 1])
+    object_score = decoder.pred_obj_score_head(hs[:, 0])
+    return logits, iou, mask_tokens_out, object_score

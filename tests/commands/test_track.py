@@ -1,0 +1,155 @@
+"""``sam2serve track``: its inputs are checked before the model loads (a usage error that
+names the bad value), and a run writes one COCO RLE file per frame, the run's summary and
+an overlay, with the masks the video predictor gives for the same prompts."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from sam2serve import cli
+from sam2serve.commands import track
+from sam2serve.commands.common import EXIT_OK, EXIT_USAGE
+from sam2serve.engine.rle import coco_to_rle, rle_to_mask
+from sam2serve.samples import sample_clip
+
+SIZE = (64, 96)  # (height, width): small frames, the model resizes to 1024 anyway
+
+
+def run_cli(*argv: str | Path) -> tuple[int, str]:
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        code = cli.main([str(a) for a in argv])
+    return code, stderr.getvalue()
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(track, "_load_predictor", refuse)
+
+
+@pytest.fixture(scope="module")
+def frame_dir(tmp_path_factory) -> Path:
+    frames, _ = sample_clip(num_frames=3, size=SIZE)
+    folder = tmp_path_factory.mktemp("frames")
+    for i, frame in enumerate(frames):
+        Image.fromarray(frame).save(folder / f"{i}.png")
+    return folder
+
+
+def write_prompts(path: Path, data: object) -> Path:
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ([1, 2], "must hold a JSON object"),
+        ({"x": {"1": {"points": [[1, 2]]}}}, "frame 'x' is not a non-negative integer"),
+        ({"0": {"one": {"points": [[1, 2]]}}}, "object id 'one' is not a non-negative integer"),
+        ({"0": {"1": {"points": [[1, "a"]]}}}, "expected [x, y] with two finite numbers"),
+        ({"0": {"1": {"box": [5, 5, 1, 1]}}}, "is empty"),
+        ({"0": {"1": {"points": [[1, 2]], "labels": [3]}}}, "a label is 1"),
+        ({"7": {"1": {"points": [[1, 2]]}}}, "frame 7 is past the video's last frame"),
+        ({"0": {"1": {"points": [[500, 2]]}}}, "[500, 2] is outside the 96x64 frame"),
+    ],
+)
+def test_bad_prompts_are_usage_errors(no_model, frame_dir, tmp_path, data, expected):
+    prompts = write_prompts(tmp_path / "p.json", data)
+    code, stderr = run_cli("track", frame_dir, "--prompts", prompts, "--out", tmp_path / "o")
+    assert code == EXIT_USAGE
+    assert expected in stderr and "Traceback" not in stderr
+
+
+def test_bad_sources_and_flags_are_usage_errors(no_model, frame_dir, tmp_path):
+    prompts = write_prompts(tmp_path / "p.json", {"0": {"1": {"points": [[10, 10]]}}})
+    out = tmp_path / "o"
+    cases = [
+        (("track", tmp_path / "none.mp4", "--prompts", prompts), "no such video"),
+        (("track", frame_dir), "--prompts FILE is required"),
+        (("track", frame_dir, "--prompts", prompts, "--overlay", "x.png"), "must end in .mp4"),
+        (("track", frame_dir, "--prompts", tmp_path / "missing.json"), "not found"),
+        (("track", frame_dir, "--prompts", prompts, "--max-frames", "2"), "more than the limit"),
+    ]
+    for argv, expected in cases:
+        code, stderr = run_cli(*argv, "--out", out)
+        assert code == EXIT_USAGE, stderr
+        assert expected in stderr and "Traceback" not in stderr
+
+
+@pytest.fixture(scope="module")
+def tracked(frame_dir, tmp_path_factory):
+    """One run: object 2 boxed on frame 0, object 1 clicked (one positive, one negative
+    point) on frame 1."""
+    tmp = tmp_path_factory.mktemp("track")
+    prompts = {
+        "1": {"1": {"points": [[35, 32], [80, 10]], "labels": [1, 0]}},
+        "0": {"2": {"box": [60, 8, 90, 40]}},
+    }
+    path = write_prompts(tmp / "prompts.json", prompts)
+    out = tmp / "out"
+    code, stderr = run_cli(
+        "track",
+        frame_dir,
+        "--prompts",
+        path,
+        "--out",
+        out,
+        "--random-weights",
+        "--overlay",
+        out / "clip.gif",
+    )
+    return code, stderr, out, prompts
+
+
+def test_a_run_writes_every_frame_and_a_summary(tracked):
+    code, stderr, out, _ = tracked
+    assert code == EXIT_OK, stderr
+    assert "RANDOM WEIGHTS" in stderr and "frames/s" in stderr
+    files = sorted(out.glob("frame_*.json"))
+    assert [f.name for f in files] == [f"frame_{i:05d}.json" for i in range(3)]
+    for i, path in enumerate(files):
+        frame = json.loads(path.read_text())
+        assert frame["frame"] == i and frame["name"] == f"{i}.png"
+        assert [o["obj_id"] for o in frame["objects"]] == [1, 2]
+        for obj in frame["objects"]:
+            mask = rle_to_mask(coco_to_rle(obj["segmentation"]))
+            assert mask.shape == SIZE and obj["area"] == int(mask.sum())
+    summary = json.loads((out / track.SUMMARY_NAME).read_text())
+    assert summary["frames"] == 3 and summary["objects"] == [1, 2]
+    assert summary["weights"]["random"] is True
+    assert summary["timings"]["frames_tracked"] >= 3
+    gif = Image.open(out / "clip.gif")
+    assert gif.n_frames == 3 and gif.size == (SIZE[1], SIZE[0])
+
+
+def test_the_masks_are_the_video_predictors(tracked, frame_dir):
+    """The command adds the prompts and propagates both ways as the library does."""
+    from sam2serve.checkpoint import load_video_model
+    from sam2serve.engine.video.predictor import VideoPredictor
+    from sam2serve.engine.video_io import read_frames
+
+    _, _, out, _ = tracked
+    frames = read_frames(frame_dir).frames
+    predictor = VideoPredictor(load_video_model("tiny", random_weights=True, seed=0))
+    state = predictor.init_state(frames)
+    predictor.add_points(state, 0, 2, box=[60, 8, 90, 40])
+    predictor.add_points(state, 1, 1, [[35, 32], [80, 10]], [1, 0])
+    expected = {}
+    for result in predictor.propagate(state, 0):
+        order = np.argsort(result.obj_ids)  # the files list objects by id
+        expected[result.frame_idx] = result.masks.numpy()[order]
+    for i in range(3):
+        frame = json.loads((out / f"frame_{i:05d}.json").read_text())
+        got = np.stack([rle_to_mask(coco_to_rle(o["segmentation"])) for o in frame["objects"]])
+        np.testing.assert_array_equal(got, expected[i])
