@@ -166,7 +166,7 @@ CHECKPOINT = "/nonexistent/sam2.1_hiera_tiny.pt"
             with_args(artifacts=None, checkpoint=CHECKPOINT, backend="tensorrt-llm"),
             (
                 r"args\.backend: 'tensorrt-llm' is not a backend; accepted: eager, compile, "
-                r"openvino \(with checkpoint\), artifacts \(with artifacts\)"
+                r"openvino \(with checkpoint\), artifacts, onnxruntime \(with artifacts\)"
             ),
         ),
         (
