@@ -340,7 +340,8 @@ def _run_worker(
 
 
 def _artifacts_dir(work: Path, mode: str) -> Path:
-    return work / "artifacts" / mode.partition("+")[0]
+    # One directory per row: fast+artifacts and fast+onnxruntime export different formats.
+    return work / "artifacts" / mode.replace("+", "-")
 
 
 def _from_artifacts(label: str) -> bool:
@@ -362,7 +363,10 @@ def _export_artifacts(
         if not _from_artifacts(mode):
             continue
         base, out = mode.partition("+")[0], _artifacts_dir(work, mode)
+        onnx = mode.partition("+")[2] == "onnxruntime"
         _log(f"exporting {config.model} {base} artifacts for {mode}")
+        # onnxruntime rows run an ONNX export (its decoder graphs included).
+        export_format = ["--format", "onnx" if onnx else "artifacts"]
         done = _start_worker(
             [
                 "export",
@@ -374,6 +378,7 @@ def _export_artifacts(
                 str(checkpoint),
                 "--out",
                 str(out),
+                *export_format,
                 "--decoder",
                 config.aot_decoder,
                 "--device",
@@ -385,7 +390,9 @@ def _export_artifacts(
         if done.returncode != 0:
             raise BenchError(f"exporting the artifacts for {mode} failed (its error is above)")
         seconds = json.loads(done.stdout.strip().splitlines()[-1])["export_seconds"]
-        decoder = "AOTInductor" if config.aot_decoder == "aoti" else "eager"
+        decoder = (
+            "ONNX Runtime" if onnx else "AOTInductor" if config.aot_decoder == "aoti" else "eager"
+        )
         notes.append(
             f"{mode}: artifacts exported once before the runs ('sam2serve export', "
             f"{seconds:.0f} s; mask decoder {decoder}); its worker loads them with no "

@@ -202,11 +202,20 @@ def write_checkpoint(size: str, seed: int, out: Path) -> int:
     return 0
 
 
-def export(size: str, mode: str, checkpoint: Path, out: Path, decoder: str, device: str) -> int:
-    """``sam2serve export`` of the benchmark's weights, for the ``+artifacts`` rows: the
-    image path as OpenVINO on the CPU, as AOTInductor on CUDA."""
+def export(
+    size: str, mode: str, checkpoint: Path, out: Path, decoder: str, device: str, fmt: str
+) -> int:
+    """``sam2serve export`` of the benchmark's weights, for the rows that start from an
+    export: the image path as OpenVINO on the CPU, as AOTInductor on CUDA (``+artifacts``),
+    or the ONNX graphs (``fmt`` "onnx", for ``+onnxruntime``)."""
     from sam2serve.runtime.export import export_artifacts
 
+    if fmt == "onnx":
+        from sam2serve.runtime.onnx_export import export_onnx
+
+        manifest = export_onnx(size, mode, out, checkpoint=str(checkpoint))
+        print(json.dumps({"path": str(out), "export_seconds": manifest["export_seconds"]}))
+        return 0
     backend = "openvino" if device == "cpu" else "aoti"
     manifest = export_artifacts(
         size,
@@ -238,11 +247,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     exp.add_argument("--out", type=Path, required=True)
     exp.add_argument("--decoder", choices=("aoti", "eager"), default="aoti")
     exp.add_argument("--device", default="cpu")
+    exp.add_argument("--format", choices=("artifacts", "onnx"), default="artifacts")
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args.spec, args.result)
     if args.command == "export":
-        return export(args.model, args.mode, args.checkpoint, args.out, args.decoder, args.device)
+        return export(
+            args.model, args.mode, args.checkpoint, args.out, args.decoder, args.device, args.format
+        )
     return write_checkpoint(args.model, args.seed, args.out)
 
 

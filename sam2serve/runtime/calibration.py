@@ -78,3 +78,14 @@ def calibration_images(n: int = 14) -> list[np.ndarray]:
     photos = [image for _, image in calibration_photos()]
     pool = photos + [np.ascontiguousarray(image[:, ::-1]) for image in photos]
     return [pool[i % len(pool)] for i in range(n)]
+
+
+def calibration_inputs(count: int, image_size: int) -> list[np.ndarray]:
+    """``count`` model inputs, (1, 3, S, S) float32: the photographs decoded and
+    preprocessed exactly as the Predictor preprocesses a request (what every quantiser
+    calibrates on: NNCF for OpenVINO, ONNX Runtime's static quantiser)."""
+    from sam2serve.engine.image import load_image, preprocess
+
+    return [
+        preprocess([load_image(image)], image_size).numpy() for image in calibration_images(count)
+    ]

@@ -45,8 +45,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from sam2serve.checkpoint import load_model
+from sam2serve.config import IMAGE_SIZE
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.runtime.backends import ONNX_MODES
+from sam2serve.runtime.calibration import calibration_inputs
 from sam2serve.runtime.export import ArtifactError
 from sam2serve.runtime.modes import get_mode
 
@@ -335,14 +337,6 @@ def runtime_versions() -> dict[str, str]:
     }
 
 
-def calibration_batches(n: int, side: int = 1024) -> list[torch.Tensor]:
-    """``n`` photographs preprocessed exactly as requests are: (1, 3, side, side) each."""
-    from sam2serve.engine.image import preprocess
-    from sam2serve.runtime.calibration import calibration_images
-
-    return [preprocess([image], side) for image in calibration_images(n)]
-
-
 QUANTIZATION_METHODS = ("dynamic", "static")
 
 
@@ -374,11 +368,11 @@ def quantize_encoder(path: Path, method: str = "dynamic", calibration: int = 8) 
 
         class Photographs(CalibrationDataReader):
             def __init__(self) -> None:
-                self.batches = iter(calibration_batches(calibration))
+                self.batches = iter(calibration_inputs(calibration, IMAGE_SIZE))
 
             def get_next(self) -> dict | None:
                 batch = next(self.batches, None)
-                return None if batch is None else {"image": batch.numpy()}
+                return None if batch is None else {"image": batch}
 
         quantize_static(
             path,

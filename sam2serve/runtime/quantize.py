@@ -20,6 +20,8 @@ import importlib.util
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sam2serve.runtime.calibration import calibration_inputs
+
 INSTALL_HINT = 'pip install "sam2serve[int8]"'
 
 
@@ -58,17 +60,6 @@ def require_nncf() -> None:
             f"mode int8 quantises the image encoder with NNCF, which is not installed: "
             f"{INSTALL_HINT} (or run int8 artifacts exported elsewhere with --artifacts)"
         )
-
-
-def calibration_inputs(count: int, image_size: int) -> list[Any]:
-    """``count`` model inputs (1, 3, S, S) float32 numpy, the photographs decoded and
-    preprocessed exactly as the Predictor preprocesses a request."""
-    from sam2serve.engine.image import load_image, preprocess
-    from sam2serve.runtime.calibration import calibration_images
-
-    return [
-        preprocess([load_image(image)], image_size).numpy() for image in calibration_images(count)
-    ]
 
 
 def quantize_image_path(
