@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 from sam2serve.commands import model as model_flags
 from sam2serve.commands.common import (
@@ -137,30 +139,23 @@ def export_command(args: argparse.Namespace) -> int:
         model_flags.check_quantizer()
     model_flags.check_device(args.device)
     apply_threads(args.threads)
-    try:
-        with model_flags.load_errors_as_usage(args.checkpoint, args.model):
-            manifest = export_artifacts(
-                args.model,
-                args.mode,
-                args.out,
-                backend=backend,
-                decoder=args.decoder,
-                device=args.device,
-                checkpoint=args.checkpoint,
-                random_weights=args.random_weights,
-                seed=args.seed,
-                command=command_line(args),
-                progress=info_line,
-            )
-    except OSError as exc:
-        raise UsageError(f"cannot write --out {args.out!r}: {exc.strerror or exc}") from None
-    if args.random_weights:
-        warning_line("exported RANDOM WEIGHTS - not a trained model")
-    info_line(
-        f"wrote {args.out} ({manifest['model']}, {manifest['mode']}, "
-        f"{manifest['precision']}, for {manifest['target']}) in {manifest['export_seconds']} s"
+    return _write(
+        args,
+        lambda: export_artifacts(
+            args.model,
+            args.mode,
+            args.out,
+            backend=backend,
+            decoder=args.decoder,
+            device=args.device,
+            checkpoint=args.checkpoint,
+            random_weights=args.random_weights,
+            seed=args.seed,
+            command=command_line(args),
+            progress=info_line,
+        ),
+        lambda manifest: f"for {manifest['target']}",
     )
-    return EXIT_OK
 
 
 def export_onnx_command(args: argparse.Namespace) -> int:
@@ -181,24 +176,38 @@ def export_onnx_command(args: argparse.Namespace) -> int:
     with model_flags.load_errors_as_usage():
         require_onnx()
     apply_threads(args.threads)
+    return _write(
+        args,
+        lambda: export_onnx(
+            args.model,
+            mode,
+            args.out,
+            checkpoint=args.checkpoint,
+            random_weights=args.random_weights,
+            seed=args.seed,
+            command=command_line(args),
+            progress=info_line,
+        ),
+        lambda manifest: f"ONNX opset {manifest['opset']}",
+    )
+
+
+def _write(
+    args: argparse.Namespace,
+    export: Callable[[], dict[str, Any]],
+    target: Callable[[dict[str, Any]], str],
+) -> int:
+    """Run ``export``, with checkpoint and --out errors as usage errors, and announce what
+    it wrote (``target`` names what the manifest is for)."""
     try:
         with model_flags.load_errors_as_usage(args.checkpoint, args.model):
-            manifest = export_onnx(
-                args.model,
-                mode,
-                args.out,
-                checkpoint=args.checkpoint,
-                random_weights=args.random_weights,
-                seed=args.seed,
-                command=command_line(args),
-                progress=info_line,
-            )
+            manifest = export()
     except OSError as exc:
         raise UsageError(f"cannot write --out {args.out!r}: {exc.strerror or exc}") from None
     if args.random_weights:
         warning_line("exported RANDOM WEIGHTS - not a trained model")
     info_line(
         f"wrote {args.out} ({manifest['model']}, {manifest['mode']}, {manifest['precision']}, "
-        f"ONNX opset {manifest['opset']}) in {manifest['export_seconds']} s"
+        f"{target(manifest)}) in {manifest['export_seconds']} s"
     )
     return EXIT_OK

@@ -100,12 +100,25 @@ class _ImagePath(torch.nn.Module):
         return features.image_embed, *features.high_res_feats
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def file_problems(directory: Path, files: dict[str, str]) -> list[str]:
+    """What is wrong with an export's ``files`` (name -> sha256) in ``directory``: each
+    one missing or not matching its checksum (every export format's manifest check)."""
+    problems = []
+    for name, expected in files.items():
+        path = directory / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif sha256_file(path) != expected:
+            problems.append(f"{name} does not match its sha256 in the manifest")
+    return problems
 
 
 def _encoder_precision(spec: RuntimeSpec) -> str:
@@ -278,7 +291,7 @@ def export_artifacts(
         },
         "weights": model.weights_info.as_dict(),
         **extra,
-        "files": {name: _sha256(out / name) for name in (*encoder_files, HEADS)},
+        "files": {name: sha256_file(out / name) for name in (*encoder_files, HEADS)},
         "export_seconds": round(time.perf_counter() - started, 1),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
@@ -391,12 +404,7 @@ def check_manifest(
                 f"exported with OpenVINO {manifest['runtime']['openvino']}, "
                 f"installed is {ov.__version__}"
             )
-    for name, expected in manifest["files"].items():
-        path = directory / name
-        if not path.is_file():
-            problems.append(f"{name} is missing")
-        elif _sha256(path) != expected:
-            problems.append(f"{name} does not match its sha256 in the manifest")
+    problems += file_problems(directory, manifest["files"])
     if problems:
         raise ArtifactError(
             f"artifacts in {str(directory)!r} cannot be used: " + "; ".join(problems)

@@ -31,7 +31,6 @@ them as data-dependent symbols; and it needs no ``onnxscript``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 import sys
@@ -49,7 +48,7 @@ from sam2serve.config import IMAGE_SIZE
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.runtime.backends import ONNX_MODES
 from sam2serve.runtime.calibration import calibration_inputs
-from sam2serve.runtime.export import ArtifactError
+from sam2serve.runtime.export import ArtifactError, file_problems, sha256_file
 from sam2serve.runtime.modes import get_mode
 
 FORMAT = "onnx"
@@ -157,14 +156,6 @@ class OnnxPromptDecoder(nn.Module):
         size = (orig_im_size[0], orig_im_size[1])
         masks = F.interpolate(logits, size=size, mode="bilinear", align_corners=False)
         return masks, iou, logits.clamp(-LOW_RES_CLAMP, LOW_RES_CLAMP)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _export(
@@ -316,7 +307,7 @@ def export_onnx(
         },
         "quantization": quantization,
         "weights": model.weights_info.as_dict(),
-        "files": {name: _sha256(out / name) for name in files},
+        "files": {name: sha256_file(out / name) for name in files},
         "export_seconds": round(time.perf_counter() - started, 1),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
@@ -416,12 +407,7 @@ def check_onnx_manifest(
     if not isinstance(files, dict) or not files:
         problems.append("the manifest lists no files")
         files = {}
-    for name, expected in files.items():
-        path = directory / name
-        if not path.is_file():
-            problems.append(f"{name} is missing")
-        elif _sha256(path) != expected:
-            problems.append(f"{name} does not match its sha256 in the manifest")
+    problems += file_problems(directory, files)
     if problems:
         raise OnnxArtifactError(
             f"ONNX export in {str(directory)!r} cannot be used: " + "; ".join(problems)

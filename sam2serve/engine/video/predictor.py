@@ -135,27 +135,7 @@ class VideoPredictor:
         prompt = PointPrompt(coords, point_labels)
         track.point_inputs[frame_idx] = prompt
         track.mask_inputs.pop(frame_idx, None)
-
-        is_init_cond = frame_idx not in track.frames_tracked
-        reverse = False if is_init_cond else track.frames_tracked[frame_idx]
-        is_cond = is_init_cond or self.config.add_all_frames_to_correct_as_cond
-        prev_logits = None
-        prev = track.latest_output(frame_idx, is_cond)
-        if prev is not None:
-            prev_logits = prev.pred_masks.to(state.device).clamp(-PREV_MASK_CLAMP, PREV_MASK_CLAMP)
-        outputs, _ = self._track_frame(
-            state,
-            [track],
-            frame_idx,
-            is_init_cond=is_init_cond,
-            reverse=reverse,
-            points=prompt,
-            mask=None,
-            prev_mask_logits=prev_logits,
-            run_memory_encoder=False,
-        )
-        track.temp_outputs(is_cond)[frame_idx] = outputs[0]
-        return self._frame_masks(state, frame_idx, is_cond)
+        return self._prompt_frame(state, track, frame_idx, points=prompt, mask=None)
 
     @torch.inference_mode()
     def add_mask(
@@ -177,18 +157,36 @@ class VideoPredictor:
         track = self._track_for(state, obj_id)
         track.mask_inputs[frame_idx] = mask_input
         track.point_inputs.pop(frame_idx, None)
+        return self._prompt_frame(state, track, frame_idx, points=None, mask=mask_input)
+
+    def _prompt_frame(
+        self,
+        state: VideoState,
+        track: ObjectTrack,
+        frame_idx: int,
+        *,
+        points: PointPrompt | None,
+        mask: torch.Tensor | None,
+    ) -> FrameMasks:
+        """Run ``track``'s new prompt on ``frame_idx`` (clicks or a mask) and keep the output
+        as a temporary conditioning (or correction) output until propagation. Clicks also
+        see the object's previous mask on that frame, as Meta feeds it back."""
         is_init_cond = frame_idx not in track.frames_tracked
         reverse = False if is_init_cond else track.frames_tracked[frame_idx]
         is_cond = is_init_cond or self.config.add_all_frames_to_correct_as_cond
+        prev_logits = None
+        prev = track.latest_output(frame_idx, is_cond) if points is not None else None
+        if prev is not None:
+            prev_logits = prev.pred_masks.to(state.device).clamp(-PREV_MASK_CLAMP, PREV_MASK_CLAMP)
         outputs, _ = self._track_frame(
             state,
             [track],
             frame_idx,
             is_init_cond=is_init_cond,
             reverse=reverse,
-            points=None,
-            mask=mask_input,
-            prev_mask_logits=None,
+            points=points,
+            mask=mask,
+            prev_mask_logits=prev_logits,
             run_memory_encoder=False,
         )
         track.temp_outputs(is_cond)[frame_idx] = outputs[0]
