@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SAMPLE_NAMES", "load_sample", "load_samples"]
+__all__ = ["SAMPLE_NAMES", "load_sample", "load_samples", "sample_clip", "sample_clip_prompts"]
 
 # Each name is the skimage.data function that returns the photo (uint8 RGB, H x W x 3).
 SAMPLE_NAMES: tuple[str, ...] = ("astronaut", "coffee", "chelsea", "rocket")
@@ -72,3 +72,19 @@ def sample_clip(
         truth[1].append(disc & ~square)
         truth[2].append(square)
     return frames, truth
+
+
+def sample_clip_prompts(
+    truth: dict[int, list[np.ndarray]], frame: int = 0
+) -> dict[int, dict[str, list]]:
+    """The sample clip's prompts on ``frame``, from its true masks: a click at the centre of
+    the disc (object 1) and a box around the square (object 2), as
+    ``{obj_id: {"points": [[x, y]], "labels": [1], "box": [x0, y0, x1, y1] or None}}``."""
+    rows, cols = np.nonzero(truth[1][frame])
+    click = [[float(cols.mean()), float(rows.mean())]]
+    rows, cols = np.nonzero(truth[2][frame])
+    box = [float(cols.min()), float(rows.min()), float(cols.max() + 1), float(rows.max() + 1)]
+    return {
+        1: {"points": click, "labels": [1], "box": None},
+        2: {"points": [], "labels": [], "box": box},
+    }

@@ -8,7 +8,9 @@
 #   tests    `pytest -m cuda tests/cuda`: fidelity against Meta's code on the GPU, every
 #            mode and CUDA backend, host syncs in the decode loop and in AMG, the service;
 #   bench    `sam2serve bench --device cuda`, SPS/MPS/AMG in baseline, fast and furious on
-#            the tiny model with random weights, AMG also with keep-all thresholds;
+#            the tiny model with random weights, AMG also with keep-all thresholds, and
+#            `--task video` (8 frames of the sample clip, 1 and 3 objects; furious in bf16)
+#            against Meta's video predictor;
 #   compile  furious against furious+compile (torch.compile) on SPS.
 # Artifacts are CPU-only (AOTInductor packages compiled for CUDA crashed when loaded, see
 # runtime/backends), so no +artifacts row runs here. It installs what it needs: with a
@@ -89,10 +91,11 @@ bench() {  # NAME TASK MODES [EXTRA FLAGS...]: one benchmark run, its output in 
     shift 3
     uptime | tee -a "$OUT/load.txt"
     timeout 560 python3 -m sam2serve bench --device cuda --task "$task" --model tiny \
-        --modes "$modes" --images samples --n 3 --random-weights --points-per-side 16 \
-        --out "$OUT" --name "$name" "$@" 2>&1 | tee "$OUT/$name.txt"
+        --modes "$modes" --random-weights --out "$OUT" --name "$name" "$@" 2>&1 \
+        | tee "$OUT/$name.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 }
+IMAGES=(--images samples --n 3 --points-per-side 16)
 set +e
 if [ "$PART" = tests ] || [ "$PART" = all ]; then
     timeout 560 python3 -m pytest -q -s -m cuda tests/cuda -p no:cacheprovider \
@@ -100,15 +103,19 @@ if [ "$PART" = tests ] || [ "$PART" = all ]; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 fi
 if [ "$PART" = bench ] || [ "$PART" = all ]; then
-    bench bench_tiny_cuda all baseline,fast,furious
+    bench bench_tiny_cuda all baseline,fast,furious "${IMAGES[@]}"
     # Random weights pass almost no mask through AMG's default filters: with them at 0
     # every mask is upscaled, scored, de-duplicated and encoded.
-    bench bench_tiny_cuda_amg_keepall amg baseline,fast,furious \
+    bench bench_tiny_cuda_amg_keepall amg baseline,fast,furious "${IMAGES[@]}" \
         --pred-iou-thresh 0 --stability-score-thresh 0
+    # Tracking: 8 rows (4 modes x 2 object counts), each a fresh process (not yet run on a
+    # GPU: expected well under a minute each for tiny; --timeout bounds a stuck one).
+    bench bench_tiny_cuda_video video reference,baseline,fast,furious \
+        --frames 8 --objects 1,3 --timeout 240
 fi
 if [ "$PART" = compile ] || [ "$PART" = all ]; then
     # torch.compile compiles in every benchmark process (about a minute each).
-    bench bench_tiny_cuda_compile sps furious,furious+compile
+    bench bench_tiny_cuda_compile sps furious,furious+compile "${IMAGES[@]}"
 fi
 set -e
 echo "gpu-check --part $PART: $([ $failed -eq 0 ] && echo passed || echo FAILED); results in $OUT/"

@@ -7,14 +7,30 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from sam2serve.bench.runner import BASELINE, BenchResult, RunResult
+from sam2serve.bench.machine import MachineInfo
+from sam2serve.bench.metrics import Accuracy, LatencyStats
+from sam2serve.bench.runner import BASELINE, BenchConfig, BenchResult, RunResult
 from sam2serve.bench.variants import AMG_VARIANTS, DEFAULT_VARIANT
 from sam2serve.engine.tasks import STAGES
 
-__all__ = ["CSV_COLUMNS", "csv_text", "markdown", "render_chart", "write_outputs"]
+__all__ = [
+    "CSV_COLUMNS",
+    "Bar",
+    "RunHeader",
+    "accuracy_columns",
+    "bar_chart",
+    "csv_text",
+    "header_lines",
+    "latency_columns",
+    "markdown",
+    "render_chart",
+    "write_files",
+    "write_outputs",
+]
 
 TASK_TITLES = {
     "amg": "AMG (automatic mask generation)",
@@ -102,7 +118,16 @@ def _task_label(run: RunResult) -> str:
     return run.task if run.variant in ("", DEFAULT_VARIANT) else f"{run.task} {run.variant}"
 
 
-def _speedup(run: RunResult, baseline: RunResult | None, attribute: str) -> float | None:
+class Timed(Protocol):
+    """A run with latency statistics (an image task's or the video task's)."""
+
+    stats: LatencyStats | None
+
+    @property
+    def ok(self) -> bool: ...
+
+
+def _speedup(run: Timed, baseline: Timed | None, attribute: str) -> float | None:
     if baseline is None or not run.ok:
         return None
     value = getattr(run.stats, attribute)
@@ -117,15 +142,8 @@ def _row(run: RunResult, baseline: RunResult | None) -> dict[str, object]:
         task=run.task, variant=run.variant, mode=run.label, cache=run.cache, error=run.error or ""
     )
     if stats is not None:
+        row.update(latency_columns(stats, "images", "first_iter_ms", "images_per_s"))
         row.update(
-            images=stats.images,
-            first_iter_ms=round(stats.first_ms, 2),
-            p50_ms=round(stats.p50_ms, 2),
-            p90_ms=round(stats.p90_ms, 2),
-            p99_ms=round(stats.p99_ms, 2),
-            mean_ms=round(stats.mean_ms, 2),
-            max_ms=round(stats.max_ms, 2),
-            images_per_s=round(stats.images_per_s, 4),
             ready_s=round(run.ready_s or 0.0, 3),
             peak_mem_mb=round(run.peak_mem_mb or 0.0, 1),
             masks_per_image=round(run.masks_per_image or 0.0, 3),
@@ -141,14 +159,35 @@ def _row(run: RunResult, baseline: RunResult | None) -> dict[str, object]:
         for stage in STAGES:
             row[f"{stage}_ms"] = round(run.stages_ms.get(stage, 0.0), 2)
     if accuracy is not None:
-        row.update(
-            miou="" if accuracy.miou is None else round(accuracy.miou, 6),
-            fails=accuracy.fails,
-            compared_images=accuracy.compared_images,
-            compared_masks=accuracy.masks,
-            exact_masks=accuracy.exact,
-        )
+        row.update(accuracy_columns(accuracy, "compared_images"))
     return row
+
+
+def latency_columns(stats: LatencyStats, count: str, first: str, rate: str) -> dict[str, object]:
+    """A run's latency statistics as CSV cells (``count``, ``first`` and ``rate`` name the
+    columns of the unit: images, or video frames)."""
+    return {
+        count: stats.images,
+        first: round(stats.first_ms, 2),
+        "p50_ms": round(stats.p50_ms, 2),
+        "p90_ms": round(stats.p90_ms, 2),
+        "p99_ms": round(stats.p99_ms, 2),
+        "mean_ms": round(stats.mean_ms, 2),
+        "max_ms": round(stats.max_ms, 2),
+        rate: round(stats.images_per_s, 4),
+    }
+
+
+def accuracy_columns(accuracy: Accuracy, compared: str) -> dict[str, object]:
+    """Agreement with the baseline as CSV cells (``compared``: the compared images' or
+    frames' column)."""
+    return {
+        "miou": "" if accuracy.miou is None else round(accuracy.miou, 6),
+        "fails": accuracy.fails,
+        compared: accuracy.compared_images,
+        "compared_masks": accuracy.masks,
+        "exact_masks": accuracy.exact,
+    }
 
 
 def csv_text(result: BenchResult) -> str:
@@ -171,8 +210,7 @@ def _with_factor(text: str, factor: float | None) -> str:
     return text if factor is None else f"{text} ({factor:.2f}x)"
 
 
-def _accuracy_cells(run: RunResult) -> list[str]:
-    accuracy = run.accuracy
+def _accuracy_cells(accuracy: Accuracy | None) -> list[str]:
     if accuracy is None:
         return ["", "", ""]
     miou = "n/a" if accuracy.miou is None else f"{accuracy.miou:.4f}"
@@ -212,7 +250,7 @@ def _task_table(result: BenchResult, task: str, variant: str = "") -> list[str]:
             f"{run.ready_s:.1f}",
             f"{run.peak_mem_mb:,.0f}",
             f"{run.masks_per_image:.2f}",
-            *_accuracy_cells(run),
+            *_accuracy_cells(run.accuracy),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -267,17 +305,25 @@ def _amg_parameters(result: BenchResult) -> str:
     return text
 
 
-def markdown(result: BenchResult, chart_name: str | None = None) -> str:
+class RunHeader(Protocol):
+    """What every benchmark result says about its run (image and video tasks alike)."""
+
+    config: BenchConfig
+    machine: MachineInfo
+    weights: str
+    started: str
+    duration_s: float
+    load_start: tuple[float, float, float]
+    load_end: tuple[float, float, float]
+
+
+def header_lines(result: RunHeader, title: str) -> list[str]:
+    """The report's title, then the command, date, machine, software, load and weights."""
     config, machine = result.config, result.machine
-    distinct = list(dict.fromkeys(image.name for image in result.images))
-    sizes = ", ".join(
-        f"{image.name} {image.width}x{image.height}"
-        for image in {image.name: image for image in result.images}.values()
-    )
     device = machine.cuda_device if config.device == "cuda" else "CPU only"
     load = "{:.2f} {:.2f} {:.2f}"
-    lines = [
-        f"# sam2serve bench: SAM 2.1 {config.model}, {config.device}",
+    return [
+        f"# {title}",
         "",
         f"- **command:** `{config.command}`",
         f"- **date:** {result.started} (the run took {result.duration_s / 60:.1f} min)",
@@ -292,6 +338,18 @@ def markdown(result: BenchResult, chart_name: str | None = None) -> str:
             f"start, {load.format(*result.load_end)} at the end"
         ),
         f"- **weights:** {result.weights}",
+    ]
+
+
+def markdown(result: BenchResult, chart_name: str | None = None) -> str:
+    config = result.config
+    distinct = list(dict.fromkeys(image.name for image in result.images))
+    sizes = ", ".join(
+        f"{image.name} {image.width}x{image.height}"
+        for image in {image.name: image for image in result.images}.values()
+    )
+    lines = [
+        *header_lines(result, f"sam2serve bench: SAM 2.1 {config.model}, {config.device}"),
         (
             f"- **images:** {len(result.images)} = {len(distinct)} distinct image(s) cycled "
             f"({config.images}; {sizes})"
@@ -362,59 +420,62 @@ def _font(size: int) -> Any:  # a Pillow font of either kind
         return ImageFont.load_default()
 
 
-def render_chart(result: BenchResult) -> bytes:
-    """PNG: one panel per task, one stacked bar per mode (mean ms by stage), the p50 and
-    its factor against the baseline written beside it."""
+Colour = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One row of a chart: its label, the bar's segments (value, colour) stacked from the
+    left, and the text written after it; ``error`` rows show their text in red, no bar."""
+
+    label: str
+    segments: Sequence[tuple[float, Colour]]
+    text: str
+    error: bool = False
+
+
+def bar_chart(
+    title: str,
+    legend: Sequence[tuple[str, Colour]],
+    panels: Sequence[tuple[str, Sequence[Bar]]],
+    right: int = 260,
+) -> bytes:
+    """PNG: a title, a legend, then one panel per (title, bars), each panel scaled to its
+    longest bar."""
     from PIL import Image, ImageDraw
 
-    width, left, right, bar, gap = 1100, 170, 260, 24, 10
+    width, left, bar, gap = 1100, 170, 24, 10
     title_font, font = _font(18), _font(14)
-    panels = [
-        (task, variant, [r for r in result.runs if r.task == task and r.variant == variant])
-        for task, variant in _panels(result)
-    ]
-    height = 70 + sum(50 + len(runs) * (bar + gap) for _, _, runs in panels) + 20
+    top = 70 if legend else 50
+    height = top + sum(50 + len(bars) * (bar + gap) for _, bars in panels) + 20
     image = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(image)
-    config = result.config
-    draw.text(
-        (left, 10),
-        f"sam2serve bench: SAM 2.1 {config.model} on {config.device}, "
-        f"{len(result.images)} images - mean ms per image by stage",
-        fill="black",
-        font=title_font,
-    )
+    draw.text((left, 10), title, fill="black", font=title_font)
     x = left
-    for stage in STAGES:  # legend
-        draw.rectangle((x, 40, x + 14, 54), fill=STAGE_COLOURS[stage])
-        draw.text((x + 18, 40), STAGE_TITLES[stage], fill="black", font=font)
-        x += 24 + int(draw.textlength(STAGE_TITLES[stage], font=font)) + 16
-    y = 70
+    for name, colour in legend:
+        draw.rectangle((x, 40, x + 14, 54), fill=colour)
+        draw.text((x + 18, 40), name, fill="black", font=font)
+        x += 24 + int(draw.textlength(name, font=font)) + 16
+    y = top
     plot = width - left - right
-    for task, variant, runs in panels:
-        draw.text((10, y + 8), _panel_title(task, variant), fill="black", font=title_font)
+    for panel_title, bars in panels:
+        draw.text((10, y + 8), panel_title, fill="black", font=title_font)
         y += 40
-        baseline = _baseline(result, task, variant)
-        longest = max((sum(r.stages_ms.values()) for r in runs if r.ok), default=0.0)
+        longest = max((sum(v for v, _ in b.segments) for b in bars if not b.error), default=0.0)
         scale = plot / longest if longest > 0 else 0.0
-        for run in runs:
-            draw.text((10, y + 4), run.label, fill="black", font=font)
-            if not run.ok:
-                draw.text((left, y + 4), run.error or "failed", fill=(160, 0, 0), font=font)
+        for row in bars:
+            draw.text((10, y + 4), row.label, fill="black", font=font)
+            if row.error:
+                draw.text((left, y + 4), row.text, fill=(160, 0, 0), font=font)
                 y += bar + gap
                 continue
             x = float(left)
-            for stage in STAGES:
-                length = run.stages_ms.get(stage, 0.0) * scale
+            for value, colour in row.segments:
+                length = value * scale
                 if length > 0:
-                    draw.rectangle((x, y, x + length, y + bar), fill=STAGE_COLOURS[stage])
+                    draw.rectangle((x, y, x + length, y + bar), fill=colour)
                 x += length
-            assert run.stats is not None
-            factor = _speedup(run, baseline, "p50_ms")
-            label = f"p50 {run.stats.p50_ms:.0f} ms" + (
-                f"  ({factor:.2f}x)" if factor is not None else ""
-            )
-            draw.text((x + 8, y + 4), label, fill="black", font=font)
+            draw.text((x + 8, y + 4), row.text, fill="black", font=font)
             y += bar + gap
         y += 10
     out = io.BytesIO()
@@ -422,14 +483,65 @@ def render_chart(result: BenchResult) -> bytes:
     return out.getvalue()
 
 
+def render_chart(result: BenchResult) -> bytes:
+    """PNG: one panel per task, one stacked bar per mode (mean ms by stage), the p50 and
+    its factor against the baseline written beside it."""
+
+    def bar(run: RunResult, baseline: RunResult | None) -> Bar:
+        if not run.ok or run.stats is None:
+            return Bar(run.label, (), run.error or "failed", error=True)
+        segments = [(run.stages_ms.get(stage, 0.0), STAGE_COLOURS[stage]) for stage in STAGES]
+        factor = _speedup(run, baseline, "p50_ms")
+        text = f"p50 {run.stats.p50_ms:.0f} ms" + (
+            f"  ({factor:.2f}x)" if factor is not None else ""
+        )
+        return Bar(run.label, segments, text)
+
+    config = result.config
+    panels = [
+        (
+            _panel_title(task, variant),
+            [
+                bar(r, _baseline(result, task, variant))
+                for r in result.runs
+                if r.task == task and r.variant == variant
+            ],
+        )
+        for task, variant in _panels(result)
+    ]
+    return bar_chart(
+        f"sam2serve bench: SAM 2.1 {config.model} on {config.device}, "
+        f"{len(result.images)} images - mean ms per image by stage",
+        [(STAGE_TITLES[stage], STAGE_COLOURS[stage]) for stage in STAGES],
+        panels,
+    )
+
+
 def write_outputs(result: BenchResult, out_dir: Path, name: str) -> dict[str, Path]:
     """``<name>.csv``, ``<name>.md`` and ``<name>.png`` in ``out_dir``."""
+    return write_files(
+        out_dir,
+        name,
+        lambda: csv_text(result),
+        lambda chart: markdown(result, chart),
+        lambda: render_chart(result),
+    )
+
+
+def write_files(
+    out_dir: Path,
+    name: str,
+    make_csv: Callable[[], str],
+    make_markdown: Callable[[str], str],
+    make_chart: Callable[[], bytes],
+) -> dict[str, Path]:
+    """``<name>.csv``, ``<name>.md`` (given the chart's file name) and ``<name>.png``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {kind: out_dir / f"{name}.{kind}" for kind in ("csv", "md", "png")}
     writers: Sequence[tuple[str, Callable[[], str | bytes]]] = (
-        ("csv", lambda: csv_text(result)),
-        ("md", lambda: markdown(result, paths["png"].name)),
-        ("png", lambda: render_chart(result)),
+        ("csv", make_csv),
+        ("md", lambda: make_markdown(paths["png"].name)),
+        ("png", make_chart),
     )
     for kind, make in writers:
         content = make()

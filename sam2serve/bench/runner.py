@@ -17,6 +17,7 @@ are modules of their own already.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,9 @@ PROMPT_POLICIES = ("auto", "amg", "grid")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 SAMPLES = "samples"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+# Task video: 8 frames (the last tracked with a full bank of 7 memories), 1 and 3 objects.
+DEFAULT_VIDEO_FRAMES = 8
+DEFAULT_VIDEO_OBJECTS = (1, 3)
 
 
 class BenchError(Exception):
@@ -92,6 +96,11 @@ class BenchConfig:
     timeout_s: float | None = None
     # AMG variants (sam2serve.bench.variants), each a set of AMG rows with its own baseline.
     amg_variants: tuple[str, ...] = (DEFAULT_VARIANT,)
+    # Task video (sam2serve.bench.video): the clip ("sample" or a video file / frame
+    # folder), its first frames, and the object counts, each a run per mode.
+    video: str = "sample"
+    video_frames: int = DEFAULT_VIDEO_FRAMES
+    video_objects: tuple[int, ...] = DEFAULT_VIDEO_OBJECTS
 
     def variant_params(self, variant: str) -> AMGParams:
         return AMG_VARIANTS[variant].apply(self.amg_params)
@@ -403,6 +412,62 @@ def _export_artifacts(
 # --------------------------------------------------------------------------- the run
 
 
+@dataclass(frozen=True)
+class Session:
+    """When, where and under what load a benchmark started (its report's header)."""
+
+    machine: MachineInfo
+    started: str
+    load_start: tuple[float, float, float]
+    clock: float
+
+    @classmethod
+    def start(cls) -> Session:
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        return cls(machine_info(), started, load_average(), time.perf_counter())
+
+    def finish(self) -> dict[str, Any]:
+        """The result's machine, started, load_start, load_end and duration_s fields."""
+        return {
+            "machine": self.machine,
+            "started": self.started,
+            "load_start": self.load_start,
+            "load_end": load_average(),
+            "duration_s": time.perf_counter() - self.clock,
+        }
+
+
+def check_weights(config: BenchConfig) -> None:
+    if config.checkpoint is not None and not config.checkpoint.is_file():
+        raise BenchError(f"--checkpoint file not found: {str(config.checkpoint)!r}")
+    if config.checkpoint is None and not config.random_weights:
+        raise BenchError("give --checkpoint PATH (official SAM 2.1 weights) or --random-weights")
+
+
+@contextlib.contextmanager
+def work_directory(config: BenchConfig) -> Iterator[Path]:
+    """--work-dir (kept), or a temporary directory removed at the end."""
+    if config.work_dir is not None:
+        config.work_dir.mkdir(parents=True, exist_ok=True)
+        yield config.work_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="sam2serve-bench-") as temporary:
+        yield Path(temporary)
+
+
+def bench_weights(config: BenchConfig, work: Path) -> tuple[Path, str]:
+    """The checkpoint every run loads and how the report names it: the given one, or the
+    seeded random weights written once."""
+    if not config.random_weights:
+        assert config.checkpoint is not None
+        return config.checkpoint, f"checkpoint {config.checkpoint.name}"
+    weights = (
+        f"random (seed {config.seed}), written once as an official-shaped checkpoint "
+        "that every mode loads: the masks are meaningless, the work is real"
+    )
+    return _write_checkpoint(config, work), weights
+
+
 def mode_compiles(mode: str) -> bool:
     """Whether the row ``mode`` (``MODE+BACKEND``) compiles at start-up."""
     if mode in PEERS:
@@ -530,37 +595,15 @@ def run_bench(config: BenchConfig) -> BenchResult:
         )
     if config.mps_prompts < 1:
         raise BenchError(f"--mps-prompts must be at least 1, got {config.mps_prompts}")
-    if config.checkpoint is not None and not config.checkpoint.is_file():
-        raise BenchError(f"--checkpoint file not found: {str(config.checkpoint)!r}")
-    if config.checkpoint is None and not config.random_weights:
-        raise BenchError("give --checkpoint PATH (official SAM 2.1 weights) or --random-weights")
+    check_weights(config)
     notes: list[str] = []
     modes = _plan_modes(config.modes, notes)
     variants = _plan_variants(config, notes)
 
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    load_start = load_average()
-    clock = time.perf_counter()
-    machine = machine_info()
-    temporary = None
-    if config.work_dir is None:
-        temporary = tempfile.TemporaryDirectory(prefix="sam2serve-bench-")
-        work = Path(temporary.name)
-    else:
-        work = config.work_dir
-        work.mkdir(parents=True, exist_ok=True)
-    try:
+    session = Session.start()
+    with work_directory(config) as work:
         images = prepare_images(config.images, config.n, work)
-        if config.random_weights:
-            checkpoint = _write_checkpoint(config, work)
-            weights = (
-                f"random (seed {config.seed}), written once as an official-shaped checkpoint "
-                "that every mode loads: the masks are meaningless, the work is real"
-            )
-        else:
-            assert config.checkpoint is not None
-            checkpoint = config.checkpoint
-            weights = f"checkpoint {checkpoint.name}"
+        checkpoint, weights = bench_weights(config, work)
         _export_artifacts(config, work, modes, checkpoint, notes)
         skips = _peer_skips(modes, config.tasks, notes)
         use_grid = config.point_prompts == "grid" or (
@@ -635,23 +678,16 @@ def run_bench(config: BenchConfig) -> BenchResult:
                     "the prompts"
                 )
             run_task(task, prompts)
-    finally:
-        if temporary is not None:
-            temporary.cleanup()
     for run in runs:
         run.records = None  # compared; the masks are not reported
     return BenchResult(
         config=config,
-        machine=machine,
         images=images,
         runs=runs,
         weights=weights,
         prompts=prompts_used,
         notes=notes,
-        load_start=load_start,
-        load_end=load_average(),
-        started=started,
-        duration_s=time.perf_counter() - clock,
+        **session.finish(),
     )
 
 
@@ -664,7 +700,12 @@ def _one_line(run: RunResult) -> str:
         f"{task} {run.label}: p50 {run.stats.p50_ms:.0f} ms, first {run.stats.first_ms:.0f} ms, "
         f"ready {run.ready_s:.1f} s, {run.masks_per_image:.1f} masks/image"
     )
-    if run.accuracy is not None and run.mode != BASELINE:
-        miou = "n/a" if run.accuracy.miou is None else f"{run.accuracy.miou:.4f}"
-        text += f", mIoU {miou}, fails {run.accuracy.fails}"
-    return text
+    return text + accuracy_text(run.accuracy, run.mode)
+
+
+def accuracy_text(accuracy: metrics.Accuracy | None, mode: str) -> str:
+    """ ", mIoU ..., fails ..." for a run's log line (nothing for the baseline itself)."""
+    if accuracy is None or mode == BASELINE:
+        return ""
+    miou = "n/a" if accuracy.miou is None else f"{accuracy.miou:.4f}"
+    return f", mIoU {miou}, fails {accuracy.fails}"

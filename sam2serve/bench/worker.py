@@ -10,10 +10,15 @@ imports, model loading, first-iteration costs and compile caches are really cold
 ``python -m sam2serve.bench.worker export --model SIZE --mode MODE --checkpoint PATH --out DIR``
 writes ``sam2serve export`` artifacts of those weights for the ``+artifacts`` rows.
 
+``python -m sam2serve.bench.worker video SPEC.json RESULT.json`` is one run of the video
+task (:mod:`sam2serve.bench.video`): one mode, one object count, the clip's frames
+propagated from prompts on frame 0, each frame's interval and masks recorded.
+
 ``python -m sam2serve.bench.worker write-checkpoint --model SIZE --seed N --out PATH``
 writes the seeded random weights as an official-shaped checkpoint (``{"model": ...}``,
-with Meta's video-path tensors when Meta's ``sam2`` is installed, so Meta's strict loader
-accepts it): every mode, the reference included, then loads the identical weights.
+every key of Meta's SAM2Base, the video path's included, so Meta's strict loader and our
+video model accept it): every mode, the reference included, then loads the identical
+weights.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SPAWN_TIME_ENV", "main", "run", "write_checkpoint"]
+__all__ = ["SPAWN_TIME_ENV", "main", "run", "run_video", "write_checkpoint"]
 
 # Set by the parent just before it starts this process: "start to ready" includes the
 # interpreter's start and every import.
@@ -113,6 +118,46 @@ def _make_runner(spec: dict[str, Any]) -> tuple[Runner, dict[str, Any]]:
     return engine, {"rle_stage": True}
 
 
+def _ready(device: Any, spawn: float, label: str) -> float:
+    """Seconds from process start to ready (the model loaded); peak GPU memory counted
+    from here."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    ready_s = time.time() - spawn
+    print(f"{label} ready in {ready_s:.1f} s", file=sys.stderr, flush=True)
+    return ready_s
+
+
+def _synchronize(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _write_result(result_path: Path, device: Any, result: dict[str, Any]) -> int:
+    """The run's result with the process's peak memory and threads, written atomically."""
+    import torch
+
+    result = {
+        **result,
+        "peak_rss_mb": _peak_rss_mb(),
+        "cuda_max_allocated_mb": (
+            torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+        ),
+        "torch_threads": torch.get_num_threads(),
+        "pid": os.getpid(),
+        "compile_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+    }
+    tmp = result_path.with_name(result_path.name + ".tmp")
+    tmp.write_text(json.dumps(result, allow_nan=True), encoding="utf-8")
+    os.replace(tmp, result_path)
+    return 0
+
+
 def run(spec_path: Path, result_path: Path) -> int:
     spawn = float(os.environ.get(SPAWN_TIME_ENV, _IMPORTED_AT))
     spec = json.loads(spec_path.read_text(encoding="utf-8"))
@@ -124,11 +169,7 @@ def run(spec_path: Path, result_path: Path) -> int:
 
     device = torch.device(spec["device"])
     runner, info = _make_runner(spec)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    ready_s = time.time() - spawn
-    print(f"{label} ready in {ready_s:.1f} s", file=sys.stderr, flush=True)
+    ready_s = _ready(device, spawn, label)
 
     latencies, stages, records = [], [], []
     images = spec["images"]
@@ -138,8 +179,7 @@ def run(spec_path: Path, result_path: Path) -> int:
         timer = StageTimer(device)
         start = time.perf_counter()
         result = runner(data, points, timer)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        _synchronize(device)
         latency_ms = (time.perf_counter() - start) * 1000
         latencies.append(latency_ms)
         stages.append(dict(timer.ms))
@@ -161,41 +201,141 @@ def run(spec_path: Path, result_path: Path) -> int:
         "latencies_ms": latencies,
         "stages_ms": stages,
         "records": records,
-        "peak_rss_mb": _peak_rss_mb(),
-        "cuda_max_allocated_mb": (
-            torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-        ),
-        "torch_threads": torch.get_num_threads(),
-        "pid": os.getpid(),
-        "compile_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
         **info,
     }
-    tmp = result_path.with_name(result_path.name + ".tmp")
-    tmp.write_text(json.dumps(result, allow_nan=True), encoding="utf-8")
-    os.replace(tmp, result_path)
-    return 0
+    return _write_result(result_path, device, result)
+
+
+# --------------------------------------------------------------------------- video
+
+
+class _VideoEngineTracker:
+    """Our VideoPredictor in one of the video modes (:mod:`sam2serve.runtime.video`)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+        from sam2serve.runtime.video import build_video_predictor
+
+        runtime = RuntimeSpec.from_label(
+            spec["mode"], model=spec["model"], device=spec["device"], threads=spec.get("threads")
+        )
+        self.predictor = build_video_predictor(
+            runtime, WeightsSource(checkpoint=spec["checkpoint"])
+        )
+        self.dtype = self.predictor.runtime.dtype
+
+    def start(self, frames_dir: str) -> Any:
+        from sam2serve.engine.video_io import read_frames
+
+        return self.predictor.init_state(read_frames(frames_dir).frames)
+
+    def prompt(self, state: Any, obj_id: int, prompt: dict[str, Any]) -> None:
+        self.predictor.add_points(
+            state,
+            0,
+            obj_id,
+            prompt["points"] or None,
+            prompt["labels"] or None,
+            box=prompt["box"],
+        )
+
+    def propagate(self, state: Any) -> Any:  # (frame index, object ids, (N, 1, H, W) logits)
+        for out in self.predictor.propagate(state):
+            yield out.frame_idx, out.obj_ids, out.mask_logits
+
+    def held_bytes(self, state: Any) -> tuple[int, int]:
+        """(the objects' memories, masks and pointers; the frames' pixels)."""
+        return state.memory_bytes(), sum(frame.nbytes for frame in state.frames)
+
+
+def _tracker(spec: dict[str, Any]) -> Any:
+    if spec["mode"] == "reference":
+        from sam2serve.bench.video_reference import MetaVideoTracker
+
+        return MetaVideoTracker(spec["model"], Path(spec["checkpoint"]), spec["device"])
+    return _VideoEngineTracker(spec)
+
+
+def _frame_records(obj_ids: Sequence[int], logits: Any) -> list[dict[str, Any]]:
+    """One frame's masks (logits > 0) as COCO RLE, one record per object."""
+    from sam2serve.engine.rle import area_from_rle, masks_to_rle, rle_to_coco
+
+    rles = masks_to_rle(logits[:, 0] > 0)
+    return [
+        {"obj_id": int(obj_id), "segmentation": rle_to_coco(rle), "area": area_from_rle(rle)}
+        for obj_id, rle in zip(obj_ids, rles, strict=True)
+    ]
+
+
+def run_video(spec_path: Path, result_path: Path) -> int:
+    """Prompts on frame 0 for every object, then one propagation: the interval before each
+    frame's masks is its latency (turning them into RLE is not timed)."""
+    spawn = float(os.environ.get(SPAWN_TIME_ENV, _IMPORTED_AT))
+    spec = json.loads(spec_path.read_text(encoding="utf-8"))
+    label = f"[{spec['label']} video, {spec['objects']} object(s)]"
+
+    import torch
+
+    device = torch.device(spec["device"])
+    tracker = _tracker(spec)
+    ready_s = _ready(device, spawn, label)
+    with torch.inference_mode():
+        start = time.perf_counter()
+        state = tracker.start(spec["frames_dir"])
+        init_ms = (time.perf_counter() - start) * 1000
+        start = time.perf_counter()
+        for obj_id, prompt in spec["prompts"].items():
+            tracker.prompt(state, int(obj_id), prompt)
+        _synchronize(device)
+        prompt_ms = (time.perf_counter() - start) * 1000
+        latencies, frames = [], []
+        tick = time.perf_counter()
+        for frame_idx, obj_ids, logits in tracker.propagate(state):
+            _synchronize(device)
+            latencies.append((time.perf_counter() - tick) * 1000)
+            frames.append({"frame": int(frame_idx), "objects": _frame_records(obj_ids, logits)})
+            print(
+                f"{label} frame {frame_idx}: {latencies[-1]:.0f} ms",
+                file=sys.stderr,
+                flush=True,
+            )
+            tick = time.perf_counter()
+        objects_bytes, frames_bytes = tracker.held_bytes(state)
+    result = {
+        "mode": spec["mode"],
+        "label": spec["label"],
+        "objects": spec["objects"],
+        "dtype": tracker.dtype,
+        "ready_s": ready_s,
+        "init_ms": init_ms,
+        "prompt_ms": prompt_ms,
+        "latencies_ms": latencies,
+        "frames": frames,
+        "objects_bytes": objects_bytes,
+        "frames_bytes": frames_bytes,
+    }
+    return _write_result(result_path, device, result)
 
 
 def write_checkpoint(size: str, seed: int, out: Path) -> int:
-    """Our seeded random image weights, plus Meta's video tensors when Meta's package is
-    there, saved as ``{"model": state_dict}`` like Meta's published files."""
+    """Our seeded random weights, image and video paths (every tensor perturbed, so each
+    one matters), saved as ``{"model": state_dict}`` like Meta's published files; where
+    Meta's package is there, its key set is checked to be exactly ours."""
     import torch
 
     from sam2serve.bench.reference import missing_requirements
     from sam2serve.checkpoint import random_state_dict
     from sam2serve.config import get_config
 
-    state = random_state_dict(get_config(size), seed)
+    state = random_state_dict(get_config(size), seed, video=True)
     with_meta = not missing_requirements()
     if with_meta:
         from sam2serve.bench.reference import build_meta_model
 
-        full = dict(build_meta_model(size, None, "cpu").state_dict())
-        unknown = sorted(set(state) - set(full))
-        if unknown:
-            raise RuntimeError(f"our keys are not all Meta's: {', '.join(unknown[:5])} ...")
-        full.update(state)
-        state = full
+        meta_keys = set(build_meta_model(size, None, "cpu").state_dict())
+        different = sorted(set(state) ^ meta_keys)
+        if different:
+            raise RuntimeError(f"our keys are not Meta's: {', '.join(different[:5])} ...")
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": state}, out)
     print(json.dumps({"path": str(out), "meta_keys": with_meta}))
@@ -236,6 +376,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser = commands.add_parser("run", help="one mode and task over every image")
     run_parser.add_argument("spec", type=Path)
     run_parser.add_argument("result", type=Path)
+    video_parser = commands.add_parser("video", help="one mode and object count on the clip")
+    video_parser.add_argument("spec", type=Path)
+    video_parser.add_argument("result", type=Path)
     ckpt = commands.add_parser("write-checkpoint", help="seeded random official-shaped weights")
     ckpt.add_argument("--model", required=True)
     ckpt.add_argument("--seed", type=int, required=True)
@@ -251,6 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args.spec, args.result)
+    if args.command == "video":
+        return run_video(args.spec, args.result)
     if args.command == "export":
         return export(
             args.model, args.mode, args.checkpoint, args.out, args.decoder, args.device, args.format

@@ -50,8 +50,8 @@ def _reserved_cpus() -> int:
 
 @dataclasses.dataclass(frozen=True)
 class HeldImage:
-    """What the multiplexing cache holds for an image id: only the fact that this
-    replica has (or is computing) its embedding; the embedding lives in the app's cache."""
+    """What the multiplexing cache holds for an image id or a video session id: only the
+    fact that this replica has it; the embedding or the session lives in the app."""
 
     image_id: str
 
@@ -98,7 +98,8 @@ class SAM2Replica:
         if weights.is_random:
             log.warning("replica %s serves %s", self.report.replica, weights.describe())
         api_key = os.environ.get(self.args.api_key_env) if self.args.api_key_env else None
-        self.service_app = create_app(self.args.settings(api_key or None), predictor)
+        settings = self.args.settings(api_key or None)
+        self.service_app = create_app(settings, predictor)
         self.metrics = ReadinessMetrics(self.report)
         self.ray_metrics = record_ray_metrics(self.report)  # kept: exported while alive
 
@@ -106,7 +107,9 @@ class SAM2Replica:
             return HeldImage(image_id)
 
         # Built here, not as a decorated method, because its size comes from the config.
-        self.hold = serve.multiplexed(max_num_models_per_replica=self.args.images_per_replica)(hold)
+        # Image ids and video session ids share it: room for every session the app may hold.
+        held = self.args.images_per_replica + (settings.max_video_sessions if settings.video else 0)
+        self.hold = serve.multiplexed(max_num_models_per_replica=held)(hold)
         log.info("replica ready: %s", self.report.as_dict())
 
     def __serve_build_asgi_app__(self) -> ReplicaIngress:

@@ -1,9 +1,11 @@
 """The ASGI app a replica serves: the service's own FastAPI app (``create_app``) behind a
 thin wrapper that adds what only a cluster needs.
 
-- It tells Ray Serve which image embeddings this replica holds: a request carrying the
-  multiplexing header with an image id "loads" that id through ``@serve.multiplexed``, so
-  Ray routes later requests with the same id here.
+- It tells Ray Serve which image embeddings and which video sessions this replica holds:
+  a request carrying the multiplexing header with an image id or a session id "loads"
+  that id through ``@serve.multiplexed``, and so does the answer that creates a session
+  (its ``x-sam2serve-session`` header), so Ray routes later requests with the same id
+  here. A session lives in one replica's memory: this is what pins it there.
 - It stamps every answer with the replica's id, its time in the replica and its cold
   start (see :mod:`sam2serve.cluster.protocol`).
 - ``GET /metrics`` gets the replica's readiness metrics appended to the app's own;
@@ -26,7 +28,9 @@ from sam2serve.cluster.protocol import (
     REPLICA_HEADER,
     REPLICA_MS_HEADER,
     REPLICA_PATH,
+    SESSION_HEADER,
     is_image_id,
+    is_session_id,
 )
 from sam2serve.cluster.readiness import ReadinessMetrics, ReplicaReport
 
@@ -60,11 +64,12 @@ class ReplicaIngress:
         path = _local_path(scope)
         if self.hold is not None and self.multiplexed_id is not None:
             wanted = self.multiplexed_id()
-            if wanted and is_image_id(wanted):
+            if wanted and (is_image_id(wanted) or is_session_id(wanted)):
                 await self.hold(wanted)
 
         async def stamped(message: Message) -> None:
             if message["type"] == "http.response.start":
+                await self._hold_new_session(message)
                 elapsed_ms = (time.perf_counter() - started) * 1000
                 headers = list(message.get("headers", []))
                 headers += [
@@ -80,6 +85,16 @@ class ReplicaIngress:
             await self._metrics(scope, receive, stamped)
         else:
             await self.app(scope, receive, stamped)
+
+    async def _hold_new_session(self, start: Message) -> None:
+        """Register the session a response has just created, before the client hears of it."""
+        if self.hold is None:
+            return
+        for key, value in start.get("headers", []):
+            if key.lower() == SESSION_HEADER.encode():
+                session_id = value.decode("latin-1")
+                if is_session_id(session_id):
+                    await self.hold(session_id)
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The app's /metrics with the replica's readiness metrics appended."""

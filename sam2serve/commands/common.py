@@ -302,13 +302,18 @@ def add_mode_flag(
     parser: argparse._ActionsContainer,
     default: str = DEFAULT_MODE,
     modes: Sequence[str] = tuple(MODES),
+    video: bool = False,
 ) -> None:
+    """--mode; ``video``: described by what each mode means for tracking."""
     parser.add_argument(
         "--mode",
         choices=tuple(modes),
         default=default,
         help="what answers you get: "
-        + "; ".join(f"{name}: {MODES[name].description}" for name in modes)
+        + "; ".join(
+            f"{name}: {MODES[name].video_description if video else MODES[name].description}"
+            for name in modes
+        )
         + " (default: %(default)s)",
     )
 

@@ -168,6 +168,21 @@ SETTING_FLAGS: dict[str, tuple[SettingFlag, ...]] = {
         SettingFlag("--max-bulk-per-client", "max_bulk_jobs_per_client", int, "N",
                     "AMG requests one client may have queued or running; more get 429"),
     ),
+    "video tracking sessions (--video; docs/api.md)": (
+        SettingFlag("--max-video-sessions", "max_video_sessions", int, "N",
+                    "sessions held at once; one more gets 429"),
+        SettingFlag("--max-video-frames", "max_video_frames", int, "N",
+                    "frames in one session's video (413 above)"),
+        SettingFlag("--max-video-upload-mib", "max_video_upload_bytes", _mib, "MIB",
+                    "largest video upload (a file, or all frame files together)"),
+        SettingFlag("--max-video-session-mib", "max_video_session_bytes", _mib, "MIB",
+                    "memory one session may hold: decoded frames plus ~0.75 MiB per object "
+                    "and frame tracked (413 above)"),
+        SettingFlag("--max-video-objects", "max_video_objects", int, "N",
+                    "objects tracked in one session"),
+        SettingFlag("--video-idle", "video_idle_s", float, "S",
+                    "seconds a session may go untouched before it is closed"),
+    ),
     "caches": (
         SettingFlag("--cache-mib", "cache_bytes", _mib, "MIB",
                     "embedding cache budget; one fp32 image is 16 MiB"),
@@ -188,6 +203,13 @@ def add_arguments(parser: CommandParser) -> None:
     add_device_flag(model)
     add_threads_flag(model)
     add_weights_flags(model)
+    model.add_argument(
+        "--video",
+        action="store_true",
+        help="also load SAM 2's video model (same size and weights) and serve tracking "
+        "sessions at /v1/videos: upload a video, prompt objects, stream the propagation "
+        "(default: off, images only)",
+    )
     model.add_argument(
         "--no-warmup",
         dest="warmup",
@@ -360,9 +382,10 @@ def serve_command(args: argparse.Namespace) -> int:
     info = app.state.service.predictor.model.weights_info
     if info.is_random:
         warning_line(f"serving {info.describe()}")
+    video = " and video sessions at /v1/videos" if settings.video else ""
     info_line(
         f"serving {spec.model} ({spec.label}, {spec.device}) on http://{args.host}:{args.port} "
-        "- annotation page at /, API docs at /docs"
+        f"- annotation page at /, API docs at /docs{video}"
     )
     config = uvicorn_config(app, settings, args.host, args.port, log_level=args.log_level)
     server = uvicorn.Server(config)

@@ -27,6 +27,7 @@ from sam2serve.commands.common import (
     UsageError,
     add_command,
     add_device_flag,
+    add_mode_flag,
     add_model_flag,
     add_threads_flag,
     add_weights_flags,
@@ -35,12 +36,16 @@ from sam2serve.commands.common import (
 )
 from sam2serve.commands.inputs import parse_object_prompt
 from sam2serve.commands.run_outputs import json_safe, prepare_out_dir
+from sam2serve.runtime.modes import VIDEO_MODES, get_video_mode
+from sam2serve.runtime.spec import RuntimeSpec
 
 SAMPLE_VIDEO = "sample"
 SAMPLE_FRAMES = 8
 SUMMARY_NAME = "track.json"
 OVERLAY_SUFFIXES = (".mp4", ".gif")
 DEFAULT_MAX_FRAMES = 2_000
+# As run and serve; for tracking, fast computes what baseline does (runtime/modes.py).
+DEFAULT_MODE = "fast"
 
 DESCRIPTION = f"""\
 Track objects through a video: prompts (clicks and boxes) for any object on any frame,
@@ -66,6 +71,11 @@ outputs, in --out:
   {SUMMARY_NAME}         the run: video, frames, objects, prompts, model, weights, frames/s
   --overlay FILE     the masks drawn over the video (.mp4 or .gif), one colour per object
 
+--mode: what each mode means for tracking is in --mode's help; fast (the default, as for
+run and serve) computes what baseline computes, furious is reduced precision only where the
+device runs it natively (on a CPU without native bf16 it is float32: the same masks).
+{PROG} bench --task video measures them.
+
 stderr: a progress bar, then frames/s and per-frame latency p50/p90 of the propagation
 
 {EXIT_STATUS_HELP}
@@ -75,7 +85,8 @@ EPILOG = f"""\
 examples:
   {PROG} track {SAMPLE_VIDEO} --out tracked/ --random-weights --overlay tracked/clip.gif
   {PROG} track clip.mp4 --prompts prompts.json --out tracked/ --checkpoint sam2.1_hiera_tiny.pt
-  {PROG} track frames/ --prompts prompts.json --out tracked/ --model large --device cuda
+  {PROG} track frames/ --prompts prompts.json --out tracked/ --model large --device cuda \\
+      --mode furious
 """
 
 
@@ -120,6 +131,7 @@ def add_arguments(parser: CommandParser) -> None:
     )
     model = parser.add_argument_group("model")
     add_model_flag(model)
+    add_mode_flag(model, DEFAULT_MODE, VIDEO_MODES, video=True)
     add_device_flag(model)
     add_threads_flag(model)
     add_weights_flags(model, artifacts=False)
@@ -147,6 +159,7 @@ def track_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--prompts FILE is required (unless the video is '{SAMPLE_VIDEO}')")
     if not sample and not Path(args.video).exists():
         raise UsageError(f"no such video or frame folder: {args.video!r}")
+    spec = video_spec(args)
     prompts = None if args.prompts is None else load_video_prompts(args.prompts)
     out_dir = prepare_out_dir(args.out)
 
@@ -155,7 +168,7 @@ def track_command(args: argparse.Namespace) -> int:
         prompts = sample_prompts(frames)
     check_prompts(prompts, len(frames), frames[0].shape[:2], args.prompts)
 
-    predictor, weights = _load_predictor(args)
+    predictor, weights = _load_predictor(args, spec)
     state = predictor.init_state(frames)
     for prompt in sorted(prompts, key=lambda p: (p.frame, p.obj_id)):
         predictor.add_points(
@@ -179,6 +192,7 @@ def track_command(args: argparse.Namespace) -> int:
         },
         "model": args.model,
         "device": args.device,
+        "runtime": predictor.runtime.as_dict(),
         "weights": weights,
     }
     first = min(prompt.frame for prompt in prompts)
@@ -260,17 +274,14 @@ def check_prompts(
 def sample_prompts(frames: list[Any]) -> list[ObjectPrompt]:
     """The sample clip's prompts: a click at the centre of the disc and a box around the
     square, on frame 0, from the clip's true masks."""
-    import numpy as np
-
-    from sam2serve.samples import sample_clip
+    from sam2serve.samples import sample_clip, sample_clip_prompts
 
     height, width = frames[0].shape[:2]
     _, truth = sample_clip(len(frames), (height, width))
-    rows, cols = np.nonzero(truth[1][0])
-    click = [[float(cols.mean()), float(rows.mean())]]
-    rows, cols = np.nonzero(truth[2][0])
-    box = [float(cols.min()), float(rows.min()), float(cols.max() + 1), float(rows.max() + 1)]
-    return [ObjectPrompt(0, 1, click, [1], None), ObjectPrompt(0, 2, [], [], box)]
+    return [
+        ObjectPrompt(0, obj_id, prompt["points"], prompt["labels"], prompt["box"])
+        for obj_id, prompt in sample_clip_prompts(truth).items()
+    ]
 
 
 # --------------------------------------------------------------------------- video and model
@@ -291,29 +302,34 @@ def _read_video(args: argparse.Namespace, sample: bool) -> tuple[list, list[str]
     return video.frames, video.names, video.fps or 10.0, video.source
 
 
-def _load_predictor(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    from sam2serve.checkpoint import load_video_model
-    from sam2serve.engine.video.predictor import VideoPredictor
-    from sam2serve.runtime.threads import apply_threads
+def video_spec(args: argparse.Namespace) -> RuntimeSpec:
+    """The RuntimeSpec of --model, --mode, --device and --threads (torch-free; --mode's
+    choices are the video modes, whose backend is eager)."""
+    try:
+        get_video_mode(args.mode)
+        return RuntimeSpec(
+            model=args.model, mode=args.mode, device=args.device, threads=args.threads
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _load_predictor(args: argparse.Namespace, spec: RuntimeSpec) -> tuple[Any, dict[str, Any]]:
+    from sam2serve.runtime.video import build_video_predictor
 
     model_flags.check_device(args.device)
-    apply_threads(args.threads)
     start = time.perf_counter()
     with model_flags.load_errors_as_usage(args.checkpoint, args.model):
-        model = load_video_model(
-            args.model,
-            checkpoint=args.checkpoint,
-            random_weights=args.random_weights,
-            seed=args.seed,
-            device=args.device,
-        )
+        predictor = build_video_predictor(spec, model_flags.weights_source(args))
+    info = predictor.model.weights_info
+    runtime = predictor.runtime
     model_flags.announce_weights(
         args.model,
-        model.weights_info,
+        info,
         f"on {args.device}",
-        f"loaded in {time.perf_counter() - start:.1f} s",
+        f"mode {runtime.mode}, {runtime.dtype}; loaded in {time.perf_counter() - start:.1f} s",
     )
-    return VideoPredictor(model), model_flags.weights_record(model.weights_info)
+    return predictor, model_flags.weights_record(info)
 
 
 # --------------------------------------------------------------------------- propagation
@@ -369,22 +385,18 @@ def _propagate(
 
 
 def _write_frame(result: Any, names: list[str], out_dir: Path) -> list[dict[str, Any]]:
-    from sam2serve.engine.coco import coco_bbox
-    from sam2serve.engine.rle import area_from_rle, masks_to_rle, rle_to_coco
+    from sam2serve.engine.rle import rle_to_coco
+    from sam2serve.engine.video.outputs import object_masks
 
-    rles = masks_to_rle(result.masks)
-    records = []
-    for obj_id, rle in zip(result.obj_ids, rles, strict=True):
-        coco = rle_to_coco(rle)
-        records.append(
-            {
-                "obj_id": int(obj_id),
-                "segmentation": coco,
-                "area": area_from_rle(rle),
-                "bbox": coco_bbox(rle),
-            }
-        )
-    records.sort(key=lambda record: record["obj_id"])
+    records = [
+        {
+            "obj_id": obj.obj_id,
+            "segmentation": rle_to_coco(obj.rle),
+            "area": obj.area,
+            "bbox": obj.bbox,
+        }
+        for obj in object_masks(result)
+    ]
     height, width = result.masks.shape[-2:]
     frame = {
         "frame": result.frame_idx,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -28,6 +28,10 @@ DEFAULT_MAX_FRAMES = 2_000
 
 class VideoError(ValueError):
     """A video or frame folder that cannot be read (the message names it and why)."""
+
+
+class VideoLimitError(VideoError):
+    """A video past a limit: frames, pixels per frame or decoded bytes."""
 
 
 @dataclass(frozen=True)
@@ -56,11 +60,14 @@ def read_frames(
     *,
     max_frames: int | None = DEFAULT_MAX_FRAMES,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    max_bytes: int | None = None,
 ) -> VideoFrames:
-    """The frames of ``source``: a video file (by its extension) or a folder of images."""
+    """The frames of ``source``: a video file (by its extension) or a folder of images.
+    ``max_bytes`` bounds the decoded frames (uint8 RGB) together; decoding stops as soon
+    as the next frame would pass it."""
     path = Path(source)
     if path.is_dir():
-        return _read_folder(path, max_frames, max_pixels)
+        return _read_folder(path, max_frames, max_pixels, max_bytes)
     if not path.exists():
         raise VideoError(f"no such video or frame folder: {str(path)!r}")
     if path.suffix.lower() not in VIDEO_EXTENSIONS:
@@ -68,7 +75,7 @@ def read_frames(
             f"{str(path)!r} is neither a folder of frames nor a video file "
             f"({', '.join(VIDEO_EXTENSIONS)})"
         )
-    return _read_video(path, max_frames, max_pixels)
+    return decode_video(str(path), str(path), max_frames, max_pixels, max_bytes)
 
 
 def _frame_order(paths: list[Path]) -> list[Path]:
@@ -77,63 +84,88 @@ def _frame_order(paths: list[Path]) -> list[Path]:
     return sorted(paths, key=lambda p: p.name)
 
 
-def _read_folder(folder: Path, max_frames: int | None, max_pixels: int | None) -> VideoFrames:
+def _read_folder(
+    folder: Path, max_frames: int | None, max_pixels: int | None, max_bytes: int | None
+) -> VideoFrames:
     paths = [p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in FRAME_EXTENSIONS]
     if not paths:
         raise VideoError(
             f"frame folder {str(folder)!r} has no images ({', '.join(FRAME_EXTENSIONS)})"
         )
     _check_count(len(paths), max_frames, str(folder))
-    frames = []
+    frames: list[np.ndarray] = []
+    held = 0
     for path in _frame_order(paths):
         try:
             frames.append(load_image(path, max_pixels=max_pixels))
         except ImageError as exc:
             raise VideoError(f"frame {str(path)!r}: {exc}") from None
+        held += frames[-1].nbytes
+        _check_bytes(held, max_bytes, str(folder))
     names = [p.name for p in _frame_order(paths)]
-    _check_sizes(frames, names, str(folder))
+    check_frame_sizes(frames, names, str(folder))
     return VideoFrames(frames=frames, fps=None, names=names, source=str(folder))
 
 
-def _read_video(path: Path, max_frames: int | None, max_pixels: int | None) -> VideoFrames:
+def decode_video(
+    source: str | BinaryIO,
+    name: str,
+    max_frames: int | None = DEFAULT_MAX_FRAMES,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    max_bytes: int | None = None,
+) -> VideoFrames:
+    """The frames of a video file: a path, or an open binary file (an upload), decoded by
+    PyAV whatever its container; ``name`` is what messages call it."""
     av = _import_av("read video files")
     frames: list[np.ndarray] = []
+    held = 0
     try:
-        with av.open(str(path)) as container:
+        with av.open(source, mode="r") as container:
             if not container.streams.video:
-                raise VideoError(f"{str(path)!r} has no video stream")
+                raise VideoError(f"{name!r} has no video stream")
             stream = container.streams.video[0]
             fps = float(stream.average_rate) if stream.average_rate else None
             for frame in container.decode(stream):
                 if max_frames is not None and len(frames) >= max_frames:
-                    raise VideoError(
-                        f"{str(path)!r} has more than {max_frames} frames (the limit; "
+                    raise VideoLimitError(
+                        f"{name!r} has more than {max_frames} frames (the limit; "
                         "cut the video or raise the limit)"
                     )
                 if max_pixels is not None and frame.width * frame.height > max_pixels:
-                    raise VideoError(
-                        f"{str(path)!r}: frames of {frame.width}x{frame.height} exceed the "
+                    raise VideoLimitError(
+                        f"{name!r}: frames of {frame.width}x{frame.height} exceed the "
                         f"{max_pixels:,}-pixel limit"
                     )
+                held += frame.width * frame.height * 3
+                _check_bytes(held, max_bytes, name)
                 frames.append(np.ascontiguousarray(frame.to_ndarray(format="rgb24")))
     except av.error.FFmpegError as exc:  # not a video, truncated, unknown codec
-        raise VideoError(f"cannot decode {str(path)!r}: {exc}") from None
+        raise VideoError(f"cannot decode {name!r}: {exc}") from None
     if not frames:
-        raise VideoError(f"{str(path)!r} has no frames")
+        raise VideoError(f"{name!r} has no frames")
     names = [str(i) for i in range(len(frames))]
-    _check_sizes(frames, names, str(path))
-    return VideoFrames(frames=frames, fps=fps, names=names, source=str(path))
+    check_frame_sizes(frames, names, name)
+    return VideoFrames(frames=frames, fps=fps, names=names, source=name)
 
 
 def _check_count(count: int, max_frames: int | None, source: str) -> None:
     if max_frames is not None and count > max_frames:
-        raise VideoError(
+        raise VideoLimitError(
             f"{source!r} has {count} frames, more than the limit of {max_frames} (cut the "
             "video or raise the limit)"
         )
 
 
-def _check_sizes(frames: Sequence[np.ndarray], names: Sequence[str], source: str) -> None:
+def _check_bytes(held: int, max_bytes: int | None, source: str) -> None:
+    if max_bytes is not None and held > max_bytes:
+        raise VideoLimitError(
+            f"{source!r}: its decoded frames pass {max_bytes:,} bytes (the limit on one "
+            "video's frames held in memory; send fewer or smaller frames)"
+        )
+
+
+def check_frame_sizes(frames: Sequence[np.ndarray], names: Sequence[str], source: str) -> None:
+    """VideoError unless every frame has the first one's size."""
     first = frames[0].shape[:2]
     for frame, name in zip(frames, names, strict=True):
         if frame.shape[:2] != first:

@@ -7,6 +7,7 @@ skipped by name in :mod:`sam2serve.checkpoint`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -63,10 +64,11 @@ class SAM2Image(nn.Module):
     def device(self) -> torch.device:
         return self.no_mem_embed.device
 
-    def encode_image(
+    def encoder_levels(
         self, images: torch.Tensor, autocast_dtype: torch.dtype | None = None
-    ) -> ImageFeatures:
-        """Normalised (B, 3, 1024, 1024) images -> the features the SAM heads consume.
+    ) -> list[torch.Tensor]:
+        """Normalised (B, 3, 1024, 1024) images -> the FPN levels (strides 4, 8, 16) in the
+        heads' dtype, before any head sees them (the image and the video paths share this).
 
         The encoder may run in a lower precision than the heads (furious mode keeps the
         heads in fp32): with its weights cast (the CPU), or under autocast to
@@ -79,12 +81,16 @@ class SAM2Image(nn.Module):
         else:
             with torch.autocast(images.device.type, dtype=autocast_dtype):
                 levels = self.image_encoder(images)
-        half = torch.float16 in (autocast_dtype, encoder_dtype)
-        if half and not all(bool(torch.isfinite(level).all()) for level in levels):
-            raise FloatingPointError(
-                "the image encoder overflowed float16; run mode 'fast' (fp32) on this GPU"
-            )
-        s0, s1, lowest = (level.to(heads_dtype) for level in levels)
+        if torch.float16 in (autocast_dtype, encoder_dtype):
+            raise_on_overflow(levels, "the image encoder")
+        return [level.to(heads_dtype) for level in levels]
+
+    def encode_image(
+        self, images: torch.Tensor, autocast_dtype: torch.dtype | None = None
+    ) -> ImageFeatures:
+        """Normalised (B, 3, 1024, 1024) images -> the features the SAM heads consume
+        (the encoder's precision: :meth:`encoder_levels`)."""
+        s0, s1, lowest = self.encoder_levels(images, autocast_dtype)
         decoder = self.sam_mask_decoder
         image_embed = lowest + self.no_mem_embed.reshape(1, -1, 1, 1)
         return ImageFeatures(image_embed, (decoder.conv_s0(s0), decoder.conv_s1(s1)))
@@ -120,3 +126,10 @@ class SAM2Image(nn.Module):
             high_res_feats,
             multimask_output,
         )
+
+
+def raise_on_overflow(tensors: Sequence[torch.Tensor], where: str) -> None:
+    """float16 results that overflowed are an error, never silent inf/NaN (a host sync:
+    only the float16 paths call it)."""
+    if not all(bool(torch.isfinite(tensor).all()) for tensor in tensors):
+        raise FloatingPointError(f"{where} overflowed float16; run mode 'fast' (fp32) on this GPU")

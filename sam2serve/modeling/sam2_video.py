@@ -25,7 +25,7 @@ from sam2serve.modeling.common import MLP
 from sam2serve.modeling.mask_decoder import MaskDecoder
 from sam2serve.modeling.memory_attention import MemoryAttention
 from sam2serve.modeling.memory_encoder import MemoryEncoder
-from sam2serve.modeling.sam2 import SAM2Image
+from sam2serve.modeling.sam2 import SAM2Image, raise_on_overflow
 from sam2serve.modeling.sine_encoding import grid_sine_encoding, temporal_sine_encoding
 
 # Logit given to every pixel of an object judged absent (Meta's NO_OBJ_SCORE).
@@ -109,10 +109,13 @@ class SAM2Video(SAM2Image):
 
     # -- frame features -------------------------------------------------------------------
 
-    def encode_frames(self, images: torch.Tensor) -> FrameFeatures:
+    def encode_frames(
+        self, images: torch.Tensor, autocast_dtype: torch.dtype | None = None
+    ) -> FrameFeatures:
         """Normalised (B, 3, 1024, 1024) frames -> their features (no no_mem_embed: the
-        memory path decides what is added to them)."""
-        s0, s1, lowest = self.image_encoder(images)
+        memory path decides what is added to them); the encoder's precision as the image
+        path's (:meth:`SAM2Image.encoder_levels`)."""
+        s0, s1, lowest = self.encoder_levels(images, autocast_dtype)
         decoder = self.sam_mask_decoder
         height, width = lowest.shape[-2:]
         pos = grid_sine_encoding(lowest.shape[1], height, width, lowest.device)
@@ -131,11 +134,15 @@ class SAM2Video(SAM2Image):
         memories: list[SpatialMemory],
         memory_pos: torch.Tensor,
         pointers: ObjectPointers | None,
+        autocast_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
-        """(batch, C, 64, 64) features of a tracked frame, attended to the memory bank.
+        """(batch, C, 64, 64) float32 features of a tracked frame, attended to the memory
+        bank.
 
         ``memory_pos`` (1, mem_dim, 64, 64) is the memory encoder's (constant) position
         encoding. Memory tokens come in the given order, then the object-pointer tokens.
+        ``autocast_dtype``: the attention layers run under autocast to it (furious mode:
+        they are most of a tracked frame's work); the result is float32 either way.
         """
         _, c, h, w = frame.vision_feats.shape
         tokens, token_pos = [], []
@@ -154,8 +161,13 @@ class SAM2Video(SAM2Image):
         memory_pos_all = torch.cat(token_pos, dim=1)
         curr = frame.vision_feats.flatten(2).transpose(1, 2).expand(batch, -1, -1)
         curr_pos = frame.vision_pos.flatten(2).transpose(1, 2).expand(batch, -1, -1)
-        out = self.memory_attention(curr, curr_pos, memory, memory_pos_all, num_ptr_tokens)
-        return out.transpose(1, 2).reshape(batch, c, h, w)
+        with torch.autocast(
+            curr.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+        ):
+            out = self.memory_attention(curr, curr_pos, memory, memory_pos_all, num_ptr_tokens)
+        if autocast_dtype == torch.float16:
+            raise_on_overflow([out], "memory attention")
+        return out.float().transpose(1, 2).reshape(batch, c, h, w)
 
     def _pointer_tokens(
         self, pointers: ObjectPointers, batch: int, hidden: int

@@ -66,8 +66,12 @@ class LoadsWeights:
         raise NotImplementedError
 
 
-def load_spec_model(spec: RuntimeSpec, weights: WeightsSource) -> SAM2Image:
-    return load_model(
+def load_spec_model(
+    spec: RuntimeSpec, weights: WeightsSource, loader: Callable[..., SAM2Image] = load_model
+) -> SAM2Image:
+    """``spec``'s model with ``weights``, by ``loader`` (load_model; load_video_model for
+    the tracker)."""
+    return loader(
         spec.model,
         checkpoint=weights.checkpoint,
         random_weights=weights.random_weights,
@@ -124,16 +128,25 @@ def _reduced(spec: RuntimeSpec) -> torch.dtype:
 
 
 def eager_image_path(model: SAM2Image, spec: RuntimeSpec) -> Callable[[torch.Tensor], Any]:
-    """The mode's eager image path: fp32; or reduced precision as bf16 weights on the CPU
-    (measured faster than autocast there) and as autocast on CUDA (Meta's way: the
-    weights stay fp32)."""
+    """The mode's eager image path (see :func:`encoder_precision`)."""
+    autocast_dtype = encoder_precision(model, spec)
+    if autocast_dtype is None:
+        return model.encode_image
+    return functools.partial(model.encode_image, autocast_dtype=autocast_dtype)
+
+
+def encoder_precision(model: SAM2Image, spec: RuntimeSpec) -> torch.dtype | None:
+    """Puts ``model``'s image encoder in the mode's precision and returns the autocast
+    dtype to run it under: fp32 (None); or reduced precision as bf16 weights on the CPU
+    (measured faster than autocast there; None, the weights are cast here) and as autocast
+    on CUDA (Meta's way: the weights stay fp32)."""
     dtype = encoder_dtype(spec)
     if dtype == torch.float32:
-        return model.encode_image
+        return None
     if model.device.type == "cuda":
-        return functools.partial(model.encode_image, autocast_dtype=dtype)
+        return dtype
     model.image_encoder.to(dtype)
-    return model.encode_image
+    return None
 
 
 def predictor_for(

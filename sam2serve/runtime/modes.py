@@ -22,6 +22,17 @@ offer the names without importing torch.
   backend with int8 kernels (OpenVINO via NNCF, ONNX Runtime's quantiser); answers change
   within the accuracy the bench reports against the baseline.
 
+Video tracking (``sam2serve track``, ``bench --task video``: :mod:`sam2serve.runtime.video`)
+reads the same modes, each with its own ``video_description``: ``baseline`` is Meta's fp32
+tracker; ``fast`` computes exactly what ``baseline`` computes, because no lossless change
+was found that pays for a tracked frame on the CPU (most of its time is memory attention;
+projecting the memory values after the attention instead of before, exact algebra with 4x
+fewer value FLOPs, measured no faster in torch's CPU attention kernel, whose time is in
+the scores); ``furious`` runs the image encoder and the memory attention in the reduced
+precision the device runs natively (the dtype rule of
+:func:`sam2serve.runtime.build.native_reduced_dtype`: float32 on CPUs without native bf16,
+so there it answers as ``fast``). ``int8`` has no video path.
+
 Prompt chunks are chosen per device: on this CPU (2 cores, measured) the per-prompt cost
 rises once a chunk's activations leave the cache (the fast decoder costs 39 ms/prompt in
 chunks of 2-4, 53 ms at 8 and 72 ms at 32), so the fast modes decode 4 prompts at a time;
@@ -56,6 +67,11 @@ class Mode:
     # The backend a spec without one gets: None for the registry's default (eager); a mode
     # that eager cannot run names one that can, so `--mode int8` alone just works.
     default_backend: str | None = None
+    # Video tracking: what the mode means there (None: the tracker does not run it), and
+    # whether memory attention, most of a tracked frame, runs in the reduced precision
+    # (the image encoder follows reduced_precision_encoder, as on images).
+    video_description: str | None = None
+    reduced_precision_memory_attention: bool = False
 
     def prompt_chunk(self, device_type: str) -> int:
         return self.prompt_chunk_cuda if device_type == "cuda" else self.prompt_chunk_cpu
@@ -70,6 +86,7 @@ MODES: dict[str, Mode] = {
             "prompt per call, RLE one mask at a time",
             batch_prompts=False,
             batch_rle=False,
+            video_description="Meta's tracker in eager fp32",
         ),
         Mode(
             name="fast",
@@ -77,6 +94,8 @@ MODES: dict[str, Mode] = {
             "upscaling, batched RLE",
             decoder="fast",
             prompt_chunk_cpu=4,
+            video_description="the same computation as baseline (no lossless speed-up for "
+            "tracking yet)",
         ),
         Mode(
             name="furious",
@@ -87,6 +106,10 @@ MODES: dict[str, Mode] = {
             reduced_precision_encoder=True,
             reduced_precision_upscaling=True,
             allow_tf32=True,
+            video_description="image encoder and memory attention in the device's native "
+            "reduced precision (bf16; float32 on a CPU without native bf16, where it tracks "
+            "as baseline), TF32 on CUDA",
+            reduced_precision_memory_attention=True,
         ),
         Mode(
             name="int8",
@@ -101,8 +124,22 @@ MODES: dict[str, Mode] = {
 }
 
 
+# The modes the video tracker runs, in MODES' order.
+VIDEO_MODES: tuple[str, ...] = tuple(
+    name for name, mode in MODES.items() if mode.video_description is not None
+)
+
+
 def get_mode(name: str) -> Mode:
     try:
         return MODES[name]
     except KeyError:
         raise ValueError(f"unknown mode {name!r}; expected one of {', '.join(MODES)}") from None
+
+
+def get_video_mode(name: str) -> Mode:
+    """The mode ``name``, which the video tracker must run."""
+    mode = get_mode(name)
+    if mode.video_description is None:
+        raise ValueError(f"video tracking runs the modes {', '.join(VIDEO_MODES)}, not {name!r}")
+    return mode

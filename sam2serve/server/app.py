@@ -11,8 +11,8 @@ queues, clicks before AMG). After the body, the work runs under
 encode. Every error a client can cause is a 4xx in the one error shape of
 :mod:`sam2serve.server.errors`, and leaves the server and its caches as they were.
 
-Endpoints: POST /v1/embeddings, /v1/segment, /v1/amg; GET /healthz, /readyz, /metrics;
-OpenAPI at /docs. Request bodies are JSON (the image base64) or multipart/form-data (the
+Endpoints: POST /v1/embeddings, /v1/segment, /v1/amg; /v1/videos (video tracking
+sessions, with ``settings.video``); GET /healthz, /readyz, /metrics; OpenAPI at /docs. Request bodies are JSON (the image base64) or multipart/form-data (the
 image as a file part named ``image``, the other fields as JSON in a part named
 ``request``).
 
@@ -35,23 +35,32 @@ from fastapi.routing import APIRoute
 from pydantic.json_schema import models_json_schema
 
 from sam2serve.engine.predictor import Predictor
-from sam2serve.server import schemas
+from sam2serve.engine.video.predictor import VideoPredictor
+from sam2serve.server import schemas, video_schemas
 from sam2serve.server.api_docs import install_offline_docs
 from sam2serve.server.body_limit import BodyLimitMiddleware
 from sam2serve.server.errors import install_error_handlers
 from sam2serve.server.metrics import RequestMetricsMiddleware
 from sam2serve.server.routes import ROUTERS
+from sam2serve.server.routes.videos import VIDEOS_PATH
 from sam2serve.server.service import Service
 from sam2serve.server.settings import ServerSettings
 
 
-def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> FastAPI:
-    """The app for ``settings``; loads the model unless a ``predictor`` is given."""
+def create_app(
+    settings: ServerSettings,
+    predictor: Predictor | None = None,
+    video_predictor: VideoPredictor | None = None,
+) -> FastAPI:
+    """The app for ``settings``; loads the model unless a ``predictor`` is given, and with
+    ``settings.video`` the video model too unless a ``video_predictor`` is given."""
     if predictor is None:
         from sam2serve.runtime.build import build_predictor
 
         predictor = build_predictor(settings.runtime_spec(), settings.weights_source())
-    service = Service(settings, predictor)
+    if settings.video and video_predictor is None:
+        video_predictor = load_video_predictor(settings, predictor)
+    service = Service(settings, predictor, video_predictor if settings.video else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -86,17 +95,37 @@ def create_app(settings: ServerSettings, predictor: Predictor | None = None) -> 
         limit=settings.max_body_bytes,
         timeout_s=settings.body_timeout_s,
         observe=service.metrics.observe_error,
+        path_limits={VIDEOS_PATH: (settings.max_video_body_bytes, "max_video_upload_bytes")},
     )
     app.add_middleware(RequestMetricsMiddleware, metrics=service.metrics, endpoints=endpoints)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "X-API-Key", "Content-Type"],
         )
     _document_request_models(app)
     return app
+
+
+def load_video_predictor(settings: ServerSettings, predictor: Predictor) -> VideoPredictor:
+    """SAM 2's video model with the image model's size, weights and device, tracking in the
+    server's mode (a mode the tracker does not run, int8, tracks as fast: fp32)."""
+    from sam2serve.runtime.modes import VIDEO_MODES
+    from sam2serve.runtime.spec import RuntimeSpec
+    from sam2serve.runtime.video import VIDEO_BACKEND, video_predictor_for
+    from sam2serve.runtime.video_model import video_model_like
+
+    model = video_model_like(settings.model, predictor.model.weights_info, predictor.device)
+    spec = RuntimeSpec(
+        model=settings.model,
+        mode=settings.mode if settings.mode in VIDEO_MODES else "fast",
+        backend=VIDEO_BACKEND,
+        device=str(predictor.device),
+        threads=settings.threads,
+    )
+    return video_predictor_for(model, spec)
 
 
 def endpoint_paths(app: FastAPI) -> frozenset[str]:
@@ -110,7 +139,13 @@ def endpoint_paths(app: FastAPI) -> frozenset[str]:
 
 def _document_request_models(app: FastAPI) -> None:
     """Add the request models (read by hand, not by FastAPI) to the OpenAPI components."""
-    request_models = (schemas.EmbeddingRequest, schemas.SegmentRequest, schemas.AMGRequest)
+    request_models = (
+        schemas.EmbeddingRequest,
+        schemas.SegmentRequest,
+        schemas.AMGRequest,
+        video_schemas.VideoPromptRequest,
+        video_schemas.PropagateRequest,
+    )
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -130,4 +165,4 @@ def _document_request_models(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-__all__ = ["create_app", "endpoint_paths"]
+__all__ = ["create_app", "endpoint_paths", "load_video_predictor"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -15,7 +15,10 @@ class BodyLimitMiddleware:
     """413 for bodies over ``limit`` bytes: at once from Content-Length, or as soon as a
     streamed body passes the limit (pure ASGI, so the body is never buffered whole here).
     408 for a body that has not arrived whole ``timeout_s`` after the request started (a
-    slow or stalled client holds a connection and a buffer, never the server)."""
+    slow or stalled client holds a connection and a buffer, never the server).
+
+    ``path_limits`` gives some paths a limit of their own: ``{path: (bytes, setting)}``,
+    the setting named in the 413's message (a video upload is larger than an image)."""
 
     def __init__(
         self,
@@ -23,20 +26,26 @@ class BodyLimitMiddleware:
         limit: int,
         observe: Callable[[int, str], None],
         timeout_s: float = 60.0,
+        path_limits: Mapping[str, tuple[int, str]] | None = None,
     ) -> None:
         self.app = app
         self.limit = limit
         self.observe = observe
         self.timeout_s = timeout_s
+        self.path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit, setting = self.path_limits.get(
+            scope.get("path", ""), (self.limit, "max_upload_bytes and base64 overhead")
+        )
         declared = dict(scope.get("headers", ())).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+        if declared is not None and declared.isdigit() and int(declared) > limit:
             self.observe(413, "upload_too_large")
-            body = json.dumps(error_body("upload_too_large", self._message(int(declared))))
+            message = _message(int(declared), limit, setting)
+            body = json.dumps(error_body("upload_too_large", message))
             await send(
                 {
                     "type": "http.response.start",
@@ -67,15 +76,16 @@ class BodyLimitMiddleware:
                 ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise ApiError(413, "upload_too_large", self._message(received))
+                if received > limit:
+                    raise ApiError(413, "upload_too_large", _message(received, limit, setting))
                 body_done = not message.get("more_body", False)
             return message
 
         await self.app(scope, counting_receive, send)
 
-    def _message(self, size: int) -> str:
-        return (
-            f"request body of {size} bytes or more is over the limit of {self.limit} bytes "
-            f"(max_upload_bytes and base64 overhead); send a smaller image"
-        )
+
+def _message(size: int, limit: int, setting: str) -> str:
+    return (
+        f"request body of {size} bytes or more is over the limit of {limit} bytes "
+        f"({setting}); send a smaller upload"
+    )

@@ -13,6 +13,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Collection, Iterable
+from typing import Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -50,6 +51,16 @@ LATENCY_BUCKETS = (
 )
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 OTHER_ENDPOINT = "other"  # every path that is not an endpoint, so labels stay bounded
+
+
+class VideoSessionsView(Protocol):
+    """What the metrics read of the video sessions (server.video_sessions.VideoSessions)."""
+
+    expired: int
+
+    def __len__(self) -> int: ...
+
+    def held_bytes(self) -> int: ...
 
 
 class _StateCollector(Collector):
@@ -198,6 +209,23 @@ class Metrics:
     ) -> None:
         self.registry.register(_StateCollector(caches, queue_depths, queue_capacities))
 
+    def watch_videos(self, sessions: VideoSessionsView) -> None:
+        """Video sessions held, their bytes and the idle ones closed, read at scrape time."""
+        r = self.registry
+        Gauge(f"{PREFIX}_video_sessions", "Video tracking sessions held.", registry=r).set_function(
+            lambda: len(sessions)
+        )
+        Gauge(
+            f"{PREFIX}_video_session_bytes",
+            "Bytes the video sessions hold: decoded frames and tracking memory.",
+            registry=r,
+        ).set_function(sessions.held_bytes)
+        Gauge(
+            f"{PREFIX}_video_sessions_expired",
+            "Video sessions closed after video_idle_s without a request, since start.",
+            registry=r,
+        ).set_function(lambda: sessions.expired)
+
     def observe_batch(self, kind: str, size: int, queue_s: list[float], run_s: float) -> None:
         self.batch_size.labels(kind).observe(size)
         for waited in queue_s:
@@ -220,8 +248,22 @@ class Metrics:
 
 
 def endpoint_label(path: str, endpoints: Collection[str]) -> str:
-    """The metric label of a request path: the endpoint, or "other" (labels stay bounded)."""
-    return path if path in endpoints else OTHER_ENDPOINT
+    """The metric label of a request path: the endpoint (its template for a path with
+    parameters, e.g. ``/v1/videos/{session_id}``), or "other" (labels stay bounded)."""
+    if path in endpoints:
+        return path
+    parts = path.split("/")
+    for endpoint in endpoints:
+        if "{" in endpoint and _matches(endpoint.split("/"), parts):
+            return endpoint
+    return OTHER_ENDPOINT
+
+
+def _matches(template: list[str], parts: list[str]) -> bool:
+    return len(template) == len(parts) and all(
+        t == p or (t.startswith("{") and t.endswith("}") and p)
+        for t, p in zip(template, parts, strict=True)
+    )
 
 
 class RequestMetricsMiddleware:

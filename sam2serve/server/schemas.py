@@ -117,13 +117,16 @@ class ObjectPrompt(_Strict):
     def _has_prompt(self) -> ObjectPrompt:
         if not self.points and self.box is None:
             raise ValueError("give at least one point or a box for each object")
-        if self.box is not None:
-            x0, y0, x1, y1 = self.box
-            if x0 > x1 or y0 > y1:
-                raise ValueError(
-                    f"box must be [x0, y0, x1, y1] with x0 <= x1 and y0 <= y1, got {self.box}"
-                )
+        check_box_order(self.box)
         return self
+
+
+def check_box_order(box: list[float] | None) -> None:
+    """ValueError unless ``box`` (if any) is [x0, y0, x1, y1] with x0 <= x1, y0 <= y1."""
+    if box is not None:
+        x0, y0, x1, y1 = box
+        if x0 > x1 or y0 > y1:
+            raise ValueError(f"box must be [x0, y0, x1, y1] with x0 <= x1 and y0 <= y1, got {box}")
 
 
 class SegmentRequest(_Strict):

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from sam2serve.engine.predictor import Embedding, Predictor
+from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.runtime.warmup import warm_up
 from sam2serve.server.batching import (
     BULK,
@@ -52,6 +53,7 @@ from sam2serve.server.memory import release_free_memory
 from sam2serve.server.metrics import Metrics
 from sam2serve.server.settings import ServerSettings
 from sam2serve.server.uploads import decode_image
+from sam2serve.server.video_sessions import SessionLimits, VideoSessions
 from sam2serve.store.embedding_store import EmbeddingStore
 from sam2serve.store.identity import StoreIdentity, embedding_dtype, weights_identity
 from sam2serve.store.location import StoreError
@@ -102,7 +104,12 @@ class RequestClock:
 class Service:
     """Everything one app shares between requests: model worker, caches, metrics."""
 
-    def __init__(self, settings: ServerSettings, predictor: Predictor) -> None:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        predictor: Predictor,
+        video_predictor: VideoPredictor | None = None,
+    ) -> None:
         self.settings = settings
         self.predictor = predictor
         self.model_name = predictor.model.config.name
@@ -142,10 +149,17 @@ class Service:
                 "weights": str(self.weights.get("source")),
             }
         )
+        # Video tracking sessions (settings.video): None when this server does not track.
+        self.videos = (
+            None if video_predictor is None else VideoSessions(video_predictor, _limits(settings))
+        )
+        if self.videos is not None:
+            self.metrics.watch_videos(self.videos)
         self.ready = False
         self._bulk_jobs: dict[str, int] = {}  # per client: bulk jobs queued or running
         self._flights: dict[EmbeddingKey, _Flight] = {}
         self._warmup_task: asyncio.Task | None = None
+        self._reaper_task: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -154,11 +168,22 @@ class Service:
             self._warmup_task = asyncio.create_task(self._warm_up())
         else:
             self._set_ready()
+        if self.videos is not None:
+            self._reaper_task = asyncio.create_task(self._reap_sessions(self.videos))
 
     async def stop(self) -> None:
-        if self._warmup_task is not None:
-            self._warmup_task.cancel()
+        for task in (self._warmup_task, self._reaper_task):
+            if task is not None:
+                task.cancel()
         await asyncio.to_thread(self.worker.stop, 30.0)
+
+    async def _reap_sessions(self, videos: VideoSessions) -> None:
+        """Close idle video sessions even when no request comes to notice them."""
+        interval = min(30.0, max(0.05, videos.limits.idle_s / 4))
+        while True:
+            await asyncio.sleep(interval)
+            if videos.reap():
+                release_free_memory()
 
     def _set_ready(self) -> None:
         self.ready = True
@@ -208,7 +233,7 @@ class Service:
     ) -> Any:
         """Run ``fn`` on the model worker; a requester that gives up cancels the job.
         ``bulk`` jobs (AMG) wait in the bulk queue and yield to clicks at checkpoints."""
-        handle = self._submit(lambda: self.worker.submit(kind, fn, bulk=bulk))
+        handle = self.submit_job(kind, fn, bulk=bulk)
         try:
             result, timing = await asyncio.wrap_future(handle.future)
         except asyncio.CancelledError:
@@ -243,6 +268,12 @@ class Service:
                 self._bulk_jobs[client] = remaining
             else:
                 del self._bulk_jobs[client]
+
+    def submit_job(
+        self, kind: str, fn: Callable[[JobContext], Any], *, bulk: bool = False
+    ) -> JobHandle:
+        """Queue ``fn`` on the model worker (503 if its queue is full); its handle."""
+        return self._submit(lambda: self.worker.submit(kind, fn, bulk=bulk))
 
     def _submit(self, submit: Callable[[], JobHandle]) -> JobHandle:
         try:
@@ -461,3 +492,13 @@ def _consume_exception(task: asyncio.Task) -> None:
     """Mark a background task's exception as seen (its waiters got it, or there were none)."""
     if not task.cancelled():
         task.exception()
+
+
+def _limits(settings: ServerSettings) -> SessionLimits:
+    return SessionLimits(
+        max_sessions=settings.max_video_sessions,
+        max_frames=settings.max_video_frames,
+        max_bytes=settings.max_video_session_bytes,
+        max_objects=settings.max_video_objects,
+        idle_s=settings.video_idle_s,
+    )

@@ -111,6 +111,25 @@ class ServerSettings:
     # subfolders; None: no folder (those endpoints answer 404 "no_image_folder").
     images_dir: str | None = None
 
+    # ---- video tracking sessions (/v1/videos; serve --video)
+    # Load SAM 2's video model too (same size and weights as the image model) and serve
+    # tracking sessions; off: the /v1/videos endpoints answer 404 "video_disabled".
+    video: bool = False
+    # Sessions held at once (each holds its frames and its objects' memories): then 429.
+    max_video_sessions: int = 4
+    # Frames in one session's video: more -> 413.
+    max_video_frames: int = 300
+    # Largest upload that creates a session (a video file, or all frame files together).
+    max_video_upload_bytes: int = 256 * MiB
+    # Bytes one session may hold: its decoded frames (uint8 RGB) plus what tracking every
+    # object through every frame would keep (about 0.75 MiB per object and frame at
+    # 1024): a video or an object that would pass it -> 413.
+    max_video_session_bytes: int = 2048 * MiB
+    # Objects tracked in one session.
+    max_video_objects: int = 16
+    # A session no request has touched for this long is closed (its memory freed).
+    video_idle_s: float = 600.0
+
     # ---- start-up
     # Run one encode and one decode before /readyz reports ready.
     warmup: bool = True
@@ -130,6 +149,11 @@ class ServerSettings:
             "max_queue",
             "max_bulk_queue",
             "max_bulk_jobs_per_client",
+            "max_video_sessions",
+            "max_video_frames",
+            "max_video_upload_bytes",
+            "max_video_session_bytes",
+            "max_video_objects",
         )
         for name in positive_ints:
             value = getattr(self, name)
@@ -145,7 +169,7 @@ class ServerSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0 (0 disables), got {value!r}")
-        for name in ("request_timeout_s", "header_timeout_s", "body_timeout_s"):
+        for name in ("request_timeout_s", "header_timeout_s", "body_timeout_s", "video_idle_s"):
             value = getattr(self, name)
             if not (
                 isinstance(value, (int, float))
@@ -195,6 +219,12 @@ class ServerSettings:
     def max_body_bytes(self) -> int:
         """Largest request body: a base64 image (4/3 of its bytes) plus 1 MiB of JSON."""
         return math.ceil(self.max_upload_bytes * 4 / 3) + MiB
+
+    @property
+    def max_video_body_bytes(self) -> int:
+        """Largest body that creates a video session: the upload plus 1 MiB of multipart
+        framing (boundaries and part headers of up to max_video_frames frame parts)."""
+        return self.max_video_upload_bytes + MiB
 
     def replace(self, **changes: object) -> ServerSettings:
         return dataclasses.replace(self, **changes)

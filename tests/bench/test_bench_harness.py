@@ -168,11 +168,12 @@ def test_markdown_says_what_how_where_and_when(bench):
 
 def test_aot_mode_started_from_artifacts_exported_once(bench):
     work, text = bench[3] / "work", (bench[3] / "results" / "small.md").read_text()
-    manifest = json.loads((work / "artifacts" / "fast" / "manifest.json").read_text())
+    row_dir = work / "artifacts" / "fast-artifacts"  # one directory per +artifacts row
+    manifest = json.loads((row_dir / "manifest.json").read_text())
     assert manifest["mode"] == "fast" and manifest["weights"]["source"] == "checkpoint"
     for task in TASKS:
         spec = json.loads((work / f"{task}-fast+artifacts-cold.spec.json").read_text())
-        assert spec["artifacts"] == str(work / "artifacts" / "fast")
+        assert spec["artifacts"] == str(row_dir)
     assert "fast+artifacts: artifacts exported once before the runs" in text
     assert "mask decoder eager" in text
 

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from sam2serve.cluster.client import post_with_retries
-from sam2serve.cluster.protocol import MULTIPLEX_HEADER, REPLICA_HEADER, image_id
+from sam2serve.cluster.protocol import MULTIPLEX_HEADER, REPLICA_HEADER, SESSION_HEADER, image_id
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -48,8 +48,8 @@ def _config(artifacts_uri: str, cache: str, port: int, store: str) -> dict:
                     "mode": "fast",
                     "artifacts": artifacts_uri,
                     "artifacts_cache": cache,
-                    # One embedding store for both replicas (sam2serve.store).
-                    "server": {"max_batch_size": 2, "store": store},
+                    # One embedding store for both replicas; video sessions on.
+                    "server": {"max_batch_size": 2, "store": store, "video": True},
                 },
                 "deployments": [
                     {
@@ -285,6 +285,35 @@ def test_requests_with_an_image_id_go_to_the_replica_holding_it(cluster):
     assert [c.status_code for c in clicks] == [200] * 8
     assert {c.headers[REPLICA_HEADER] for c in clicks} == {holder}
     assert all(c.json()["cached"] for c in clicks)
+
+
+def test_a_video_session_stays_on_the_replica_that_holds_it(cluster):
+    """Sessions live in one replica's memory: the session id, sent as the multiplexing
+    header, routes every request on it to that replica (the one that created it)."""
+    wait_for(lambda: running_replicas() == 2, "two running replicas")
+    frames = [("frame", (f"{i}.png", png(3000 + i, side=64), "image/png")) for i in range(2)]
+    with httpx.Client(timeout=120) as client:
+        created = client.post(cluster["url"] + "/v1/videos", files=frames)
+        assert created.status_code == 201, created.text
+        session_id = created.json()["session_id"]
+        assert created.headers[SESSION_HEADER] == session_id
+        holder = created.headers[REPLICA_HEADER]
+        time.sleep(2)  # the replica reports the id to Ray's routers every 0.1 s
+        header = {MULTIPLEX_HEADER: session_id}
+        answers = [
+            client.post(
+                cluster["url"] + f"/v1/videos/{session_id}/prompts",
+                json={"frame_idx": i % 2, "obj_id": 1, "points": [{"x": 20 + i, "y": 30}]},
+                headers=header,
+            )
+            for i in range(4)
+        ]
+        answers.append(client.get(cluster["url"] + f"/v1/videos/{session_id}", headers=header))
+        closed = client.delete(cluster["url"] + f"/v1/videos/{session_id}", headers=header)
+    assert [a.status_code for a in answers] == [200] * 5, [a.text for a in answers]
+    assert {a.headers[REPLICA_HEADER] for a in answers} == {holder}
+    assert answers[-1].json()["obj_ids"] == [1]
+    assert closed.status_code == 200 and closed.headers[REPLICA_HEADER] == holder
 
 
 def test_a_full_queue_answers_503_with_retry_after(cluster):

@@ -153,3 +153,33 @@ def test_the_masks_are_the_video_predictors(tracked, frame_dir):
         frame = json.loads((out / f"frame_{i:05d}.json").read_text())
         got = np.stack([rle_to_mask(coco_to_rle(o["segmentation"])) for o in frame["objects"]])
         np.testing.assert_array_equal(got, expected[i])
+
+
+def test_mode_must_be_a_video_mode(no_model, frame_dir, tmp_path):
+    prompts = write_prompts(tmp_path / "p.json", {"0": {"1": {"points": [[10, 10]]}}})
+    code, stderr = run_cli(
+        "track", frame_dir, "--prompts", prompts, "--out", tmp_path / "o", "--mode", "int8"
+    )
+    assert code == EXIT_USAGE and "Traceback" not in stderr
+    assert "--mode" in stderr and "'int8'" in stderr and "furious" in stderr
+
+
+def test_mode_runs_the_tracker_that_way_and_is_recorded(tmp_path):
+    """One frame (no tracked frame: the mode's plumbing, not its numerics) in furious:
+    its dtype is the device's native reduced precision, float32 on a CPU without bf16."""
+    from sam2serve.runtime.build import native_reduced_dtype
+
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    frames, _ = sample_clip(num_frames=1, size=SIZE)
+    Image.fromarray(frames[0]).save(folder / "0.png")
+    prompts = write_prompts(tmp_path / "p.json", {"0": {"1": {"points": [[35, 32]]}}})
+    out = tmp_path / "out"
+    code, stderr = run_cli(
+        "track", folder, "--prompts", prompts, "--out", out, "--random-weights", "--mode", "furious"
+    )
+    assert code == EXIT_OK, stderr
+    runtime = json.loads((out / track.SUMMARY_NAME).read_text())["runtime"]
+    assert runtime["mode"] == "furious" and runtime["backend"] == "eager"
+    assert runtime["dtype"] == native_reduced_dtype("cpu")
+    assert f"mode furious, {runtime['dtype']}" in stderr

@@ -64,8 +64,9 @@ def server_factory() -> Iterator[Callable[..., LiveServer]]:
     """Start servers with other settings (warm-up off; stopped after the test)."""
     started: list[LiveServer] = []
 
-    def make(predictor: Predictor, **changes: Any) -> LiveServer:
-        live = start_server(ServerSettings(**{"warmup": False, **changes}), predictor)
+    def make(predictor: Predictor, video_predictor: Any = None, **changes: Any) -> LiveServer:
+        settings = ServerSettings(**{"warmup": False, **changes})
+        live = start_server(settings, predictor, video_predictor)
         started.append(live)
         wait_ready(live)
         return live

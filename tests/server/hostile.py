@@ -374,7 +374,8 @@ def exchange(
 
 # --------------------------------------------------------------------------- metrics
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+# Label values are quoted and may hold braces (a path template: /v1/videos/{session_id}).
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)$')
 
 
 def samples_of(text: str) -> dict[str, float]:

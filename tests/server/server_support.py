@@ -47,9 +47,12 @@ class LiveServer:
         self.thread.join(timeout=60)
 
 
-def start_server(settings: ServerSettings, predictor: Predictor) -> LiveServer:
-    """Start a real uvicorn server for ``create_app(settings, predictor)`` on a free port."""
-    app = create_app(settings, predictor)
+def start_server(
+    settings: ServerSettings, predictor: Predictor, video_predictor: Any = None
+) -> LiveServer:
+    """Start a real uvicorn server for ``create_app(settings, predictor, video_predictor)``
+    on a free port."""
+    app = create_app(settings, predictor, video_predictor)
     config = uvicorn_config(
         app,
         settings,
@@ -137,7 +140,8 @@ class StubEncoderPredictor(Predictor):
 
 # --------------------------------------------------------------------------- metrics
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+# Label values are quoted and may hold braces (a path template: /v1/videos/{session_id}).
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)$')
 
 
 def scrape(client: httpx.Client) -> dict[str, float]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,10 +59,17 @@ class VideoPredictor:
         *,
         feature_cache_frames: int = 2,
         storage_device: str | torch.device = "cpu",
+        encoder_autocast_dtype: torch.dtype | None = None,
+        memory_attention_dtype: torch.dtype | None = None,
     ) -> None:
         """``feature_cache_frames``: frames whose encoder features each state keeps (LRU;
         Meta keeps 1). ``storage_device``: where memories and masks are stored ("cpu"
-        offloads them from a GPU, as Meta's offload_state_to_cpu)."""
+        offloads them from a GPU, as Meta's offload_state_to_cpu).
+        ``encoder_autocast_dtype`` / ``memory_attention_dtype``: run the image encoder /
+        the memory attention under autocast to that dtype (None: the encoder in its
+        weights' dtype, the attention in float32); what they give the heads, the heads,
+        the memory encoder and everything stored are as without them. Set from a mode by
+        ``sam2serve.runtime.video``."""
         if feature_cache_frames < 1:
             raise ValueError(f"feature_cache_frames must be at least 1, got {feature_cache_frames}")
         self.model = model
@@ -69,6 +77,10 @@ class VideoPredictor:
         self.feature_cache_frames = feature_cache_frames
         self.storage_device = torch.device(storage_device)
         self.memory_dtype = getattr(torch, self.config.memory_dtype_name)
+        self.encoder_autocast_dtype = encoder_autocast_dtype
+        self.memory_attention_dtype = memory_attention_dtype
+        # How it runs (a sam2serve.runtime RuntimeSpec), set by the runtime's constructor.
+        self.runtime: Any = None
 
     @property
     def device(self) -> torch.device:
@@ -98,7 +110,9 @@ class VideoPredictor:
         features = state.features.get(frame_idx)
         if features is None:
             image = preprocess_frame(state.frames[frame_idx], self.model.image_size)
-            features = self.model.encode_frames(image.unsqueeze(0).to(state.device))
+            features = self.model.encode_frames(
+                image.unsqueeze(0).to(state.device), self.encoder_autocast_dtype
+            )
             state.features.put(frame_idx, features)
         return features
 
@@ -371,7 +385,12 @@ class VideoPredictor:
                     )
                 memories, pointers = gather_memories(tracks, selection, state.device)
                 pix_feat = model.condition_on_memory(
-                    frame, batch, memories, model.memory_position(state.device), pointers
+                    frame,
+                    batch,
+                    memories,
+                    model.memory_position(state.device),
+                    pointers,
+                    self.memory_attention_dtype,
                 )
             num_points = 0 if points is None else points.labels.shape[1]
             heads = model.forward_heads(

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from sam2serve.modeling.sam2_video import FrameFeatures
+from sam2serve.modeling.sam2_video import FrameFeatures, SAM2Video
 
 
 @dataclass
@@ -141,3 +141,14 @@ class VideoState:
                     total += sum(t.numel() * t.element_size() for t in tensors)
             total += sum(m.numel() * m.element_size() for m in track.mask_inputs.values())
         return total
+
+
+def object_frame_bytes(model: SAM2Video) -> int:
+    """Bytes one object holds for each frame it is tracked on (what ``memory_bytes``
+    counts per output): memory features, low-res mask logits, object pointer and score."""
+    memory_dtype = getattr(torch, model.video_config.memory_dtype_name)
+    side = model.image_size // 16  # the memory's feature map (64 at 1024)
+    low_res = model.image_size // 4  # the decoder's mask logits (256 at 1024)
+    hidden = model.no_obj_ptr.shape[-1]
+    memory = model.mem_dim * side * side * memory_dtype.itemsize
+    return memory + low_res * low_res * 4 + hidden * 4 + 4

@@ -6,6 +6,7 @@
 - health.py: GET /healthz, /readyz (probes) and /metrics (Prometheus)
 - coco.py: POST /v1/coco (masks a client holds -> a COCO file, by the engine's writer)
 - images.py: GET /v1/images, /v1/images/file (the server's image folder, serve --images)
+- videos.py: /v1/videos (video tracking sessions: upload, prompts, streamed propagation)
 - page.py: GET / and /page/<asset> (the annotation page: HTML, ES modules, CSS; open, like
   /docs, while the API it calls keeps its key)
 - common.py: what the /v1 routes share (router policy, OpenAPI pieces, request steps)
@@ -20,7 +21,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from sam2serve.server.routes import amg, coco, embeddings, health, images, page, segment
+from sam2serve.server.routes import (
+    amg,
+    coco,
+    embeddings,
+    health,
+    images,
+    page,
+    segment,
+    videos,
+)
 
 # In the order the app includes them (their order in the OpenAPI document).
 ROUTERS: tuple[APIRouter, ...] = (
@@ -29,6 +39,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     amg.router,
     coco.router,
     images.router,
+    videos.router,
     health.router,
     page.router,
 )

@@ -78,6 +78,12 @@ def body_doc(model: type[BaseModel]) -> dict[str, Any]:
     }
 
 
+def json_body_doc(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI requestBody for an endpoint taking a JSON body it reads by hand."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {JSON_MEDIA: {"schema": ref}}}}
+
+
 def json_response(model: BaseModel, status: int = 200) -> Response:
     """``model`` as JSON, serialised by pydantic once (no second validation by FastAPI)."""
     return Response(model.model_dump_json(), status_code=status, media_type=JSON_MEDIA)

@@ -1,0 +1,85 @@
+"""The video tracker under a RuntimeSpec: what a mode means for tracking, and the one
+constructor of a VideoPredictor from a spec and weights (``sam2serve track --mode``,
+``sam2serve bench --task video``).
+
+The modes' video meaning is declared in :mod:`sam2serve.runtime.modes`
+(``video_description``); here it becomes the predictor's settings:
+
+- ``baseline`` and ``fast``: Meta's tracker in eager fp32 (fast has no change of its own
+  for tracking yet: see the modes' module).
+- ``furious``: the image encoder in the spec's reduced dtype the way the image path runs
+  it (:func:`~sam2serve.runtime.build.encoder_precision`: bf16 weights on the CPU,
+  autocast on CUDA) and memory attention under autocast to it; TF32 on CUDA. The dtype is
+  resolved as for images (:func:`~sam2serve.runtime.build.resolve_dtype`): on a CPU
+  without native bf16 it is float32, and furious tracks exactly as baseline does.
+
+Tracking runs on the eager backend only: the exported and compiled backends cover the
+image path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sam2serve.checkpoint import load_video_model
+from sam2serve.engine.video.predictor import VideoPredictor
+from sam2serve.modeling.sam2_video import SAM2Video
+from sam2serve.runtime.build import (
+    encoder_precision,
+    load_spec_model,
+    resolve_dtype,
+    set_numerics,
+)
+from sam2serve.runtime.modes import get_mode, get_video_mode
+from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+from sam2serve.runtime.threads import apply_threads
+
+__all__ = ["VIDEO_BACKEND", "build_video_predictor", "check_video_spec", "video_predictor_for"]
+
+VIDEO_BACKEND = "eager"
+
+
+def check_video_spec(spec: RuntimeSpec) -> None:
+    """A ValueError naming what the tracker cannot run."""
+    get_video_mode(spec.mode)
+    if spec.backend != VIDEO_BACKEND:
+        raise ValueError(
+            f"video tracking runs on backend {VIDEO_BACKEND!r} only, not {spec.backend!r}"
+        )
+
+
+def build_video_predictor(
+    spec: RuntimeSpec, weights: WeightsSource | None = None, *, feature_cache_frames: int = 2
+) -> VideoPredictor:
+    """The VideoPredictor ``spec`` describes, with ``weights`` (default: the official
+    checkpoint from the cache); threads and the device's numerics set as for images."""
+    check_video_spec(spec)
+    weights = weights or WeightsSource()
+    if weights.artifacts is not None:
+        raise ValueError("video tracking loads a checkpoint or random weights, not artifacts")
+    spec = resolve_dtype(spec)
+    apply_threads(spec.threads)
+    set_numerics(spec)
+    model = load_spec_model(spec, weights, load_video_model)
+    assert isinstance(model, SAM2Video)
+    return video_predictor_for(model, spec, feature_cache_frames=feature_cache_frames)
+
+
+def video_predictor_for(
+    model: SAM2Video, spec: RuntimeSpec, *, feature_cache_frames: int = 2
+) -> VideoPredictor:
+    """A VideoPredictor running ``model`` the way ``spec``'s mode says (it may convert the
+    model in place: furious on a bf16 CPU casts its image encoder)."""
+    check_video_spec(spec)
+    spec = resolve_dtype(spec)
+    assert spec.dtype is not None
+    reduced = getattr(torch, spec.dtype)
+    attention = reduced if get_mode(spec.mode).reduced_precision_memory_attention else None
+    predictor = VideoPredictor(
+        model,
+        feature_cache_frames=feature_cache_frames,
+        encoder_autocast_dtype=encoder_precision(model, spec),
+        memory_attention_dtype=None if attention == torch.float32 else attention,
+    )
+    predictor.runtime = spec
+    return predictor

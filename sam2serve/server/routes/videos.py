@@ -1,0 +1,558 @@
+"""/v1/videos: track objects through a video in a session held by this server.
+
+- POST /v1/videos: upload a video (multipart file part ``video``: MP4, WebM, MOV, GIF,
+  anything FFmpeg decodes) or its frames (one file part ``frame`` per frame, in order);
+  201 with the session (its ``session_id``).
+- POST /v1/videos/{session_id}/prompts: clicks, a box or a mask for one object on one
+  frame; answered at once with that frame's masks of every object. Again after a
+  propagation, it is a correction: the next propagation takes it into account.
+- POST /v1/videos/{session_id}/propagate: track every object through the video; the
+  masks of each frame are streamed as Server-Sent Events as soon as they are computed
+  (``event: frame``), then ``event: done`` (or ``event: error``).
+- GET /v1/videos/{session_id}: the session; DELETE: close it (its memory is freed).
+- DELETE /v1/videos/{session_id}/objects/{obj_id}: stop tracking an object;
+  POST /v1/videos/{session_id}/reset: forget every object and prompt (frames stay).
+
+All model work runs on the app's model worker, as the image endpoints' does: a prompt is
+an interactive job, a propagation a bulk job that lets waiting clicks (of any image or
+session) run between its frames and stops when its client disconnects. One request at a
+time per session (409 ``session_busy``); the limits are :mod:`sam2serve.server.video_sessions`'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import Depends, Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from sam2serve.engine.rle import coco_to_rle, rle_to_mask
+from sam2serve.engine.video.outputs import ObjectMask, object_masks
+from sam2serve.engine.video.predictor import VideoPromptError
+from sam2serve.engine.video_io import (
+    VideoError,
+    VideoFrames,
+    VideoLimitError,
+    check_frame_sizes,
+    decode_video,
+)
+from sam2serve.server import video_schemas as vs
+from sam2serve.server.batching import JobCancelled, JobContext, WorkerStopped
+from sam2serve.server.dependencies import ServiceDep
+from sam2serve.server.errors import ApiError, ClientGone, error_body
+from sam2serve.server.routes.common import (
+    client_address,
+    format_segmentations,
+    guarded,
+    json_body_doc,
+    json_response,
+    read_body,
+    v1_router,
+)
+from sam2serve.server.service import RequestClock, Service
+from sam2serve.server.session_ids import SESSION_HEADER
+from sam2serve.server.uploads import decode_image
+from sam2serve.server.video_sessions import VideoSession, VideoSessions
+
+log = logging.getLogger("sam2serve.server")
+
+VIDEOS_PATH = "/v1/videos"
+VIDEO_PART = "video"
+FRAME_PART = "frame"
+EVENT_STREAM = "text/event-stream"
+
+router = v1_router()
+
+
+async def get_videos(service: ServiceDep) -> VideoSessions:
+    """The app's video sessions, or 404 when the server was started without --video."""
+    if service.videos is None:
+        raise ApiError(
+            404,
+            "video_disabled",
+            "this server does not track video: start it with 'sam2serve serve --video' "
+            "(settings.video) to create video sessions",
+        )
+    return service.videos
+
+
+VideosDep = Annotated[VideoSessions, Depends(get_videos)]
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+@router.post(
+    "/videos",
+    status_code=201,
+    response_model=vs.VideoSessionOut,
+    summary="Create a tracking session from a video file or its frames",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {
+                            VIDEO_PART: {
+                                "type": "string",
+                                "format": "binary",
+                                "description": "A video file (MP4, WebM, MOV, MKV, GIF, ...).",
+                            },
+                            FRAME_PART: {
+                                "type": "array",
+                                "items": {"type": "string", "format": "binary"},
+                                "description": "Or: the frames as image files, in order.",
+                            },
+                        },
+                    }
+                }
+            },
+        }
+    },
+)
+async def create_session(request: Request, service: ServiceDep, videos: VideosDep) -> Response:
+    videos.check_room()  # before reading a large body that could not be kept
+    frames = await _read_video_upload(request, service)
+    session = videos.create(frames)
+    answer = json_response(_session_out(session, videos, service), status=201)
+    answer.headers[SESSION_HEADER] = session.session_id  # the cluster pins the session by it
+    return answer
+
+
+@router.get(
+    "/videos/{session_id}",
+    response_model=vs.VideoSessionOut,
+    summary="Describe a tracking session",
+)
+async def get_session(session_id: str, service: ServiceDep, videos: VideosDep) -> Response:
+    return json_response(_session_out(videos.get(session_id), videos, service))
+
+
+@router.delete(
+    "/videos/{session_id}",
+    response_model=vs.VideoSessionOut,
+    summary="Close a tracking session and free its memory",
+)
+async def close_session(session_id: str, service: ServiceDep, videos: VideosDep) -> Response:
+    session = videos.close(session_id)
+    description = _session_out(session, videos, service)
+    session.state.objects.clear()
+    return json_response(description)
+
+
+@router.post(
+    "/videos/{session_id}/reset",
+    response_model=vs.VideoSessionOut,
+    summary="Forget every object, prompt and result of the session (the frames stay)",
+)
+async def reset_session(session_id: str, service: ServiceDep, videos: VideosDep) -> Response:
+    session = videos.get(session_id)
+    with videos.using(session, "reset"):
+        await service.run_job(
+            "video_edit", lambda _: videos.predictor.reset(session.state), RequestClock()
+        )
+    return json_response(_session_out(session, videos, service))
+
+
+@router.delete(
+    "/videos/{session_id}/objects/{obj_id}",
+    response_model=vs.VideoSessionOut,
+    summary="Stop tracking one object (its prompts and masks are dropped)",
+)
+async def remove_object(
+    session_id: str, obj_id: int, service: ServiceDep, videos: VideosDep
+) -> Response:
+    session = videos.get(session_id)
+    if obj_id not in session.state.objects:
+        raise ApiError(
+            404,
+            "object_not_found",
+            f"obj_id {obj_id} is not tracked in this session (its objects: "
+            f"{session.state.obj_ids})",
+        )
+    with videos.using(session, "remove_object"):
+        await service.run_job(
+            "video_edit",
+            lambda _: videos.predictor.remove_object(session.state, obj_id),
+            RequestClock(),
+        )
+    return json_response(_session_out(session, videos, service))
+
+
+def _session_out(session: VideoSession, videos: VideoSessions, service: Service) -> Any:
+    return vs.session_out(session.describe(videos.limits, videos.clock()), service.model_name)
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+@router.post(
+    "/videos/{session_id}/prompts",
+    response_model=vs.VideoPromptResponse,
+    summary="Clicks, a box or a mask for one object on one frame: that frame's masks",
+    openapi_extra=json_body_doc(vs.VideoPromptRequest),
+)
+async def add_prompt(
+    request: Request, session_id: str, service: ServiceDep, videos: VideosDep
+) -> Response:
+    clock = RequestClock()
+    body, _ = await read_body(request, vs.VideoPromptRequest, service)
+    session = videos.get(session_id)
+    state = session.state
+    _check_frame(body.frame_idx, state.num_frames, "frame_idx")
+    _check_inside(body, state.width, state.height)
+    mask = None if body.mask is None else _mask_of(body.mask, state.height, state.width)
+
+    async def work() -> Response:
+        with videos.using(session, "prompt"):
+            videos.check_new_object(session, body.obj_id)
+
+            def run(context: JobContext) -> list[ObjectMask]:
+                predictor = videos.predictor
+                if mask is not None:
+                    frame = predictor.add_mask(state, body.frame_idx, body.obj_id, mask)
+                else:
+                    points = [[p.x, p.y] for p in body.points] or None
+                    labels = [p.label for p in body.points] or None
+                    frame = predictor.add_points(
+                        state,
+                        body.frame_idx,
+                        body.obj_id,
+                        points,
+                        labels,
+                        box=body.box,
+                        clear_old_points=body.clear_old_points,
+                    )
+                return object_masks(frame)
+
+            try:
+                records = await service.run_job("video_prompt", run, clock)
+            except VideoPromptError as exc:
+                raise ApiError(422, "invalid_request", str(exc)) from None
+        objects = await _objects_out(records, body.mask_format, service)
+        return json_response(
+            vs.VideoPromptResponse(
+                session_id=session.session_id,
+                frame_idx=body.frame_idx,
+                objects=objects,
+                **clock.timed(),
+            )
+        )
+
+    return await guarded(request, work, service)
+
+
+def _check_frame(frame_idx: int, num_frames: int, field: str) -> None:
+    if frame_idx >= num_frames:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"{field}: {frame_idx} is past the video's last frame (it has {num_frames} "
+            f"frames: 0 to {num_frames - 1})",
+        )
+
+
+def _check_inside(body: vs.VideoPromptRequest, width: int, height: int) -> None:
+    for i, point in enumerate(body.points):
+        if point.x > width or point.y > height:
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"points[{i}]: ({point.x:g}, {point.y:g}) is outside the {width}x{height} frame",
+            )
+    if body.box is not None and (body.box[2] > width or body.box[3] > height):
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"box: {body.box} reaches outside the {width}x{height} frame",
+        )
+
+
+def _mask_of(mask: vs.MaskPrompt, height: int, width: int) -> np.ndarray:
+    """The prompt's binary mask, which must have the frame's size."""
+    if list(mask.size) != [height, width]:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"mask.size: {mask.size} is not the frame's [height, width] = [{height}, {width}]",
+        )
+    try:
+        if isinstance(mask.counts, str):
+            rle = coco_to_rle({"size": mask.size, "counts": mask.counts})
+        else:
+            rle = {"size": mask.size, "counts": mask.counts}
+        decoded = rle_to_mask(rle)
+    except (ValueError, IndexError) as exc:
+        raise ApiError(422, "invalid_request", f"mask.counts: not a valid RLE ({exc})") from None
+    if decoded.shape != (height, width):
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"mask.counts: the runs cover {decoded.size} pixels, not the frame's {height * width}",
+        )
+    return decoded.astype(bool)
+
+
+async def _objects_out(
+    records: list[ObjectMask], mask_format: str, service: Service
+) -> list[vs.VideoObjectOut]:
+    segmentations = await format_segmentations([r.rle for r in records], mask_format, service)
+    return [
+        vs.VideoObjectOut(obj_id=r.obj_id, area=r.area, bbox=r.bbox, segmentation=seg)
+        for r, seg in zip(records, segmentations, strict=True)
+    ]
+
+
+# --------------------------------------------------------------------------- propagation
+
+
+@router.post(
+    "/videos/{session_id}/propagate",
+    summary="Track every object through the video, streaming each frame (Server-Sent Events)",
+    openapi_extra=json_body_doc(vs.PropagateRequest),
+    responses={
+        200: {
+            "content": {
+                EVENT_STREAM: {
+                    "schema": {"type": "string"},
+                    "example": 'event: frame\ndata: {"frame_idx": 0, "objects": [...]}\n\n'
+                    'event: done\ndata: {"frames": 24, "elapsed_ms": 5120.0, '
+                    '"frames_per_s": 4.69}\n\n',
+                }
+            },
+            "description": "One 'frame' event per frame (data: VideoFrameOut as JSON), then "
+            "'done' (data: PropagateDone) or 'error' (data: the error shape).",
+        }
+    },
+)
+async def propagate(
+    request: Request, session_id: str, service: ServiceDep, videos: VideosDep
+) -> Response:
+    body, _ = await read_body(request, vs.PropagateRequest, service)
+    session = videos.get(session_id)
+    state = session.state
+    if body.start_frame_idx is not None:
+        _check_frame(body.start_frame_idx, state.num_frames, "start_frame_idx")
+    if not state.objects:
+        raise ApiError(
+            422,
+            "no_prompts",
+            "the session has no objects to track: add prompts first "
+            f"(POST /v1/videos/{session.session_id}/prompts)",
+        )
+    loop = asyncio.get_running_loop()
+    frames: asyncio.Queue[list[ObjectMask] | tuple[int, list[ObjectMask]]] = asyncio.Queue()
+
+    def run(context: JobContext) -> int:
+        count = 0
+        steps = videos.predictor.propagate(
+            state,
+            start_frame_idx=body.start_frame_idx,
+            # Meta's count excludes the start frame; the API's counts every frame sent.
+            max_frame_num_to_track=None if body.max_frames is None else body.max_frames - 1,
+            reverse=body.reverse,
+        )
+        with contextlib.closing(steps):
+            for frame in steps:
+                loop.call_soon_threadsafe(frames.put_nowait, (frame.frame_idx, object_masks(frame)))
+                count += 1
+                context.check()  # stops if the client left; lets waiting clicks run
+        return count
+
+    videos.acquire(session, "propagate")
+    try:
+        with service.bulk_slot(client_address(request)):
+            handle = service.submit_job("video_propagate", run, bulk=True)
+    except BaseException:
+        videos.release(session)
+        raise
+    # The session stays busy until the job has really ended, not just until the stream does.
+    handle.future.add_done_callback(lambda _: loop.call_soon_threadsafe(videos.release, session))
+    stream = _frame_events(handle, frames, body.mask_format, service)
+    return StreamingResponse(
+        stream,
+        media_type=EVENT_STREAM,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _frame_events(
+    handle: Any, frames: asyncio.Queue, mask_format: str, service: Service
+) -> AsyncIterator[bytes]:
+    """The stream: each frame as it comes, then done (or error). Leaving early (the client
+    disconnected) cancels the job at its next frame."""
+    started = time.perf_counter()
+    finished = asyncio.wrap_future(handle.future)
+    sent = 0
+    try:
+        while True:
+            getter = asyncio.ensure_future(frames.get())
+            await asyncio.wait({getter, finished}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                break
+            yield await _frame_event(getter.result(), mask_format, service)
+            sent += 1
+        while not frames.empty():  # frames queued before the job's end was seen
+            yield await _frame_event(frames.get_nowait(), mask_format, service)
+            sent += 1
+        try:
+            finished.result()
+        except (JobCancelled, WorkerStopped) as exc:
+            yield _event("error", error_body("cancelled", str(exc)))
+            return
+        except VideoPromptError as exc:
+            yield _event("error", error_body("invalid_request", str(exc)))
+            return
+        except Exception:
+            log.exception("video propagation failed")
+            yield _event("error", error_body("internal_error", "the propagation failed"))
+            return
+        elapsed = time.perf_counter() - started
+        done = vs.PropagateDone(
+            frames=sent,
+            elapsed_ms=round(elapsed * 1000, 3),
+            frames_per_s=round(sent / elapsed, 3) if elapsed > 0 else 0.0,
+        )
+        yield _event("done", done.model_dump())
+    finally:
+        handle.cancel()  # no-op once it has ended
+
+
+async def _frame_event(
+    item: tuple[int, list[ObjectMask]], mask_format: str, service: Service
+) -> bytes:
+    frame_idx, records = item
+    out = vs.VideoFrameOut(
+        frame_idx=frame_idx, objects=await _objects_out(records, mask_format, service)
+    )
+    return f"event: frame\ndata: {out.model_dump_json()}\n\n".encode()
+
+
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+# --------------------------------------------------------------------------- uploads
+
+
+async def _read_video_upload(request: Request, service: Service) -> VideoFrames:
+    """The frames of the uploaded video file or frame files, within the limits."""
+    settings = service.settings
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "multipart/form-data":
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"Content-Type {media or 'missing'!r} is not accepted here; send "
+            f"multipart/form-data with a file part '{VIDEO_PART}' (a video file) or one "
+            f"file part '{FRAME_PART}' per frame",
+        )
+    try:
+        form = await request.form(
+            max_files=settings.max_video_frames + 1, max_fields=0, max_part_size=1024 * 1024
+        )
+    except ClientDisconnect:
+        raise ClientGone("upload") from None
+    except StarletteHTTPException as exc:
+        raise ApiError(
+            400, "invalid_multipart", f"cannot parse the multipart body: {exc.detail}"
+        ) from None
+    try:
+        unknown = sorted(set(form.keys()) - {VIDEO_PART, FRAME_PART})
+        videos, frame_parts = form.getlist(VIDEO_PART), form.getlist(FRAME_PART)
+        if unknown or bool(videos) == bool(frame_parts) or len(videos) > 1:
+            raise ApiError(
+                400,
+                "invalid_multipart",
+                f"send one file part '{VIDEO_PART}' (a video file) or file parts "
+                f"'{FRAME_PART}' (the frames, in order) - not both, not neither"
+                + (f"; unknown part(s) {', '.join(map(repr, unknown))}" if unknown else ""),
+            )
+        parts = videos or frame_parts
+        if any(not isinstance(part, UploadFile) for part in parts):
+            raise ApiError(400, "invalid_multipart", "the video and frames must be file parts")
+        if frame_parts and len(frame_parts) > settings.max_video_frames:
+            raise ApiError(
+                413,
+                "too_many_frames",
+                f"more than {settings.max_video_frames} frame parts; a session takes at most "
+                f"{settings.max_video_frames} frames (max_video_frames)",
+            )
+        uploaded = sum(part.size or 0 for part in parts)
+        if uploaded > settings.max_video_upload_bytes:
+            raise ApiError(
+                413,
+                "upload_too_large",
+                f"the upload is {uploaded:,} bytes; the limit is "
+                f"{settings.max_video_upload_bytes:,} (max_video_upload_bytes)",
+            )
+        if videos:
+            return await asyncio.to_thread(_decode_video_part, videos[0], service)
+        return await asyncio.to_thread(_decode_frame_parts, frame_parts, service)
+    finally:
+        await form.close()
+
+
+def _decode_video_part(upload: UploadFile, service: Service) -> VideoFrames:
+    settings = service.settings
+    name = upload.filename or VIDEO_PART
+    upload.file.seek(0)
+    try:
+        return decode_video(
+            upload.file,
+            name,
+            max_frames=settings.max_video_frames,
+            max_pixels=settings.max_pixels,
+            max_bytes=settings.max_video_session_bytes,
+        )
+    except VideoLimitError as exc:
+        raise ApiError(
+            413, "video_too_large", f"{exc} (max_video_frames, max_pixels, max_video_session_bytes)"
+        ) from None
+    except VideoError as exc:
+        raise ApiError(
+            400, "invalid_video", f"{exc}; send a video FFmpeg can decode (MP4, WebM, MOV, ...)"
+        ) from None
+
+
+def _decode_frame_parts(parts: list[UploadFile], service: Service) -> VideoFrames:
+    settings = service.settings
+    frames, names, held = [], [], 0
+    for i, part in enumerate(parts):
+        part.file.seek(0)
+        data = part.file.read()
+        name = part.filename or f"{FRAME_PART}[{i}]"
+        try:
+            frames.append(decode_image(data, settings.max_pixels))
+        except ApiError as exc:
+            raise ApiError(
+                exc.status, exc.code, f"{FRAME_PART}[{i}] ({name}): {exc.message}"
+            ) from None
+        names.append(name)
+        held += frames[-1].nbytes
+        if held > settings.max_video_session_bytes:
+            raise ApiError(
+                413,
+                "video_too_large",
+                f"the first {i + 1} frames already hold {held:,} bytes decoded, over the "
+                f"session limit of {settings.max_video_session_bytes:,} "
+                "(max_video_session_bytes)",
+            )
+    try:
+        check_frame_sizes(frames, names, "the uploaded frames")
+    except VideoError as exc:
+        raise ApiError(422, "invalid_video", str(exc)) from None
+    return VideoFrames(frames=frames, fps=None, names=names, source=f"{len(frames)} frames")

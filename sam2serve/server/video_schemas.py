@@ -1,0 +1,164 @@
+"""The video sessions API's bodies (/v1/videos): prompts, propagation and what comes back.
+
+Coordinates are pixels of the video's frames, as in the image API. Objects are named by
+an integer ``obj_id`` the client chooses (as in Meta's video predictor); frames by their
+0-based index in the uploaded video.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field, model_validator
+
+from sam2serve.server.schemas import (
+    MASK_FORMAT_DOC,
+    SEGMENTATION_DOC,
+    FiniteFloat,
+    MaskFormat,
+    Point,
+    Segmentation,
+    _Strict,
+    check_box_order,
+)
+from sam2serve.server.settings import MAX_POINTS_PER_OBJECT
+
+MAX_OBJ_ID = 2**31 - 1
+MAX_FRAME_IDX = 2**31 - 1
+
+
+class MaskPrompt(_Strict):
+    """A binary mask of the object, as COCO RLE (compressed ``counts`` string, or the
+    uncompressed list of run lengths), of the frame's size."""
+
+    size: list[int] = Field(min_length=2, max_length=2, description="[height, width]")
+    counts: str | list[int] = Field(
+        description="pycocotools' compressed run-length string, or run lengths "
+        "(column-major, starting with zeros)"
+    )
+
+
+class VideoPromptRequest(_Strict):
+    """Prompts for one object on one frame: clicks and/or a box, or a mask."""
+
+    frame_idx: int = Field(ge=0, le=MAX_FRAME_IDX, description="The frame (0-based).")
+    obj_id: int = Field(
+        ge=0, le=MAX_OBJ_ID, description="The object, an id the client chooses (new ids add one)."
+    )
+    points: list[Point] = Field(
+        default_factory=list,
+        max_length=MAX_POINTS_PER_OBJECT,
+        description="Clicks on the frame (label 1 on the object, 0 off it).",
+    )
+    box: list[FiniteFloat] | None = Field(
+        None,
+        min_length=4,
+        max_length=4,
+        description="Box around the object as [x0, y0, x1, y1] in pixels.",
+    )
+    mask: MaskPrompt | None = Field(
+        None, description="The object's mask on this frame, instead of points and a box."
+    )
+    clear_old_points: bool = Field(
+        True,
+        description="true: these clicks replace the object's earlier clicks on this frame; "
+        "false: they are added to them (a correction click).",
+    )
+    mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
+
+    @model_validator(mode="after")
+    def _one_kind_of_prompt(self) -> VideoPromptRequest:
+        clicks = bool(self.points) or self.box is not None
+        if self.mask is not None and clicks:
+            raise ValueError("give either points and/or a box, or a mask - not both")
+        if self.mask is None and not clicks:
+            raise ValueError("give at least one point, a box or a mask")
+        check_box_order(self.box)
+        return self
+
+
+class PropagateRequest(_Strict):
+    """Track every object of the session through the video, streaming each frame."""
+
+    start_frame_idx: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_FRAME_IDX,
+        description="First frame (default: the earliest prompted frame, or the latest "
+        "when reverse).",
+    )
+    max_frames: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_FRAME_IDX,
+        description="Frames to stream at most, the start frame included (default: to the "
+        "end of the video, or to frame 0 when reverse).",
+    )
+    reverse: bool = Field(False, description="true: track backwards, towards frame 0.")
+    mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
+
+
+# --------------------------------------------------------------------------- responses
+
+
+class VideoObjectOut(BaseModel):
+    obj_id: int
+    area: int = Field(description="Pixels in the mask.")
+    bbox: list[float] = Field(description="[x, y, width, height] of the mask; zeros if empty.")
+    segmentation: Segmentation = Field(description=SEGMENTATION_DOC)
+
+
+class VideoFrameOut(BaseModel):
+    """Every object's mask on one frame (an object absent there has an empty mask)."""
+
+    frame_idx: int
+    objects: list[VideoObjectOut]
+
+
+class VideoPromptResponse(VideoFrameOut):
+    session_id: str
+    inference_ms: float
+    queue_ms: float
+
+
+class VideoSessionOut(BaseModel):
+    session_id: str = Field(
+        description="Names the session in every later request. In the cluster, send it as "
+        "the serve_multiplexed_model_id header too: the session lives on one replica."
+    )
+    num_frames: int
+    width: int
+    height: int
+    fps: float | None = Field(description="The video's frame rate; null for frame images.")
+    source: str = Field(description="What the frames came from (the upload's file name).")
+    obj_ids: list[int] = Field(description="The objects prompted so far.")
+    frames_bytes: int = Field(description="Memory the decoded frames hold.")
+    tracking_bytes: int = Field(description="Memory the objects' memories and masks hold.")
+    busy: bool = Field(description="A prompt or a propagation is running on it now.")
+    expires_in_s: float = Field(description="Seconds until it is closed if left idle.")
+    model: str
+
+
+class PropagateDone(BaseModel):
+    """The last event of a propagation stream."""
+
+    frames: int = Field(description="Frames streamed.")
+    elapsed_ms: float
+    frames_per_s: float
+
+
+def session_out(description: dict[str, Any], model: str) -> VideoSessionOut:
+    return VideoSessionOut(**description, model=model)
+
+
+__all__ = [
+    "MaskPrompt",
+    "PropagateDone",
+    "PropagateRequest",
+    "VideoFrameOut",
+    "VideoObjectOut",
+    "VideoPromptRequest",
+    "VideoPromptResponse",
+    "VideoSessionOut",
+    "session_out",
+]

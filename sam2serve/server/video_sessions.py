@@ -1,0 +1,260 @@
+"""Video tracking sessions: one :class:`~sam2serve.engine.video.state.VideoState` per
+session, held in this process's memory and bounded.
+
+A session is created from a video's decoded frames and named by an unguessable id. Every
+request on it takes the session for its duration (a second concurrent request on the same
+session is 409 ``session_busy``: a state is not safe to change from two places at once),
+and touches it. The limits:
+
+- ``max_video_sessions`` sessions at once: one more is 429 ``too_many_sessions``, with a
+  Retry-After of when the least recently used idle session will expire;
+- ``max_video_frames`` frames and ``max_video_session_bytes`` bytes per session (decoded
+  frames, plus what tracking every object through every frame would hold): 413;
+- ``max_video_objects`` objects per session: 413;
+- ``video_idle_s``: a session nobody has touched for that long is closed by the reaper,
+  and its id is then 404 ``session_not_found`` like an id that never existed.
+
+Sessions survive nothing they should not: a restart, a redeploy or a replica that dies
+loses its sessions (they are memory, not storage), and a client then creates a new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from sam2serve.engine.video.predictor import VideoPredictor
+from sam2serve.engine.video.state import VideoState, object_frame_bytes
+from sam2serve.engine.video_io import VideoFrames
+from sam2serve.server.errors import ApiError
+from sam2serve.server.session_ids import new_session_id
+
+# Frames decoded to uint8 RGB: what the session's frames cost in memory.
+_BYTES_PER_PIXEL = 3
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    max_sessions: int
+    max_frames: int
+    max_bytes: int
+    max_objects: int
+    idle_s: float
+
+
+@dataclass(eq=False)
+class VideoSession:
+    """One client's video: its tracking state and what the limits need to know."""
+
+    session_id: str
+    state: VideoState
+    source: str
+    fps: float | None
+    frames_bytes: int
+    created: float  # time.time()
+    last_used: float  # monotonic
+    busy_with: str | None = None  # the operation running on it, if any
+    # Frames whose masks the last propagation streamed, per direction (for GET).
+    frames_done: dict[str, int] = field(default_factory=dict)
+
+    def describe(self, limits: SessionLimits, now: float) -> dict[str, object]:
+        return {
+            "session_id": self.session_id,
+            "num_frames": self.state.num_frames,
+            "width": self.state.width,
+            "height": self.state.height,
+            "fps": self.fps,
+            "source": self.source,
+            "obj_ids": self.state.obj_ids,
+            "frames_bytes": self.frames_bytes,
+            "tracking_bytes": self.state.memory_bytes(),
+            "busy": self.busy_with is not None,
+            "expires_in_s": round(max(0.0, limits.idle_s - (now - self.last_used)), 3),
+        }
+
+
+class VideoSessions:
+    """The sessions of one process (one replica), their limits and their expiry."""
+
+    def __init__(
+        self,
+        predictor: VideoPredictor,
+        limits: SessionLimits,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.predictor = predictor
+        self.limits = limits
+        self.clock = clock
+        self.object_frame_bytes = object_frame_bytes(predictor.model)
+        self._sessions: dict[str, VideoSession] = {}
+        self.expired = 0  # sessions closed by the reaper, since start
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    # ------------------------------------------------------------------ admission
+    def check_room(self) -> None:
+        """429 if no session can be created now (reaping expired ones first)."""
+        self.reap()
+        if len(self._sessions) >= self.limits.max_sessions:
+            raise ApiError(
+                429,
+                "too_many_sessions",
+                f"this server holds {len(self._sessions)} video sessions, its limit "
+                f"(max_video_sessions {self.limits.max_sessions}); close one (DELETE "
+                f"/v1/videos/{{session_id}}) or retry once an idle one expires "
+                f"(video_idle_s {self.limits.idle_s:g})",
+                headers={"Retry-After": str(self._seconds_until_room())},
+            )
+
+    def check_frames(self, num_frames: int, height: int, width: int) -> int:
+        """The bytes ``num_frames`` frames of this size hold, or 413 past a limit."""
+        if num_frames > self.limits.max_frames:
+            raise ApiError(
+                413,
+                "too_many_frames",
+                f"the video has {num_frames} frames; a session takes at most "
+                f"{self.limits.max_frames} (max_video_frames): send a shorter clip",
+            )
+        frames_bytes = num_frames * height * width * _BYTES_PER_PIXEL
+        self._check_bytes(frames_bytes, num_frames, objects=1, what="the video")
+        return frames_bytes
+
+    def check_new_object(self, session: VideoSession, obj_id: int) -> None:
+        """413 if adding ``obj_id`` to the session passes the object or byte limits."""
+        objects = session.state.obj_ids
+        if obj_id in objects:
+            return
+        if len(objects) >= self.limits.max_objects:
+            raise ApiError(
+                413,
+                "too_many_objects",
+                f"obj_id {obj_id}: the session already tracks {len(objects)} objects "
+                f"({objects}), its limit (max_video_objects {self.limits.max_objects}); "
+                "remove one first",
+            )
+        self._check_bytes(
+            session.frames_bytes,
+            session.state.num_frames,
+            objects=len(objects) + 1,
+            what=f"obj_id {obj_id}",
+        )
+
+    def _check_bytes(self, frames_bytes: int, num_frames: int, objects: int, what: str) -> None:
+        tracking = objects * num_frames * self.object_frame_bytes
+        if frames_bytes + tracking > self.limits.max_bytes:
+            mib = 1024 * 1024
+            raise ApiError(
+                413,
+                "session_too_large",
+                f"{what}: {frames_bytes / mib:.1f} MiB of frames plus "
+                f"{tracking / mib:.1f} MiB to track {objects} object(s) through "
+                f"{num_frames} frames would pass the session limit of "
+                f"{self.limits.max_bytes / mib:.1f} MiB (max_video_session_bytes); send "
+                "fewer or smaller frames, or track fewer objects",
+            )
+
+    # ------------------------------------------------------------------ the sessions
+    def create(self, frames: VideoFrames) -> VideoSession:
+        """A new session for ``frames`` (call check_room and check_frames first)."""
+        self.check_room()
+        height, width = frames.size
+        frames_bytes = self.check_frames(len(frames), height, width)
+        now = self.clock()
+        session = VideoSession(
+            session_id=new_session_id(),
+            state=self.predictor.init_state(frames.frames),
+            source=frames.source,
+            fps=frames.fps,
+            frames_bytes=frames_bytes,
+            created=time.time(),
+            last_used=now,
+        )
+        self._sessions[session.session_id] = session
+        return session
+
+    def get(self, session_id: str) -> VideoSession:
+        """The session (touched), or 404."""
+        self.reap()
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise ApiError(
+                404,
+                "session_not_found",
+                f"no video session {session_id[:80]!r} here: it was closed, expired after "
+                f"{self.limits.idle_s:g} s idle (video_idle_s), lived on a server that has "
+                "restarted, or never existed; create a new one with POST /v1/videos",
+            )
+        session.last_used = self.clock()
+        return session
+
+    def close(self, session_id: str) -> VideoSession:
+        session = self.get(session_id)
+        if session.busy_with is not None:
+            raise _busy(session)
+        del self._sessions[session_id]
+        return session
+
+    def acquire(self, session: VideoSession, operation: str) -> None:
+        """Hold ``session`` for ``operation``, or 409 if another request holds it."""
+        if session.busy_with is not None:
+            raise _busy(session)
+        session.busy_with = operation
+
+    def release(self, session: VideoSession) -> None:
+        """Let ``session`` go (touched: its idle time starts now)."""
+        session.busy_with = None
+        session.last_used = self.clock()
+
+    @contextlib.contextmanager
+    def using(self, session: VideoSession, operation: str) -> Iterator[VideoSession]:
+        """Hold ``session`` for the block (409 if another request holds it)."""
+        self.acquire(session, operation)
+        try:
+            yield session
+        finally:
+            self.release(session)
+
+    def reap(self) -> list[str]:
+        """Close the sessions idle past ``idle_s`` (never one in use); their ids."""
+        now = self.clock()
+        expired = [
+            sid
+            for sid, s in self._sessions.items()
+            if s.busy_with is None and now - s.last_used >= self.limits.idle_s
+        ]
+        for sid in expired:
+            del self._sessions[sid]
+        self.expired += len(expired)
+        return expired
+
+    def held_bytes(self) -> int:
+        """Frames and tracking memory of every session (the metric)."""
+        return sum(s.frames_bytes + s.state.memory_bytes() for s in self._sessions.values())
+
+    def _seconds_until_room(self) -> int:
+        now = self.clock()
+        idle = [
+            self.limits.idle_s - (now - s.last_used)
+            for s in self._sessions.values()
+            if s.busy_with is None
+        ]
+        soonest = min(idle) if idle else self.limits.idle_s
+        return max(1, math.ceil(soonest))
+
+
+def _busy(session: VideoSession) -> ApiError:
+    return ApiError(
+        409,
+        "session_busy",
+        f"video session {session.session_id} is busy ({session.busy_with}); one request at "
+        "a time per session: wait for it to finish (a propagation streams until its last "
+        "frame, or until its client disconnects)",
+        headers={"Retry-After": "1"},
+    )
+
+
+__all__ = ["SessionLimits", "VideoSession", "VideoSessions"]

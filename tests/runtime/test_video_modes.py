@@ -1,0 +1,60 @@
+"""What the modes mean for the video tracker (sam2serve.runtime.video): baseline and fast
+are the faithful fp32 tracker, furious takes the dtype the image path's rule gives the
+device (bf16 weights for the CPU's encoder, autocast for memory attention), and what the
+tracker cannot run is refused by name. The settings are checked here; that they track as
+Meta's is tests/video's, and the bf16 numerics run on a GPU (scripts/gpu-check.sh)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sam2serve.checkpoint import load_video_model
+from sam2serve.runtime.build import native_reduced_dtype
+from sam2serve.runtime.modes import VIDEO_MODES, get_video_mode
+from sam2serve.runtime.spec import RuntimeSpec
+from sam2serve.runtime.video import check_video_spec, video_predictor_for
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_video_model("tiny", random_weights=True, seed=2)
+
+
+def test_the_tracker_runs_the_float_modes_on_eager_only():
+    assert VIDEO_MODES == ("baseline", "fast", "furious")
+    with pytest.raises(ValueError, match="runs the modes baseline, fast, furious, not 'int8'"):
+        get_video_mode("int8")
+    with pytest.raises(ValueError, match="not 'int8'"):
+        check_video_spec(RuntimeSpec(mode="int8"))  # its default backend is openvino
+    with pytest.raises(ValueError, match="backend 'eager' only, not 'compile'"):
+        check_video_spec(RuntimeSpec(mode="fast", backend="compile"))
+
+
+@pytest.mark.parametrize("mode", ["baseline", "fast"])
+def test_baseline_and_fast_are_the_fp32_tracker(model, mode):
+    predictor = video_predictor_for(model, RuntimeSpec(mode=mode))
+    assert predictor.runtime.mode == mode and predictor.runtime.dtype == "float32"
+    assert predictor.encoder_autocast_dtype is None
+    assert predictor.memory_attention_dtype is None
+
+
+def test_furious_resolves_its_dtype_as_the_image_path_does(model):
+    predictor = video_predictor_for(model, RuntimeSpec(mode="furious"))
+    native = native_reduced_dtype("cpu")
+    assert predictor.runtime.dtype == native
+    if native == "float32":  # no native bf16 on this CPU: furious tracks as fast
+        assert predictor.memory_attention_dtype is None
+        assert predictor.encoder_autocast_dtype is None
+
+
+def test_furious_in_bf16_on_the_cpu():
+    """bf16 weights for the encoder (the image path's CPU rule), autocast for memory
+    attention; the heads and the memory path's weights stay fp32."""
+    model = load_video_model("tiny", random_weights=True, seed=2)  # converted in place
+    predictor = video_predictor_for(model, RuntimeSpec(mode="furious", dtype="bfloat16"))
+    assert predictor.encoder_autocast_dtype is None
+    assert predictor.memory_attention_dtype == torch.bfloat16
+    assert {p.dtype for p in model.image_encoder.parameters()} == {torch.bfloat16}
+    for part in (model.memory_attention, model.memory_encoder, model.sam_mask_decoder):
+        assert {p.dtype for p in part.parameters()} == {torch.float32}
