@@ -10,8 +10,10 @@ Meta's predictor recomputes a frame's image features whenever it revisits it (it
 one frame); to keep this file fast on a small CPU its ``forward_image`` is memoised per
 frame here, which changes nothing it computes. Our encoder is compared with it too.
 
-The scenarios take about 8 CPU-minutes (2 cores), hence ``slow``; the strict-loading
-tests of every size are quick.
+The scenarios take about 8 CPU-minutes (2 cores), hence ``slow``; the other sizes' short
+tracking checks take 1.5 (small), 2.4 (base_plus) and 5 (large) minutes there (measured
+beside another test run: about half that on a quiet machine); the strict-loading tests of
+every size are quick.
 """
 
 from __future__ import annotations
@@ -257,6 +259,39 @@ def test_frame_features_match_meta(runs):
     torch.testing.assert_close(feats.vision_pos, ref["vision_pos_enc"][2], atol=0, rtol=0)
     for ours_level, ref_level in zip(feats.high_res_feats, levels[:2]):
         torch.testing.assert_close(ours_level, ref_level, atol=1e-4, rtol=0)
+
+
+# The other sizes: their trunks (stages, windows, global attention blocks) and widths differ;
+# the memory path is the same. A click and a box tracked to the next frame, every mask and
+# logit as Meta's (2 frames: each frame costs both predictors an encode of that size).
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [size for size in MODEL_SIZES if size != "tiny"])
+def test_other_sizes_track_as_meta(size, tmp_path):
+    checkpoint = perturbed_official_checkpoint(size, tmp_path / f"sam2.1_{size}.pt")
+    frames_dir = tmp_path / "frames"
+    frames_dir.mkdir()
+    for i, frame in enumerate(synthetic_frames(2)):
+        Image.fromarray(frame).save(frames_dir / f"{i:05d}.jpg", quality=95)
+    frames = [np.array(Image.open(frames_dir / f"{i:05d}.jpg").convert("RGB")) for i in range(2)]
+    meta = build_meta_video_predictor(size, checkpoint)
+    memoise_forward_image(meta)
+    ours = VideoPredictor(load_video_model(size, checkpoint), feature_cache_frames=2)
+    rec = Recorder(ours, meta, frames_dir, frames)
+    with torch.inference_mode():
+        states = rec.start()
+        rec.points("prompts", states, 0, 1, points=[[40.0, 60.0]], labels=[1])
+        rec.points("prompts", states, 0, 2, box=[130.0, 80.0, 170.0, 120.0])
+        rec.propagate("forward", states)
+    assert [f[0] for f in rec.results["forward"]] == [0, 1]
+    for name in ("prompts", "forward"):
+        for frame_idx, obj_ids, ours_logits, ref in rec.results[name]:
+            diff = np.abs(ours_logits - ref).max()
+            assert diff <= LOGIT_ATOL, (
+                f"{size} {name} frame {frame_idx}: logits differ by {diff:.3g}"
+            )
+            for row, obj_id in enumerate(obj_ids):
+                iou = mask_iou(ours_logits[row, 0] > 0, ref[row, 0] > 0)
+                assert iou >= MIN_IOU, f"{size} {name} frame {frame_idx} object {obj_id}: {iou:.5f}"
 
 
 @pytest.mark.parametrize("size", MODEL_SIZES)
