@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sam2serve.commands.common import UsageError, info_line, message, warning_line
+from sam2serve.runtime.artifacts_kind import backend_for_artifacts
 from sam2serve.runtime.backends import BACKENDS
 from sam2serve.runtime.modes import get_mode
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
@@ -27,9 +28,10 @@ if TYPE_CHECKING:
 
 def runtime_spec(args: argparse.Namespace) -> RuntimeSpec:
     """The RuntimeSpec of --model, --mode, --backend, --device and --threads (--artifacts
-    implies the 'artifacts' backend); a combination that cannot run is a usage error."""
+    implies the backend that runs the directory: onnxruntime for an ONNX export, else
+    artifacts); a combination that cannot run is a usage error."""
     artifacts = getattr(args, "artifacts", None)
-    backend = args.backend or ("artifacts" if artifacts is not None else None)
+    backend = args.backend or (None if artifacts is None else backend_for_artifacts(artifacts))
     # Backends that run 'sam2serve export' output: artifacts, onnxruntime (ONNX exports).
     needs_artifacts = backend is not None and BACKENDS[backend].needs_artifacts
     if needs_artifacts and artifacts is None:

@@ -46,12 +46,13 @@ from torch import nn
 from sam2serve.checkpoint import load_model
 from sam2serve.config import IMAGE_SIZE
 from sam2serve.modeling.sam2 import SAM2Image
+from sam2serve.runtime.artifacts_kind import ONNX_FORMAT
 from sam2serve.runtime.backends import ONNX_MODES
 from sam2serve.runtime.calibration import calibration_inputs
 from sam2serve.runtime.export import ArtifactError, file_problems, sha256_file
 from sam2serve.runtime.modes import get_mode
 
-FORMAT = "onnx"
+FORMAT = ONNX_FORMAT
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 ENCODER_ONNX = "image_encoder.onnx"

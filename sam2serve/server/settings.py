@@ -11,6 +11,8 @@ import math
 import os
 from dataclasses import dataclass
 
+from sam2serve.runtime.artifacts_kind import backend_for_artifacts
+from sam2serve.runtime.backends import BACKENDS
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 from sam2serve.store.identity import DEFAULT_STORE_DTYPE, STORE_DTYPES
 
@@ -34,7 +36,8 @@ class ServerSettings:
     # ---- the model (ignored when create_app is handed a ready predictor)
     model: str = "tiny"
     mode: str = "fast"
-    # What executes the mode (sam2serve.runtime.backends); artifacts imply "artifacts";
+    # What executes the mode (sam2serve.runtime.backends); artifacts imply the backend
+    # that runs them (onnxruntime for an ONNX export, else "artifacts");
     # None: the mode's default (eager; openvino for int8).
     backend: str | None = None
     checkpoint: str | None = None
@@ -203,7 +206,9 @@ class ServerSettings:
 
     def runtime_spec(self) -> RuntimeSpec:
         """How the model runs; ValueError naming a bad model, mode, backend or device."""
-        backend = "artifacts" if self.artifacts is not None else self.backend
+        backend = self.backend
+        if self.artifacts is not None and not (backend and BACKENDS[backend].needs_artifacts):
+            backend = backend_for_artifacts(self.artifacts)  # what runs the directory
         return RuntimeSpec(
             model=self.model,
             mode=self.mode,

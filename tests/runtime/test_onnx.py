@@ -291,3 +291,26 @@ def test_int8_encoder_is_close_to_fp32(exported, backend_embedding, tmp_path, im
     # for other images while failing a broken quantisation (static QDQ measured 44%).
     assert 0 < max(errors) < 0.1, errors
     assert torch.from_numpy(int8[0]).isfinite().all()
+
+
+def test_an_onnx_directory_runs_on_onnxruntime_without_naming_it(tmp_path):
+    """--artifacts DIR (and ServerSettings.artifacts) pick the backend from the manifest."""
+    import argparse
+
+    from sam2serve.commands.model import runtime_spec
+    from sam2serve.runtime.artifacts_kind import backend_for_artifacts
+    from sam2serve.server.settings import ServerSettings
+
+    onnx_dir, other, missing = tmp_path / "onnx", tmp_path / "aot", tmp_path / "missing"
+    for directory, fmt in ((onnx_dir, "onnx"), (other, 1)):
+        directory.mkdir()
+        (directory / "manifest.json").write_text(json.dumps({"format": fmt}))
+    assert backend_for_artifacts(onnx_dir) == "onnxruntime"
+    assert backend_for_artifacts(other) == backend_for_artifacts(missing) == "artifacts"
+    flags = {"model": "tiny", "mode": "fast", "device": "cpu", "threads": None, "backend": None}
+    assert runtime_spec(argparse.Namespace(artifacts=str(onnx_dir), **flags)).backend == (
+        "onnxruntime"
+    )
+    assert runtime_spec(argparse.Namespace(artifacts=str(other), **flags)).backend == "artifacts"
+    assert ServerSettings(artifacts=str(onnx_dir)).runtime_spec().backend == "onnxruntime"
+    assert ServerSettings(artifacts=str(other)).runtime_spec().backend == "artifacts"
