@@ -24,7 +24,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.engine.video.state import VideoState, object_frame_bytes
@@ -57,8 +57,6 @@ class VideoSession:
     created: float  # time.time()
     last_used: float  # monotonic
     busy_with: str | None = None  # the operation running on it, if any
-    # Frames whose masks the last propagation streamed, per direction (for GET).
-    frames_done: dict[str, int] = field(default_factory=dict)
 
     def describe(self, limits: SessionLimits, now: float) -> dict[str, object]:
         return {
@@ -198,25 +196,18 @@ class VideoSessions:
         del self._sessions[session_id]
         return session
 
-    def acquire(self, session: VideoSession, operation: str) -> None:
-        """Hold ``session`` for ``operation``, or 409 if another request holds it."""
+    @contextlib.contextmanager
+    def using(self, session: VideoSession, operation: str) -> Iterator[VideoSession]:
+        """Hold ``session`` for ``operation`` (409 if another request holds it); on leaving
+        it is touched: its idle time starts then."""
         if session.busy_with is not None:
             raise _busy(session)
         session.busy_with = operation
-
-    def release(self, session: VideoSession) -> None:
-        """Let ``session`` go (touched: its idle time starts now)."""
-        session.busy_with = None
-        session.last_used = self.clock()
-
-    @contextlib.contextmanager
-    def using(self, session: VideoSession, operation: str) -> Iterator[VideoSession]:
-        """Hold ``session`` for the block (409 if another request holds it)."""
-        self.acquire(session, operation)
         try:
             yield session
         finally:
-            self.release(session)
+            session.busy_with = None
+            session.last_used = self.clock()
 
     def reap(self) -> list[str]:
         """Close the sessions idle past ``idle_s`` (never one in use); their ids."""

@@ -146,10 +146,7 @@ async def get_session(session_id: str, service: ServiceDep, videos: VideosDep) -
     summary="Close a tracking session and free its memory",
 )
 async def close_session(session_id: str, service: ServiceDep, videos: VideosDep) -> Response:
-    session = videos.close(session_id)
-    description = _session_out(session, videos, service)
-    session.state.objects.clear()
-    return json_response(description)
+    return json_response(_session_out(videos.close(session_id), videos, service))
 
 
 @router.post(
@@ -353,7 +350,7 @@ async def propagate(
             f"(POST /v1/videos/{session.session_id}/prompts)",
         )
     loop = asyncio.get_running_loop()
-    frames: asyncio.Queue[list[ObjectMask] | tuple[int, list[ObjectMask]]] = asyncio.Queue()
+    frames: asyncio.Queue[tuple[int, list[ObjectMask]]] = asyncio.Queue()
 
     def run(context: JobContext) -> int:
         count = 0
@@ -371,15 +368,15 @@ async def propagate(
                 context.check()  # stops if the client left; lets waiting clicks run
         return count
 
-    videos.acquire(session, "propagate")
-    try:
-        with service.bulk_slot(client_address(request)):
-            handle = service.submit_job("video_propagate", run, bulk=True)
-    except BaseException:
-        videos.release(session)
-        raise
-    # The session stays busy until the job has really ended, not just until the stream does.
-    handle.future.add_done_callback(lambda _: loop.call_soon_threadsafe(videos.release, session))
+    # The session and the client's bulk slot are held until the job has really ended,
+    # not just until the stream does.
+    held = contextlib.ExitStack()
+    with held:
+        held.enter_context(videos.using(session, "propagate"))
+        held.enter_context(service.bulk_slot(client_address(request)))
+        handle = service.submit_job("video_propagate", run, bulk=True)
+        held = held.pop_all()
+    handle.future.add_done_callback(lambda _: loop.call_soon_threadsafe(held.close))
     stream = _frame_events(handle, frames, body.mask_format, service)
     return StreamingResponse(
         stream,
