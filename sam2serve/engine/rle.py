@@ -12,12 +12,20 @@ dependency (the tests check it against pycocotools byte for byte).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["area_from_rle", "coco_to_rle", "masks_to_rle", "rle_to_coco", "rle_to_mask"]
+__all__ = [
+    "area_from_rle",
+    "coco_to_rle",
+    "masks_to_coco",
+    "masks_to_rle",
+    "rle_to_coco",
+    "rle_to_mask",
+]
 
 Rle = dict[str, Any]
 
@@ -33,43 +41,89 @@ _BITS_PER_CHAR = 5
 _MAX_CHARS_PER_COUNT = 7
 
 
+def _run_lengths(masks: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Run lengths of a batch of boolean masks (B, H, W), column-major, each mask's runs
+    starting with zeros: (runs, offsets), mask ``i``'s counts being
+    ``runs[offsets[i]:offsets[i + 1]]``.
+
+    Where the runs change is found on the device for the whole batch and crosses to the
+    host in one transfer; the rest is a few numpy passes over the change points."""
+    batch, h, w = masks.shape
+    n_pixels = h * w
+    # Column-major per mask; bool -> uint8 is a free view and transposes faster.
+    flat = masks.view(torch.uint8).transpose(1, 2).reshape(batch, n_pixels)
+    # A boundary before every pixel that differs from the previous one, plus one at each
+    # mask's start and end: consecutive boundaries of a mask delimit its runs.
+    boundary = torch.empty((batch, n_pixels + 1), dtype=torch.bool, device=masks.device)
+    boundary[:, 0] = True
+    boundary[:, n_pixels] = True
+    torch.ne(flat[:, 1:], flat[:, :-1], out=boundary[:, 1:n_pixels])
+    if masks.device.type == "cpu":
+        # numpy's flatnonzero is several times faster than torch's nonzero on the CPU.
+        where = np.flatnonzero(boundary.numpy())
+        first_set = flat[:, 0].numpy().astype(bool)
+    else:
+        index_dtype = torch.int32 if boundary.numel() < 2**31 else torch.int64
+        nonzero = boundary.reshape(-1).nonzero().squeeze(1)
+        payload = torch.cat([flat[:, 0].to(index_dtype), nonzero.to(index_dtype)])
+        payload = payload.cpu().numpy().astype(np.int64)  # the one host transfer
+        first_set, where = payload[:batch].astype(bool), payload[batch:]
+    # Boundaries up to the end of each mask; the step from a mask's end to the next
+    # mask's start is not a run.
+    ends = np.searchsorted(where, np.arange(1, batch + 1) * (n_pixels + 1))
+    runs = np.delete(np.diff(where), ends[:-1] - 1)
+    lengths = np.diff(ends, prepend=0) - 1
+    # Counts start with zeros: a mask whose first pixel is set gets a leading 0 run.
+    if first_set.any():
+        runs = np.insert(runs, np.cumsum(lengths)[first_set] - lengths[first_set], 0)
+        lengths = lengths + first_set
+    return runs, np.concatenate(([0], np.cumsum(lengths)))
+
+
 def masks_to_rle(masks: torch.Tensor) -> list[Rle]:
     """Uncompressed RLEs of a batch of boolean masks (B, H, W), on any device.
 
-    Change points are found on the device for the whole batch at once and copied to the
-    host in one transfer; the per-mask split happens on the host with numpy.
+    Runs are found on the device for the whole batch at once and copied to the host in one
+    transfer; the per-mask split happens on the host with numpy.
     """
+    _check_masks(masks)
+    batch, h, w = masks.shape
+    if batch == 0:
+        return []
+    if h * w == 0:
+        # pycocotools encodes an empty image as a single zero-length run.
+        return [{"size": [h, w], "counts": [0]} for _ in range(batch)]
+    runs, offsets = _run_lengths(masks)
+    return [
+        {"size": [h, w], "counts": runs[offsets[i] : offsets[i + 1]].tolist()} for i in range(batch)
+    ]
+
+
+def masks_to_coco(masks: torch.Tensor) -> tuple[list[Rle], list[int]]:
+    """COCO compressed RLEs and areas of a batch of boolean masks (B, H, W), on any device:
+    ``masks_to_rle`` then ``rle_to_coco`` and ``area_from_rle`` for the whole batch, with
+    no Python list of counts in between (a noisy mask has ~10^5 runs)."""
+    _check_masks(masks)
+    batch, h, w = masks.shape
+    if batch == 0:
+        return [], []
+    if h * w == 0:
+        return [rle_to_coco({"size": [h, w], "counts": [0]}) for _ in range(batch)], [0] * batch
+    runs, offsets = _run_lengths(masks)
+    texts = _encode_counts_batch(runs, offsets)
+    # Odd-indexed runs (within each mask) are the ones.
+    position = np.arange(runs.size) - np.repeat(offsets[:-1], np.diff(offsets))
+    ones = np.where(position % 2 == 1, runs, 0)
+    areas = np.add.reduceat(ones, offsets[:-1]) if runs.size else np.zeros(batch, np.int64)
+    # reduceat of an empty segment (never here: every mask has >= 1 run) would misreport.
+    return [{"size": [h, w], "counts": text} for text in texts], areas.tolist()
+
+
+def _check_masks(masks: torch.Tensor) -> None:
     if masks.ndim != 3:
         raise ValueError(f"masks must have shape (B, H, W), got {tuple(masks.shape)}")
     if masks.dtype != torch.bool:
         raise TypeError(f"masks must be a bool tensor, got dtype {masks.dtype}")
-    batch, h, w = masks.shape
-    n_pixels = h * w
-    if batch == 0:
-        return []
-    if n_pixels == 0:
-        # pycocotools encodes an empty image as a single zero-length run.
-        return [{"size": [h, w], "counts": [0]} for _ in range(batch)]
-
-    flat = masks.transpose(1, 2).reshape(batch, n_pixels)  # column-major per mask
-    changes = (flat[:, 1:] != flat[:, :-1]).nonzero()  # (K, 2): mask index, position
-    # Pack "first pixel set" flags and change points into one tensor: one host transfer.
-    payload = torch.cat([flat[:, 0].to(torch.int64), changes.reshape(-1)]).cpu().numpy()
-    starts_with_one = payload[:batch].astype(bool)
-    changes_np = payload[batch:].reshape(-1, 2)
-
-    # nonzero() is row-major, so each mask's change points are contiguous and sorted.
-    run_ends_per_mask = np.split(
-        changes_np[:, 1] + 1, np.searchsorted(changes_np[:, 0], np.arange(1, batch))
-    )
-    rles = []
-    for first_set, run_ends in zip(starts_with_one, run_ends_per_mask, strict=True):
-        boundaries = np.concatenate(([0], run_ends, [n_pixels]))
-        counts = np.diff(boundaries).tolist()
-        if first_set:
-            counts.insert(0, 0)
-        rles.append({"size": [h, w], "counts": counts})
-    return rles
 
 
 def _size_and_counts(rle: Rle) -> tuple[int, int, np.ndarray]:
@@ -95,29 +149,43 @@ def rle_to_mask(rle: Rle) -> np.ndarray:
 
 def area_from_rle(rle: Rle) -> int:
     """Number of set pixels: the sum of the odd-indexed (ones) runs."""
-    return int(sum(rle["counts"][1::2]))
+    counts = rle["counts"]
+    if isinstance(counts, np.ndarray):
+        return int(counts[1::2].sum())
+    return int(sum(counts[1::2]))
 
 
 def _encode_counts(counts: np.ndarray) -> str:
     """pycocotools' rleToString: counts -> compact ASCII string."""
-    values = counts.astype(np.int64)
-    # From the 4th count on, store the difference to the count two before it (same
-    # parity), which is small for smooth shapes.
-    values[3:] -= counts[1:-2].astype(np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    return _encode_counts_batch(counts, np.array([0, counts.size]))[0]
 
-    chars = np.zeros((values.size, _MAX_CHARS_PER_COUNT), dtype=np.int64)
-    emitted = np.zeros_like(chars, dtype=bool)
-    active = np.ones(values.size, dtype=bool)  # counts still emitting chars
-    remaining = values.copy()
-    for k in range(_MAX_CHARS_PER_COUNT):
-        payload = remaining & _PAYLOAD_MASK
-        remaining >>= _BITS_PER_CHAR  # arithmetic shift, as on a C long
-        # Stop once the rest is pure sign extension of the payload's top bit.
-        more = np.where(payload & _SIGN_BIT, remaining != -1, remaining != 0)
-        chars[:, k] = payload + np.where(more, _MORE_BIT, 0) + _CHAR_OFFSET
-        emitted[:, k] = active
-        active &= more
-    return chars[emitted].astype(np.uint8).tobytes().decode("ascii")
+
+def _encode_counts_batch(counts: np.ndarray, offsets: np.ndarray) -> list[str]:
+    """pycocotools' rleToString for many count lists at once: ``counts[offsets[i]:
+    offsets[i + 1]]`` -> string ``i``. Every char of every list is computed in one pass."""
+    counts = counts.astype(np.int64, copy=False)
+    lengths = np.diff(offsets)
+    position = np.arange(counts.size) - np.repeat(offsets[:-1], lengths)
+    # From the 4th count of a list on, store the difference to the count two before it
+    # (same parity), which is small for smooth shapes.
+    values = counts.copy()
+    delta = np.flatnonzero(position >= 3)
+    values[delta] -= counts[delta - 2]
+    # Chars per value: 5 payload bits each, the top one of the last char the sign, so
+    # a value needs bit_length(v if v >= 0 else ~v) // 5 + 1 chars.
+    magnitude = values ^ (values >> 63)
+    bit_length = np.frexp(magnitude.astype(np.float64))[1]  # exact below 2**53
+    n_chars = bit_length // _BITS_PER_CHAR + 1
+    char_starts = np.concatenate(([0], np.cumsum(n_chars)))
+    value_of_char = np.repeat(np.arange(values.size), n_chars)
+    k = np.arange(char_starts[-1]) - char_starts[value_of_char]
+    payload = (values[value_of_char] >> (_BITS_PER_CHAR * k)) & _PAYLOAD_MASK
+    more = k < n_chars[value_of_char] - 1
+    chars = (payload + np.where(more, _MORE_BIT, 0) + _CHAR_OFFSET).astype(np.uint8)
+    text = chars.tobytes()
+    bounds = char_starts[offsets]
+    return [text[a:b].decode("ascii") for a, b in itertools.pairwise(bounds)]
 
 
 def _decode_counts(text: str | bytes) -> np.ndarray:

@@ -51,7 +51,14 @@ from sam2serve.engine.amg import AMGParams, MaskGenerator, RleEncoder
 from sam2serve.engine.image import ImageSource, load_image, preprocess
 from sam2serve.engine.masks import batched_mask_to_box, box_xyxy_to_xywh
 from sam2serve.engine.predictor import Embedding, Predictor
-from sam2serve.engine.rle import Rle, area_from_rle, coco_to_rle, masks_to_rle, rle_to_coco
+from sam2serve.engine.rle import (
+    Rle,
+    area_from_rle,
+    coco_to_rle,
+    masks_to_coco,
+    masks_to_rle,
+    rle_to_coco,
+)
 from sam2serve.engine.rle import rle_to_mask as _rle_to_mask
 
 __all__ = [
@@ -401,12 +408,12 @@ def _point_records(
         boxes = box_xyxy_to_xywh(batched_mask_to_box(masks)).float().cpu().tolist()
         ious = scores.float().cpu().tolist()
     with _stage(timer, "rle"):
-        if flags.batch_rle:
-            rles = masks_to_rle(masks)
+        if flags.batch_rle:  # the whole batch to COCO strings, no list of counts between
+            segmentations, areas = masks_to_coco(masks)
         else:  # one transfer per mask, as Meta's mask_to_rle_pytorch
             rles = [masks_to_rle(mask[None])[0] for mask in masks]
-        segmentations = [rle_to_coco(rle) for rle in rles]
-        areas = [area_from_rle(rle) for rle in rles]
+            segmentations = [rle_to_coco(rle) for rle in rles]
+            areas = [area_from_rle(rle) for rle in rles]
     return [
         {
             "segmentation": segmentation,
