@@ -33,11 +33,6 @@ def load_samples() -> dict[str, np.ndarray]:
     return {name: load_sample(name) for name in SAMPLE_NAMES}
 
 
-# The sample clip: two shapes crossing a photograph, one passing in front of the other,
-# so a tracker has motion, scale change and an occlusion to get through.
-SAMPLE_CLIP_NAME = "sample"
-
-
 def sample_clip(
     num_frames: int = 8, size: tuple[int, int] = (240, 320)
 ) -> tuple[list[np.ndarray], dict[int, list[np.ndarray]]]:

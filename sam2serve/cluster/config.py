@@ -20,13 +20,6 @@ from sam2serve.cluster.args import ConfigError, ReplicaArgs, is_int, is_number
 from sam2serve.config import MODEL_CONFIGS
 
 IMPORT_PATH = "sam2serve.cluster.app:build_app"
-AUTOSCALING_KEYS = (
-    "min_replicas",
-    "max_replicas",
-    "target_ongoing_requests",
-    "upscale_delay_s",
-    "downscale_delay_s",
-)
 
 
 def deployment_name(model: str, mode: str) -> str:

@@ -258,13 +258,6 @@ def positive_int(value: str) -> int:
     return number
 
 
-def non_negative_int(value: str) -> int:
-    number = _int(value)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}")
-    return number
-
-
 def _int(value: str) -> int:
     try:
         return int(value)

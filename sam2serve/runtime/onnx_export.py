@@ -386,10 +386,6 @@ def quantize_encoder(path: Path, method: str = "dynamic", calibration: int = 8) 
     return {**done, "tool": "onnxruntime.quantization"}
 
 
-def is_onnx_export(manifest: dict) -> bool:
-    return manifest.get("format") == FORMAT
-
-
 def check_onnx_manifest(
     manifest: dict, directory: Path, size: str | None, mode: str | None
 ) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import csv
-import dataclasses
 import io
 import ipaddress
 import os
@@ -462,8 +461,3 @@ def write_csv(result: LoadtestResult, path: Path) -> None:
         writer = csv.DictWriter(out, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-
-
-def config_from(**values: Any) -> LoadtestConfig:
-    names = {f.name for f in dataclasses.fields(LoadtestConfig)}
-    return LoadtestConfig(**{k: v for k, v in values.items() if k in names})

@@ -66,18 +66,6 @@ class ObjectTrack:
                 return outputs[frame_idx]
         return None
 
-    def clear_results(self) -> None:
-        for container in (
-            self.point_inputs,
-            self.mask_inputs,
-            self.cond_outputs,
-            self.non_cond_outputs,
-            self.temp_cond_outputs,
-            self.temp_non_cond_outputs,
-            self.frames_tracked,
-        ):
-            container.clear()
-
 
 class FeatureCache:
     """The features of at most ``capacity`` frames, least recently used evicted."""
