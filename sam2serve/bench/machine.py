@@ -1,4 +1,4 @@
-"""What the benchmark ran on: CPU, cores, memory, software versions, load average."""
+"""What the benchmark ran on: CPU and its ISA, cores, memory, software versions, load."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ __all__ = ["MachineInfo", "load_average", "machine_info"]
 @dataclass(frozen=True)
 class MachineInfo:
     cpu: str
+    cpu_isa: str  # the ISA flags that decide which precision pays (runtime.host)
+    torch_cpu_capability: str  # the widest vector ISA torch's CPU kernels dispatch to
     logical_cores: int
     torch_threads: int
     memory_gb: float | None
@@ -57,9 +59,13 @@ def _version(package: str) -> str | None:
 def machine_info() -> MachineInfo:
     import torch
 
+    from sam2serve.runtime.host import host_isa
+
     cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return MachineInfo(
         cpu=_cpu_model(),
+        cpu_isa=host_isa().describe(),
+        torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
         logical_cores=os.cpu_count() or 1,
         torch_threads=torch.get_num_threads(),
         memory_gb=_memory_gb(),

@@ -53,6 +53,7 @@ STAGE_COLOURS = {
     "postprocess": (231, 138, 195),
     "rle": (255, 217, 47),
 }
+MACHINE_COLUMNS = ("cpu_isa", "torch_cpu_capability")
 CSV_COLUMNS = (
     "task",
     "variant",
@@ -80,7 +81,14 @@ CSV_COLUMNS = (
     "first_iter_speedup",
     *(f"{stage}_ms" for stage in STAGES),
     "error",
+    *MACHINE_COLUMNS,
 )
+
+
+def machine_columns(machine: MachineInfo) -> dict[str, object]:
+    """The host's ISA on every CSV row: results of an AVX2-only and an AVX512-BF16 CPU of
+    the same name differ 2x."""
+    return {"cpu_isa": machine.cpu_isa, "torch_cpu_capability": machine.torch_cpu_capability}
 
 
 def _baseline(result: BenchResult, task: str, variant: str = "") -> RunResult | None:
@@ -195,7 +203,8 @@ def csv_text(result: BenchResult) -> str:
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
     for run in result.runs:
-        writer.writerow(_row(run, _baseline(result, run.task, run.variant)))
+        row = _row(run, _baseline(result, run.task, run.variant))
+        writer.writerow(row | machine_columns(result.machine))
     return out.getvalue()
 
 
@@ -327,7 +336,8 @@ def header_lines(result: RunHeader, title: str) -> list[str]:
         "",
         f"- **command:** `{config.command}`",
         f"- **date:** {result.started} (the run took {result.duration_s / 60:.1f} min)",
-        f"- **machine:** {machine.cpu}, {machine.logical_cores} logical cores "
+        f"- **machine:** {machine.cpu} ({machine.cpu_isa}; torch CPU capability "
+        f"{machine.torch_cpu_capability}), {machine.logical_cores} logical cores "
         f"(torch uses {machine.torch_threads} threads), "
         + (f"{machine.memory_gb:.0f} GiB RAM, " if machine.memory_gb else "")
         + f"{machine.os}; {device}",

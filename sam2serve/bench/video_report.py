@@ -9,6 +9,7 @@ import io
 from pathlib import Path
 
 from sam2serve.bench.report import (
+    MACHINE_COLUMNS,
     Bar,
     _accuracy_cells,
     _ms,
@@ -19,6 +20,7 @@ from sam2serve.bench.report import (
     bar_chart,
     header_lines,
     latency_columns,
+    machine_columns,
     write_files,
 )
 from sam2serve.bench.runner import BASELINE, REFERENCE
@@ -56,6 +58,7 @@ VIDEO_CSV_COLUMNS = (
     "p90_speedup",
     "frames_per_s_speedup",
     "error",
+    *MACHINE_COLUMNS,
 )
 BAR_COLOUR = (102, 194, 165)
 
@@ -114,7 +117,7 @@ def video_csv_text(result: VideoBenchResult) -> str:
     writer = csv.DictWriter(out, fieldnames=VIDEO_CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
     for run in result.runs:
-        writer.writerow(_row(run, _baseline(result, run.objects)))
+        writer.writerow(_row(run, _baseline(result, run.objects)) | machine_columns(result.machine))
     return out.getvalue()
 
 

@@ -24,7 +24,7 @@ from PIL import Image
 
 from sam2serve import cli
 from sam2serve.bench.reference import COMPAT_DIR, missing_requirements
-from sam2serve.bench.report import CSV_COLUMNS
+from sam2serve.bench.report import CSV_COLUMNS, MACHINE_COLUMNS
 from sam2serve.engine.tasks import STAGES
 
 HAS_SAM2 = not missing_requirements()
@@ -100,7 +100,7 @@ def test_csv_has_every_column_and_a_row_per_task_and_mode(bench):
     assert [(r["task"], r["mode"]) for r in rows] == [
         (task, mode) for task in TASKS for mode in ["baseline", *[m for m in MODES[1:]]]
     ]
-    text = ("task", "variant", "mode", "cache", "error", "miou")
+    text = ("task", "variant", "mode", "cache", "error", "miou", *MACHINE_COLUMNS)
     numeric = [c for c in CSV_COLUMNS if c not in text]
     for row in rows:
         assert row["error"] == "" and row["cache"] == "cold"

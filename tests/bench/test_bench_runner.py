@@ -8,12 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from pycocotools import mask as mask_utils
 
 from sam2serve.bench import metrics, runner
 from sam2serve.bench.report import CSV_COLUMNS, csv_text, markdown
 from sam2serve.bench.runner import BenchConfig, BenchError, BenchImage, RunResult
 from sam2serve.engine.amg import AMGParams
+from sam2serve.runtime.host import host_isa
 
 
 def coco(mask: np.ndarray) -> dict:
@@ -94,6 +96,12 @@ def test_baseline_first_and_missing_sam2_is_a_clear_row(tmp_path, fake_workers, 
     lines = csv_text(result).splitlines()
     assert lines[0].split(",") == list(CSV_COLUMNS)
     assert len(lines) == 1 + 3 * 3
+    # The host's ISA is on the machine line and on every row: two CPUs of one name differ.
+    isa = host_isa().describe()
+    assert f"({isa}; torch CPU capability" in text
+    assert all(
+        line.endswith(f",{isa},{torch.backends.cpu.get_cpu_capability()}") for line in lines[1:]
+    )
 
 
 def test_random_weights_use_grid_prompts_and_say_so(tmp_path, fake_workers, monkeypatch):
