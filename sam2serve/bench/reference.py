@@ -1,9 +1,9 @@
 """Mode ``reference``: Meta's own ``sam2`` code on the same weights, as a benchmark row.
 
 Meta's package imports torchvision, which sam2serve does not depend on; when the real one
-is not importable, :func:`activate` puts the stand-in of :mod:`sam2serve.bench.meta_compat`
-on ``sys.path``. Only the reference worker process calls it, so no other process ever
-sees the stand-in. The model is built with Meta's ``build_sam2`` (Hydra configs, strict
+is not importable, :func:`activate` puts the repository's stand-in (``tests/shim``, the
+tests' oracle uses the same; it is not in the wheel) on ``sys.path``. Only the reference
+worker process calls it, so no other process ever sees the stand-in. The model is built with Meta's ``build_sam2`` (Hydra configs, strict
 checkpoint loading), and the tasks are run the way the published experiment ran its
 baseline: ``SAM2AutomaticMaskGenerator.generate`` for AMG, ``SAM2ImagePredictor.predict``
 on the largest mask's point for SPS and once per point for MPS, masks to RLE with Meta's
@@ -39,24 +39,31 @@ __all__ = [
 ]
 
 META_SIZES = {"tiny": "t", "small": "s", "base_plus": "b+", "large": "l"}
-COMPAT_DIR = Path(__file__).resolve().parent / "meta_compat"
+# The torchvision stand-in, in a checkout of the repository (editable installs).
+STANDIN_DIR = Path(__file__).resolve().parents[2] / "tests" / "shim"
 # Meta's package and the modules it imports that sam2serve does not install.
 REQUIREMENTS = {"sam2": "sam2==1.1.0", "hydra": "hydra-core", "iopath": "iopath"}
+TORCHVISION_MISSING = "torchvision (or a checkout of the sam2serve repository: its stand-in)"
 MISSING_MESSAGE = (
     "mode 'reference' needs Meta's sam2 package, which is not installed here ({missing}); "
     "install it with: pip install hydra-core iopath && pip install --no-deps "
-    "--no-build-isolation sam2==1.1.0"
+    "--no-build-isolation sam2==1.1.0 (Meta's code also imports torchvision: without it, "
+    "run the benchmark from a checkout of the repository, whose tests/shim stands in)"
 )
 
 
 def missing_requirements() -> list[str]:
     """The packages mode ``reference`` needs that cannot be imported (without importing
     them: importing sam2 initialises Hydra)."""
-    return [
+    missing = [
         package
         for module, package in REQUIREMENTS.items()
         if importlib.util.find_spec(module) is None
     ]
+    standin = (STANDIN_DIR / "torchvision" / "__init__.py").is_file()
+    if importlib.util.find_spec("torchvision") is None and not standin:
+        missing.append(TORCHVISION_MISSING)
+    return missing
 
 
 def _real_torchvision_importable() -> bool:
@@ -74,11 +81,11 @@ def activate() -> str:
     missing = missing_requirements()
     if missing:
         raise RuntimeError(MISSING_MESSAGE.format(missing=", ".join(missing)))
-    if str(COMPAT_DIR) in sys.path:
+    if str(STANDIN_DIR) in sys.path:
         return "sam2serve stand-in"
     if _real_torchvision_importable():
         return "torchvision"
-    sys.path.insert(0, str(COMPAT_DIR))
+    sys.path.insert(0, str(STANDIN_DIR))
     return "sam2serve stand-in"
 
 

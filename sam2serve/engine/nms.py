@@ -59,6 +59,18 @@ def box_iou(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:
     return inter / union
 
 
+def _above(iou: torch.Tensor, threshold: float) -> torch.Tensor:
+    """``iou > threshold`` with the threshold as a double, as torchvision's kernel compares
+    (``float > double``). torch would round the threshold to the IoU's dtype first: for a
+    threshold whose float32 rounding lies above it (0.3, 1/3), an IoU equal to that
+    rounding would then not count as above. In the IoU's own dtype, ``x > threshold`` is
+    ``x >= t`` when the rounding ``t`` is above the threshold and ``x > t`` otherwise."""
+    if iou.dtype == torch.float64:
+        return iou > threshold
+    rounded = torch.tensor(threshold, dtype=iou.dtype).item()
+    return iou >= rounded if rounded > threshold else iou > rounded
+
+
 def _check_inputs(boxes: torch.Tensor, scores: torch.Tensor) -> None:
     if boxes.ndim != 2 or boxes.shape[-1] != 4:
         raise ValueError(f"boxes must have shape (N, 4), got {tuple(boxes.shape)}")
@@ -123,7 +135,7 @@ def _nms_with_groups(
     # A stable sort makes ties deterministic: equal scores keep their input order.
     order = torch.sort(scores, descending=True, stable=True).indices
     sorted_boxes = boxes[order]
-    suppresses = box_iou(sorted_boxes, sorted_boxes) > iou_threshold
+    suppresses = _above(box_iou(sorted_boxes, sorted_boxes), iou_threshold)
     if idxs is not None:
         # Only boxes of the same category compete. torchvision gets this by offsetting
         # each category's coordinates far apart; masking the IoU matrix is equivalent

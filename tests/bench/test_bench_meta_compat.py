@@ -1,7 +1,7 @@
-"""The torchvision stand-in the reference worker gives Meta's code: torchvision's box
-semantics (checked against the tests' own, independent shim) and SAM2Transforms' input
-pipeline equal to sam2serve's preprocessing. The modules are loaded from their files,
-so this test process never puts the stand-in on sys.path."""
+"""The torchvision stand-in (tests/shim) that the oracle and the benchmark's reference
+worker give Meta's code: torchvision's box semantics (and the same boxes kept as
+sam2serve's own NMS, an independent implementation) and SAM2Transforms' input pipeline
+equal to sam2serve's preprocessing. The modules are loaded from their files."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import pytest
 import torch
 from skimage import data
 
-from sam2serve.bench.reference import COMPAT_DIR, meta_config_name
+from sam2serve.bench import reference
+from sam2serve.bench.reference import STANDIN_DIR, meta_config_name
 from sam2serve.engine.image import preprocess
+from sam2serve.engine.nms import batched_nms
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -30,17 +32,17 @@ def load(path: Path, name: str):
 
 @pytest.fixture(scope="module")
 def boxes():
-    return load(COMPAT_DIR / "torchvision" / "ops" / "boxes.py", "compat_boxes")
-
-
-@pytest.fixture(scope="module")
-def shim_boxes():
-    return load(TESTS / "shim" / "torchvision" / "ops" / "boxes.py", "shim_boxes")
+    return load(STANDIN_DIR / "torchvision" / "ops" / "boxes.py", "standin_boxes")
 
 
 @pytest.fixture(scope="module")
 def transforms():
-    return load(COMPAT_DIR / "torchvision" / "transforms" / "__init__.py", "compat_transforms")
+    return load(STANDIN_DIR / "torchvision" / "transforms" / "__init__.py", "standin_transforms")
+
+
+def test_the_bench_finds_the_one_stand_in_of_the_tests():
+    assert STANDIN_DIR == TESTS / "shim"
+    assert (STANDIN_DIR / "torchvision" / "__init__.py").is_file()
 
 
 def test_iou_equal_to_the_threshold_does_not_suppress(boxes):
@@ -74,7 +76,7 @@ def test_categories_are_kept_apart(boxes):
     assert boxes.batched_nms(same_box, scores, torch.tensor([1, 1]), 0.5).tolist() == [1]
 
 
-def test_matches_the_independent_shim_on_random_boxes(boxes, shim_boxes):
+def test_keeps_what_sam2serves_own_nms_keeps_on_random_boxes(boxes):
     generator = torch.Generator().manual_seed(0)
     for _ in range(20):
         n = 40
@@ -85,7 +87,7 @@ def test_matches_the_independent_shim_on_random_boxes(boxes, shim_boxes):
         groups = torch.randint(0, 3, (n,), generator=generator)
         for threshold in (0.3, 0.7):
             ours = boxes.batched_nms(xyxy, scores, groups, threshold)
-            theirs = shim_boxes.batched_nms(xyxy, scores, groups, threshold)
+            theirs = batched_nms(xyxy, scores, groups, threshold)
             assert sorted(ours.tolist()) == sorted(theirs.tolist())
             assert ours.tolist() == sorted(ours.tolist(), key=lambda i: -float(scores[i]))
 
@@ -107,10 +109,11 @@ def test_sam2_transforms_pipeline_equals_our_preprocessing(transforms):
     assert tensor.shape == (1, 3, 4) and tensor.dtype == torch.float32
 
 
-def test_the_stand_in_is_not_on_this_process_path():
-    assert str(COMPAT_DIR) not in sys.path
-    module = sys.modules.get("torchvision")
-    assert module is None or "meta_compat" not in str(getattr(module, "__file__", ""))
+def test_checking_for_the_reference_leaves_this_process_path_alone():
+    """Only the reference worker process activates the stand-in."""
+    before = list(sys.path)
+    assert reference.TORCHVISION_MISSING not in reference.missing_requirements()
+    assert sys.path == before
 
 
 def test_meta_config_names():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sam2serve.engine.nms import batched_nms, box_area, box_iou, nms
+from sam2serve.engine.nms import _nms_with_groups, batched_nms, box_area, box_iou, nms
 
 
 def python_iou(a: list[float], b: list[float]) -> float:
@@ -69,6 +69,22 @@ def test_iou_equal_to_threshold_is_not_suppressed():
     scores = torch.tensor([1.0, 0.5])
     assert nms(boxes, scores, 0.5).tolist() == [0, 1]
     assert nms(boxes, scores, 0.49).tolist() == [0]
+
+
+def test_float_iou_is_compared_with_the_threshold_as_a_double():
+    """torchvision's kernel compares ``float IoU > double threshold``: IoU 1/3 in float32 is
+    0.33333334, above the double 1/3, so it suppresses; in float64 it ties and does not.
+    torch's own ``tensor > 1/3`` would round the threshold to float32 and keep both."""
+    pair = torch.tensor([[0.0, 0.0, 4.0, 2.0], [2.0, 0.0, 6.0, 2.0]])  # IoU 4 / 12
+    scores = torch.tensor([0.9, 0.8])
+    for on_device in (False, True):
+        keep = _nms_with_groups(pair, scores, None, 1 / 3, on_device=on_device)
+        assert keep.tolist() == [0]
+        keep = _nms_with_groups(pair.double(), scores, None, 1 / 3, on_device=on_device)
+        assert keep.tolist() == [0, 1]
+    # A threshold whose float32 rounding lies below it: the tie does not suppress.
+    square = torch.tensor([[0.0, 0.0, 10.0, 10.0], [0.0, 0.0, 10.0, 7.0]])  # IoU 0.7
+    assert nms(square, scores, 0.7).tolist() == [0, 1]
 
 
 def test_suppressed_boxes_do_not_suppress():

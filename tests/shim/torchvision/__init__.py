@@ -1,10 +1,13 @@
-"""Test-only stand-in for the parts of torchvision Meta's sam2 imports.
+"""Stand-in for the parts of torchvision that Meta's sam2 imports; the project's only one.
 
-torchvision is not installable next to this torch build, but Meta's reference code
-imports it (transforms for SAM2Transforms, box ops for the mask generator). This shim
-implements just those pieces with torchvision's semantics so the reference can run as an
-oracle. It is put on sys.path only when the real torchvision is missing (see
-tests/reference.py); it is never part of the sam2serve package.
+torchvision is not installable next to this torch build, but Meta's code imports it
+(transforms for SAM2Transforms, box ops for the mask generator). This package implements
+just those pieces with torchvision's semantics, independently of sam2serve's own code, so
+Meta's code can run as the tests' oracle (tests/reference.py) and as the benchmark's
+``reference`` row (sam2serve/bench/reference.py puts it on sys.path inside that worker
+process only). It is put on sys.path only when the real torchvision is missing, and it is
+never part of the sam2serve package: the benchmark finds it in a checkout of the
+repository.
 """
 
 __version__ = "0.0.0+sam2serve.shim"

@@ -1,4 +1,4 @@
-"""torchvision.ops stand-in for the fidelity tests (see boxes.py)."""
+"""torchvision.ops stand-in (see boxes.py)."""
 
 from torchvision.ops.boxes import batched_nms, box_area, box_iou, nms
 
