@@ -1,13 +1,13 @@
-"""Find, fetch, verify and load SAM2 checkpoints — or build a seeded random model.
+"""Find, fetch and load SAM2 checkpoints — or build a seeded random model.
 
 Resolution order for ``load_model(size, checkpoint=...)``:
 
 1. an explicit path (a missing file is an error, never a silent fallback);
-2. the cache directory, ``$SAM2SERVE_CACHE`` or ``~/.cache/sam2serve/checkpoints``,
-   holding Meta's file names (``sam2.1_hiera_tiny.pt``, then SAM2.0's ``sam2_hiera_tiny.pt``);
+2. the cache's ``checkpoints`` directory (:mod:`sam2serve.cache`:
+   ``$SAM2SERVE_CACHE/checkpoints``, by default ``~/.cache/sam2serve/checkpoints``) holding
+   Meta's file names (``sam2.1_hiera_tiny.pt``, then SAM2.0's ``sam2_hiera_tiny.pt``);
 3. a download of the SAM2.1 file from Meta's published URL into that directory, with a
-   progress bar and a sha256 check when the hash is known (set ``SAM2SERVE_OFFLINE=1``
-   to skip the attempt);
+   progress bar, its sha256 printed (set ``SAM2SERVE_OFFLINE=1`` to skip the attempt);
 4. otherwise a :class:`CheckpointError` that says where to put the file.
 
 ``load_model`` builds the image path and skips the video keys by name;
@@ -27,13 +27,12 @@ from pathlib import Path
 
 import torch
 
+from sam2serve.cache import CACHE_ENV, cache_path
 from sam2serve.config import ModelConfig, get_config
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.modeling.sam2_video import SAM2Video
 
-CACHE_ENV = "SAM2SERVE_CACHE"
 OFFLINE_ENV = "SAM2SERVE_OFFLINE"
-DEFAULT_CACHE_DIR = Path("~/.cache/sam2serve/checkpoints")
 SAM21_URL = "https://dl.fbaipublicfiles.com/segment_anything_2/092824/{name}"
 DOWNLOAD_TIMEOUT_S = 20.0
 
@@ -74,7 +73,8 @@ class WeightsInfo:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR).expanduser()
+    """Where checkpoints are looked for and downloaded to."""
+    return cache_path("checkpoints")
 
 
 def is_video_key(key: str) -> bool:
@@ -103,7 +103,7 @@ def resolve_checkpoint(cfg: ModelConfig, checkpoint: str | Path | None) -> Path:
     raise CheckpointError(
         f"no checkpoint for model {cfg.name!r}: {reason}. Put {primary} (or "
         f"{', '.join(cfg.checkpoint_names[1:])}) in {directory} (set ${CACHE_ENV} to use "
-        f"another directory), pass --checkpoint PATH, or use --random-weights for a smoke run"
+        f"another cache root), pass --checkpoint PATH, or use --random-weights for a smoke run"
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -68,12 +70,26 @@ def test_explicit_missing_path_is_an_error(tmp_path):
 
 
 def test_cache_dir_resolution_prefers_sam21(tmp_path, monkeypatch):
+    """$SAM2SERVE_CACHE is the cache root: checkpoints live in its checkpoints/ folder."""
     monkeypatch.setenv(ckpt.CACHE_ENV, str(tmp_path))
     cfg = get_config("tiny")
-    (tmp_path / "sam2_hiera_tiny.pt").write_bytes(b"x")
-    assert ckpt.resolve_checkpoint(cfg, None) == tmp_path / "sam2_hiera_tiny.pt"
-    (tmp_path / "sam2.1_hiera_tiny.pt").write_bytes(b"x")
-    assert ckpt.resolve_checkpoint(cfg, None) == tmp_path / "sam2.1_hiera_tiny.pt"
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    (folder / "sam2_hiera_tiny.pt").write_bytes(b"x")
+    assert ckpt.resolve_checkpoint(cfg, None) == folder / "sam2_hiera_tiny.pt"
+    (folder / "sam2.1_hiera_tiny.pt").write_bytes(b"x")
+    assert ckpt.resolve_checkpoint(cfg, None) == folder / "sam2.1_hiera_tiny.pt"
+
+
+def test_one_cache_root_for_checkpoints_artifacts_and_the_cluster(tmp_path, monkeypatch):
+    """Every surface reads the root when it needs it, not at import time."""
+    from sam2serve.cache import cache_path, cache_root
+
+    monkeypatch.setenv(ckpt.CACHE_ENV, str(tmp_path))
+    assert cache_root() == tmp_path
+    assert ckpt.cache_dir() == cache_path("checkpoints") == tmp_path / "checkpoints"
+    monkeypatch.delenv(ckpt.CACHE_ENV)
+    assert cache_root() == Path("~/.cache/sam2serve").expanduser()
 
 
 def test_offline_message_says_where_to_put_the_file(tmp_path, monkeypatch):
@@ -82,7 +98,7 @@ def test_offline_message_says_where_to_put_the_file(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError) as err:
         load_model("large")
     message = str(err.value)
-    assert "sam2.1_hiera_large.pt" in message and str(tmp_path) in message
+    assert "sam2.1_hiera_large.pt" in message and str(tmp_path / "checkpoints") in message
     assert "--random-weights" in message
 
 
@@ -92,7 +108,7 @@ def test_failed_download_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(ckpt, "SAM21_URL", "http://127.0.0.1:9/{name}")  # closed port
     with pytest.raises(CheckpointError, match="download failed"):
         load_model("tiny")
-    assert not list(tmp_path.glob("*.pt")), "no partial file may be left behind"
+    assert not list(tmp_path.rglob("*.pt*")), "no partial file may be left behind"
 
 
 def test_unknown_size():

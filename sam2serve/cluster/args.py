@@ -2,10 +2,11 @@
 
 A replica's model comes from exactly one of two places:
 
-- ``artifacts``: a ``sam2serve export`` directory (or fsspec URI), run by backend
-  ``artifacts``: nothing compiled at start-up, but CPU only (AOTInductor packages
-  compiled for CUDA segfaulted when loaded on an H100, so ``sam2serve export`` refuses
-  ``--device cuda``; see ``ARTIFACT_IMAGE_PATH_DEVICES`` in sam2serve.runtime.backends);
+- ``artifacts``: a ``sam2serve export`` directory (or fsspec URI), run by the backend
+  its manifest calls for (``artifacts``; ``onnxruntime`` for an ONNX export), decided by
+  :func:`sam2serve.runtime.backend_choice.choose_backend` like every surface's: nothing
+  compiled at start-up, CPU only for ``artifacts`` (see ``ARTIFACT_IMAGE_PATH_DEVICES`` in
+  sam2serve.runtime.backends);
 - ``checkpoint``: an official SAM 2.1 checkpoint file (or fsspec URI), run by a backend
   that starts from weights (``eager``, ``compile``, ...) on the CPU or on the GPU Ray
   assigns the replica. This is how a replica runs on a GPU.
@@ -24,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sam2serve.config import MODEL_SIZES
+from sam2serve.runtime.backend_choice import BackendChoiceError, choose_backend
 from sam2serve.runtime.backends import BACKENDS, BackendInfo
 from sam2serve.runtime.modes import MODES
-from sam2serve.runtime.spec import RuntimeSpec, default_backend
+from sam2serve.runtime.spec import RuntimeSpec
 from sam2serve.server.settings import ServerSettings
 
-EXPORT_MODES = BACKENDS["artifacts"].modes or ()  # the modes 'sam2serve export' writes
 DEFAULT_IMAGES_PER_REPLICA = 32
 # A replica runs on the CPU or on the one GPU Ray assigns it (always its cuda:0).
 REPLICA_DEVICES = ("cpu", "cuda")
@@ -53,9 +54,6 @@ NOT_SERVER_KEYS = frozenset(
 SERVER_KEYS = tuple(
     f.name for f in dataclasses.fields(ServerSettings) if f.name not in NOT_SERVER_KEYS
 )
-# The backends a checkpoint can be run by (those that start from weights).
-WEIGHT_BACKENDS = tuple(name for name, info in BACKENDS.items() if not info.needs_artifacts)
-ARTIFACT_BACKENDS = tuple(name for name, info in BACKENDS.items() if info.needs_artifacts)
 
 
 class ConfigError(ValueError):
@@ -80,8 +78,8 @@ class ReplicaArgs:
     # read, or an fsspec URI), or an official SAM 2.1 checkpoint file (path or URI).
     artifacts: str | None = None
     checkpoint: str | None = None
-    # What runs the model (sam2serve.runtime.backends); None: 'artifacts' for artifacts,
-    # 'eager' for a checkpoint.
+    # What runs the model (sam2serve.runtime.backends); None or 'auto': the backend the
+    # artifacts' manifest calls for, or the mode's for a checkpoint (choose_backend).
     backend: str | None = None
     artifacts_cache: str | None = None  # where artifacts URIs are copied (default: ~/.cache)
     checkpoint_cache: str | None = None  # where checkpoint URIs are copied (default: ~/.cache)
@@ -125,20 +123,19 @@ class ReplicaArgs:
         assert location is not None  # checked: exactly one is given
         return location
 
-    @property
-    def runtime_backend(self) -> str:
-        """The backend that runs the model, the default for its source filled in."""
-        if self.backend is not None:
-            return self.backend
-        return ARTIFACT_BACKENDS[0] if self.artifacts is not None else default_backend(self.mode)
+    def runtime_backend(self, artifacts_dir: str | None = None) -> str:
+        """The backend that runs the model (BackendChoiceError if none can).
+        ``artifacts_dir``: the artifacts fetched to this node, whose manifest says which
+        backend runs them (a URI cannot be read before it is fetched)."""
+        return choose_backend(self.backend, self.mode, self.device, artifacts_dir or self.artifacts)
 
-    def runtime_spec(self, threads: int | None) -> RuntimeSpec:
+    def runtime_spec(self, threads: int | None, artifacts_dir: str | None = None) -> RuntimeSpec:
         """How a replica runs the model. Ray sets CUDA_VISIBLE_DEVICES to the GPU it
         assigned, so "cuda" is always that GPU (the replica's cuda:0)."""
         return RuntimeSpec(
             model=self.model,
             mode=self.mode,
-            backend=self.runtime_backend,
+            backend=self.runtime_backend(artifacts_dir),
             device=self.device,
             threads=self.threads or threads,
         )
@@ -198,35 +195,15 @@ class ReplicaArgs:
                     f"copied, but this replica loads {self.source_kind} {self.source_location!r}"
                     f"; remove it (or use {self.source_kind}_cache)"
                 )
-        name = self.runtime_backend
-        if not isinstance(name, str) or name not in BACKENDS:
-            raise ConfigError(
-                f"{where}.backend: {name!r} is not a backend; accepted: "
-                f"{', '.join(WEIGHT_BACKENDS)} (with checkpoint), "
-                f"{', '.join(ARTIFACT_BACKENDS)} (with artifacts)"
-            )
-        backend = BACKENDS[name]
-        if backend.needs_artifacts and self.artifacts is None:
-            raise ConfigError(
-                f"{where}.backend: {name!r} runs 'sam2serve export' artifacts, but this replica "
-                f"loads checkpoint {self.checkpoint!r}; accepted with a checkpoint: "
-                f"{', '.join(WEIGHT_BACKENDS)} (or give artifacts instead)"
-            )
-        if not backend.needs_artifacts and self.artifacts is not None:
-            raise ConfigError(
-                f"{where}.backend: {name!r} starts from weights, but this replica loads "
-                f"artifacts {self.artifacts!r}; accepted with artifacts: "
-                f"{', '.join(ARTIFACT_BACKENDS)} (or give a checkpoint instead)"
-            )
-        return backend
+        if self.backend is not None and not isinstance(self.backend, str):
+            raise ConfigError(f"{where}.backend: expected a backend name, got {self.backend!r}")
+        try:
+            return BACKENDS[self.runtime_backend()]
+        except BackendChoiceError as exc:
+            raise ConfigError(f"{where}.backend: {exc}") from None
 
     def _check_mode_and_device(self, backend: BackendInfo, where: str) -> None:
         """The mode and the device the backend runs, as the runtime's registry lists them."""
-        if self.artifacts is not None and self.mode not in EXPORT_MODES:
-            raise ConfigError(
-                f"{where}.mode: {self.mode!r} has no export artifacts; "
-                f"accepted: {', '.join(EXPORT_MODES)}"
-            )
         modes = backend.modes or tuple(MODES)
         if self.mode not in modes:
             raise ConfigError(
@@ -261,7 +238,7 @@ class ReplicaArgs:
         return ServerSettings(
             model=self.model,
             mode=self.mode,
-            backend=self.runtime_backend,
+            backend=self.runtime_backend(),
             artifacts=self.artifacts,
             checkpoint=self.checkpoint,
             device=self.device,

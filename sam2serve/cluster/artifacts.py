@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sam2serve.cache import cache_path
 from sam2serve.runtime.export import MANIFEST, ArtifactError
-
-DEFAULT_CACHE_DIR = (
-    Path(os.environ.get("SAM2SERVE_CACHE", Path.home() / ".cache" / "sam2serve")) / "artifacts"
-)
 
 
 @dataclass(frozen=True)
@@ -60,7 +56,7 @@ def resolve_artifacts(location: str, cache_dir: str | Path | None = None) -> Loc
             )
         digest = hashlib.sha256(manifest.read_bytes()).hexdigest()
         return LocalArtifacts(directory, location, False, digest, time.perf_counter() - started)
-    return _fetch(location, Path(cache_dir or DEFAULT_CACHE_DIR), started)
+    return _fetch(location, Path(cache_dir or cache_path("artifacts")), started)
 
 
 def _fetch(uri: str, cache_dir: Path, started: float) -> LocalArtifacts:

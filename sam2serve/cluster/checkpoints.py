@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import posixpath
 import shutil
 import tempfile
@@ -24,12 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sam2serve.cache import cache_path
 from sam2serve.checkpoint import CheckpointError
 from sam2serve.cluster.artifacts import is_uri
 
-DEFAULT_CACHE_DIR = (
-    Path(os.environ.get("SAM2SERVE_CACHE", Path.home() / ".cache" / "sam2serve")) / "checkpoints"
-)
 SHA256_FILE = "sha256"  # written after the checkpoint: a copy with it is complete
 CHUNK_BYTES = 8 << 20
 # What fsspec filesystems report about a file's version (local: mtime; s3fs: ETag,
@@ -52,7 +49,7 @@ def resolve_checkpoint_file(location: str, cache_dir: str | Path | None = None) 
     """A local file with the checkpoint at ``location`` (path or fsspec URI)."""
     started = time.perf_counter()
     if is_uri(location):
-        return _fetch(location, Path(cache_dir or DEFAULT_CACHE_DIR), started)
+        return _fetch(location, Path(cache_dir or cache_path("checkpoints")), started)
     path = Path(location).expanduser()
     if not path.is_file():
         raise CheckpointError(

@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from sam2serve.cache import cache_path
 from sam2serve.cluster.config import ClusterConfig, check_local_sources
 
-STATE_FILE = (
-    Path(os.environ.get("SAM2SERVE_CACHE", Path.home() / ".cache" / "sam2serve")) / "cluster.json"
-)
+STATE_FILE = "cluster.json"  # in the cache root: the Ray that `cluster up` started
 REPLICA_ACTOR_PREFIX = "SERVE_REPLICA::"
 
 
@@ -67,8 +64,9 @@ def start_local_ray(local: LocalRay) -> str:
     # The head's GCS listens on the node's IP, not loopback: 'auto' finds it (the
     # newest Ray started on this machine, which is this one).
     address = "auto"
-    STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
-    STATE_FILE.write_text(json.dumps({"address": address, "started_by": "sam2serve cluster up"}))
+    state = cache_path(STATE_FILE)
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text(json.dumps({"address": address, "started_by": "sam2serve cluster up"}))
     return address
 
 
@@ -87,9 +85,10 @@ def connect(address: str) -> None:
 
 
 def _existing_local_address() -> str | None:
-    if STATE_FILE.is_file():
+    state = cache_path(STATE_FILE)
+    if state.is_file():
         try:
-            return str(json.loads(STATE_FILE.read_text())["address"])
+            return str(json.loads(state.read_text())["address"])
         except (ValueError, KeyError):
             return None
     return None
@@ -216,6 +215,6 @@ def down(address: str | None) -> list[str]:
     said = ["Serve applications deleted"]
     if address is None and local is not None:
         subprocess.run([_ray_cli(), "stop"], capture_output=True, text=True, check=False)
-        STATE_FILE.unlink(missing_ok=True)
+        cache_path(STATE_FILE).unlink(missing_ok=True)
         said.append("the local Ray that 'cluster up' started is stopped")
     return said

@@ -4,9 +4,10 @@ Predictor by the runtime, with the time each step took.
 Ray-free, so it is tested without a cluster; :class:`sam2serve.cluster.app.SAM2Replica`
 calls :func:`load_replica_model` in its constructor, then warms the predictor up.
 
-- ``artifacts`` (CPU): the directory, or a copy of the URI keyed by its manifest
-  (:mod:`sam2serve.cluster.artifacts`), run by backend ``artifacts``, which checks every
-  file against the manifest and compiles nothing.
+- ``artifacts``: the directory, or a copy of the URI keyed by its manifest
+  (:mod:`sam2serve.cluster.artifacts`), run by the backend the manifest calls for
+  (``artifacts``, CPU; ``onnxruntime`` for an ONNX export), which checks every file
+  against the manifest and compiles nothing.
 - ``checkpoint`` (CPU or the GPU Ray assigned): the file, or a copy of the URI
   (:mod:`sam2serve.cluster.checkpoints`), run by a backend that starts from weights
   (``eager``; ``compile`` pays its compilation in the warm-up).
@@ -76,8 +77,10 @@ def load_replica_model(args: ReplicaArgs, threads: int | None = None) -> LoadedM
     fetched = time.perf_counter()
     if source.kind == "artifacts":
         weights = WeightsSource(artifacts=source.local_path)
+        spec = args.runtime_spec(threads, artifacts_dir=source.local_path)
     else:
         weights = WeightsSource(checkpoint=source.local_path)
-    predictor = build_predictor(args.runtime_spec(threads), weights)
+        spec = args.runtime_spec(threads)
+    predictor = build_predictor(spec, weights)
     stages = {"fetch_model": fetched - clock, "load_model": time.perf_counter() - fetched}
     return LoadedModel(predictor, source, stages)

@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from sam2serve.config import MODEL_SIZES
-from sam2serve.runtime.backends import BACKENDS, DEFAULT_BACKEND
+from sam2serve.runtime.backend_choice import AUTO, AUTO_DESCRIPTION, BACKEND_CHOICES
+from sam2serve.runtime.backends import BACKENDS
 from sam2serve.runtime.modes import DEVICE_TYPES, MODES
 from sam2serve.runtime.spec import RuntimeSpec
 from sam2serve.runtime.threads import check_threads
@@ -314,20 +315,14 @@ def add_mode_flag(
 def add_backend_flag(parser: argparse._ActionsContainer) -> None:
     parser.add_argument(
         "--backend",
-        choices=tuple(BACKENDS),
-        default=None,
+        choices=BACKEND_CHOICES,
+        default=AUTO,
         help="what executes the mode: "
         + "; ".join(
             f"{info.name}: {info.description} ({', '.join(info.devices)})"
             for info in BACKENDS.values()
         )
-        + f" (default: {DEFAULT_BACKEND}"
-        + "".join(
-            f"; {mode.default_backend} for --mode {mode.name}"
-            for mode in MODES.values()
-            if mode.default_backend is not None
-        )
-        + "; 'artifacts' with --artifacts)",
+        + f"; {AUTO}: {AUTO_DESCRIPTION} (default: %(default)s)",
     )
 
 
@@ -366,7 +361,8 @@ def add_weights_flags(
         "--checkpoint",
         metavar="PATH",
         help="an official SAM 2.1 checkpoint file (.pt) for --model (default: Meta's file "
-        "name in $SAM2SERVE_CACHE or ~/.cache/sam2serve/checkpoints, downloaded if missing)",
+        "name in the cache's checkpoints folder, $SAM2SERVE_CACHE/checkpoints or "
+        "~/.cache/sam2serve/checkpoints, downloaded there if missing)",
     )
     weights.add_argument("--random-weights", action="store_true", help=random_help)
     if artifacts:

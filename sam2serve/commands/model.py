@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sam2serve.commands.common import UsageError, info_line, message, warning_line
-from sam2serve.runtime.artifacts_kind import backend_for_artifacts
+from sam2serve.runtime.backend_choice import choose_backend
 from sam2serve.runtime.backends import BACKENDS
 from sam2serve.runtime.modes import get_mode
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
@@ -27,25 +27,19 @@ if TYPE_CHECKING:
 
 
 def runtime_spec(args: argparse.Namespace) -> RuntimeSpec:
-    """The RuntimeSpec of --model, --mode, --backend, --device and --threads (--artifacts
-    implies the backend that runs the directory: onnxruntime for an ONNX export, else
-    artifacts); a combination that cannot run is a usage error."""
+    """The RuntimeSpec of --model, --mode, --backend, --device and --threads; the backend
+    is decided by the runtime's one rule (runtime.backend_choice: auto, or --artifacts'
+    manifest); a combination that cannot run is a usage error."""
     artifacts = getattr(args, "artifacts", None)
-    backend = args.backend or (None if artifacts is None else backend_for_artifacts(artifacts))
-    # Backends that run 'sam2serve export' output: artifacts, onnxruntime (ONNX exports).
-    needs_artifacts = backend is not None and BACKENDS[backend].needs_artifacts
-    if needs_artifacts and artifacts is None:
-        raise UsageError(
-            f"--backend {backend} runs 'sam2serve export' output: give --artifacts DIR"
-        )
-    if artifacts is not None and not needs_artifacts:
-        runners = " or ".join(name for name, info in BACKENDS.items() if info.needs_artifacts)
-        raise UsageError(f"--artifacts runs with --backend {runners}, not --backend {backend}")
-    fields: dict[str, Any] = {"model": args.model, "mode": args.mode, "device": args.device}
-    if backend is not None:
-        fields["backend"] = backend
     try:
-        spec = RuntimeSpec(threads=args.threads, **fields)
+        backend = choose_backend(args.backend, args.mode, args.device, artifacts)
+        spec = RuntimeSpec(
+            model=args.model,
+            mode=args.mode,
+            backend=backend,
+            device=args.device,
+            threads=args.threads,
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if get_mode(spec.mode).quantized_encoder and not BACKENDS[spec.backend].needs_artifacts:

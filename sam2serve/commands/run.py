@@ -119,8 +119,8 @@ mask formats (--mask-format; 'annotate' reads coco_rle, the default):
 {described({name: FORMATS[name].description for name in JSON_FORMATS})}
 
 weights:
-  official SAM 2.1 checkpoints by default, found in $SAM2SERVE_CACHE or
-  ~/.cache/sam2serve/checkpoints under Meta's file names (sam2.1_hiera_tiny.pt, ...) or
+  official SAM 2.1 checkpoints by default, found in $SAM2SERVE_CACHE/checkpoints (default
+  ~/.cache/sam2serve/checkpoints) under Meta's file names (sam2.1_hiera_tiny.pt, ...) or
   downloaded there (SAM2SERVE_OFFLINE=1 turns the download off). Random weights give
   meaningless masks; they are announced on stderr, recorded in every JSON and stamped on
   every overlay, and amg then keeps every mask (--pred-iou-thresh 0

@@ -11,8 +11,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from sam2serve.runtime.artifacts_kind import backend_for_artifacts
-from sam2serve.runtime.backends import BACKENDS
+from sam2serve.runtime.backend_choice import choose_backend
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 from sam2serve.store.identity import DEFAULT_STORE_DTYPE, STORE_DTYPES
 
@@ -206,9 +205,7 @@ class ServerSettings:
 
     def runtime_spec(self) -> RuntimeSpec:
         """How the model runs; ValueError naming a bad model, mode, backend or device."""
-        backend = self.backend
-        if self.artifacts is not None and not (backend and BACKENDS[backend].needs_artifacts):
-            backend = backend_for_artifacts(self.artifacts)  # what runs the directory
+        backend = choose_backend(self.backend, self.mode, self.device, self.artifacts)
         return RuntimeSpec(
             model=self.model,
             mode=self.mode,

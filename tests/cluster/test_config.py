@@ -95,7 +95,11 @@ def edit(path: str, value) -> dict:
             r"max_queued_requests: expected an integer >= 1 \(or -1: no limit\), got 0",
         ),
         ("applications.0.args.model", "huge", r"args\.model: 'huge' is not a model size"),
-        ("applications.0.args.mode", "baseline", r"args\.mode: 'baseline' has no export"),
+        (
+            "applications.0.args.mode",
+            "baseline",
+            r"args\.mode: 'baseline' is not run by backend 'artifacts'; accepted: fast, furious",
+        ),
         ("applications.0.args.server", {"max_queue": 0}, r"args\.server\.max_queue must be"),
         ("applications.0.args.server", {"max_qeue": 3}, r"args\.server\.max_qeue: unknown"),
         ("applications.0.args.colour", "red", r"args\.colour: unknown key \(value 'red'\)"),
@@ -165,23 +169,23 @@ CHECKPOINT = "/nonexistent/sam2.1_hiera_tiny.pt"
         (
             with_args(artifacts=None, checkpoint=CHECKPOINT, backend="tensorrt-llm"),
             (
-                r"args\.backend: 'tensorrt-llm' is not a backend; accepted: eager, compile, "
-                r"openvino \(with checkpoint\), artifacts, onnxruntime \(with artifacts\)"
+                r"args\.backend: unknown backend 'tensorrt-llm'; expected one of auto, eager, "
+                r"compile, openvino, artifacts, onnxruntime"
             ),
         ),
         (
             with_args(backend="eager"),
             (
-                r"args\.backend: 'eager' starts from weights, but this replica loads artifacts "
-                r"'/nonexistent/art'; accepted with artifacts: artifacts"
+                r"args\.backend: backend 'eager' starts from weights, but '/nonexistent/art' is "
+                r"'sam2serve export' output: run it with backend 'artifacts' \(or auto\)"
             ),
         ),
         (
             with_args(artifacts=None, checkpoint=CHECKPOINT, backend="artifacts"),
             (
-                r"args\.backend: 'artifacts' runs 'sam2serve export' artifacts, but this replica "
-                r"loads checkpoint '/nonexistent/sam2\.1_hiera_tiny\.pt'; accepted with a "
-                r"checkpoint: eager, compile, openvino"
+                r"args\.backend: backend 'artifacts' runs 'sam2serve export' output: give the "
+                r"export directory \(artifacts\), or a backend that starts from weights: eager, "
+                r"compile, openvino"
             ),
         ),
         (
