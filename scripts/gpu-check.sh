@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: the CUDA test suite and a short CUDA benchmark, results in one folder.
 #
-#   scripts/gpu-check.sh [--part tests|bench|compile|all] [OUT_DIR]  (default: all, gpu-check/)
+#   scripts/gpu-check.sh [--part tests|bench|compile|blog|blog-compile|all] [OUT_DIR]
+#                                                        (default: all, gpu-check/)
 #   scripts/gpu-check.sh --download-wheels                      (on a connected machine)
 #
 # Runs where torch sees a CUDA GPU, in parts that each fit one 10-minute call on an H100:
@@ -12,6 +13,11 @@
 #            `--task video` (8 frames of the sample clip, 1 and 3 objects; furious in bf16)
 #            against Meta's video predictor;
 #   compile  furious against furious+compile (torch.compile) on SPS.
+#   blog     the published experiment's configuration ("SAM2 - fast and furious"): the
+#            large model, AMG at Meta's 32 x 32 grid (default and keep-all thresholds),
+#            SPS and MPS, baseline against furious (eager);
+#   blog-compile  the same with furious+compile (torch.compile compiles the large image
+#            path in every process: minutes).
 # Artifacts are CPU-only (AOTInductor packages compiled for CUDA crashed when loaded, see
 # runtime/backends), so no +artifacts row runs here. It installs what it needs: with a
 # network, from the package index; without one (a sealed GPU machine), from wheels in
@@ -51,8 +57,8 @@ if [ "${1:-}" = "--part" ]; then
     shift 2
 fi
 case "$PART" in
-    tests|bench|compile|all) ;;
-    *) echo "--part: tests, bench, compile or all, not $PART" >&2; exit 2;;
+    tests|bench|compile|blog|blog-compile|all) ;;
+    *) echo "--part: tests, bench, compile, blog, blog-compile or all, not $PART" >&2; exit 2;;
 esac
 OUT=${1:-gpu-check}
 mkdir -p "$OUT"
@@ -90,11 +96,14 @@ bench() {  # NAME TASK MODES [EXTRA FLAGS...]: one benchmark run, its output in 
     local name=$1 task=$2 modes=$3
     shift 3
     uptime | tee -a "$OUT/load.txt"
+    # --model tiny unless the extra flags name another (argparse keeps the last).
     timeout 560 python3 -m sam2serve bench --device cuda --task "$task" --model tiny \
         --modes "$modes" --random-weights --out "$OUT" --name "$name" "$@" 2>&1 \
         | tee "$OUT/$name.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 }
+# The blog's rows: the large model on the sample photos, AMG at Meta's 32 x 32 grid.
+BLOG=(--model large --images samples --n 4 --amg-variants default,keep-all)
 IMAGES=(--images samples --n 3 --points-per-side 16)
 set +e
 if [ "$PART" = tests ] || [ "$PART" = all ]; then
@@ -116,6 +125,12 @@ fi
 if [ "$PART" = compile ] || [ "$PART" = all ]; then
     # torch.compile compiles in every benchmark process (about a minute each).
     bench bench_tiny_cuda_compile sps furious,furious+compile "${IMAGES[@]}"
+fi
+if [ "$PART" = blog ] || [ "$PART" = all ]; then
+    bench bench_large_cuda_blog all baseline,furious "${BLOG[@]}"
+fi
+if [ "$PART" = blog-compile ] || [ "$PART" = all ]; then
+    bench bench_large_cuda_blog_compile all baseline,furious+compile "${BLOG[@]}"
 fi
 set -e
 echo "gpu-check --part $PART: $([ $failed -eq 0 ] && echo passed || echo FAILED); results in $OUT/"
