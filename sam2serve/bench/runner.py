@@ -40,6 +40,7 @@ from sam2serve.bench.worker import SPAWN_TIME_ENV
 from sam2serve.engine.amg import AMGParams
 from sam2serve.engine.masks import build_point_grid
 from sam2serve.engine.tasks import STAGES, TASKS, prompt_points
+from sam2serve.options import check_options, option
 
 __all__ = [
     "BASELINE",
@@ -60,8 +61,9 @@ REFERENCES = (REFERENCE, REFERENCE_BF16)
 # Rows that run another implementation on the same weights (no RuntimeSpec label).
 PEERS = (*REFERENCES, *hf_peer.HF_PEERS)
 PROMPT_POLICIES = ("auto", "amg", "grid")
+SAMPLES = "samples"  # the bundled sample photos, wherever images are taken
+SAMPLE_VIDEO = "sample"  # the clip made offline (sam2serve.samples.sample_clip)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
-SAMPLES = "samples"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 # Task video: 8 frames (the last tracked with a full bank of 7 memories), 1 and 3 objects.
 DEFAULT_VIDEO_FRAMES = 8
@@ -74,33 +76,104 @@ class BenchError(Exception):
 
 @dataclass(frozen=True)
 class BenchConfig:
+    """One benchmark: what runs, on what, and where the results go. The fields declared
+    with ``option`` are ``sam2serve bench``'s flags (sam2serve.options), checked here."""
+
     tasks: tuple[str, ...]
     model: str
     modes: tuple[str, ...]
-    images: str  # "samples" or a directory
-    n: int | None  # images (cycled); None: every image of the directory, or 4 samples
     checkpoint: Path | None
     random_weights: bool
     seed: int
     device: str
     amg_params: AMGParams
-    out_dir: Path
-    name: str
-    mps_prompts: int = 64
-    point_prompts: str = "auto"
-    warm: bool = False
-    aot_decoder: str = "aoti"  # how +artifacts rows run the mask decoder: "aoti" or "eager"
+    images: str = option(
+        SAMPLES,
+        help=f"a directory of images, or '{SAMPLES}' for the bundled photos",
+        metavar=f"DIR|{SAMPLES}",
+    )
+    n: int | None = option(
+        None,
+        help="images to run, cycling through the directory or the samples",
+        metavar="N",
+        type=int,
+        low=1,
+        default_text="every image of the directory; the 4 samples",
+    )
+    out_dir: Path = option(
+        Path("bench/results"),
+        help="where NAME.csv / .md / .png go",
+        flag="--out",
+        metavar="DIR",
+        type=Path,
+    )
+    name: str = option(
+        "",
+        help="file name of the outputs",
+        metavar="NAME",
+        default_text="bench_MODEL_DEVICE; bench_MODEL_DEVICE_video for --task video",
+    )
+    mps_prompts: int = option(
+        64, help="MPS prompts per image when they come from the grid", metavar="N", low=1
+    )
+    point_prompts: str = option(
+        "auto",
+        help="where SPS / MPS prompts come from: the baseline's AMG masks (amg), a grid "
+        "(grid), or auto: grid with random weights, amg otherwise",
+        choices=PROMPT_POLICIES,
+    )
+    warm: bool = option(
+        False,
+        help="also run each mode that compiles a second time, on the compile cache its "
+        "cold run filled",
+    )
+    aot_decoder: str = option(
+        "aoti",
+        help="how the artifacts rows run the mask decoder: AOTInductor programs, or "
+        "eagerly (exports ~2 min faster per mode)",
+        choices=("aoti", "eager"),
+    )
     threads: int | None = None  # each worker's torch threads (None: the CPUs it may use)
     command: str = ""
-    work_dir: Path | None = None  # kept when given; a temporary directory otherwise
-    timeout_s: float | None = None
+    work_dir: Path | None = option(
+        None,
+        help="keep the runs' specs, raw results and images here",
+        metavar="DIR",
+        type=Path,
+        default_text="a temporary directory, removed at the end",
+    )
+    timeout_s: float | None = option(
+        None,
+        help="give up on a run (one mode, one task) after this long",
+        flag="--timeout",
+        metavar="SECONDS",
+        type=float,
+        low=0,
+        low_open=True,
+        default_text="no limit",
+    )
     # AMG variants (sam2serve.bench.variants), each a set of AMG rows with its own baseline.
     amg_variants: tuple[str, ...] = (DEFAULT_VARIANT,)
-    # Task video (sam2serve.bench.video): the clip ("sample" or a video file / frame
-    # folder), its first frames, and the object counts, each a run per mode.
-    video: str = "sample"
-    video_frames: int = DEFAULT_VIDEO_FRAMES
+    # Task video (sam2serve.bench.video): the clip, its first frames, and the object
+    # counts, each a run per mode.
+    video: str = option(
+        SAMPLE_VIDEO,
+        help=f"the clip: '{SAMPLE_VIDEO}' (made offline: a disc and a square crossing a "
+        "photo, with true masks), a video file or a folder of frames",
+        metavar=f"FILE|DIR|{SAMPLE_VIDEO}",
+    )
+    video_frames: int = option(
+        DEFAULT_VIDEO_FRAMES,
+        help="frames of the clip to track: the first N (at least 2: a prompted and a "
+        "tracked frame; the default's last one holds a full memory bank of 7 frames)",
+        flag="--frames",
+        metavar="N",
+        low=2,
+    )
     video_objects: tuple[int, ...] = DEFAULT_VIDEO_OBJECTS
+
+    def __post_init__(self) -> None:
+        check_options(self, BenchError)
 
     def variant_params(self, variant: str) -> AMGParams:
         return AMG_VARIANTS[variant].apply(self.amg_params)

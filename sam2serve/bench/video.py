@@ -30,6 +30,7 @@ from sam2serve.bench.runner import (
     BASELINE,
     PEERS,
     REFERENCE,
+    SAMPLE_VIDEO,
     BenchConfig,
     BenchError,
     Session,
@@ -58,7 +59,6 @@ __all__ = [
 ]
 
 VIDEO_TASK = "video"
-SAMPLE_VIDEO = "sample"
 JPEG_QUALITY = 95
 
 Prompt = dict[str, Any]  # {"points": [[x, y]], "labels": [1], "box": [x0, y0, x1, y1] | None}

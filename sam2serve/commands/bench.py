@@ -14,7 +14,6 @@ from sam2serve.commands.common import (
     EXIT_OK,
     EXIT_STATUS_HELP,
     PROG,
-    SAMPLES_ARG,
     CommandParser,
     UsageError,
     add_command,
@@ -25,6 +24,7 @@ from sam2serve.commands.common import (
     command_line,
 )
 from sam2serve.commands.run import TASKS
+from sam2serve.options import add_options, option_values
 from sam2serve.runtime.backends import BACKENDS
 from sam2serve.runtime.modes import MODES, VIDEO_MODES
 
@@ -87,15 +87,9 @@ def add_arguments(parser: CommandParser) -> None:
     # The bench's own vocabulary lives with the harness (which imports torch): this parser
     # is only built when 'bench' is the command.
     from sam2serve.bench.hf_peer import HF_PEERS, HF_TASKS
-    from sam2serve.bench.runner import (
-        DEFAULT_VIDEO_FRAMES,
-        DEFAULT_VIDEO_OBJECTS,
-        PROMPT_POLICIES,
-        REFERENCE,
-        REFERENCES,
-    )
+    from sam2serve.bench.runner import DEFAULT_VIDEO_OBJECTS, REFERENCE, REFERENCES, BenchConfig
     from sam2serve.bench.variants import AMG_VARIANTS
-    from sam2serve.bench.video import SAMPLE_VIDEO, VIDEO_TASK
+    from sam2serve.bench.video import VIDEO_TASK
 
     parser.add_argument(
         "--task",
@@ -118,20 +112,6 @@ def add_arguments(parser: CommandParser) -> None:
         f"runs {', '.join((REFERENCE, *VIDEO_MODES))} (default: {_default_modes(False)}; for "
         f"video {_default_modes(True)}; baseline is always run)",
     )
-    parser.add_argument(
-        "--images",
-        default=SAMPLES_ARG,
-        metavar=f"DIR|{SAMPLES_ARG}",
-        help=f"a directory of images, or '{SAMPLES_ARG}' for the bundled photos "
-        "(default: %(default)s)",
-    )
-    parser.add_argument(
-        "--n",
-        type=int,
-        metavar="N",
-        help="images to run, cycling through the directory or the samples "
-        "(default: every image of the directory; the 4 samples)",
-    )
     add_weights_flags(
         parser,
         artifacts=False,
@@ -141,75 +121,24 @@ def add_arguments(parser: CommandParser) -> None:
     )
     add_device_flag(parser)
     add_threads_flag(parser)
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("bench/results"),
-        metavar="DIR",
-        help="where NAME.csv / .md / .png go (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--name",
-        metavar="NAME",
-        help="file name of the outputs (default: bench_MODEL_DEVICE; bench_MODEL_DEVICE_video "
-        "for --task video)",
-    )
-    parser.add_argument(
-        "--point-prompts",
-        choices=PROMPT_POLICIES,
-        default="auto",
-        help="where SPS / MPS prompts come from: the baseline's AMG masks (amg), a grid "
-        "(grid), or auto: grid with random weights, amg otherwise (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--mps-prompts",
-        type=int,
-        default=64,
-        metavar="N",
-        help="MPS prompts per image when they come from the grid (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--aot-decoder",
-        choices=("aoti", "eager"),
-        default="aoti",
-        help="how the artifacts rows run the mask decoder: AOTInductor programs, or "
-        "eagerly (exports ~2 min faster per mode) (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--warm",
-        action="store_true",
-        help="also run each mode that compiles a second time, on the compile cache its "
-        "cold run filled",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        metavar="SECONDS",
-        help="give up on a run (one mode, one task) after this long (default: no limit)",
-    )
-    parser.add_argument(
-        "--work-dir",
-        type=Path,
-        metavar="DIR",
-        help="keep the runs' specs, raw results and images here (default: a temporary "
-        "directory, removed at the end)",
+    add_options(
+        parser,
+        BenchConfig,
+        (
+            "images",
+            "n",
+            "out_dir",
+            "name",
+            "point_prompts",
+            "mps_prompts",
+            "aot_decoder",
+            "warm",
+            "timeout_s",
+            "work_dir",
+        ),
     )
     video = parser.add_argument_group("video (--task video)")
-    video.add_argument(
-        "--video",
-        default=SAMPLE_VIDEO,
-        metavar=f"FILE|DIR|{SAMPLE_VIDEO}",
-        help=f"the clip: '{SAMPLE_VIDEO}' (made offline: a disc and a square crossing a photo, "
-        "with true masks), a video file or a folder of frames (default: %(default)s)",
-    )
-    video.add_argument(
-        "--frames",
-        type=int,
-        default=DEFAULT_VIDEO_FRAMES,
-        metavar="N",
-        help="frames of the clip to track: the first N (default: %(default)s: the last one "
-        "holds a full memory bank of 7 frames)",
-    )
+    add_options(video, BenchConfig, ("video", "video_frames"))
     video.add_argument(
         "--objects",
         default=",".join(map(str, DEFAULT_VIDEO_OBJECTS)),
@@ -260,12 +189,6 @@ def bench_command(args: argparse.Namespace) -> int:
     modes = tuple(m.strip() for m in modes_text.split(",") if m.strip())
     if not modes:
         raise UsageError("--modes is empty; give e.g. --modes baseline,fast")
-    if args.n is not None and args.n < 1:
-        raise UsageError(f"--n must be at least 1, got {args.n}")
-    if args.frames < 2:
-        raise UsageError(
-            f"--frames must be at least 2 (a prompted and a tracked frame), got {args.frames}"
-        )
     objects = _object_counts(args.objects)
     params = amg_params_from(args)
     try:
@@ -273,33 +196,28 @@ def bench_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     model_flags.check_device(args.device)
-    config = BenchConfig(
-        tasks=TASKS if args.task == "all" else () if video else (args.task,),
-        model=args.model,
-        modes=modes,
-        images=args.images,
-        n=args.n,
-        checkpoint=None if args.checkpoint is None else Path(args.checkpoint),
-        random_weights=args.random_weights,
-        seed=args.seed,
-        device=args.device,
-        threads=args.threads,
-        amg_params=params,
-        out_dir=args.out,
-        name=args.name
-        or f"bench_{args.model}_{args.device.replace(':', '')}" + ("_video" if video else ""),
-        mps_prompts=args.mps_prompts,
-        point_prompts=args.point_prompts,
-        warm=args.warm,
-        aot_decoder=args.aot_decoder,
-        command=command_line(args),
-        work_dir=args.work_dir,
-        timeout_s=args.timeout,
-        amg_variants=variants,
-        video=args.video,
-        video_frames=args.frames,
-        video_objects=objects,
+    values = option_values(args, BenchConfig)
+    values["name"] = values["name"] or (
+        f"bench_{args.model}_{args.device.replace(':', '')}" + ("_video" if video else "")
     )
+    try:
+        config = BenchConfig(
+            tasks=TASKS if args.task == "all" else () if video else (args.task,),
+            model=args.model,
+            modes=modes,
+            checkpoint=None if args.checkpoint is None else Path(args.checkpoint),
+            random_weights=args.random_weights,
+            seed=args.seed,
+            device=args.device,
+            threads=args.threads,
+            amg_params=params,
+            command=command_line(args),
+            amg_variants=variants,
+            video_objects=objects,
+            **values,
+        )
+    except BenchError as exc:
+        raise UsageError(str(exc)) from None
     try:
         with model_flags.load_errors_as_usage(args.checkpoint, args.model):
             result = run_video_bench(config) if video else run_bench(config)

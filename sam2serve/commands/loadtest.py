@@ -20,6 +20,7 @@ from sam2serve.commands.common import (
     command_line,
     info_line,
 )
+from sam2serve.options import add_options, option_values
 from sam2serve.server.settings import DEFAULT_API_KEY_ENV
 
 DESCRIPTION = f"""\
@@ -69,65 +70,7 @@ def add_arguments(parser: CommandParser) -> None:
         help="downscale the bundled samples to this longer side (default: "
         "%(default)s; files are sent as they are)",
     )
-    parser.add_argument(
-        "--requests",
-        type=int,
-        default=300,
-        metavar="N",
-        help=f"requests in all, uploads included (default: %(default)s, at most {lt.MAX_REQUESTS})",
-    )
-    parser.add_argument(
-        "--concurrency",
-        type=int,
-        default=4,
-        metavar="C",
-        help="concurrent clients (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--duration",
-        type=float,
-        default=600.0,
-        metavar="S",
-        help=f"stop sending after this many seconds (default: %(default)s, at "
-        f"most {lt.MAX_DURATION_S:g})",
-    )
-    parser.add_argument(
-        "--embeddings-fraction",
-        type=float,
-        default=0.1,
-        metavar="F",
-        help="share of requests that re-upload an image to /v1/embeddings (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-objects",
-        type=int,
-        default=3,
-        metavar="N",
-        help="objects per /v1/segment request, 1 to N (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-points",
-        type=int,
-        default=3,
-        metavar="N",
-        help="clicks per object, 1 to N (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--mask-format",
-        default="coco_rle",
-        choices=("coco_rle", "uncompressed_rle", "png_base64", "polygon"),
-        help="mask_format of the segment requests (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, metavar="N", help="seed of the workload (default: 0)"
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=300.0,
-        metavar="S",
-        help="client timeout per request (default: %(default)s)",
-    )
+    add_options(parser, lt.LoadtestConfig)
     parser.add_argument(
         "--api-key-env",
         default=DEFAULT_API_KEY_ENV,
@@ -154,16 +97,8 @@ def loadtest_command(args: argparse.Namespace) -> int:
         config = lt.LoadtestConfig(
             url=lt.check_loopback_url(args.url),
             images=images,
-            requests=args.requests,
-            concurrency=args.concurrency,
-            duration_s=args.duration,
-            seed=args.seed,
-            embeddings_fraction=args.embeddings_fraction,
-            max_objects=args.max_objects,
-            max_points=args.max_points,
-            mask_format=args.mask_format,
-            request_timeout_s=args.timeout,
             api_key=os.environ.get(args.api_key_env) or None,
+            **option_values(args, lt.LoadtestConfig),
         )
         info_line(
             f"loadtest: {config.requests} requests, {config.concurrency} clients, "
@@ -174,7 +109,7 @@ def loadtest_command(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     print(lt.format_table(result))
     if result.stopped_by_time:
-        info_line(f"loadtest: stopped after --duration {args.duration:g} s")
+        info_line(f"loadtest: stopped after --duration {config.duration_s:g} s")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(lt.format_markdown(result, command_line(args)), encoding="utf-8")

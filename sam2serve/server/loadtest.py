@@ -32,6 +32,9 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from sam2serve.engine.formats import JSON_FORMATS
+from sam2serve.options import check_options, option
+
 MAX_REQUESTS = 100_000
 MAX_CONCURRENCY = 256
 MAX_DURATION_S = 3600.0
@@ -106,42 +109,57 @@ def load_test_images(sources: Sequence[str], max_side: int | None) -> list[TestI
 
 @dataclass(frozen=True)
 class LoadtestConfig:
+    """The workload; every field but the URL, the images and the key is a flag of
+    ``sam2serve loadtest`` (sam2serve.options), checked here for the library too."""
+
     url: str
     images: list[TestImage]
-    requests: int = 300
-    concurrency: int = 4
-    duration_s: float = 600.0
-    seed: int = 0
-    embeddings_fraction: float = 0.1
-    max_objects: int = 3
-    max_points: int = 3
-    mask_format: str = "coco_rle"
-    request_timeout_s: float = 300.0
+    requests: int = option(
+        300, help="requests in all, uploads included", metavar="N", low=1, high=MAX_REQUESTS
+    )
+    concurrency: int = option(
+        4, help="concurrent clients", metavar="C", low=1, high=MAX_CONCURRENCY
+    )
+    duration_s: float = option(
+        600.0,
+        help="stop sending after this many seconds",
+        flag="--duration",
+        metavar="S",
+        low=0,
+        low_open=True,
+        high=MAX_DURATION_S,
+    )
+    seed: int = option(0, help="seed of the workload", metavar="N")
+    embeddings_fraction: float = option(
+        0.1,
+        help="share of requests that re-upload an image to /v1/embeddings",
+        metavar="F",
+        low=0,
+        high=1,
+    )
+    max_objects: int = option(3, help="objects per /v1/segment request, 1 to N", metavar="N", low=1)
+    max_points: int = option(3, help="clicks per object, 1 to N", metavar="N", low=1)
+    mask_format: str = option(
+        "coco_rle", help="mask_format of the segment requests", choices=JSON_FORMATS
+    )
+    request_timeout_s: float = option(
+        300.0,
+        help="client timeout per request",
+        flag="--timeout",
+        metavar="S",
+        low=0,
+        low_open=True,
+    )
     api_key: str | None = None
 
     def __post_init__(self) -> None:
         check_loopback_url(self.url)
-        if not 1 <= self.requests <= MAX_REQUESTS:
-            raise LoadtestError(f"--requests must be in [1, {MAX_REQUESTS}], got {self.requests}")
+        check_options(self, LoadtestError)
         if self.requests < len(self.images):
             raise LoadtestError(
                 f"--requests {self.requests} is fewer than the {len(self.images)} uploads the "
                 "test starts with (one per image)"
             )
-        if not 1 <= self.concurrency <= MAX_CONCURRENCY:
-            raise LoadtestError(
-                f"--concurrency must be in [1, {MAX_CONCURRENCY}], got {self.concurrency}"
-            )
-        if not 0 < self.duration_s <= MAX_DURATION_S:
-            raise LoadtestError(
-                f"--duration must be in (0, {MAX_DURATION_S:g}] s, got {self.duration_s}"
-            )
-        if not 0 <= self.embeddings_fraction <= 1:
-            raise LoadtestError(
-                f"--embeddings-fraction must be in [0, 1], got {self.embeddings_fraction}"
-            )
-        if self.max_objects < 1 or self.max_points < 1:
-            raise LoadtestError("--max-objects and --max-points must be >= 1")
 
 
 @dataclass(frozen=True)
