@@ -33,7 +33,7 @@ from sam2serve.runtime.backends import (
 from sam2serve.runtime.modes import MODES
 
 EXPORT_IMAGE_PATHS = ARTIFACT_IMAGE_PATHS
-EXPORT_BACKENDS = (*ARTIFACT_IMAGE_PATHS, ONNX_EXPORT)
+EXPORT_FORMATS = (*ARTIFACT_IMAGE_PATHS, ONNX_EXPORT)
 EXPORT_DECODERS = ARTIFACT_DECODERS
 # Artifacts hold the fast decoder: the modes that run it.
 EXPORT_MODES = tuple(name for name, mode in MODES.items() if mode.decoder == "fast")
@@ -42,7 +42,7 @@ DEFAULT_EXPORT_MODE = "furious"
 DESCRIPTION = f"""\
 Export the model for the {" or ".join(EXPORT_MODES)} mode as ahead-of-time artifacts: the
 whole image path as OpenVINO IR (converted from sam2serve's own PyTorch modules) and
-compiled for this CPU, or with --backend aoti as a torch.export + AOTInductor package; the
+compiled for this CPU, or with --format aoti as a torch.export + AOTInductor package; the
 fast mask decoder as three torch.export + AOTInductor packages (per image, per chunk of
 prompts, per chunk of kept masks) unless --decoder eager; the prompt encoder and mask
 decoder weights; and manifest.json (model, mode, precision, runtime versions, shapes,
@@ -53,7 +53,7 @@ checksums) is a clear error. Compiling takes a few minutes (tiny: ~2 min on 2 co
 With --mode int8 the OpenVINO image path is first quantised by NNCF on calibration
 photographs (pip install "sam2serve[int8]"); the manifest records precision int8 and the
 calibration.
-With --backend onnx (modes {" and ".join(ONNX_MODES)}): image_encoder.onnx and
+With --format onnx (modes {" and ".join(ONNX_MODES)}): image_encoder.onnx and
 prompt_decoder.onnx in the interface annotation tools running SAM 2 through ONNX Runtime
 consume (docs/onnx.md), int8-quantised encoder with --mode int8; run them with
 '{PROG} run --backend onnxruntime --artifacts DIR' or plain onnxruntime.
@@ -85,17 +85,18 @@ def add_arguments(parser: CommandParser) -> None:
     add_mode_flag(parser, default=None, modes=EXPORT_MODES)
     [mode_flag] = [a for a in parser._actions if "--mode" in a.option_strings]
     mode_flag.help = mode_flag.help.replace(
-        "%(default)s", f"{DEFAULT_EXPORT_MODE}; {ONNX_MODES[0]} with --backend onnx"
+        "%(default)s", f"{DEFAULT_EXPORT_MODE}; {ONNX_MODES[0]} with --format onnx"
     )
     parser.add_argument(
-        "--backend",
-        choices=EXPORT_BACKENDS,
+        "--format",
+        choices=EXPORT_FORMATS,
         default=None,
-        help="image path runtime: openvino (IR + the IR compiled for this CPU; the fastest "
-        "here) or aoti (torch.export + AOTInductor .pt2 package, batch 1) (default: openvino; "
-        "artifacts are CPU-only: AOTInductor packages compiled for CUDA crashed when loaded "
-        "on an H100, measured); or onnx: ONNX graphs for ONNX Runtime and the annotation "
-        "tools (docs/onnx.md; --mode fast or int8, default fast)",
+        help="what is written: openvino (the image path as OpenVINO IR, plus the IR compiled "
+        "for this CPU) or aoti (the image path as a torch.export + AOTInductor .pt2 package, "
+        "batch 1), both run by backend artifacts (default: openvino; CPU-only: AOTInductor "
+        "packages compiled for CUDA crashed when loaded on a GPU); or onnx: ONNX graphs for "
+        "backend onnxruntime and the annotation tools (docs/onnx.md; --mode fast or int8, "
+        "default fast)",
     )
     parser.add_argument(
         "--decoder",
@@ -114,27 +115,27 @@ def export_command(args: argparse.Namespace) -> int:
     from sam2serve.runtime.export import export_artifacts
     from sam2serve.runtime.threads import apply_threads
 
-    if args.backend == ONNX_EXPORT:
+    if args.format == ONNX_EXPORT:
         return export_onnx_command(args)
     args.mode = args.mode or DEFAULT_EXPORT_MODE
     device_type = args.device.split(":", 1)[0]
-    backend = args.backend or ("openvino" if device_type == "cpu" else "aoti")
+    backend = args.format or ("openvino" if device_type == "cpu" else "aoti")
     if device_type not in ARTIFACT_IMAGE_PATH_DEVICES[backend]:
         devices = ", ".join(ARTIFACT_IMAGE_PATH_DEVICES[backend])
         why = (
             ": AOTInductor packages compiled for CUDA crashed when loaded (torch 2.11 on an "
-            "H100, measured); on a GPU, run with --backend eager or compile instead"
+            "H100); on a GPU, run with --backend eager or compile instead"
             if device_type == "cuda"
             else ""
         )
         raise UsageError(
-            f"--backend {backend} exports for {devices}, not --device {args.device}{why}"
+            f"--format {backend} exports for {devices}, not --device {args.device}{why}"
         )
     if MODES[args.mode].quantized_encoder is not None:
         if backend != "openvino":
             raise UsageError(
                 f"--mode {args.mode} exports its image path through OpenVINO (NNCF "
-                f"quantisation), not --backend {backend} (or use --backend onnx)"
+                f"quantisation), not --format {backend} (or use --format onnx)"
             )
         model_flags.check_quantizer()
     model_flags.check_device(args.device)
@@ -159,15 +160,15 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def export_onnx_command(args: argparse.Namespace) -> int:
-    """--backend onnx: the two ONNX graphs (CPU export; they run on any provider)."""
+    """--format onnx: the two ONNX graphs (CPU export; they run on any provider)."""
     mode = args.mode or ONNX_MODES[0]
     if mode not in ONNX_MODES:
         raise UsageError(
-            f"--backend onnx exports the {' and '.join(ONNX_MODES)} modes, not --mode {mode}"
+            f"--format onnx exports the {' and '.join(ONNX_MODES)} modes, not --mode {mode}"
         )
     if args.device != "cpu":
         raise UsageError(
-            f"--backend onnx exports on the cpu (the graphs then run on any ONNX Runtime "
+            f"--format onnx exports on the cpu (the graphs then run on any ONNX Runtime "
             f"execution provider), not --device {args.device}"
         )
     from sam2serve.runtime.onnx_export import export_onnx, require_onnx

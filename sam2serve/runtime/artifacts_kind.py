@@ -1,7 +1,7 @@
 """What kind of 'sam2serve export' directory a path is, and so which backend runs it:
 torch-free, so the CLI and the server settings can choose before anything loads.
 
-An ONNX export (``export --backend onnx``: manifest format ``onnx``) runs on backend
+An ONNX export (``export --format onnx``: manifest format ``onnx``) runs on backend
 ``onnxruntime``; any other directory on ``artifacts``, whose loader then names whatever is
 wrong with it (a missing or unreadable manifest included).
 """

@@ -339,7 +339,7 @@ def _runtime_versions(backend: str) -> dict[str, str]:
 
 def read_manifest(directory: str | Path, expected_format: int | str = FORMAT_VERSION) -> dict:
     """The manifest in ``directory``; ``expected_format``: these artifacts' format version,
-    or ``"onnx"`` for 'sam2serve export --backend onnx' (run by backend 'onnxruntime')."""
+    or ``"onnx"`` for 'sam2serve export --format onnx' (run by backend 'onnxruntime')."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise ArtifactError(
@@ -382,7 +382,7 @@ def check_manifest(
     if device is not None and manifest["device"] != device.type:
         problems.append(
             f"exported for {manifest['device']}, asked for {device.type} (export them again "
-            f"with --device {device.type}{' --backend aoti' if device.type == 'cuda' else ''})"
+            f"with --device {device.type}{' --format aoti' if device.type == 'cuda' else ''})"
         )
     elif (
         device is not None

@@ -62,7 +62,7 @@ def test_cuda_without_cuda_is_a_usage_error(command, photo, tmp_path):
     assert code == EXIT_USAGE
     line = one_error(stderr)
     if command == "export":  # artifacts are CPU-only: refused before CUDA is looked for
-        assert "--backend aoti exports for cpu, not --device cuda" in line
+        assert "--format aoti exports for cpu, not --device cuda" in line
         assert "--backend eager or compile" in line
     else:
         assert "--device cuda: CUDA is not available here" in line and "--device cpu" in line

@@ -279,14 +279,15 @@ def test_artifacts_for_another_device_are_a_clear_error(exported, tmp_path):
 
 @pytest.mark.parametrize("backend", ["openvino", "aoti"])
 def test_export_for_cuda_is_refused_with_the_reason(backend, tmp_path, capsys):
+    # (the export's --format; the library still calls the image path's format "backend")
     """CUDA artifacts are not offered (their packages crashed when loaded on an H100): the
     command and the library say so, and what to run instead, before anything loads."""
     from sam2serve import cli
 
     argv = ["export", "--out", str(tmp_path), "--device", "cuda", "--random-weights"]
-    code = cli.main([*argv, "--backend", backend])
+    code = cli.main([*argv, "--format", backend])
     err = capsys.readouterr().err
-    assert code == 2 and f"--backend {backend} exports for cpu, not --device cuda" in err
+    assert code == 2 and f"--format {backend} exports for cpu, not --device cuda" in err
     assert "--backend eager or compile" in err and "Traceback" not in err
     message = f"backend '{backend}' exports for cpu, not 'cuda'"
     with pytest.raises(ArtifactError, match=message):
@@ -304,7 +305,7 @@ def test_decoder_programs_from_another_cpu_are_not_used(exported, tmp_path):
 
 
 def test_aoti_backend_matches_the_eager_model(tmp_path):
-    """--backend aoti: torch.export + AOTInductor package, loaded with nothing compiled.
+    """--format aoti: torch.export + AOTInductor package, loaded with nothing compiled.
     (The decoder programs are tested above; eager here keeps the export short.)"""
     import torch._dynamo.utils as dynamo_utils
 

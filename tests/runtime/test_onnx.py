@@ -234,7 +234,7 @@ def test_cli_names_what_the_onnx_paths_need(capsys, tmp_path):
     assert "backend 'onnxruntime' runs 'sam2serve export' output" in capsys.readouterr().err
     assert main([*run, "--backend", "eager", "--artifacts", str(tmp_path)]) == EXIT_USAGE
     assert "run it with backend 'artifacts' (or auto)" in capsys.readouterr().err
-    export = ["export", "--backend", "onnx", "--random-weights", "--out", str(tmp_path / "x")]
+    export = ["export", "--format", "onnx", "--random-weights", "--out", str(tmp_path / "x")]
     assert main([*export, "--mode", "furious"]) == EXIT_USAGE
     assert "exports the fast and int8 modes, not --mode furious" in capsys.readouterr().err
 

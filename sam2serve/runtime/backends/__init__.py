@@ -54,7 +54,7 @@ _FAST_MODES = ("fast", "furious")
 # NNCF quantisation; ONNX Runtime's).
 _FLOAT_MODES = ("baseline", "fast", "furious")
 _OPENVINO_MODES = (*_FAST_MODES, "int8")
-# What 'sam2serve export --backend onnx' writes and backend 'onnxruntime' runs: fp32 graphs,
+# What 'sam2serve export --format onnx' writes and backend 'onnxruntime' runs: fp32 graphs,
 # or the image encoder quantised to int8.
 ONNX_EXPORT = "onnx"
 ONNX_MODES = ("fast", "int8")
@@ -102,7 +102,7 @@ BACKENDS: dict[str, BackendInfo] = {
         ),
         BackendInfo(
             "onnxruntime",
-            "'sam2serve export --backend onnx' files through ONNX Runtime: the image encoder "
+            "'sam2serve export --format onnx' files through ONNX Runtime: the image encoder "
             "(fp32, or int8 with mode int8) and the prompt decoder",
             "sam2serve.runtime.backends.onnxruntime",
             ("cpu", "cuda"),

@@ -1,4 +1,4 @@
-"""ONNX Runtime: 'sam2serve export --backend onnx' files run by ONNX Runtime sessions.
+"""ONNX Runtime: 'sam2serve export --format onnx' files run by ONNX Runtime sessions.
 
 The image encoder (fp32, or int8 for mode ``int8``) and the prompt decoder
 (``decoder_low_res.onnx``: all four mask tokens at 256 x 256) run in ORT; the Predictor
@@ -158,7 +158,7 @@ class OnnxRuntime:
 
     def build_from_model(self, spec: RuntimeSpec, model: SAM2Image) -> Predictor:
         raise ValueError(
-            "the onnxruntime backend runs 'sam2serve export --backend onnx' files: build it "
+            "the onnxruntime backend runs 'sam2serve export --format onnx' files: build it "
             "from them, without a model"
         )
 
