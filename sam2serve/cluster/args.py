@@ -221,7 +221,7 @@ class ReplicaArgs:
             raise ConfigError(
                 f"{where}.device: {self.device!r} with artifacts {self.artifacts!r}: "
                 "'sam2serve export' artifacts are CPU-only (AOTInductor packages compiled "
-                "for CUDA crashed when loaded on an H100); for a GPU replica give checkpoint "
+                "for CUDA crashed when loaded); for a GPU replica give checkpoint "
                 "(an official SAM 2.1 checkpoint file or URI) with backend: eager instead"
             )
         raise ConfigError(

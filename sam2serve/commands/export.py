@@ -123,8 +123,8 @@ def export_command(args: argparse.Namespace) -> int:
     if device_type not in ARTIFACT_IMAGE_PATH_DEVICES[backend]:
         devices = ", ".join(ARTIFACT_IMAGE_PATH_DEVICES[backend])
         why = (
-            ": AOTInductor packages compiled for CUDA crashed when loaded (torch 2.11 on an "
-            "H100); on a GPU, run with --backend eager or compile instead"
+            ": AOTInductor packages compiled for CUDA crashed when loaded (docs/benchmarks.md, "
+            "GPU); on a GPU, run with --backend eager or compile instead"
             if device_type == "cuda"
             else ""
         )

@@ -338,8 +338,8 @@ def quantize_encoder(path: Path, method: str = "dynamic", calibration: int = 8) 
     ``dynamic`` (the default): int8 weights, activations quantised per call from their
     observed range. ``static``: QDQ with per-channel weights and activation ranges
     calibrated (min-max) on ``calibration`` photographs preprocessed as requests are.
-    Measured on tiny (docs/onnx.md): static was no faster on this AVX2 CPU and its
-    embedding error was an order of magnitude larger, so dynamic is what exports use."""
+    Exports use dynamic: static was measured no faster and an order of magnitude less
+    accurate (docs/onnx.md)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,

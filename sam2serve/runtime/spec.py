@@ -55,7 +55,7 @@ class RuntimeSpec:
     # best the device runs natively, resolved when the predictor is built
     # (runtime.build.native_reduced_dtype): bfloat16 on CUDA GPUs with bf16 and on CPUs
     # with AVX512-BF16 or AMX, float16 on older GPUs, float32 on CPUs without native
-    # bf16 (emulated bf16 made the tiny encoder 8x slower there, measured).
+    # bf16 (emulated bf16 is several times slower than fp32: docs/benchmarks.md).
     dtype: str | None = None
 
     def __post_init__(self) -> None:

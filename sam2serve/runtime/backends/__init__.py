@@ -60,9 +60,8 @@ ONNX_EXPORT = "onnx"
 ONNX_MODES = ("fast", "int8")
 # The devices artifacts are exported for and run on, per image-path format. Manifests,
 # loaders and checks are per device (the manifest names the device and the compile
-# target), but CUDA is not offered: AOTInductor packages compiled for an H100 (torch
-# 2.11.0+cu130, the GPU machine's build) crashed the process when loaded (a segfault in
-# AOTIModelPackageLoader, the image path's package too, in a fresh process; measured).
+# target), but CUDA is not offered: AOTInductor packages compiled for a GPU crashed the
+# process when loaded (docs/benchmarks.md, "GPU").
 ARTIFACT_IMAGE_PATH_DEVICES = {"openvino": ("cpu",), "aoti": ("cpu",)}
 ARTIFACT_DEVICES = ("cpu",)
 
