@@ -16,6 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sam2serve"
 # Lower numbers are lower layers; a module may import its own layer and those below.
 LAYERS = {
     "config": 0,
+    "cache": 0,  # the cache root (torch-free)
+    "options": 0,  # settings fields as flags (torch-free)
     "modeling": 1,
     "checkpoint": 2,
     "samples": 2,
