@@ -144,6 +144,9 @@ SETTING_FLAGS: dict[str, tuple[SettingFlag, ...]] = {
         SettingFlag("--max-json-items", "max_json_items", int, "N",
                     "JSON arrays, objects and separators in one body, counted before parsing "
                     "(413 above)"),
+        SettingFlag("--max-decoded-mib", "max_decoded_bytes_in_flight", _mib, "MIB",
+                    "decoded bytes of all uploads in flight together (images, videos, masks, "
+                    "COCO runs), from their headers before decoding; more wait, then 503"),
         SettingFlag("--request-timeout", "request_timeout_s", float, "S",
                     "seconds a request may take, queueing included; then 503 with Retry-After"),
     ),
@@ -171,6 +174,8 @@ SETTING_FLAGS: dict[str, tuple[SettingFlag, ...]] = {
     "video tracking sessions (--video; docs/api.md)": (
         SettingFlag("--max-video-sessions", "max_video_sessions", int, "N",
                     "sessions held at once; one more gets 429"),
+        SettingFlag("--max-video-sessions-per-client", "max_video_sessions_per_client", int,
+                    "N", "sessions one client (API key, else address) may hold; more get 429"),
         SettingFlag("--max-video-frames", "max_video_frames", int, "N",
                     "frames in one session's video (413 above)"),
         SettingFlag("--max-video-upload-mib", "max_video_upload_bytes", _mib, "MIB",

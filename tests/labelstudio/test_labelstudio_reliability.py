@@ -102,6 +102,7 @@ def measured(live: SpawnedServer, tally: Tally, send: Any) -> tuple[int, Answer 
         time.sleep(0.05)
     tally.add(status, growth)
     tally.stalled(probe.worst_s)
+    print(f" [{status}, peak +{growth / MiB:.0f} MiB, /healthz {probe.worst_s:.3f} s]", end=" ")
     return status, answer, growth, probe.worst_s
 
 
@@ -166,6 +167,7 @@ REFUSED_URLS = [
     "http://{site}/redirect?to=http://localhost:{internal}/img.png",
     "http://{site}/redirect?to=http://2130706433:{internal}/img.png",
     "http://{site}/redirect?to=file:///etc/passwd",
+    "http://{site}/redirect?to=http://[::1",
     "http://{site}/loop?n=0",
     "http://{site}/drip",
     "http://{site}/declared-huge",
