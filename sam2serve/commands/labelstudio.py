@@ -66,6 +66,12 @@ examples:
   {DEFAULT_URL_ENV}=http://localhost:8080 {DEFAULT_KEY_ENV}=TOKEN \\
     {PROG} labelstudio --model large --checkpoint sam2.1_hiera_large.pt
   {PROG} labelstudio --local-root /srv/photos --preannotate none
+  {PROG} labelstudio --allow-fetch-host images.lan:8081 --allow-fetch-host 10.0.0.0/8
+
+task images are fetched from --label-studio-url's host, --allow-fetch-host hosts, and
+(unless --no-public-fetch) public addresses on ports 80 and 443; loopback, private and
+link-local addresses only when allowed (docs/labelling.md, "Where task images may be
+fetched from"). /setup cannot change where the token goes.
 """
 
 

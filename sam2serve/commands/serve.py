@@ -259,7 +259,8 @@ def add_arguments(parser: CommandParser) -> None:
         default=None,
         metavar="DIR",
         help="a folder of images the page may browse and open (its jpg jpeg png webp bmp tif "
-        "tiff files, not its subfolders), through GET /v1/images (default: none)",
+        "tiff files, not its subfolders), through GET /v1/images; a listing is kept until the "
+        "folder changes and reads a capped number of entries (docs/api.md) (default: none)",
     )
 
     for title, flags in SETTING_FLAGS.items():

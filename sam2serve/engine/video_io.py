@@ -138,12 +138,7 @@ def probe_video(
             if not container.streams.video:
                 raise VideoError(f"{name!r} has no video stream")
             stream = container.streams.video[0]
-            width, height = stream.codec_context.width, stream.codec_context.height
-            if width <= 0 or height <= 0:
-                # FFmpeg leaves the size unset when its decoder refuses one past max_pixels.
-                limit = "" if max_pixels is None else f" over the {max_pixels:,}-pixel limit, or"
-                raise VideoLimitError(f"{name!r} has frames{limit} of no size FFmpeg can read")
-            _check_pixels(width, height, max_pixels, name)
+            width, height = _declared_size(stream, max_pixels, name)
             fps = float(stream.average_rate) if stream.average_rate else None
             frames = 0
             for packet in container.demux(stream):
@@ -180,6 +175,7 @@ def decode_video(
             if not container.streams.video:
                 raise VideoError(f"{name!r} has no video stream")
             stream = container.streams.video[0]
+            _declared_size(stream, max_pixels, name)
             # The decoder refuses frames past the limit before it allocates them.
             stream.codec_context.options = _decoder_options(max_pixels)[0]
             fps = float(stream.average_rate) if stream.average_rate else None
@@ -206,6 +202,17 @@ def decode_video(
     names = [str(i) for i in range(len(frames))]
     check_frame_sizes(frames, names, name)
     return VideoFrames(frames=frames, fps=fps, names=names, source=name)
+
+
+def _declared_size(stream: Any, max_pixels: int | None, name: str) -> tuple[int, int]:
+    """(width, height) the video stream declares; VideoLimitError past ``max_pixels``."""
+    width, height = stream.codec_context.width, stream.codec_context.height
+    if width <= 0 or height <= 0:
+        # FFmpeg leaves the size unset when its decoder refuses one past max_pixels.
+        limit = "" if max_pixels is None else f" over the {max_pixels:,}-pixel limit, or"
+        raise VideoLimitError(f"{name!r} has frames{limit} of no size FFmpeg can read")
+    _check_pixels(width, height, max_pixels, name)
+    return width, height
 
 
 def _decoder_options(max_pixels: int | None) -> list[dict[str, str]]:
