@@ -96,11 +96,12 @@ def normal_host(host: str) -> str:
 def is_public(address: IPAddress) -> bool:
     """A global unicast address: not loopback, private, link-local, multicast, reserved,
     unspecified or shared; an IPv4 address carried in IPv6 is judged as IPv4."""
-    candidates = [address]
+    candidates: list[IPAddress] = [address]
     if isinstance(address, ipaddress.IPv6Address):
-        for embedded in (address.ipv4_mapped, address.sixtofour):
-            if embedded is not None:
-                candidates.append(embedded)
+        if address.ipv4_mapped is not None:  # an IPv4 address in IPv6 clothes: judged as one
+            candidates = [address.ipv4_mapped]
+        if address.sixtofour is not None:
+            candidates.append(address.sixtofour)
         if address.teredo is not None:
             candidates.extend(address.teredo)
     return all(

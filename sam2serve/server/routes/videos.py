@@ -227,7 +227,7 @@ async def add_prompt(
         mask, reservation = await _mask_of(body.mask, state.height, state.width, service)
 
     async def work() -> Response:
-        with reservation, videos.using(session, "prompt"):
+        with videos.using(session, "prompt"):
             videos.check_new_object(session, body.obj_id)
             if not body.clear_old_points:
                 earlier = videos.clicks_on(session, body.obj_id, body.frame_idx)
@@ -265,7 +265,8 @@ async def add_prompt(
             )
         )
 
-    return await guarded(request, work, service)
+    with reservation:  # the mask's bytes, until the prompt is done (or abandoned)
+        return await guarded(request, work, service)
 
 
 def _check_frame(frame_idx: int, num_frames: int, field: str) -> None:
