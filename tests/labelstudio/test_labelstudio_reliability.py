@@ -47,7 +47,9 @@ FETCH_TIMEOUT_S = 2.0
 TIMEOUT_S = 60.0
 MAX_STALL_S = 0.5
 REFUSED_GROWTH = 64 * MiB
-BIG_BODY_GROWTH = 160 * MiB  # a ~19 MiB body is held as bytes, then parsed or refused
+# A ~20 MiB body is held as bytes, then as text while it is parsed or refused; a 20 MiB
+# data: URI is a maximal image, decoded too (body, text, base64 compacted, bytes).
+BIG_BODY_GROWTH = 192 * MiB
 TALLIES = {name: Tally(name) for name in ("labelstudio fetches", "labelstudio payloads")}
 
 
