@@ -18,15 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = [
-    "PIECE_CHARS",
-    "area_from_rle",
-    "checked_counts",
-    "coco_to_rle",
-    "masks_to_rle",
-    "rle_to_coco",
-    "rle_to_mask",
-]
+__all__ = ["area_from_rle", "coco_to_rle", "masks_to_rle", "rle_to_coco", "rle_to_mask"]
 
 Rle = dict[str, Any]
 
@@ -40,10 +32,6 @@ _MORE_BIT = 0x20
 _BITS_PER_CHAR = 5
 # A delta of two uint32 counts fits in 33 signed bits: at most 7 chars of 5 bits.
 _MAX_CHARS_PER_COUNT = 7
-# Long strings are read and written in pieces of this many chars (values when writing): a
-# char costs a few int64 temporaries, so a piece's are tens of MB whatever the mask.
-PIECE_CHARS = 1 << 18
-_CHUNK_VALUES = 1 << 18
 
 
 def masks_to_rle(masks: torch.Tensor) -> list[Rle]:
@@ -117,14 +105,7 @@ def _encode_counts(counts: np.ndarray) -> str:
     # From the 4th count on, store the difference to the count two before it (same
     # parity), which is small for smooth shapes.
     values[3:] -= counts[1:-2].astype(np.int64)
-    # In pieces: each value's chars take a row of int64 temporaries.
-    return "".join(
-        _encode_values(values[start : start + _CHUNK_VALUES])
-        for start in range(0, values.size, _CHUNK_VALUES)
-    )
 
-
-def _encode_values(values: np.ndarray) -> str:
     chars = np.zeros((values.size, _MAX_CHARS_PER_COUNT), dtype=np.int64)
     emitted = np.zeros_like(chars, dtype=bool)
     active = np.ones(values.size, dtype=bool)  # counts still emitting chars
@@ -144,6 +125,11 @@ def _decode_counts(text: str | bytes) -> np.ndarray:
     """pycocotools' rleFrString: compact ASCII string -> counts."""
     pieces = [counts for counts, _ in _coco_count_pieces(text)]
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+
+
+# Long strings are read in pieces of this many chars: a char costs a few int64 temporaries,
+# so a piece's are a few MB whatever the mask.
+PIECE_CHARS = 1 << 18
 
 
 def _coco_count_pieces(text: str | bytes) -> Iterator[tuple[np.ndarray, bool]]:

@@ -444,6 +444,10 @@ def coco_body(counts: Any, size: tuple[int, int] = (64, 96), images: int = 1) ->
 
 
 COCO_CASES: list[tuple[str, Callable[[], bytes], frozenset[int]]] = [
+    # Within the decode budget: read in pieces, refused at the first bad run.
+    ("zero_runs_string_2mib", lambda: coco_body("0" * (2 * MiB)), frozenset({422})),
+    ("growing_runs_string_2mib", lambda: coco_body("1" * (2 * MiB)), frozenset({422})),
+    # Past it (what writing them back could take): refused before they are read.
     ("zero_runs_string_19mib", lambda: coco_body("0" * (19 * MiB)), CLIENT_ERRORS),
     ("growing_runs_string_19mib", lambda: coco_body("11" + "1" * (19 * MiB)), CLIENT_ERRORS),
     ("runs_string_on_a_max_image_19mib",

@@ -33,9 +33,13 @@ MAX_IMAGES = 256
 MAX_OBJECTS_PER_IMAGE = 4096
 MAX_SIDE = 1_000_000
 DEFAULT_CATEGORY_NAME = "object"
-# What reading and re-encoding masks holds, per char of a compressed string or per run:
-# the runs as int64, the string written back, and the annotations' share of the answer.
-BYTES_PER_RUN = 16
+# What checking and re-encoding masks holds, per run (a run takes a char at least, so a
+# string's length bounds its runs): an image's runs as int64 (twice while they are
+# joined), and the strings written back, kept for the answer.
+HELD_BYTES_PER_RUN = 24
+# Writing one mask as a compressed string: the encoder's table of up to 7 int64 chars per
+# run and its masks, about 100 bytes a run, for the longest mask at a time.
+ENCODE_BYTES_PER_RUN = 104
 # A string is read a piece (engine.rle.PIECE_CHARS chars) at a time: its temporaries.
 PIECE_BYTES_PER_CHAR = 64
 
@@ -160,7 +164,11 @@ def decode_bytes(body: CocoRequest) -> int:
 
     lengths = [len(obj.segmentation.counts) for image in body.images for obj in image.objects]
     longest = max(lengths, default=0)
-    return BYTES_PER_RUN * sum(lengths) + PIECE_BYTES_PER_CHAR * min(longest, PIECE_CHARS)
+    return (
+        HELD_BYTES_PER_RUN * sum(lengths)
+        + ENCODE_BYTES_PER_RUN * longest
+        + PIECE_BYTES_PER_CHAR * min(longest, PIECE_CHARS)
+    )
 
 
 def dataset_json(body: CocoRequest, settings: ServerSettings) -> str:
