@@ -114,7 +114,8 @@ class SpawnedServer:
         return self.log_path.read_text(errors="replace")
 
     def collect_garbage(self, settle_s: float = 0.5) -> None:
-        """A full garbage collection in a server of ``spawn_server`` (its SIGUSR1)."""
+        """A full garbage collection in a server of ``spawn_server``, and its free memory
+        given back to the system (its SIGUSR1)."""
         os.kill(self.pid, signal.SIGUSR1)
         time.sleep(settle_s)
 
@@ -270,8 +271,16 @@ def _serve_forever(config: dict[str, Any]) -> None:
     live = start_app(app, settings)
     # SIGUSR1: a full garbage collection, so what objects log when they are collected
     # (asyncio's "Task was destroyed but it is pending", "Future exception was never
-    # retrieved") is in the log when a test looks (SpawnedServer.collect_garbage).
-    signal.signal(signal.SIGUSR1, lambda *_: gc.collect())
+    # retrieved") is in the log when a test looks, then the allocator's free pages given
+    # back, so a peak measured next starts from what the process really holds
+    # (SpawnedServer.collect_garbage).
+    from sam2serve.server.memory import release_free_memory
+
+    def collect(*_: object) -> None:
+        gc.collect()
+        release_free_memory()
+
+    signal.signal(signal.SIGUSR1, collect)
     wait_ready(live)
     print(live.url, flush=True)
     sys.stdin.read()  # until the test closes the pipe (or dies)
