@@ -66,6 +66,12 @@ examples:
   {DEFAULT_URL_ENV}=http://localhost:8080 {DEFAULT_KEY_ENV}=TOKEN \\
     {PROG} labelstudio --model large --checkpoint sam2.1_hiera_large.pt
   {PROG} labelstudio --local-root /srv/photos --preannotate none
+  {PROG} labelstudio --allow-fetch-host images.lan:8081 --allow-fetch-host 10.0.0.0/8
+
+task images are fetched from --label-studio-url's host, --allow-fetch-host hosts, and
+(unless --no-public-fetch) public addresses on ports 80 and 443; loopback, private and
+link-local addresses only when allowed (docs/labelling.md, "Where task images may be
+fetched from"). /setup cannot change where the token goes.
 """
 
 
@@ -90,16 +96,36 @@ def add_arguments(parser: CommandParser) -> None:
         default=None,
         metavar="URL",
         help=f"Label Studio's address, for the images of tasks given as its paths "
-        f"(/data/upload/...) (default: ${DEFAULT_URL_ENV}, else the address Label Studio "
-        "sends when it connects)",
+        f"(/data/upload/...); images may be fetched from its host (default: "
+        f"${DEFAULT_URL_ENV}, else the address Label Studio sends when it connects, if "
+        "--allow-fetch-host allows it)",
     )
     group.add_argument(
         "--label-studio-key-env",
         default=DEFAULT_KEY_ENV,
         metavar="VAR",
         help="environment variable holding a Label Studio token (legacy API token or "
-        "personal access token) that reads those images (default: %(default)s; unset: the "
-        "project owner's token Label Studio sends when it connects)",
+        "personal access token) that reads those images, sent to --label-studio-url only "
+        "(default: %(default)s; unset: the project owner's token Label Studio sends when it "
+        "connects, sent to its own address only)",
+    )
+    group.add_argument(
+        "--allow-fetch-host",
+        dest="allow_fetch_hosts",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="a host task images may be fetched from whatever it resolves to (HOST or "
+        "HOST:PORT), or an address or network (IP, [IPv6]:PORT, CIDR such as 10.0.0.0/8): "
+        "how loopback, private and link-local addresses and other ports than 80 and 443 are "
+        "allowed (repeatable; default: none)",
+    )
+    group.add_argument(
+        "--no-public-fetch",
+        dest="public_fetch",
+        action="store_false",
+        help="fetch task images only from --label-studio-url and --allow-fetch-host hosts "
+        "(default: also from hosts whose addresses are all public, on ports 80 and 443)",
     )
     group.add_argument(
         "--local-root",
@@ -123,7 +149,8 @@ def add_arguments(parser: CommandParser) -> None:
         type=float,
         default=LabelStudioOptions().fetch_timeout_s,
         metavar="S",
-        help="seconds one image download may take (default: %(default)g)",
+        help="seconds one image download may take in all, redirects and a slow server "
+        "included (default: %(default)g)",
     )
     parser.set_defaults(flags=flag_of(parser))
 
@@ -135,6 +162,8 @@ def options_from(args: argparse.Namespace) -> LabelStudioOptions:
         "url": args.label_studio_url or os.environ.get(DEFAULT_URL_ENV) or None,
         "api_key": os.environ.get(args.label_studio_key_env) or None,
         "local_roots": tuple(args.local_roots),
+        "allow_fetch_hosts": tuple(args.allow_fetch_hosts),
+        "public_fetch": args.public_fetch,
         "preannotate": args.preannotate,
         "fetch_timeout_s": args.fetch_timeout_s,
     }
@@ -142,6 +171,8 @@ def options_from(args: argparse.Namespace) -> LabelStudioOptions:
         "url": url_flag,
         "api_key": f"${args.label_studio_key_env}",
         "local_roots": "--local-root",
+        "allow_fetch_hosts": "--allow-fetch-host",
+        "public_fetch": "--no-public-fetch",
         "preannotate": "--preannotate",
         "fetch_timeout_s": "--fetch-timeout",
     }
@@ -164,6 +195,12 @@ def labelstudio_command(args: argparse.Namespace) -> int:
             f"listening on {args.host} without an API key: anyone who can reach it can use it "
             f"(set ${args.api_key_env} to require one; Label Studio sends it as the password "
             "of Basic Authentication)"
+        )
+    if options.api_key is not None and options.url is None:
+        warning_line(
+            f"${args.label_studio_key_env} is set but Label Studio's address is not "
+            f"(--label-studio-url or ${DEFAULT_URL_ENV}): the token is sent nowhere; "
+            "set the address to read Label Studio's files with it"
         )
     model_flags.check_device(spec.device)
 

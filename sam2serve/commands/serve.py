@@ -144,6 +144,9 @@ SETTING_FLAGS: dict[str, tuple[SettingFlag, ...]] = {
         SettingFlag("--max-json-items", "max_json_items", int, "N",
                     "JSON arrays, objects and separators in one body, counted before parsing "
                     "(413 above)"),
+        SettingFlag("--max-decoded-mib", "max_decoded_bytes_in_flight", _mib, "MIB",
+                    "decoded bytes of all uploads in flight together (images, videos, masks, "
+                    "COCO runs), from their headers before decoding; more wait, then 503"),
         SettingFlag("--request-timeout", "request_timeout_s", float, "S",
                     "seconds a request may take, queueing included; then 503 with Retry-After"),
     ),
@@ -171,6 +174,8 @@ SETTING_FLAGS: dict[str, tuple[SettingFlag, ...]] = {
     "video tracking sessions (--video; docs/api.md)": (
         SettingFlag("--max-video-sessions", "max_video_sessions", int, "N",
                     "sessions held at once; one more gets 429"),
+        SettingFlag("--max-video-sessions-per-client", "max_video_sessions_per_client", int,
+                    "N", "sessions one client (API key, else address) may hold; more get 429"),
         SettingFlag("--max-video-frames", "max_video_frames", int, "N",
                     "frames in one session's video (413 above)"),
         SettingFlag("--max-video-upload-mib", "max_video_upload_bytes", _mib, "MIB",
@@ -254,7 +259,8 @@ def add_arguments(parser: CommandParser) -> None:
         default=None,
         metavar="DIR",
         help="a folder of images the page may browse and open (its jpg jpeg png webp bmp tif "
-        "tiff files, not its subfolders), through GET /v1/images (default: none)",
+        "tiff files, not its subfolders), through GET /v1/images; a listing is kept until the "
+        "folder changes and reads a capped number of entries (docs/api.md) (default: none)",
     )
 
     for title, flags in SETTING_FLAGS.items():

@@ -84,7 +84,9 @@ def _uncompressed(segmentation: Mapping[str, Any]) -> dict[str, Any]:
         from sam2serve.engine.rle import coco_to_rle
 
         return coco_to_rle(dict(segmentation))
-    return {"size": [int(v) for v in segmentation["size"]], "counts": [int(c) for c in counts]}
+    # An array, not a list: a mask of millions of runs is summed and encoded by numpy.
+    size = [int(v) for v in segmentation["size"]]
+    return {"size": size, "counts": np.asarray(counts, dtype=np.int64)}
 
 
 def coco_bbox(rle: Mapping[str, Any]) -> list[float]:
@@ -180,7 +182,7 @@ class CocoWriter:
             "image_id": image_id,
             "category_id": self.category_id,
             "segmentation": encode_mask(rle, "coco_rle"),
-            "area": int(sum(rle["counts"][1::2])),
+            "area": int(np.asarray(rle["counts"], dtype=np.int64)[1::2].sum()),
             "bbox": coco_bbox(rle),
             "iscrowd": 0,
         }

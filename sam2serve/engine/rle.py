@@ -13,6 +13,7 @@ dependency (the tests check it against pycocotools byte for byte).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -190,23 +191,51 @@ def _encode_counts_batch(counts: np.ndarray, offsets: np.ndarray) -> list[str]:
 
 def _decode_counts(text: str | bytes) -> np.ndarray:
     """pycocotools' rleFrString: compact ASCII string -> counts."""
-    raw = text.encode("ascii") if isinstance(text, str) else bytes(text)
-    codes = np.frombuffer(raw, dtype=np.uint8).astype(np.int64) - _CHAR_OFFSET
-    if codes.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if (codes < 0).any() or (codes > _MORE_BIT + _PAYLOAD_MASK).any():
-        raise ValueError("COCO RLE counts string has characters outside '0'..'o'")
-    is_last = (codes & _MORE_BIT) == 0
-    if not is_last[-1]:
-        raise ValueError("COCO RLE counts string is truncated (last value is unfinished)")
+    pieces = [counts for counts, _ in _coco_count_pieces(text)]
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
+
+# Long strings are read in pieces of this many chars: a char costs a few int64 temporaries,
+# so a piece's are a few MB whatever the mask.
+PIECE_CHARS = 1 << 18
+
+
+def _coco_count_pieces(text: str | bytes) -> Iterator[tuple[np.ndarray, bool]]:
+    """The counts of a compressed string a piece at a time (and whether it is the last):
+    a long string costs a piece's temporaries at once, and a reader that finds a bad
+    count stops there instead of decoding the rest."""
+    start, first_index = 0, 0
+    sums = [0, 0]  # running sums of the values at even indices >= 2 and at odd indices
+    while start < len(text):
+        end = min(len(text), start + max(PIECE_CHARS, _MAX_CHARS_PER_COUNT))
+        piece = text[start:end]  # a copy of the piece only, never of the whole string
+        raw = piece.encode("ascii") if isinstance(piece, str) else bytes(piece)
+        codes = np.frombuffer(raw, dtype=np.uint8).astype(np.int64) - _CHAR_OFFSET
+        if (codes < 0).any() or (codes > _MORE_BIT + _PAYLOAD_MASK).any():
+            raise ValueError("COCO RLE counts string has characters outside '0'..'o'")
+        is_last = (codes & _MORE_BIT) == 0
+        if end < len(text):  # cut after the piece's last whole value
+            ends = np.flatnonzero(is_last)
+            cut = int(ends[-1]) + 1 if ends.size else 0
+            if cut == 0 or codes.size - cut >= _MAX_CHARS_PER_COUNT:
+                raise ValueError("COCO RLE counts string has a value longer than a 32-bit count")
+            codes, is_last, end = codes[:cut], is_last[:cut], start + cut
+        elif not is_last[-1]:
+            raise ValueError("COCO RLE counts string is truncated (last value is unfinished)")
+        values = _values_of(codes, is_last)
+        yield _undo_delta(values, first_index, sums), end == len(text)
+        first_index += values.size
+        start = end
+
+
+def _values_of(codes: np.ndarray, is_last: np.ndarray) -> np.ndarray:
+    """The signed values of whole values' chars (offset removed)."""
     # Group chars into values: value index of each char, and its position in the value.
     value_of_char = np.concatenate(([0], np.cumsum(is_last)[:-1]))
     value_starts = np.flatnonzero(np.concatenate(([True], is_last[:-1])))
     position = np.arange(codes.size) - value_starts[value_of_char]
     if position.max() >= _MAX_CHARS_PER_COUNT:
         raise ValueError("COCO RLE counts string has a value longer than a 32-bit count")
-
     payload = (codes & _PAYLOAD_MASK) << (_BITS_PER_CHAR * position)
     values = np.add.reduceat(payload, value_starts)
     # Sign-extend values whose last char has the sign bit set.
@@ -214,13 +243,56 @@ def _decode_counts(text: str | bytes) -> np.ndarray:
     n_bits = _BITS_PER_CHAR * (position[is_last] + 1)
     negative = (last_chars & _SIGN_BIT) != 0
     values[negative] -= np.left_shift(1, n_bits[negative])
+    return values
 
-    # Undo the delta: from index 3 on, count[i] = value[i] + count[i - 2]. So counts 0 and
-    # 2 are stored as is, evens from 2 on are a running sum, and so are odds from 1 on.
+
+def _undo_delta(values: np.ndarray, first_index: int, sums: list[int]) -> np.ndarray:
+    """Counts of ``values`` that start at index ``first_index`` of the string's values.
+
+    From index 3 on, count[i] = value[i] + count[i - 2]: so counts 0 and 2 are stored as
+    is, evens from 2 on are a running sum, and so are odds from 1 on. ``sums`` carries the
+    two running sums from one piece to the next."""
     counts = values.copy()
-    counts[2::2] = np.cumsum(values[2::2])
-    counts[1::2] = np.cumsum(values[1::2])
+    index = np.arange(first_index, first_index + values.size)
+    for parity, where in enumerate(((index % 2 == 0) & (index >= 2), index % 2 == 1)):
+        if where.any():
+            running = sums[parity] + np.cumsum(values[where])
+            counts[where] = running
+            sums[parity] = int(running[-1])
     return counts
+
+
+def checked_counts(counts: str | bytes | Sequence[int], height: int, width: int) -> np.ndarray:
+    """The run lengths of a ``height`` x ``width`` mask given as COCO's compressed string
+    or as the runs, checked as they are read: no run below 0, none of length 0 but the
+    first and the last (pycocotools writes none; any other 0 only lengthens the list), and
+    together exactly height * width pixels. ValueError names the first bad run, so a
+    hostile string is refused after one piece, not after all of it."""
+    pixels = height * width
+    if isinstance(counts, (str, bytes)):
+        pieces: Iterator[tuple[np.ndarray, bool]] = _coco_count_pieces(counts)
+    else:
+        pieces = iter([(np.asarray(counts, dtype=np.int64).reshape(-1), True)])
+    out: list[np.ndarray] = []
+    first_index, covered = 0, 0
+    for piece, final in pieces:
+        if piece.size and piece.min() < 0:
+            index = first_index + int(np.argmax(piece < 0))
+            raise ValueError(f"run {index} is {int(piece[index - first_index])}; runs are >= 0")
+        zeros = np.flatnonzero(piece == 0) + first_index
+        zeros = zeros[(zeros > 0) & ~(final & (zeros == first_index + piece.size - 1))]
+        if zeros.size:
+            raise ValueError(
+                f"run {int(zeros[0])} has length 0; only the first and the last run may"
+            )
+        covered += int(piece.sum())
+        if covered > pixels:
+            raise ValueError(f"the runs cover more than the {height}x{width} = {pixels} pixels")
+        out.append(piece)
+        first_index += piece.size
+    if covered != pixels:
+        raise ValueError(f"the runs cover {covered} pixels, not the {height}x{width} = {pixels}")
+    return np.concatenate(out)
 
 
 def rle_to_coco(rle: Rle) -> Rle:

@@ -35,6 +35,21 @@ class VideoLimitError(VideoError):
 
 
 @dataclass(frozen=True)
+class VideoProbe:
+    """What a video file declares, read without decoding a frame."""
+
+    width: int
+    height: int
+    # The video stream's packets (one per frame), counted up to the probe's limit + 1.
+    frames: int
+    fps: float | None
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+@dataclass(frozen=True)
 class VideoFrames:
     """The decoded frames of one video: uint8 (H, W, 3) arrays, all the same size."""
 
@@ -107,23 +122,62 @@ def _read_folder(
     return VideoFrames(frames=frames, fps=None, names=names, source=str(folder))
 
 
+def probe_video(
+    source: str | BinaryIO,
+    name: str,
+    max_frames: int | None = DEFAULT_MAX_FRAMES,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+) -> VideoProbe:
+    """The size and frame count of a video file, without decoding any frame: the size from
+    the stream's header (FFmpeg's own probing may not allocate frames past ``max_pixels``),
+    the frames by counting the stream's packets (demuxing only), stopping past
+    ``max_frames``. VideoLimitError past either limit, VideoError if it is no video."""
+    av = _import_av("read video files")
+    try:
+        with av.open(source, mode="r", stream_options=_decoder_options(max_pixels)) as container:
+            if not container.streams.video:
+                raise VideoError(f"{name!r} has no video stream")
+            stream = container.streams.video[0]
+            width, height = _declared_size(stream, max_pixels, name)
+            fps = float(stream.average_rate) if stream.average_rate else None
+            frames = 0
+            for packet in container.demux(stream):
+                frames += bool(packet.size)
+                if max_frames is not None and frames > max_frames:
+                    break
+    except av.error.FFmpegError as exc:  # not a video, truncated, unknown codec
+        raise VideoError(f"cannot decode {name!r}: {exc}") from None
+    if frames == 0:
+        raise VideoError(f"{name!r} has no frames")
+    _check_count(frames, max_frames, name, exact=max_frames is None or frames <= max_frames)
+    return VideoProbe(width, height, frames, fps)
+
+
 def decode_video(
     source: str | BinaryIO,
     name: str,
     max_frames: int | None = DEFAULT_MAX_FRAMES,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     max_bytes: int | None = None,
+    probe: VideoProbe | None = None,
 ) -> VideoFrames:
     """The frames of a video file: a path, or an open binary file (an upload), decoded by
-    PyAV whatever its container; ``name`` is what messages call it."""
+    PyAV whatever its container; ``name`` is what messages call it. With the ``probe`` of
+    the same file, every frame must have its size and there may be no more frames than it
+    counted (a file that says less than it holds is refused, not decoded further)."""
     av = _import_av("read video files")
+    if probe is not None:
+        max_frames = probe.frames if max_frames is None else min(max_frames, probe.frames)
     frames: list[np.ndarray] = []
     held = 0
     try:
-        with av.open(source, mode="r") as container:
+        with av.open(source, mode="r", stream_options=_decoder_options(max_pixels)) as container:
             if not container.streams.video:
                 raise VideoError(f"{name!r} has no video stream")
             stream = container.streams.video[0]
+            _declared_size(stream, max_pixels, name)
+            # The decoder refuses frames past the limit before it allocates them.
+            stream.codec_context.options = _decoder_options(max_pixels)[0]
             fps = float(stream.average_rate) if stream.average_rate else None
             for frame in container.decode(stream):
                 if max_frames is not None and len(frames) >= max_frames:
@@ -131,15 +185,17 @@ def decode_video(
                         f"{name!r} has more than {max_frames} frames (the limit; "
                         "cut the video or raise the limit)"
                     )
-                if max_pixels is not None and frame.width * frame.height > max_pixels:
-                    raise VideoLimitError(
-                        f"{name!r}: frames of {frame.width}x{frame.height} exceed the "
-                        f"{max_pixels:,}-pixel limit"
+                _check_pixels(frame.width, frame.height, max_pixels, name)
+                if probe is not None and (frame.width, frame.height) != (probe.width, probe.height):
+                    raise VideoError(
+                        f"{name!r}: frame {len(frames)} is {frame.width}x{frame.height}, its "
+                        f"stream declares {probe.width}x{probe.height}; every frame of a video "
+                        "must have one size"
                     )
                 held += frame.width * frame.height * 3
                 _check_bytes(held, max_bytes, name)
                 frames.append(np.ascontiguousarray(frame.to_ndarray(format="rgb24")))
-    except av.error.FFmpegError as exc:  # not a video, truncated, unknown codec
+    except av.error.FFmpegError as exc:  # not a video, truncated, unknown codec, too large
         raise VideoError(f"cannot decode {name!r}: {exc}") from None
     if not frames:
         raise VideoError(f"{name!r} has no frames")
@@ -148,10 +204,40 @@ def decode_video(
     return VideoFrames(frames=frames, fps=fps, names=names, source=name)
 
 
-def _check_count(count: int, max_frames: int | None, source: str) -> None:
-    if max_frames is not None and count > max_frames:
+def _declared_size(stream: Any, max_pixels: int | None, name: str) -> tuple[int, int]:
+    """(width, height) the video stream declares; VideoLimitError past ``max_pixels``."""
+    width, height = stream.codec_context.width, stream.codec_context.height
+    if width <= 0 or height <= 0:
+        # FFmpeg leaves the size unset when its decoder refuses one past max_pixels.
+        limit = "" if max_pixels is None else f" over the {max_pixels:,}-pixel limit, or"
+        raise VideoLimitError(f"{name!r} has frames{limit} of no size FFmpeg can read")
+    _check_pixels(width, height, max_pixels, name)
+    return width, height
+
+
+def _decoder_options(max_pixels: int | None) -> list[dict[str, str]]:
+    """FFmpeg's per-stream decoder options (for the first streams of a container): no
+    frame of more than ``max_pixels`` is allocated, while probing or decoding."""
+    if max_pixels is None:
+        return [{}] * _PROBED_STREAMS
+    return [{"max_pixels": str(max_pixels)}] * _PROBED_STREAMS
+
+
+_PROBED_STREAMS = 16
+
+
+def _check_pixels(width: int, height: int, max_pixels: int | None, name: str) -> None:
+    if max_pixels is not None and width * height > max_pixels:
         raise VideoLimitError(
-            f"{source!r} has {count} frames, more than the limit of {max_frames} (cut the "
+            f"{name!r}: frames of {width}x{height} exceed the {max_pixels:,}-pixel limit"
+        )
+
+
+def _check_count(count: int, max_frames: int | None, source: str, exact: bool = True) -> None:
+    if max_frames is not None and count > max_frames:
+        has = f"{count} frames" if exact else f"more than {max_frames} frames"
+        raise VideoLimitError(
+            f"{source!r} has {has}, more than the limit of {max_frames} (cut the "
             "video or raise the limit)"
         )
 

@@ -20,7 +20,7 @@ from sam2serve.engine.predictor import Predictor
 from sam2serve.labelstudio.images import ImageFetcher
 from sam2serve.labelstudio.options import LabelStudioOptions
 from sam2serve.labelstudio.predict import LabelStudioBackend
-from sam2serve.labelstudio.routes import router
+from sam2serve.labelstudio.routes import BODY_LIMITS, router
 from sam2serve.server.app import create_app
 from sam2serve.server.settings import ServerSettings
 
@@ -35,10 +35,11 @@ def create_labelstudio_app(
     """The service's app for ``settings`` plus Label Studio's endpoints; loads the model
     unless a ``predictor`` is given. ``transport``: the HTTP transport that fetches images
     (tests hand in a mock)."""
-    app = create_app(settings, predictor)
+    app = create_app(settings, predictor, body_limits=BODY_LIMITS)
     fetcher = ImageFetcher(
         max_bytes=settings.max_upload_bytes,
         timeout_s=options.fetch_timeout_s,
+        policy=options.fetch_policy(),
         local_roots=options.local_roots,
         transport=transport,
     )

@@ -4,33 +4,52 @@ Label Studio tasks name their image in one of these ways, each read here:
 
 - a path on Label Studio itself (``/data/upload/3/a1b2-cat.jpg``,
   ``/data/local-files/?d=photos/cat.jpg``, ``/tasks/7/presign/?fileuri=...``): fetched from
-  Label Studio (``--label-studio-url``, else the hostname Label Studio sent in /setup) with
-  a token (``$LABEL_STUDIO_API_KEY``, else the project owner's token from /setup);
-- an ``http(s)://`` URL: fetched; the token is sent only to Label Studio's own address;
+  Label Studio (``--label-studio-url``, else the hostname Label Studio sent in /setup when
+  the operator allowed that host) with a token (``$LABEL_STUDIO_API_KEY``, sent only to
+  ``--label-studio-url``; else the token /setup sent, only to its own allowed hostname);
+- an ``http(s)://`` URL: fetched when the fetch policy allows it
+  (:mod:`sam2serve.labelstudio.fetch_policy`); a token goes only to Label Studio's own
+  address;
 - a ``data:image/...;base64,`` URI: decoded;
 - a local path (absolute, or ``file://``): read, but only inside a ``--local-root`` folder
   (a caller must not read any file of this machine).
 
-A token is either a legacy API token (sent as ``Authorization: Token KEY``) or a personal
-access token (a JWT: exchanged at ``/api/token/refresh`` for an access token, sent as
-``Authorization: Bearer ACCESS``, exchanged again when Label Studio answers 401).
-Every failure is an :class:`~sam2serve.server.errors.ApiError` naming the reference and
-the reason (422), or 413 past ``max_bytes``.
+Every fetch, redirects and the token exchange included, has one deadline
+(``--fetch-timeout``, from the first byte asked to the last read), at most
+``MAX_REDIRECTS`` redirects each checked by the policy, and ``max_bytes`` (the declared
+length checked before reading, the bytes counted while reading). A token is either a
+legacy API token (sent as ``Authorization: Token KEY``) or a personal access token (a
+JWT: exchanged at ``/api/token/refresh`` for an access token, sent as ``Authorization:
+Bearer ACCESS``, exchanged again when Label Studio answers 401). Every failure is an
+:class:`~sam2serve.server.errors.ApiError` naming the reference and the reason (422), or
+413 past ``max_bytes``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import json
+import logging
 import os
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
+from typing import Any
+from urllib.parse import unquote, urljoin, urlsplit
 
 import httpx
 
+from sam2serve.labelstudio.fetch_policy import FetchPolicy, FetchRefused
 from sam2serve.server.errors import ApiError
 from sam2serve.server.uploads import decode_base64_image
 
+log = logging.getLogger("sam2serve.labelstudio")
+
 _SHOWN = 120  # characters of a reference shown in a message
+MAX_REDIRECTS = 5
+_REDIRECTS = (301, 302, 303, 307, 308)
 
 
 @dataclass(frozen=True)
@@ -39,10 +58,6 @@ class LabelStudioAccess:
 
     url: str | None = None
     token: str | None = None
-
-    def over(self, fallback: LabelStudioAccess) -> LabelStudioAccess:
-        """These values, each missing one taken from ``fallback``."""
-        return LabelStudioAccess(self.url or fallback.url, self.token or fallback.token)
 
 
 class ImageFetcher:
@@ -53,22 +68,29 @@ class ImageFetcher:
         *,
         max_bytes: int,
         timeout_s: float,
+        policy: FetchPolicy | None = None,
         local_roots: tuple[str, ...] = (),
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.max_bytes = max_bytes
         self.local_roots = tuple(os.path.realpath(root) for root in local_roots)
         self.timeout_s = timeout_s
+        self.policy = policy or FetchPolicy()
         self._transport = transport
         self._http: httpx.AsyncClient | None = None
         self._access_tokens: dict[tuple[str, str], str] = {}  # (url, personal token) -> JWT
 
     @property
     def _client(self) -> httpx.AsyncClient:
-        """The client, made in the event loop that first fetches (the app's)."""
+        """The client, made in the event loop that first fetches (the app's). It follows
+        no redirect itself (each is checked here) and reads no proxy or .netrc from the
+        environment (no credentials of this machine go anywhere)."""
         if self._http is None:
             self._http = httpx.AsyncClient(
-                timeout=self.timeout_s, follow_redirects=True, transport=self._transport
+                timeout=self.timeout_s,
+                follow_redirects=False,
+                trust_env=False,
+                transport=self._transport,
             )
         return self._http
 
@@ -82,7 +104,10 @@ class ImageFetcher:
         if not isinstance(reference, str) or not reference.strip():
             raise _unavailable(f"{where}: expected an image URL or path, got {_shown(reference)}")
         reference = reference.strip()
-        scheme = urlsplit(reference).scheme.lower()
+        try:
+            scheme = urlsplit(reference).scheme.lower()
+        except ValueError:  # e.g. an unclosed '[' of an IPv6 address
+            raise _unavailable(f"{where}: {_shown(reference)} is not a valid URL") from None
         if scheme == "data":
             return decode_base64_image(reference, self.max_bytes)
         if scheme in ("http", "https"):
@@ -94,8 +119,8 @@ class ImageFetcher:
                 raise _unavailable(
                     f"{where}: {_shown(reference)} is a path on Label Studio, but its address "
                     "is unknown: start the backend with --label-studio-url (or "
-                    "$LABEL_STUDIO_URL), or connect it from a Label Studio that sends one in "
-                    "/setup"
+                    "$LABEL_STUDIO_URL); a hostname sent by /setup is used only when the "
+                    "operator allowed it (--allow-fetch-host)"
                 )
             return await self._download(access.url + reference, access, where)
         raise _unavailable(
@@ -106,29 +131,63 @@ class ImageFetcher:
 
     # ------------------------------------------------------------------ HTTP
     async def _download(self, url: str, access: LabelStudioAccess, where: str) -> bytes:
-        to_label_studio = access.url is not None and _origin(url) == _origin(access.url)
-        token = access.token if to_label_studio else None
-        headers = await self._auth_headers(access, fresh=False) if token else {}
-        data, status = await self._get(url, headers, where)
-        if status == 401 and token and _is_jwt(token):  # the access token expired
-            data, status = await self._get(url, await self._auth_headers(access, True), where)
-        if status >= 400:
-            hint = ""
-            if status in (401, 403):
-                hint = (
-                    " (Label Studio refused the token: set $LABEL_STUDIO_API_KEY to a token of "
-                    "a user of this project)"
-                    if to_label_studio
-                    else " (the server wants credentials the backend does not have)"
-                )
-            raise _unavailable(f"{where}: GET {_shown(url)} answered HTTP {status}{hint}")
-        return data
-
-    async def _get(self, url: str, headers: dict[str, str], where: str) -> tuple[bytes, int]:
+        """The body at ``url``, redirects followed, all within one deadline."""
         try:
-            async with self._client.stream("GET", url, headers=headers) as response:
-                if response.status_code >= 400:
-                    return b"", response.status_code
+            async with asyncio.timeout(self.timeout_s):
+                return await self._follow(url, access, where)
+        except TimeoutError:
+            raise _unavailable(
+                f"{where}: GET {_shown(url)} did not finish within {self.timeout_s:g} s "
+                "(--fetch-timeout)"
+            ) from None
+        except FetchRefused as refused:
+            log.info("fetch refused by the policy: %s (for %s)", refused.url[:300], url[:300])
+            via = "" if refused.url == url else f" (redirected to {_shown(refused.url)})"
+            raise _unavailable(
+                f"{where}: {_shown(url)}{via} is not fetched: the backend fetches from the "
+                "hosts its operator allowed (--label-studio-url, --allow-fetch-host) and, "
+                "unless --no-public-fetch, from public addresses on ports 80 and 443; this "
+                "host is none of those, or does not resolve"
+            ) from None
+
+    async def _follow(self, url: str, access: LabelStudioAccess, where: str) -> bytes:
+        label_studio = _origin(access.url) if access.url is not None else None
+        hop = url
+        for _ in range(MAX_REDIRECTS + 1):
+            to_label_studio = label_studio is not None and _origin(hop) == label_studio
+            token = access.token if to_label_studio else None
+            headers = await self._auth_headers(access, fresh=False) if token else {}
+            data, status, location = await self._get(hop, headers, where)
+            if status == 401 and token and _is_jwt(token):  # the access token expired
+                fresh = await self._auth_headers(access, True)
+                data, status, location = await self._get(hop, fresh, where)
+            if status in _REDIRECTS and location:
+                try:
+                    hop = urljoin(hop, location)
+                except ValueError:
+                    raise FetchRefused(location) from None
+                continue
+            if status >= 400:
+                hint = ""
+                if status in (401, 403):
+                    hint = (
+                        " (Label Studio refused the token: set $LABEL_STUDIO_API_KEY to a "
+                        "token of a user of this project)"
+                        if to_label_studio
+                        else " (the server wants credentials the backend does not have)"
+                    )
+                raise _unavailable(f"{where}: GET {_shown(url)} answered HTTP {status}{hint}")
+            return data
+        raise _unavailable(f"{where}: GET {_shown(url)} redirected more than {MAX_REDIRECTS} times")
+
+    async def _get(
+        self, url: str, headers: dict[str, str], where: str
+    ) -> tuple[bytes, int, str | None]:
+        """(body, status, Location) of one GET; the body only when the status is < 300."""
+        try:
+            async with self._request("GET", url, headers) as response:
+                if response.status_code >= 300:
+                    return b"", response.status_code, response.headers.get("location")
                 declared = response.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > self.max_bytes:
                     raise _too_large(where, int(declared), self.max_bytes)
@@ -138,13 +197,37 @@ class ImageFetcher:
                     if size > self.max_bytes:
                         raise _too_large(where, size, self.max_bytes)
                     chunks.append(chunk)
-                return b"".join(chunks), response.status_code
+                return b"".join(chunks), response.status_code, None
         except httpx.TimeoutException:
             raise _unavailable(f"{where}: GET {_shown(url)} timed out") from None
         except httpx.HTTPError as exc:
             raise _unavailable(
                 f"{where}: GET {_shown(url)} failed: {exc or type(exc).__name__}"
             ) from None
+
+    @asynccontextmanager
+    async def _request(
+        self, method: str, url: str, headers: dict[str, str], **kwargs: Any
+    ) -> AsyncIterator[httpx.Response]:
+        """One request where the policy allows it: a host the operator named goes as it
+        is; any other is resolved here, every address checked, and the connection made to
+        the first of them (the name stays in the Host header and TLS's server name), so a
+        second resolution cannot lead elsewhere. FetchRefused otherwise."""
+        scheme, host, port = self.policy.target(url)
+        extensions: dict[str, Any] = {}
+        if not self.policy.trusts_name(host, port):
+            addresses = await _resolve(host, port)
+            if not self.policy.allows_addresses(addresses, port):
+                raise FetchRefused(url)
+            target = httpx.URL(url)
+            headers = {**headers, "Host": target.netloc.decode("ascii")}
+            if scheme == "https":
+                extensions["sni_hostname"] = host
+            url = str(target.copy_with(host=str(addresses[0])))
+        async with self._client.stream(
+            method, url, headers=headers, extensions=extensions, **kwargs
+        ) as response:
+            yield response
 
     async def _auth_headers(self, access: LabelStudioAccess, fresh: bool) -> dict[str, str]:
         token = access.token
@@ -160,13 +243,17 @@ class ImageFetcher:
         """A personal access token's short-lived access token (Label Studio >= 1.17)."""
         refresh_url = f"{url}/api/token/refresh"
         try:
-            response = await self._client.post(refresh_url, json={"refresh": personal_token})
+            async with self._request(
+                "POST", refresh_url, {}, json={"refresh": personal_token}
+            ) as response:
+                status = response.status_code
+                body = await response.aread() if status == 200 else b""
         except httpx.HTTPError as exc:
             raise _unavailable(f"POST {refresh_url} failed: {exc or type(exc).__name__}") from None
-        access = response.json().get("access") if response.status_code == 200 else None
+        access = _json_field(body[: 64 * 1024], "access") if status == 200 else None
         if not isinstance(access, str):
             raise _unavailable(
-                f"POST {refresh_url} answered HTTP {response.status_code}: Label Studio did not "
+                f"POST {refresh_url} answered HTTP {status}: Label Studio did not "
                 "accept the personal access token ($LABEL_STUDIO_API_KEY)"
             )
         return access
@@ -198,6 +285,32 @@ class ImageFetcher:
             ) from None
 
 
+async def _resolve(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The addresses ``host`` resolves to (an address literal is itself); none when it
+    does not resolve."""
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return []
+    addresses = []
+    for _, _, _, _, sockaddr in infos:
+        try:
+            address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+        except ValueError:
+            continue
+        if address not in addresses:
+            addresses.append(address)
+    return addresses
+
+
+def _json_field(body: bytes, name: str) -> object:
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    return document.get(name) if isinstance(document, dict) else None
+
+
 def _is_ls_path(reference: str) -> bool:
     """A path Label Studio serves (its uploads, local files, presigned storage URLs)."""
     return reference.startswith(("/data/", "/tasks/", "/storage-data/", "/api/"))
@@ -209,7 +322,10 @@ def _is_jwt(token: str) -> bool:
 
 
 def _origin(url: str) -> tuple[str, str]:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not a URL: the origin of nothing
+        return "", ""
     return parts.scheme.lower(), parts.netloc.lower()
 
 

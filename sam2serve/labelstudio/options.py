@@ -3,7 +3,9 @@
 Torch-free, so ``sam2serve labelstudio`` checks its flags before anything heavy loads.
 The service's own settings (model, limits, caches) stay in
 :class:`~sam2serve.server.settings.ServerSettings`; these are only what is particular to
-answering Label Studio: where its files are, and what a task without a click gets.
+answering Label Studio: where its files are and with which token, which hosts task images
+may be fetched from, and what a task without a click gets. All of it is the operator's:
+nothing a caller sends (``/setup`` included) changes where the token goes.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import math
 import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from sam2serve.labelstudio.fetch_policy import AllowedHost, FetchPolicy
 
 # What a task gets when Label Studio asks for predictions without an interaction (the
 # "retrieve predictions" action, or a task opened with pre-labelling on).
@@ -34,17 +38,27 @@ class LabelStudioOptions:
     """How the backend reaches Label Studio's files and what pre-annotation does."""
 
     # Label Studio's address, for the task URLs it gives relative to itself
-    # (/data/upload/..., /data/local-files/?d=...). None: the hostname Label Studio sent in
-    # /setup for the project.
+    # (/data/upload/..., /data/local-files/?d=...); its host is allowed to be fetched from.
+    # None: the hostname Label Studio sent in /setup for the project, if the operator
+    # allowed that host (allow_fetch_hosts).
     url: str | None = None
     # A Label Studio access token (legacy token or personal access token) to read those
-    # files. None: the project owner's token Label Studio sent in /setup.
+    # files, sent to ``url`` only (never used without it). None: the token /setup sent,
+    # sent to /setup's own (allowed) hostname only.
     api_key: str | None = None
+    # Hosts task images may be fetched from whatever they resolve to (HOST, HOST:PORT), and
+    # addresses or networks (IP, [IPv6]:PORT, CIDR): how loopback, private and link-local
+    # addresses, and ports other than 80 and 443, are allowed.
+    allow_fetch_hosts: tuple[str, ...] = ()
+    # Fetch from any other host whose addresses are all public, on ports 80 and 443.
+    # False: only from ``url`` and ``allow_fetch_hosts``.
+    public_fetch: bool = True
     # Folders whose files a task may name by local path (absolute, or file://); none: a
     # local path is refused (a remote caller must not read this machine's files).
     local_roots: tuple[str, ...] = ()
     preannotate: str = DEFAULT_PREANNOTATE
-    # Seconds one image download may take.
+    # Seconds one image download may take, all of it (redirects and a slow server's last
+    # byte included).
     fetch_timeout_s: float = 30.0
     # Tasks of one /predict request worked on at once (fetch, encode, decode); the model
     # worker batches their encodes.
@@ -61,6 +75,9 @@ class LabelStudioOptions:
             object.__setattr__(self, "url", self.url.rstrip("/"))
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to use /setup's token)")
+        object.__setattr__(self, "allow_fetch_hosts", tuple(self.allow_fetch_hosts))
+        for entry in self.allow_fetch_hosts:
+            AllowedHost.parse(entry)  # ValueError naming the entry and what is accepted
         roots = tuple(os.path.realpath(root) for root in self.local_roots)
         for given, root in zip(self.local_roots, roots, strict=True):
             if not os.path.isdir(root):
@@ -85,6 +102,16 @@ class LabelStudioOptions:
             raise ValueError(
                 f"max_concurrent_tasks must be an integer >= 1, got {self.max_concurrent_tasks!r}"
             )
+
+    def fetch_policy(self) -> FetchPolicy:
+        """The hosts images may be fetched from: the allow-list and Label Studio's own."""
+        entries = list(self.allow_fetch_hosts)
+        if self.url is not None:
+            parts = urlsplit(self.url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            host = parts.hostname or ""
+            entries.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        return FetchPolicy.of(tuple(entries), self.public_fetch)
 
 
 __all__ = [

@@ -24,6 +24,7 @@ logged and gets an empty prediction, so one broken image does not lose the other
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -59,6 +60,8 @@ from sam2serve.server.schemas import ObjectPrompt, Point
 from sam2serve.server.service import ImageState, RequestClock, Service
 
 log = logging.getLogger("sam2serve.labelstudio")
+# Projects whose /setup is remembered (the least recently connected forgotten first).
+MAX_SETUP_PROJECTS = 1024
 
 
 class LabelStudioBackend:
@@ -67,8 +70,11 @@ class LabelStudioBackend:
     def __init__(self, options: LabelStudioOptions, fetcher: ImageFetcher) -> None:
         self.options = options
         self.fetcher = fetcher
-        # What /setup said per project id: Label Studio's address and the owner's token.
-        self._setup_access: dict[str, LabelStudioAccess] = {}
+        # What /setup said per project id: Label Studio's address (only one the operator
+        # allowed) and the owner's token; bounded.
+        self._setup_access: collections.OrderedDict[str, LabelStudioAccess] = (
+            collections.OrderedDict()
+        )
 
     # ------------------------------------------------------------------ /setup
     def model_version(self, service: Service) -> str:
@@ -83,26 +89,51 @@ class LabelStudioBackend:
             identity = str(weights.get("source"))
         return f"sam2serve-{service.model_name}-{service.settings.mode}-{identity}"
 
-    def setup(self, body: SetupRequest, service: Service) -> SetupResponse:
-        """Remember the project's address and token; check its config when it is sent."""
+    async def setup(self, body: SetupRequest, service: Service) -> SetupResponse:
+        """Remember the project's token, and its address when the operator allowed that
+        host (without --label-studio-url); check its config when it is sent."""
         if body.schema_:
-            _config(body.schema_)
+            await asyncio.to_thread(_config, body.schema_)
         key = project_id(body.project)
-        if key is not None and (body.hostname or body.access_token):
-            self._setup_access[key] = LabelStudioAccess(
-                body.hostname.rstrip("/") if body.hostname else None, body.access_token or None
+        hostname = body.hostname.rstrip("/") if body.hostname else None
+        if (
+            hostname
+            and self.options.url is None
+            and not self.fetcher.policy.names_allowed(hostname)
+        ):
+            log.warning(
+                "/setup of project %s named Label Studio at %r, which the operator did not "
+                "allow (--label-studio-url, --allow-fetch-host): not used",
+                (key or "?")[:40],
+                hostname[:200],
             )
+            hostname = None
+        if self.options.url is not None:
+            hostname = None  # the operator's address is Label Studio's
+        if key is not None and (hostname or body.access_token):
+            self._setup_access[key] = LabelStudioAccess(hostname, body.access_token or None)
+            self._setup_access.move_to_end(key)
+            while len(self._setup_access) > MAX_SETUP_PROJECTS:
+                self._setup_access.popitem(last=False)
         return SetupResponse(model_version=self.model_version(service))
 
     def access_for(self, project: str | None) -> LabelStudioAccess:
-        """The backend's own address and token first, then what /setup sent."""
-        own = LabelStudioAccess(self.options.url, self.options.api_key)
+        """Where Label Studio's files are read, with which token: the operator's address
+        with the operator's token (else the project's /setup token); without an operator
+        address, the project's allowed /setup address with its own /setup token. The
+        operator's token never goes to an address /setup named."""
         key = project_id(project)
-        return own.over(self._setup_access.get(key, LabelStudioAccess())) if key else own
+        remembered = self._setup_access.get(key) if key is not None else None
+        if self.options.url is not None:
+            token = self.options.api_key or (remembered.token if remembered else None)
+            return LabelStudioAccess(self.options.url, token)
+        if remembered is not None and remembered.url is not None:
+            return remembered
+        return LabelStudioAccess()
 
     # ------------------------------------------------------------------ /predict
     async def predict(self, body: PredictRequest, service: Service, client: str) -> PredictResponse:
-        config = _config(body.label_config)
+        config = await asyncio.to_thread(_config, body.label_config)
         context = body.params.context
         prompt = prompt_from_context(context) if context is not None else None
         if prompt is not None and len(prompt.points) > service.settings.max_points_per_object:
@@ -179,9 +210,10 @@ class LabelStudioBackend:
             brush, image_name, config.label_for(brush, prompt.label if prompt else None)
         )
         if mode == "amg":
-            pixels = await service.decode(data)
-            image = await service.image_from_bytes(data, clock, pixels)
-            records = await _amg(service, image, pixels, clock)
+            pixels, reservation = await service.decode(data)
+            with reservation:
+                image = await service.image_from_bytes(data, clock, pixels)
+                records = await _amg(service, image, pixels, clock)
             return await asyncio.to_thread(
                 lambda: [draw.region(r["segmentation"], r["predicted_iou"]) for r in records]
             )

@@ -13,15 +13,30 @@ Label Studio (``label_studio/ml/api_connector.py``) calls, on the backend's URL:
 - ``GET /versions``, ``POST /webhook``.
 
 Label Studio adds fields of its own to all of these; the models accept and ignore them.
-A region's coordinates are percentages of the image's width and height.
+A region's coordinates are percentages of the image's width and height. Every string the
+backend reads has a length limit (below); the body as a whole has the service's limits
+(bytes, JSON items and depth: :mod:`sam2serve.server.request_body`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# The longest labelling config read (in /predict's label_config and /setup's schema): a
+# config of thousands of labels is tens of KB.
+MAX_LABEL_CONFIG_CHARS = 1_000_000
+MAX_PROJECT_CHARS = 256
+MAX_HOSTNAME_CHARS = 2048
+MAX_TOKEN_CHARS = 4096
+MAX_NAME_CHARS = 256  # a tag's name, a region's type, a label
+# /setup's largest body: a labelling config JSON-escaped (twice its characters at worst)
+# and the short fields.
+SETUP_BODY_BYTES = 2 * MAX_LABEL_CONFIG_CHARS + 64 * 1024
+
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
 
 class _Open(BaseModel):
@@ -38,9 +53,9 @@ class RegionValue(_Open):
     width: float | None = Field(None, description="Rectangle width, % of image width.")
     height: float | None = Field(None, description="Rectangle height, % of image height.")
     rotation: float = Field(0.0, description="Rectangle rotation in degrees (must be 0).")
-    keypointlabels: list[str] | None = None
-    rectanglelabels: list[str] | None = None
-    labels: list[str] | None = Field(
+    keypointlabels: list[Name] | None = None
+    rectanglelabels: list[Name] | None = None
+    labels: list[Name] | None = Field(
         None, description="The label names Label Studio's smart tools add to their regions."
     )
 
@@ -55,13 +70,13 @@ class RegionValue(_Open):
 class ContextRegion(_Open):
     """One region of the annotator's interaction: a click or a box."""
 
-    type: str = Field(description="keypointlabels, keypoint, rectanglelabels or rectangle.")
+    type: Name = Field(description="keypointlabels, keypoint, rectanglelabels or rectangle.")
     value: RegionValue
     is_positive: bool | None = Field(
         None, description="Keypoints: true for a positive click, false for a negative one."
     )
-    from_name: str | None = None
-    to_name: str | None = Field(None, description="The Image tag the region is on.")
+    from_name: Name | None = None
+    to_name: Name | None = Field(None, description="The Image tag the region is on.")
     original_width: int | None = None
     original_height: int | None = None
     image_rotation: float = 0.0
@@ -82,8 +97,14 @@ class Task(_Open):
 
 class PredictRequest(_Open):
     tasks: list[Task] = Field(min_length=1)
-    project: str | None = Field(None, description="'<project id>.<created timestamp>'.")
-    label_config: str = Field(min_length=1, description="The project's labelling config.")
+    project: str | None = Field(
+        None, max_length=MAX_PROJECT_CHARS, description="'<project id>.<created timestamp>'."
+    )
+    label_config: str = Field(
+        min_length=1,
+        max_length=MAX_LABEL_CONFIG_CHARS,
+        description="The project's labelling config.",
+    )
     params: PredictParams = Field(default_factory=PredictParams)
 
     @field_validator("project", mode="before")
@@ -93,10 +114,21 @@ class PredictRequest(_Open):
 
 
 class SetupRequest(_Open):
-    project: str | None = None
-    schema_: str | None = Field(None, alias="schema", description="The labelling config.")
-    hostname: str | None = Field(None, description="Label Studio's address, for its files.")
-    access_token: str | None = Field(None, description="A token to read Label Studio's files.")
+    project: str | None = Field(None, max_length=MAX_PROJECT_CHARS)
+    schema_: str | None = Field(
+        None, alias="schema", max_length=MAX_LABEL_CONFIG_CHARS, description="The labelling config."
+    )
+    hostname: str | None = Field(
+        None,
+        max_length=MAX_HOSTNAME_CHARS,
+        description="Label Studio's address, for its files: used only when the backend has "
+        "no --label-studio-url and its operator allowed this host (--allow-fetch-host).",
+    )
+    access_token: str | None = Field(
+        None,
+        max_length=MAX_TOKEN_CHARS,
+        description="A token to read Label Studio's files, sent only to Label Studio's address.",
+    )
 
     @field_validator("project", mode="before")
     @classmethod
@@ -136,6 +168,9 @@ def project_id(project: str | None) -> str | None:
 
 
 __all__ = [
+    "MAX_LABEL_CONFIG_CHARS",
+    "MAX_NAME_CHARS",
+    "SETUP_BODY_BYTES",
     "Context",
     "ContextRegion",
     "HealthResponse",

@@ -2,7 +2,8 @@
 
 GET /health, POST /setup, POST /predict, GET /versions, POST /webhook (see
 :mod:`sam2serve.labelstudio.protocol`). They reach the Service through the server's
-dependencies and the backend through :func:`get_backend` (``app.state.labelstudio``).
+dependencies and the backend through :func:`get_backend` (``app.state.labelstudio``). Their
+bodies are read by hand as /v1's are, within the same limits and off the event loop.
 
 When the service has an API key, these endpoints want it too, given as Label Studio can
 send it: with HTTP basic authentication (Label Studio's ML backend settings, "Basic
@@ -17,11 +18,14 @@ import binascii
 import secrets
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from sam2serve.labelstudio.predict import LabelStudioBackend
 from sam2serve.labelstudio.protocol import (
+    MAX_NAME_CHARS,
+    SETUP_BODY_BYTES,
     HealthResponse,
     PredictRequest,
     PredictResponse,
@@ -31,8 +35,14 @@ from sam2serve.labelstudio.protocol import (
 )
 from sam2serve.server.dependencies import ServiceDep, SettingsDep
 from sam2serve.server.errors import ApiError
+from sam2serve.server.request_body import JSON_MEDIA, parse_json_body
 from sam2serve.server.request_guard import run_guarded
-from sam2serve.server.routes.common import ERROR_RESPONSES, client_address, json_response
+from sam2serve.server.routes.common import (
+    ERROR_RESPONSES,
+    client_address,
+    inline_schema,
+    json_response,
+)
 
 
 async def get_backend(request: Request) -> LabelStudioBackend:
@@ -70,6 +80,19 @@ async def require_key(request: Request, settings: SettingsDep) -> None:
 
 router = APIRouter(tags=["Label Studio ML backend"], responses=ERROR_RESPONSES)
 protected = [Depends(require_key)]
+# What Label Studio's bodies may be: the service's limits (bytes, JSON items and depth,
+# read and validated off the event loop), /setup's body smaller (its labelling config and
+# a few short fields), every string field of its own length (protocol.py).
+BODY_LIMITS = {"/setup": (SETUP_BODY_BYTES, "the /setup limit: a labelling config and its fields")}
+
+
+def _json_body(model: type) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {JSON_MEDIA: {"schema": inline_schema(model)}},
+        }
+    }
 
 
 @router.get("/health", response_model=HealthResponse, summary="Label Studio's health check")
@@ -82,11 +105,11 @@ async def health(service: ServiceDep, backend: BackendDep) -> HealthResponse:
     response_model=SetupResponse,
     dependencies=protected,
     summary="Label Studio connects a project: its config, address and token",
+    openapi_extra=_json_body(SetupRequest),
 )
-async def setup(
-    body: Annotated[SetupRequest, Body()], service: ServiceDep, backend: BackendDep
-) -> SetupResponse:
-    return backend.setup(body, service)
+async def setup(request: Request, service: ServiceDep, backend: BackendDep) -> Response:
+    body = await parse_json_body(request, SetupRequest, service.settings)
+    return json_response(await backend.setup(body, service))
 
 
 @router.post(
@@ -94,13 +117,11 @@ async def setup(
     response_model=PredictResponse,
     dependencies=protected,
     summary="Brush masks for tasks: from the annotator's clicks and box, or pre-annotation",
+    openapi_extra=_json_body(PredictRequest),
 )
-async def predict(
-    request: Request,
-    body: Annotated[PredictRequest, Body()],
-    service: ServiceDep,
-    backend: BackendDep,
-) -> Response:
+async def predict(request: Request, service: ServiceDep, backend: BackendDep) -> Response:
+    body = await parse_json_body(request, PredictRequest, service.settings)
+
     async def work() -> Response:
         return json_response(await backend.predict(body, service, client_address(request)))
 
@@ -119,13 +140,22 @@ async def versions(service: ServiceDep, backend: BackendDep) -> VersionsResponse
     return VersionsResponse(versions=[backend.model_version(service)])
 
 
+class WebhookEvent(BaseModel):
+    """A Label Studio event; only its action is read."""
+
+    model_config = ConfigDict(extra="allow")
+    action: str | None = Field(None, max_length=MAX_NAME_CHARS, description="The event's name.")
+
+
 @router.post(
     "/webhook",
     dependencies=protected,
     summary="Label Studio's events (training is not supported: acknowledged and ignored)",
+    openapi_extra=_json_body(WebhookEvent),
 )
-async def webhook(body: Annotated[dict[str, Any], Body()]) -> dict[str, str]:
-    return {"status": "ignored", "action": str(body.get("action", ""))[:80]}
+async def webhook(request: Request, service: ServiceDep) -> dict[str, str]:
+    body = await parse_json_body(request, WebhookEvent, service.settings)
+    return {"status": "ignored", "action": (body.action or "")[:80]}
 
 
-__all__ = ["get_backend", "router"]
+__all__ = ["BODY_LIMITS", "get_backend", "router"]

@@ -25,7 +25,7 @@ paths of the app's routes, read once the routers are included.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from fastapi import FastAPI
@@ -51,9 +51,13 @@ def create_app(
     settings: ServerSettings,
     predictor: Predictor | None = None,
     video_predictor: VideoPredictor | None = None,
+    *,
+    body_limits: Mapping[str, tuple[int, str]] | None = None,
 ) -> FastAPI:
     """The app for ``settings``; loads the model unless a ``predictor`` is given, and with
-    ``settings.video`` the video model too unless a ``video_predictor`` is given."""
+    ``settings.video`` the video model too unless a ``video_predictor`` is given.
+    ``body_limits``: body limits of paths an app built on this one adds (``{path: (bytes,
+    what the 413 names)}``); every other path has the service's."""
     if predictor is None:
         from sam2serve.runtime.build import build_predictor
 
@@ -95,7 +99,10 @@ def create_app(
         limit=settings.max_body_bytes,
         timeout_s=settings.body_timeout_s,
         observe=service.metrics.observe_error,
-        path_limits={VIDEOS_PATH: (settings.max_video_body_bytes, "max_video_upload_bytes")},
+        path_limits={
+            VIDEOS_PATH: (settings.max_video_body_bytes, "max_video_upload_bytes"),
+            **(body_limits or {}),
+        },
     )
     app.add_middleware(RequestMetricsMiddleware, metrics=service.metrics, endpoints=endpoints)
     if settings.cors_origins:

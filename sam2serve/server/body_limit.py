@@ -1,4 +1,5 @@
-"""The request body's limits, as ASGI middleware: its size and the time it may take."""
+"""The request body's limits, as ASGI middleware: its size, the time it may take, and
+the memory a large one leaves behind."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ from collections.abc import Callable, Mapping
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sam2serve.server.errors import ApiError, error_body
+from sam2serve.server.memory import release_free_memory
+
+# After a request whose body was at least this large, the allocator's free pages are given
+# back to the system: glibc keeps the pages of freed large buffers (the body, its text,
+# its parse) for reuse, so without this a burst of large bodies would stay resident until
+# the next model job trims them.
+TRIM_AFTER_BYTES = 4 * 1024 * 1024
 
 
 class BodyLimitMiddleware:
@@ -18,7 +26,8 @@ class BodyLimitMiddleware:
     slow or stalled client holds a connection and a buffer, never the server).
 
     ``path_limits`` gives some paths a limit of their own: ``{path: (bytes, setting)}``,
-    the setting named in the 413's message (a video upload is larger than an image)."""
+    the setting named in the 413's message (a video upload is larger than an image).
+    Every route of the app is under one of them."""
 
     def __init__(
         self,
@@ -45,15 +54,19 @@ class BodyLimitMiddleware:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             self.observe(413, "upload_too_large")
             message = _message(int(declared), limit, setting)
-            body = json.dumps(error_body("upload_too_large", message))
+            body = json.dumps(error_body("upload_too_large", message)).encode()
             await send(
                 {
                     "type": "http.response.start",
                     "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"connection", b"close"),
+                    ],
                 }
             )
-            await send({"type": "http.response.body", "body": body.encode()})
+            await send({"type": "http.response.body", "body": body})
             return
         received = 0
         body_done = False
@@ -81,7 +94,11 @@ class BodyLimitMiddleware:
                 body_done = not message.get("more_body", False)
             return message
 
-        await self.app(scope, counting_receive, send)
+        try:
+            await self.app(scope, counting_receive, send)
+        finally:
+            if received >= TRIM_AFTER_BYTES:
+                await asyncio.shield(asyncio.to_thread(release_free_memory))
 
 
 def _message(size: int, limit: int, setting: str) -> str:

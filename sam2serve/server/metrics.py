@@ -226,6 +226,21 @@ class Metrics:
             registry=r,
         ).set_function(lambda: sessions.expired)
 
+    def watch_decoding(self, held: Callable[[], int], waiting: Callable[[], int]) -> None:
+        """The decode budget: bytes reserved by uploads in flight, and requests waiting."""
+        r = self.registry
+        Gauge(
+            f"{PREFIX}_decoded_bytes_in_flight",
+            "Bytes reserved by uploads being decoded or waiting for their encode "
+            "(max_decoded_bytes_in_flight bounds it).",
+            registry=r,
+        ).set_function(held)
+        Gauge(
+            f"{PREFIX}_decode_waiting",
+            "Requests waiting for room in the decode budget.",
+            registry=r,
+        ).set_function(waiting)
+
     def observe_batch(self, kind: str, size: int, queue_s: list[float], run_s: float) -> None:
         self.batch_size.labels(kind).observe(size)
         for waited in queue_s:

@@ -33,6 +33,9 @@ MULTIPART_MEDIA = "multipart/form-data"
 IMAGE_PART = "image"
 REQUEST_PART = "request"
 
+# The multipart 'request' part (JSON of the other fields) and any part but the image file.
+MAX_PART_BYTES = 1024 * 1024
+
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
@@ -61,11 +64,33 @@ async def parse_body(
     )
 
 
+async def parse_json_body(
+    request: Request, model: type[ModelT], settings: ServerSettings
+) -> ModelT:
+    """The request model of a body that is JSON only (Label Studio's endpoints): the same
+    limits as every body (size, JSON items and depth), parsed and validated off the event
+    loop."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if not (media == JSON_MEDIA or media.endswith("+json")):
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"Content-Type {media or 'missing'!r} is not accepted; send application/json",
+        )
+    try:
+        raw = await request.body()
+    except ClientDisconnect:
+        raise ClientGone("upload") from None
+    return await asyncio.to_thread(
+        lambda: validate(model, load_json(raw, settings, "the request body"))
+    )
+
+
 async def _parse_multipart(
     request: Request, model: type[ModelT], settings: ServerSettings
 ) -> tuple[ModelT, bytes | None]:
     try:
-        form = await request.form(max_files=1, max_fields=1, max_part_size=1024 * 1024)
+        form = await request.form(max_files=1, max_fields=1, max_part_size=MAX_PART_BYTES)
     except StarletteHTTPException as exc:
         raise ApiError(
             400,

@@ -48,17 +48,21 @@ from sam2serve.server.cache import (
     image_id_of,
     looks_like_image_id,
 )
+from sam2serve.server.decode_budget import DecodeBudget, Reservation, image_decode_bytes
 from sam2serve.server.errors import ApiError
+from sam2serve.server.image_folder import FolderIndex
 from sam2serve.server.memory import release_free_memory
 from sam2serve.server.metrics import Metrics
 from sam2serve.server.settings import ServerSettings
-from sam2serve.server.uploads import decode_image
+from sam2serve.server.uploads import decode_image, probe_image
 from sam2serve.server.video_sessions import SessionLimits, VideoSessions
 from sam2serve.store.embedding_store import EmbeddingStore
 from sam2serve.store.identity import StoreIdentity, embedding_dtype, weights_identity
 from sam2serve.store.location import StoreError
 
 log = logging.getLogger("sam2serve.server")
+# Longest a request waits for room in the decode budget (less if request_timeout_s is).
+MAX_DECODE_WAIT_S = 30.0
 
 
 @dataclass
@@ -119,6 +123,12 @@ class Service:
         self.cache = EmbeddingCache(settings.cache_bytes)
         self.store = self._open_store()
         self.masks = MaskCache(settings.mask_cache_bytes)
+        # Decoded bytes of every upload in flight (images, videos, masks, COCO runs).
+        self.decoding = DecodeBudget(
+            settings.max_decoded_bytes_in_flight,
+            wait_s=min(settings.request_timeout_s, MAX_DECODE_WAIT_S),
+        )
+        self.metrics.watch_decoding(lambda: self.decoding.held, lambda: self.decoding.waiting)
         self.worker = ModelWorker(
             predictor,
             max_batch_size=settings.max_batch_size,
@@ -155,6 +165,8 @@ class Service:
         )
         if self.videos is not None:
             self.metrics.watch_videos(self.videos)
+        # The image folder the annotation page browses (settings.images_dir), or None.
+        self.folder = None if settings.images_dir is None else FolderIndex(settings.images_dir)
         self.ready = False
         self._bulk_jobs: dict[str, int] = {}  # per client: bulk jobs queued or running
         self._flights: dict[EmbeddingKey, _Flight] = {}
@@ -176,6 +188,8 @@ class Service:
             if task is not None:
                 task.cancel()
         await asyncio.to_thread(self.worker.stop, 30.0)
+        if self.folder is not None:
+            self.folder.close()
 
     async def _reap_sessions(self, videos: VideoSessions) -> None:
         """Close idle video sessions even when no request comes to notice them."""
@@ -367,13 +381,20 @@ class Service:
                 return self._checked(ImageState(key, embedding, cached=True), check_size)
             flight = self._flights.get(key)  # one may have started while we read
         if flight is None:
+            reservation = None
             if pixels is None:
-                pixels = await self.decode(data)
-            if check_size is not None:
-                check_size(pixels.shape[:2])
-            if key in self.cache:  # another request finished it meanwhile
-                return ImageState(key, self.cache.get(key), cached=True)
-            flight = self._flights.get(key) or self._start_flight(key, pixels)
+                pixels, reservation = await self.decode(data)
+            with contextlib.ExitStack() as held:
+                if reservation is not None:
+                    held.callback(reservation.release)
+                if check_size is not None:
+                    check_size(pixels.shape[:2])
+                if key in self.cache:  # another request finished it meanwhile
+                    return ImageState(key, self.cache.get(key), cached=True)
+                flight = self._flights.get(key)
+                if flight is None:  # the pixels' bytes are held until the encode ends
+                    flight = self._start_flight(key, pixels, reservation)
+                    held.pop_all()
         flight.waiters += 1
         try:
             embedding, timing = await asyncio.shield(flight.task)
@@ -407,13 +428,28 @@ class Service:
             check_size(image.size)
         return image
 
-    async def decode(self, data: bytes) -> np.ndarray:
+    async def decode(self, data: bytes) -> tuple[np.ndarray, Reservation]:
+        """The image's pixels and their bytes reserved in the decode budget (reserved from
+        the header before decoding, then only what the pixels hold): release it when they
+        are no longer needed."""
         started = time.perf_counter()
-        pixels = await asyncio.to_thread(decode_image, data, self.settings.max_pixels)
+        max_pixels = self.settings.max_pixels
+        width, height = await asyncio.to_thread(probe_image, data, max_pixels)
+        reservation = await self.decoding.reserve(
+            image_decode_bytes(width, height), f"image of {width}x{height}"
+        )
+        try:
+            pixels = await asyncio.to_thread(decode_image, data, max_pixels)
+        except BaseException:
+            reservation.release()
+            raise
+        reservation.shrink(pixels.nbytes)
         self.metrics.stage_latency.labels("decode_image").observe(time.perf_counter() - started)
-        return pixels
+        return pixels, reservation
 
-    def _start_flight(self, key: EmbeddingKey, pixels: np.ndarray) -> _Flight:
+    def _start_flight(
+        self, key: EmbeddingKey, pixels: np.ndarray, reservation: Reservation | None
+    ) -> _Flight:
         handle = self._submit(lambda: self.worker.submit_encode(pixels))
 
         async def finish() -> tuple[Embedding, JobTiming]:
@@ -426,6 +462,8 @@ class Service:
                 return embedding, timing
             finally:
                 self._flights.pop(key, None)
+                if reservation is not None:
+                    reservation.release()
 
         task = asyncio.create_task(finish())
         task.add_done_callback(_consume_exception)
@@ -501,4 +539,5 @@ def _limits(settings: ServerSettings) -> SessionLimits:
         max_bytes=settings.max_video_session_bytes,
         max_objects=settings.max_video_objects,
         idle_s=settings.video_idle_s,
+        max_per_client=settings.max_video_sessions_per_client,
     )

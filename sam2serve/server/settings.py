@@ -68,6 +68,12 @@ class ServerSettings:
     max_json_items: int = 100_000
     # Nesting of JSON arrays and objects (the API needs 6): deeper -> 400.
     max_json_depth: int = 32
+    # Decoded bytes of every upload in flight together (images being decoded and waiting for
+    # their encode, videos and frames being decoded, masks and COCO runs being read), decided
+    # from headers and stream metadata before decoding: a request waits for room (then 503),
+    # and one that alone needs more is refused (413). N concurrent uploads cannot multiply
+    # memory past it.
+    max_decoded_bytes_in_flight: int = 2048 * MiB
 
     # ---- connections and slow clients
     # The request line and headers must arrive within this, or the connection is closed.
@@ -119,6 +125,9 @@ class ServerSettings:
     video: bool = False
     # Sessions held at once (each holds its frames and its objects' memories): then 429.
     max_video_sessions: int = 4
+    # Sessions one client (API key, else address) may hold at once: then 429, so one client
+    # cannot take every session.
+    max_video_sessions_per_client: int = 2
     # Frames in one session's video: more -> 413.
     max_video_frames: int = 300
     # Largest upload that creates a session (a video file, or all frame files together).
@@ -146,12 +155,14 @@ class ServerSettings:
             "max_amg_crops",
             "max_json_items",
             "max_json_depth",
+            "max_decoded_bytes_in_flight",
             "max_connections",
             "max_batch_size",
             "max_queue",
             "max_bulk_queue",
             "max_bulk_jobs_per_client",
             "max_video_sessions",
+            "max_video_sessions_per_client",
             "max_video_frames",
             "max_video_upload_bytes",
             "max_video_session_bytes",

@@ -23,9 +23,9 @@ _B64_SLICE = 4 * 1024 * 1024  # characters, a multiple of 4
 _STREAM_REPR = re.compile(r" <_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 
 
-def decode_image(data: bytes, max_pixels: int) -> np.ndarray:
-    """uint8 RGB pixels of an uploaded image; the pixel limit is checked from the header
-    first, so a decompression bomb is refused before any pixel is decoded."""
+def probe_image(data: bytes, max_pixels: int, what: str = "image") -> tuple[int, int]:
+    """(width, height) from the image's header, nothing decoded; 413 past ``max_pixels``.
+    (0, 0) for bytes Pillow cannot read: decoding them then says why."""
     try:
         with Image.open(io.BytesIO(data)) as probe:
             width, height = probe.size
@@ -33,18 +33,25 @@ def decode_image(data: bytes, max_pixels: int) -> np.ndarray:
         raise ApiError(
             413,
             "too_many_pixels",
-            f"image is too large to decode safely ({exc}); the limit is "
+            f"{what} is too large to decode safely ({exc}); the limit is "
             f"{max_pixels} pixels (max_pixels)",
         ) from None
-    except (OSError, SyntaxError, ValueError):  # unreadable: load_image says why, below
-        width = height = 0
+    except (OSError, SyntaxError, ValueError):  # unreadable: load_image says why
+        return 0, 0
     if width * height > max_pixels:
         raise ApiError(
             413,
             "too_many_pixels",
-            f"image is {width}x{height} = {width * height} pixels; the limit is "
+            f"{what} is {width}x{height} = {width * height} pixels; the limit is "
             f"{max_pixels} pixels (max_pixels)",
         )
+    return width, height
+
+
+def decode_image(data: bytes, max_pixels: int) -> np.ndarray:
+    """uint8 RGB pixels of an uploaded image; the pixel limit is checked from the header
+    first, so a decompression bomb is refused before any pixel is decoded."""
+    probe_image(data, max_pixels)
     try:
         return load_image(data, max_pixels=max_pixels)
     except ImageError as exc:

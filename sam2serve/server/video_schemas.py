@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, model_validator
 from sam2serve.server.schemas import (
     MASK_FORMAT_DOC,
     SEGMENTATION_DOC,
-    FiniteFloat,
+    Coordinate,
     MaskFormat,
     Point,
     Segmentation,
@@ -48,13 +48,15 @@ class VideoPromptRequest(_Strict):
     points: list[Point] = Field(
         default_factory=list,
         max_length=MAX_POINTS_PER_OBJECT,
-        description="Clicks on the frame (label 1 on the object, 0 off it).",
+        description="Clicks on the frame (label 1 on the object, 0 off it); with the clicks "
+        "the object already has on the frame (clear_old_points false), at most the server's "
+        "max_points_per_object.",
     )
-    box: list[FiniteFloat] | None = Field(
+    box: list[Coordinate] | None = Field(
         None,
         min_length=4,
         max_length=4,
-        description="Box around the object as [x0, y0, x1, y1] in pixels.",
+        description="Box around the object as [x0, y0, x1, y1] in pixels, inside the frame.",
     )
     mask: MaskPrompt | None = Field(
         None, description="The object's mask on this frame, instead of points and a box."

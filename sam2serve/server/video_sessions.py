@@ -8,11 +8,14 @@ and touches it. The limits:
 
 - ``max_video_sessions`` sessions at once: one more is 429 ``too_many_sessions``, with a
   Retry-After of when the least recently used idle session will expire;
+- ``max_video_sessions_per_client`` of them per client (its address): one more is 429
+  ``too_many_sessions_per_client``, so one client cannot hold every session;
 - ``max_video_frames`` frames and ``max_video_session_bytes`` bytes per session (decoded
   frames, plus what tracking every object through every frame would hold): 413;
 - ``max_video_objects`` objects per session: 413;
-- ``video_idle_s``: a session nobody has touched for that long is closed by the reaper,
-  and its id is then 404 ``session_not_found`` like an id that never existed.
+- ``video_idle_s``: a session no work has used for that long (prompts, propagations,
+  edits; reading it with GET does not count) is closed by the reaper, and its id is then
+  404 ``session_not_found`` like an id that never existed.
 
 Sessions survive nothing they should not: a restart, a redeploy or a replica that dies
 loses its sessions (they are memory, not storage), and a client then creates a new one.
@@ -43,6 +46,7 @@ class SessionLimits:
     max_bytes: int
     max_objects: int
     idle_s: float
+    max_per_client: int
 
 
 @dataclass(eq=False)
@@ -56,6 +60,7 @@ class VideoSession:
     frames_bytes: int
     created: float  # time.time()
     last_used: float  # monotonic
+    client: str = ""  # who created it (their address): the per-client limit counts by it
     busy_with: str | None = None  # the operation running on it, if any
 
     def describe(self, limits: SessionLimits, now: float) -> dict[str, object]:
@@ -94,9 +99,21 @@ class VideoSessions:
         return len(self._sessions)
 
     # ------------------------------------------------------------------ admission
-    def check_room(self) -> None:
-        """429 if no session can be created now (reaping expired ones first)."""
+    def check_room(self, client: str) -> None:
+        """429 if no session can be created now, or none for ``client`` (reaping expired
+        ones first)."""
         self.reap()
+        held = [s for s in self._sessions.values() if s.client == client]
+        if len(held) >= self.limits.max_per_client:
+            raise ApiError(
+                429,
+                "too_many_sessions_per_client",
+                f"this client holds {len(held)} video sessions, the limit per client "
+                f"(max_video_sessions_per_client {self.limits.max_per_client}); close one "
+                f"(DELETE /v1/videos/{{session_id}}) or retry once an idle one expires "
+                f"(video_idle_s {self.limits.idle_s:g})",
+                headers={"Retry-After": str(self._seconds_until_room(held))},
+            )
         if len(self._sessions) >= self.limits.max_sessions:
             raise ApiError(
                 429,
@@ -110,6 +127,11 @@ class VideoSessions:
 
     def check_frames(self, num_frames: int, height: int, width: int) -> int:
         """The bytes ``num_frames`` frames of this size hold, or 413 past a limit."""
+        return self.check_frame_bytes(num_frames, num_frames * height * width * _BYTES_PER_PIXEL)
+
+    def check_frame_bytes(self, num_frames: int, frames_bytes: int) -> int:
+        """``frames_bytes`` (decoded frames, uint8 RGB) if a session may hold them with one
+        object tracked through ``num_frames`` frames, or 413 past a limit."""
         if num_frames > self.limits.max_frames:
             raise ApiError(
                 413,
@@ -117,7 +139,6 @@ class VideoSessions:
                 f"the video has {num_frames} frames; a session takes at most "
                 f"{self.limits.max_frames} (max_video_frames): send a shorter clip",
             )
-        frames_bytes = num_frames * height * width * _BYTES_PER_PIXEL
         self._check_bytes(frames_bytes, num_frames, objects=1, what="the video")
         return frames_bytes
 
@@ -156,9 +177,10 @@ class VideoSessions:
             )
 
     # ------------------------------------------------------------------ the sessions
-    def create(self, frames: VideoFrames) -> VideoSession:
-        """A new session for ``frames`` (call check_room and check_frames first)."""
-        self.check_room()
+    def create(self, frames: VideoFrames, client: str) -> VideoSession:
+        """A new session of ``client`` for ``frames`` (call check_room and check_frames
+        first)."""
+        self.check_room(client)
         height, width = frames.size
         frames_bytes = self.check_frames(len(frames), height, width)
         now = self.clock()
@@ -170,12 +192,14 @@ class VideoSessions:
             frames_bytes=frames_bytes,
             created=time.time(),
             last_used=now,
+            client=client,
         )
         self._sessions[session.session_id] = session
         return session
 
-    def get(self, session_id: str) -> VideoSession:
-        """The session (touched), or 404."""
+    def get(self, session_id: str, touch: bool = True) -> VideoSession:
+        """The session, or 404; ``touch``: this request works on it (its idle time starts
+        again), not just reads it."""
         self.reap()
         session = self._sessions.get(session_id)
         if session is None:
@@ -186,11 +210,12 @@ class VideoSessions:
                 f"{self.limits.idle_s:g} s idle (video_idle_s), lived on a server that has "
                 "restarted, or never existed; create a new one with POST /v1/videos",
             )
-        session.last_used = self.clock()
+        if touch:
+            session.last_used = self.clock()
         return session
 
     def close(self, session_id: str) -> VideoSession:
-        session = self.get(session_id)
+        session = self.get(session_id, touch=False)
         if session.busy_with is not None:
             raise _busy(session)
         del self._sessions[session_id]
@@ -226,11 +251,20 @@ class VideoSessions:
         """Frames and tracking memory of every session (the metric)."""
         return sum(s.frames_bytes + s.state.memory_bytes() for s in self._sessions.values())
 
-    def _seconds_until_room(self) -> int:
+    def clicks_on(self, session: VideoSession, obj_id: int, frame_idx: int) -> int:
+        """The clicks ``obj_id`` already has on ``frame_idx`` (box corners not counted):
+        what a prompt with clear_old_points false adds to."""
+        track = session.state.objects.get(obj_id)
+        prompt = None if track is None else track.point_inputs.get(frame_idx)
+        if prompt is None:
+            return 0
+        return int((prompt.labels < 2).sum())
+
+    def _seconds_until_room(self, among: list[VideoSession] | None = None) -> int:
         now = self.clock()
         idle = [
             self.limits.idle_s - (now - s.last_used)
-            for s in self._sessions.values()
+            for s in (self._sessions.values() if among is None else among)
             if s.busy_with is None
         ]
         soonest = min(idle) if idle else self.limits.idle_s

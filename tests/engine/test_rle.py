@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sam2serve.engine.rle import (
     area_from_rle,
+    checked_counts,
     coco_to_rle,
     masks_to_coco,
     masks_to_rle,
@@ -186,3 +187,44 @@ def test_errors():
         coco_to_rle({"size": [2, 3], "counts": "6o"})
     with pytest.raises(TypeError, match="str or bytes"):
         coco_to_rle({"size": [2, 3], "counts": [6]})
+
+
+def test_long_strings_are_read_and_written_in_pieces(monkeypatch):
+    """With pieces of a few chars, every piece boundary (inside runs of many chars, at
+    every parity) gives the same counts as pycocotools."""
+    import sam2serve.engine.rle as rle_module
+
+    rng = np.random.default_rng(1)
+    masks = [rng.random((37, 29)) < p for p in (0.1, 0.5, 0.9)]
+    masks.append(np.pad(np.ones((300, 300), bool), ((40, 1), (0, 700))))  # runs of 3+ chars
+    for chunk in (1, 7, 8, 9, 13):  # a piece is at least one whole value (7 chars)
+        monkeypatch.setattr(rle_module, "PIECE_CHARS", chunk)
+        for mask in masks:
+            expected = coco_encode(mask)
+            rle = masks_to_rle(torch.from_numpy(mask)[None])[0]
+            assert rle_to_coco(rle)["counts"] == expected["counts"].decode()
+            assert coco_to_rle(expected)["counts"] == rle["counts"]
+            counts = checked_counts(expected["counts"].decode(), *mask.shape)
+            assert counts.tolist() == rle["counts"]
+
+
+@pytest.mark.parametrize(
+    ("counts", "message"),
+    [
+        ([-1, 55], "run 0 is -1"),
+        ([3, 0, 51], "run 1 has length 0"),
+        ([10, 10], "cover 20 pixels"),
+        ([50, 10], "cover more than"),
+        ("0" * 1000, "run 1 has length 0"),  # zero-length runs
+        ("1" * 1000, "cover more than"),  # runs that grow: refused in the first piece
+    ],
+)
+def test_checked_counts_names_the_first_bad_run(counts, message):
+    with pytest.raises(ValueError, match=message):
+        checked_counts(counts, 6, 9)
+
+
+def test_checked_counts_takes_a_leading_and_a_trailing_zero():
+    assert checked_counts([0, 54, 0], 6, 9).tolist() == [0, 54, 0]
+    string = rle_to_coco({"size": [6, 9], "counts": [0, 54, 0]})["counts"]
+    assert checked_counts(string, 6, 9).tolist() == [0, 54, 0]

@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sam2serve.engine.video_io import VideoError, read_frames, write_video
+from sam2serve.engine.video_io import (
+    VideoError,
+    VideoLimitError,
+    VideoProbe,
+    decode_video,
+    probe_video,
+    read_frames,
+    write_video,
+)
 from sam2serve.samples import sample_clip
 
 
@@ -88,3 +96,35 @@ def test_the_sample_clip_has_an_occlusion(clip):
     assert min(visible) < 0.5 * max(visible)  # the square passes in front of the disc
     with pytest.raises(ValueError, match="num_frames=0"):
         sample_clip(num_frames=0)
+
+
+def _gif_screen(width: int, height: int) -> bytes:
+    """A GIF whose logical screen is width x height, with one 1-pixel image."""
+    import struct
+
+    return (
+        b"GIF89a"
+        + struct.pack("<HHBBB", width, height, 0x80, 0, 0)
+        + b"\x00\x00\x00\xff\xff\xff,"
+        + struct.pack("<HHHHB", 0, 0, 1, 1, 0)
+        + b"\x02\x02\x44\x01\x00;"
+    )
+
+
+def test_a_probe_reads_size_and_frames_without_decoding(clip, tmp_path):
+    pytest.importorskip("av")
+    frames, _ = clip
+    path = str(write_video(tmp_path / "clip.mp4", frames, fps=5))
+    probe = probe_video(path, "clip.mp4")
+    assert (probe.width, probe.height, probe.frames) == (96, 64, len(frames))
+    with pytest.raises(VideoLimitError, match="more than 3 frames"):
+        probe_video(path, "clip.mp4", max_frames=3)
+    with pytest.raises(VideoLimitError, match="pixel limit"):
+        probe_video(path, "clip.mp4", max_pixels=100)
+    # A file holding more frames than its probe counted is not decoded past the count.
+    with pytest.raises(VideoLimitError, match="more than 2 frames"):
+        decode_video(path, "clip.mp4", probe=VideoProbe(96, 64, 2, None))
+    bomb = tmp_path / "bomb.gif"
+    bomb.write_bytes(_gif_screen(16000, 16000))  # 60 bytes; 1 GB a frame once composed
+    with pytest.raises(VideoLimitError, match="pixel limit"):
+        probe_video(str(bomb), "bomb.gif", max_pixels=40_000_000)

@@ -21,7 +21,15 @@ def run_cli(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, st
 def test_help_names_the_endpoints_and_flags():
     code, out, _ = run_cli("labelstudio", "--help")
     assert code == 0
-    for text in ("/predict", "/setup", "--label-studio-url", "--preannotate", "--local-root"):
+    for text in (
+        "/predict",
+        "/setup",
+        "--label-studio-url",
+        "--preannotate",
+        "--local-root",
+        "--allow-fetch-host",
+        "--no-public-fetch",
+    ):
         assert text in out
     assert "(default: 9090)" in out
     code, out, _ = run_cli("--help")
@@ -36,6 +44,8 @@ def test_help_names_the_endpoints_and_flags():
         (["--label-studio-url", "localhost:8080"], {}, "--label-studio-url: url: expected"),
         ([], {"LABEL_STUDIO_URL": "ftp://host"}, "$LABEL_STUDIO_URL: url: expected"),
         (["--fetch-timeout", "0"], {}, "--fetch-timeout: fetch_timeout_s must be"),
+        (["--allow-fetch-host", "http://x/"], {}, "--allow-fetch-host: 'http://x/': expected"),
+        (["--allow-fetch-host", "host:99999"], {}, "the port is not a number"),
         (["--port", "70000"], {}, "--port must be in 1..65535"),
         (["--max-objects", "0"], {}, "--max-objects"),
         (["--random-weight"], {}, "unknown flag --random-weight; did you mean --random-weights?"),

@@ -120,7 +120,9 @@ def test_in_a_batch_a_broken_task_gets_an_empty_prediction(client):
 
 
 def test_label_studio_paths_carry_the_token(make_client, remote):
-    client = make_client(url="http://ls.test", api_key="legacy-token")
+    client = make_client(
+        url="http://ls.test", api_key="legacy-token", allow_fetch_hosts=("elsewhere.test",)
+    )
     remote.files["http://ls.test/data/upload/1/a.png"] = IMAGE
     remote.files["http://elsewhere.test/a.png"] = IMAGE
     body = predict_body(["/data/upload/1/a.png", "http://elsewhere.test/a.png"])
@@ -133,7 +135,8 @@ def test_label_studio_paths_carry_the_token(make_client, remote):
     }
 
 
-def test_setup_gives_the_address_and_token(client, remote):
+def test_setup_gives_the_address_and_token_of_an_allowed_host(make_client, remote):
+    client = make_client(allow_fetch_hosts=("ls.setup",))
     remote.files["http://ls.setup/data/upload/9/a.png"] = IMAGE
     setup = {"project": "9.123", "hostname": "http://ls.setup/", "access_token": "owner-token"}
     assert client.post("/setup", json=setup).status_code == 200
@@ -141,6 +144,50 @@ def test_setup_gives_the_address_and_token(client, remote):
     body["project"] = "9.123"
     assert client.post("/predict", json=body).status_code == 200
     assert remote.requests[-1].headers["authorization"] == "Token owner-token"
+
+
+@pytest.mark.parametrize("operator_token", ["legacy-operator-token", "aaa.bbb.ccc"])
+def test_setup_cannot_send_the_operators_token_anywhere(make_client, remote, operator_token):
+    """The operator's token goes to the operator's Label Studio only: a /setup host, even an
+    allowed one, never gets it (nor its personal-token exchange), and a host the operator
+    did not allow is not used at all."""
+    remote.handler = lambda request: httpx.Response(200, content=IMAGE)
+    for allowed in ((), ("attacker.test",)):
+        remote.requests.clear()
+        client = make_client(api_key=operator_token, allow_fetch_hosts=allowed)
+        setup = {"project": "4.1", "hostname": "http://attacker.test", "access_token": None}
+        assert client.post("/setup", json=setup).status_code == 200
+        body = predict_body(["/data/upload/4/a.png"], [keypoint(50, 50)])
+        body["project"] = "4.1"
+        answer = client.post("/predict", json=body)
+        for request in remote.requests:
+            assert operator_token not in str(request.headers) + request.content.decode()
+        if not allowed:
+            assert answer.status_code == 422 and not remote.requests
+            assert "--label-studio-url" in answer.json()["error"]["message"]
+        else:  # fetched from the allowed host, without any token
+            assert answer.status_code == 200, answer.text
+            assert [r.headers.get("authorization") for r in remote.requests] == [None]
+
+
+def test_redirects_are_checked_and_counted(make_client, remote):
+    def handler(request):
+        if request.url.path == "/away":
+            return httpx.Response(302, headers={"location": "http://internal.test/a.png"})
+        if request.url.path == "/round":
+            return httpx.Response(302, headers={"location": "/round"})
+        return httpx.Response(200, content=IMAGE)
+
+    remote.handler = handler
+    client = make_client(allow_fetch_hosts=("images.test",))
+    away = client.post("/predict", json=predict_body(["http://images.test/away"], [keypoint(5, 5)]))
+    assert away.status_code == 422
+    assert "redirected to 'http://internal.test/a.png'" in away.json()["error"]["message"]
+    assert [r.url.host for r in remote.requests] == ["images.test"]
+    looping = client.post(
+        "/predict", json=predict_body(["http://images.test/round"], [keypoint(5, 5)])
+    )
+    assert looping.status_code == 422 and "redirected more than" in looping.text
 
 
 def test_a_personal_access_token_is_exchanged(make_client, remote):
@@ -220,7 +267,17 @@ def _bad(body_change):
         (
             _bad(lambda b: b["tasks"][0]["data"].update(image="http://nowhere.test/a.png")),
             422,
-            "answered HTTP 404",
+            "is not fetched",
+        ),
+        (
+            _bad(lambda b: b["tasks"][0]["data"].update(image="http://127.0.0.1:9/a.png")),
+            422,
+            "is not fetched",
+        ),
+        (
+            _bad(lambda b: b.update(label_config="<View/>" + " " * 1_000_001)),
+            422,
+            "label_config",
         ),
         (
             _bad(lambda b: b["tasks"][0]["data"].update(image="data:image/png;base64,AAAA")),

@@ -17,11 +17,13 @@ hostile input, which reads best side by side.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import re
 import resource
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -111,6 +113,12 @@ class SpawnedServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def collect_garbage(self, settle_s: float = 0.5) -> None:
+        """A full garbage collection in a server of ``spawn_server``, and its free memory
+        given back to the system (its SIGUSR1)."""
+        os.kill(self.pid, signal.SIGUSR1)
+        time.sleep(settle_s)
+
     def stop(self) -> None:
         """Terminate it (work it still has is abandoned) and remove its log."""
         if self.proc.poll() is None:
@@ -162,14 +170,22 @@ def spawn_server(
     optional: dict[str, Any] | None = None,
     stub_encoder: bool = True,
     memory_headroom: int | None = 3 * GiB,
+    labelstudio: dict[str, Any] | None = None,
 ) -> SpawnedServer:
     """Start ``create_app(ServerSettings(**settings), predictor)`` in a subprocess.
 
     ``optional``: settings applied only where ServerSettings has the field (settings a
     fix adds, which the code under test may not know yet). ``memory_headroom``: the
     address space the server may map beyond what it maps once started (None: no cap).
+    ``labelstudio``: serve the Label Studio backend's app instead, with
+    ``LabelStudioOptions(**labelstudio["options"])`` (and its ``"optional"`` ones, as above).
     """
-    config = {"settings": settings, "optional": optional or {}, "stub_encoder": stub_encoder}
+    config = {
+        "settings": settings,
+        "optional": optional or {},
+        "stub_encoder": stub_encoder,
+        "labelstudio": labelstudio,
+    }
     with tempfile.NamedTemporaryFile(
         prefix="sam2serve-reliability-", suffix=".log", delete=False
     ) as log_file:
@@ -222,20 +238,49 @@ def spawn_cli_server(args: list[str], memory_headroom: int | None = None) -> Spa
     return live
 
 
+def _known(kind: type, values: dict[str, Any], optional: dict[str, Any]) -> dict[str, Any]:
+    """``values`` and those of ``optional`` that the dataclass ``kind`` has a field for."""
+    fields = {f.name for f in dataclasses.fields(kind)}
+    return {**values, **{k: v for k, v in optional.items() if k in fields}}
+
+
 def _serve_forever(config: dict[str, Any]) -> None:
-    """The subprocess: start the server, print its URL, run until stdin closes."""
-    from server_support import StubEncoderPredictor, start_server, wait_ready
+    """The subprocess: start the server, print its URL, run until stdin closes. With a
+    ``labelstudio`` entry, the app is the Label Studio backend's, with those options."""
+    from server_support import StubEncoderPredictor, start_app, wait_ready
 
     from sam2serve.checkpoint import load_model
     from sam2serve.engine.predictor import Predictor
+    from sam2serve.server.app import create_app
     from sam2serve.server.settings import ServerSettings
 
-    known = {f.name for f in dataclasses.fields(ServerSettings)}
-    settings = {"warmup": False, **config["settings"]}
-    settings.update({k: v for k, v in config["optional"].items() if k in known})
+    settings = ServerSettings(
+        **_known(ServerSettings, {"warmup": False, **config["settings"]}, config["optional"])
+    )
     model = load_model("tiny", random_weights=True, seed=0)
     predictor = StubEncoderPredictor(model) if config["stub_encoder"] else Predictor(model)
-    live = start_server(ServerSettings(**settings), predictor)
+    if config.get("labelstudio") is None:
+        app = create_app(settings, predictor)
+    else:
+        from sam2serve.labelstudio.app import create_labelstudio_app
+        from sam2serve.labelstudio.options import LabelStudioOptions
+
+        ls = config["labelstudio"]
+        options = _known(LabelStudioOptions, ls["options"], ls.get("optional", {}))
+        app = create_labelstudio_app(settings, LabelStudioOptions(**options), predictor)
+    live = start_app(app, settings)
+    # SIGUSR1: a full garbage collection, so what objects log when they are collected
+    # (asyncio's "Task was destroyed but it is pending", "Future exception was never
+    # retrieved") is in the log when a test looks, then the allocator's free pages given
+    # back, so a peak measured next starts from what the process really holds
+    # (SpawnedServer.collect_garbage).
+    from sam2serve.server.memory import release_free_memory
+
+    def collect(*_: object) -> None:
+        gc.collect()
+        release_free_memory()
+
+    signal.signal(signal.SIGUSR1, collect)
     wait_ready(live)
     print(live.url, flush=True)
     sys.stdin.read()  # until the test closes the pipe (or dies)

@@ -52,7 +52,12 @@ def start_server(
 ) -> LiveServer:
     """Start a real uvicorn server for ``create_app(settings, predictor, video_predictor)``
     on a free port."""
-    app = create_app(settings, predictor, video_predictor)
+    return start_app(create_app(settings, predictor, video_predictor), settings)
+
+
+def start_app(app: Any, settings: ServerSettings) -> LiveServer:
+    """Serve ``app`` (made for ``settings``) with the real uvicorn configuration on a free
+    loopback port."""
     config = uvicorn_config(
         app,
         settings,

@@ -196,3 +196,51 @@ def test_bad_settings_are_refused(setting):
 
     with pytest.raises(ValueError, match=next(iter(setting))):
         ServerSettings(**setting)
+
+
+# --------------------------------------------------------------------------- decode budget
+
+
+def _decode_sizes(image: bytes) -> tuple[int, int]:
+    """(bytes reserved while decoding, bytes of the pixels held until the encode)."""
+    import io
+
+    from PIL import Image
+
+    from sam2serve.server.decode_budget import image_decode_bytes
+
+    width, height = Image.open(io.BytesIO(image)).size
+    return image_decode_bytes(width, height), width * height * 3
+
+
+def test_decoded_bytes_in_flight_are_bounded_process_wide(server_factory, stub_predictor, photos):
+    """An upload's pixels hold their bytes of max_decoded_bytes_in_flight until their
+    encode has run: a second upload that does not fit beside them waits, then goes."""
+    first_decode, first_pixels = _decode_sizes(photos["rocket"])
+    second_decode, _ = _decode_sizes(photos["coffee"])
+    budget = max(first_decode, second_decode) + first_pixels // 2
+    live = server_factory(
+        stub_predictor, max_decoded_bytes_in_flight=budget, max_batch_size=1, max_wait_ms=0
+    )
+    stub_predictor.gate.clear()
+    with ThreadPoolExecutor(2) as pool, live.client() as client:
+        first = pool.submit(upload, live, photos["rocket"])
+        assert stub_predictor.entered.wait(30)  # decoded; its encode waits on the gate
+        second = pool.submit(upload, live, photos["coffee"])
+        wait_until(lambda: metric(scrape(client), "sam2serve_decode_waiting") == 1)
+        assert metric(scrape(client), "sam2serve_decoded_bytes_in_flight") == first_pixels
+        stub_predictor.gate.set()
+        assert first.result().status_code == 200
+        assert second.result().status_code == 200, second.result().text
+        wait_until(lambda: metric(scrape(client), "sam2serve_decoded_bytes_in_flight") == 0)
+
+
+def test_an_upload_larger_than_the_decode_budget_is_413(server_factory, stub_predictor, photos):
+    decode, _ = _decode_sizes(photos["rocket"])
+    live = server_factory(stub_predictor, max_decoded_bytes_in_flight=decode - 1)
+    refused = upload(live, photos["rocket"])
+    assert refused.status_code == 413
+    error = error_of(refused)
+    assert error["code"] == "over_decode_budget"
+    assert "max_decoded_bytes_in_flight" in error["message"]
+    assert stub_predictor.calls == 0

@@ -22,7 +22,6 @@ server is seen as such. Every client call has a timeout and every loop a bound.
 from __future__ import annotations
 
 import base64
-import collections
 import hashlib
 import io
 import json
@@ -32,13 +31,11 @@ import struct
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
-import hypothesis
 import pytest
-import requests
 import schemathesis
+from fuzzing import FuzzReport, fuzz
 from hostile import (
     JSON,
     POINT,
@@ -63,17 +60,9 @@ from hostile import (
     spawn_server,
     total,
 )
-from hypothesis import HealthCheck, Phase
 from hypothesis import strategies as st
 from PIL import Image
 from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
-from schemathesis.core.failures import FailureGroup
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
 from server_support import photo, png_bytes
 
 SEED_PNG = png_bytes(photo("coffee", 64))
@@ -150,44 +139,8 @@ def keyed_target() -> Iterator[Target]:
 
 # --------------------------------------------------------------------------- schemathesis
 
-CHECKS = [
-    not_a_server_error,
-    status_code_conformance,
-    content_type_conformance,
-    response_schema_conformance,
-]
-# Examples per operation and mode: schema-valid bodies reach deeper, so they get more.
-EXAMPLES = {GenerationMode.POSITIVE: 100, GenerationMode.NEGATIVE: 30}
 FUZZ_BUDGET_S = 150.0  # per test: a server that hangs on every request stops the fuzzing
 MULTIPART = "multipart/form-data"
-
-
-@dataclass
-class FuzzReport:
-    """What schemathesis sent and every distinct failure, with one example each."""
-
-    deadline: float  # time.monotonic() past which no more requests are sent
-    statuses: collections.Counter = field(default_factory=collections.Counter)
-    failures: dict[tuple[str, str], str] = field(default_factory=dict)
-
-    def out_of_time(self) -> bool:
-        if time.monotonic() < self.deadline:
-            return False
-        self.failures.setdefault(("all", "time"), f"stopped after {FUZZ_BUDGET_S:g} s")
-        return True
-
-    def fail(self, where: str, problem: str, case: schemathesis.Case) -> None:
-        first_line = problem.strip().splitlines()[0] if problem.strip() else "failure"
-        key = (where, first_line[:200])
-        if key not in self.failures:
-            body = repr(case.body)[:300]
-            self.failures[key] = f"{problem.strip()[:1500]}\n    request body: {body}"
-
-    def describe(self) -> str:
-        lines = [f"{len(self.failures)} distinct failure(s):"]
-        for (where, _), example in self.failures.items():
-            lines.append(f"- {where}: {example}")
-        return "\n".join(lines)
 
 
 def _seed_case(
@@ -218,90 +171,31 @@ def _seed_case(
         case.body = {"image": SEED_PNG, "request": request_part}
 
 
-def _fuzz_operation(
-    operation: Any,
-    mode: GenerationMode,
-    url: str,
-    headers: dict[str, str] | None,
-    examples: int,
-    report: FuzzReport,
-    label: str,
-) -> None:
-    where = f"{label}: {operation.label} ({mode.value})"
-
-    @hypothesis.settings(
-        max_examples=examples,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-        phases=(Phase.explicit, Phase.generate),
-    )
-    @hypothesis.given(data=st.data())
-    def run(data: st.DataObject) -> None:
-        if report.out_of_time():
-            return
-        case = data.draw(operation.as_strategy(generation_mode=mode), label="case")
-        _seed_case(case, operation, mode, data)
-        try:
-            response = case.call(base_url=url, headers=headers, timeout=REQUEST_TIMEOUT_S)
-        except requests.RequestException as exc:  # a dropped connection or no answer in time
-            report.fail(where, f"no answer: {exc!r}", case)
-            return
-        report.statuses[(where, response.status_code)] += 1
-        try:
-            case.validate_response(response, checks=CHECKS, headers=headers)
-        except (AssertionError, FailureGroup) as exc:  # schemathesis' Failure(s)
-            report.fail(where, f"{type(exc).__name__}: {exc}", case)
-
-    try:
-        run()
-    except hypothesis.errors.Unsatisfiable:
-        pass  # nothing to generate (negative mode on an operation without parameters)
-
-
-def fuzz(
-    url: str,
-    report: FuzzReport,
-    label: str,
-    headers: dict[str, str] | None = None,
-    modes: tuple[GenerationMode, ...] = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE),
-    examples: int | None = None,
-) -> None:
-    """Every operation of the live server's OpenAPI document, in every mode."""
-    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
-    for result in schema.get_all_operations():
-        operation = result.ok()
-        for mode in modes:
-            count = EXAMPLES[mode] if examples is None else examples
-            _fuzz_operation(operation, mode, url, headers, count, report, label)
-
-
-def _summary(report: FuzzReport) -> str:
-    by_status: collections.Counter = collections.Counter()
-    for (_, status), count in report.statuses.items():
-        by_status[status] += count
-    return f"{sum(by_status.values())} requests, by status {dict(sorted(by_status.items()))}"
-
-
 def test_schemathesis_without_api_key(target, record_property):
     live = target.ensure()
-    report = FuzzReport(deadline=time.monotonic() + FUZZ_BUDGET_S)
-    fuzz(live.url, report, "no key")
-    print(f"\nschemathesis, no key: {_summary(report)}; {len(report.failures)} failure(s)")
-    record_property("schemathesis_no_key", _summary(report))
+    report = FuzzReport.within(FUZZ_BUDGET_S)
+    fuzz(live.url, report, "no key", seed=_seed_case)
+    print(f"\nschemathesis, no key: {report.summary()}; {len(report.failures)} failure(s)")
+    record_property("schemathesis_no_key", report.summary())
     assert not report.failures, report.describe()
     assert not target.restarts, f"the server died or froze: {target.restarts}"
 
 
 def test_schemathesis_with_api_key(keyed_target, record_property):
     live = keyed_target.ensure()
-    report = FuzzReport(deadline=time.monotonic() + FUZZ_BUDGET_S)
-    fuzz(live.url, report, "key", headers=dict(keyed_target.headers))
+    report = FuzzReport.within(FUZZ_BUDGET_S)
+    fuzz(live.url, report, "key", headers=dict(keyed_target.headers), seed=_seed_case)
     # Clients without the key (schemathesis sends made-up keys, or none): documented 401s.
-    fuzz(live.url, report, "no or wrong key", modes=(GenerationMode.POSITIVE,), examples=10)
-    print(f"\nschemathesis, keyed server: {_summary(report)}; {len(report.failures)} failure(s)")
-    record_property("schemathesis_keyed", _summary(report))
+    fuzz(
+        live.url,
+        report,
+        "no or wrong key",
+        modes=(GenerationMode.POSITIVE,),
+        examples=10,
+        seed=_seed_case,
+    )
+    print(f"\nschemathesis, keyed server: {report.summary()}; {len(report.failures)} failure(s)")
+    record_property("schemathesis_keyed", report.summary())
     assert not report.failures, report.describe()
     assert not keyed_target.restarts, f"the server died or froze: {keyed_target.restarts}"
 

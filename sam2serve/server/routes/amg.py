@@ -50,15 +50,16 @@ async def amg(
 
     async def work() -> Response:
         generator = MaskGenerator(predictor, **params.to_dict())
-        pixels = await service.decode(data)
-        image = await service.image_from_bytes(data, clock, pixels)
+        pixels, reservation = await service.decode(data)
+        with reservation:  # AMG crops the pixels: their bytes stay reserved until it ends
+            image = await service.image_from_bytes(data, clock, pixels)
 
-        def run(context: JobContext) -> list[dict[str, Any]]:
-            return generator.generate(
-                pixels, embedding=image.embedding, progress=lambda done, total: context.check()
-            )
+            def run(context: JobContext) -> list[dict[str, Any]]:
+                return generator.generate(
+                    pixels, embedding=image.embedding, progress=lambda done, total: context.check()
+                )
 
-        records = await service.run_job("amg", run, clock, bulk=True)
+            records = await service.run_job("amg", run, clock, bulk=True)
         segmentations = await format_segmentations(
             [r["segmentation"] for r in records], body.mask_format, service
         )

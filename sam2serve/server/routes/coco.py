@@ -7,7 +7,8 @@ both exports are the same format (compressed RLE, COCO's bbox, area, score, iscr
 Each distinct object name is a category, in order of first appearance.
 
 No model work: the masks are checked (size, runs that cover the image exactly, the
-server's ``max_pixels``) and re-encoded off the event loop.
+server's ``max_pixels``) and re-encoded off the event loop, their runs read in pieces
+(a hostile string is refused at its first bad run) within the process's decode budget.
 """
 
 from __future__ import annotations
@@ -23,14 +24,24 @@ from pydantic import BaseModel, ConfigDict, Field
 from sam2serve.engine.coco import CocoWriter, coco_info
 from sam2serve.server.dependencies import ServiceDep, SettingsDep
 from sam2serve.server.errors import ApiError
+from sam2serve.server.memory import release_free_memory
 from sam2serve.server.request_body import JSON_MEDIA
-from sam2serve.server.routes.common import read_body, v1_router
+from sam2serve.server.routes.common import inline_schema, read_body, v1_router
 from sam2serve.server.settings import ServerSettings
 
 MAX_IMAGES = 256
 MAX_OBJECTS_PER_IMAGE = 4096
 MAX_SIDE = 1_000_000
 DEFAULT_CATEGORY_NAME = "object"
+# What checking and re-encoding masks holds, per run (a run takes a char at least, so a
+# string's length bounds its runs): an image's runs as int64 (twice while they are
+# joined), and the strings written back, kept for the answer.
+HELD_BYTES_PER_RUN = 24
+# Writing one mask as a compressed string: the encoder's table of up to 7 int64 chars per
+# run and its masks, about 100 bytes a run, for the longest mask at a time.
+ENCODE_BYTES_PER_RUN = 104
+# A string is read a piece (engine.rle.PIECE_CHARS chars) at a time: its temporaries.
+PIECE_BYTES_PER_CHAR = 64
 
 router = v1_router()
 
@@ -126,30 +137,6 @@ class CocoFile(BaseModel):
     categories: list[CocoCategory]
 
 
-def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """``model``'s JSON schema with its definitions inlined: the body is read by hand, so
-    FastAPI does not add its models to the document's components."""
-    schema = model.model_json_schema()
-    definitions = schema.pop("$defs", {})
-
-    def inline(node: Any) -> Any:
-        if isinstance(node, dict):
-            ref = node.get("$ref", "")
-            if ref.startswith("#/$defs/"):
-                return inline(
-                    {
-                        **definitions[ref.removeprefix("#/$defs/")],
-                        **{k: v for k, v in node.items() if k != "$ref"},
-                    }
-                )
-            return {key: inline(value) for key, value in node.items()}
-        if isinstance(node, list):
-            return [inline(item) for item in node]
-        return node
-
-    return inline(schema)
-
-
 @router.post(
     "/coco",
     response_model=CocoFile,
@@ -165,9 +152,32 @@ async def coco(request: Request, service: ServiceDep, settings: SettingsDep) -> 
     body, image = await read_body(request, CocoRequest, service)
     if image is not None:
         raise ApiError(422, "invalid_request", "image: /v1/coco takes masks, not an image")
-    dataset = await asyncio.to_thread(build_dataset, body, settings)
-    # The writer's own dict (an annotation without a score has no "score" key).
-    return Response(json.dumps(dataset, allow_nan=False), media_type=JSON_MEDIA)
+    reservation = await service.decoding.reserve(decode_bytes(body), "the masks' runs")
+    with reservation:
+        text = await asyncio.to_thread(dataset_json, body, settings)
+    return Response(text, media_type=JSON_MEDIA)
+
+
+def decode_bytes(body: CocoRequest) -> int:
+    """What checking and re-encoding the request's masks holds at most, from their sizes."""
+    from sam2serve.engine.rle import PIECE_CHARS
+
+    lengths = [len(obj.segmentation.counts) for image in body.images for obj in image.objects]
+    longest = max(lengths, default=0)
+    return (
+        HELD_BYTES_PER_RUN * sum(lengths)
+        + ENCODE_BYTES_PER_RUN * longest
+        + PIECE_BYTES_PER_CHAR * min(longest, PIECE_CHARS)
+    )
+
+
+def dataset_json(body: CocoRequest, settings: ServerSettings) -> str:
+    """(In a worker thread.) The COCO file of the request as JSON text (the writer's own
+    dict: an annotation without a score has no "score" key)."""
+    try:
+        return json.dumps(build_dataset(body, settings), allow_nan=False)
+    finally:
+        release_free_memory()  # the runs' arrays: give their pages back now
 
 
 def build_dataset(body: CocoRequest, settings: ServerSettings) -> dict[str, Any]:
@@ -219,23 +229,18 @@ def checked_rle(rle: RleIn, image: CocoImageIn, where: str) -> dict[str, Any]:
             f"{where}.segmentation.size: {rle.size} is not the image's [height, width] "
             f"{[image.height, image.width]}",
         )
-    if isinstance(rle.counts, str):
-        from sam2serve.engine.rle import coco_to_rle
+    from sam2serve.engine.rle import checked_counts
 
-        try:
-            counts = coco_to_rle({"size": [height, width], "counts": rle.counts})["counts"]
-        except (ValueError, TypeError, UnicodeError) as exc:
-            raise ApiError(422, "invalid_request", f"{where}.segmentation.counts: {exc}") from None
-    else:
-        counts = list(rle.counts)
-    if any(run < 0 for run in counts) or sum(counts) != height * width:
+    try:
+        counts = checked_counts(rle.counts, height, width)
+    except ValueError as exc:  # UnicodeError too: a string of other than COCO's chars
         raise ApiError(
             422,
             "invalid_request",
-            f"{where}.segmentation.counts: the runs must be >= 0 and cover the "
-            f"{height}x{width} image exactly ({height * width} pixels)",
-        )
+            f"{where}.segmentation.counts: {exc} (runs >= 0, none of length 0 but the first "
+            f"and the last, covering the {height}x{width} image exactly)",
+        ) from None
     return {"size": [height, width], "counts": counts}
 
 
-__all__ = ["CocoFile", "CocoRequest", "build_dataset", "router"]
+__all__ = ["CocoFile", "CocoRequest", "build_dataset", "dataset_json", "router"]

@@ -22,6 +22,7 @@ from sam2serve.server.auth import require_api_key
 from sam2serve.server.request_body import (
     IMAGE_PART,
     JSON_MEDIA,
+    MAX_PART_BYTES,
     MULTIPART_MEDIA,
     REQUEST_PART,
     ModelT,
@@ -66,6 +67,7 @@ def body_doc(model: type[BaseModel]) -> dict[str, Any]:
             IMAGE_PART: {"type": "string", "format": "binary", "description": "The image file."},
             REQUEST_PART: {
                 "type": "string",
+                "maxLength": MAX_PART_BYTES,
                 "description": f"JSON of the other fields of {model.__name__} (without 'image').",
             },
         },
@@ -82,6 +84,30 @@ def json_body_doc(model: type[BaseModel]) -> dict[str, Any]:
     """OpenAPI requestBody for an endpoint taking a JSON body it reads by hand."""
     ref = {"$ref": f"#/components/schemas/{model.__name__}"}
     return {"requestBody": {"required": True, "content": {JSON_MEDIA: {"schema": ref}}}}
+
+
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema with its definitions inlined: the body is read by hand, so
+    FastAPI does not add its models to the document's components."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return inline(
+                    {
+                        **definitions[ref.removeprefix("#/$defs/")],
+                        **{k: v for k, v in node.items() if k != "$ref"},
+                    }
+                )
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return inline(schema)
 
 
 def json_response(model: BaseModel, status: int = 200) -> Response:

@@ -1,17 +1,17 @@
 """GET /v1/images, /v1/images/file: the server-side image folder of ``serve --images DIR``.
 
 What the annotation page browses: the folder's image files (by extension, not its
-subfolders, not hidden files), listed by name, and one file's bytes by name. A name is a
-plain file name and nothing else: no separator, no ``..``, no control character, and the
-file it names must resolve to an entry of the folder itself, so neither a crafted name nor
-a symbolic link that leads out of the folder reaches another file. The folder's path stays
-on the server: answers name only its last component.
+subfolders, not hidden files), listed by name, and one file's bytes by name. Which names
+are offered, and how a listing stays cheap (scanned on a thread of its own, kept until the
+folder changes, capped), is :mod:`sam2serve.server.image_folder`'s: a name the listing
+gives is a name this endpoint opens, and no crafted name or symbolic link reaches a file
+outside the folder. The folder's path stays on the server: answers name only its last
+component.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -21,23 +21,19 @@ from pydantic import BaseModel, Field
 
 from sam2serve.server import schemas
 from sam2serve.server.auth import require_api_key
-from sam2serve.server.dependencies import SettingsDep
+from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError
-from sam2serve.server.settings import MiB, ServerSettings
+from sam2serve.server.image_folder import (
+    IMAGE_EXTENSIONS,
+    IMAGE_MEDIA_TYPES,
+    MAX_NAME_CHARS,
+    SCAN_LIMIT,
+    FolderIndex,
+    check_name,
+    read_image_file,
+)
+from sam2serve.server.service import Service
 
-# The files the folder offers, as `sam2serve run` reads directories (commands/inputs.py
-# has the same list; the server may not import the command line).
-IMAGE_MEDIA_TYPES: dict[str, str] = {
-    ".jpg": "image/jpeg",
-    ".jpeg": "image/jpeg",
-    ".png": "image/png",
-    ".webp": "image/webp",
-    ".bmp": "image/bmp",
-    ".tif": "image/tiff",
-    ".tiff": "image/tiff",
-}
-IMAGE_EXTENSIONS = tuple(IMAGE_MEDIA_TYPES)
-MAX_NAME_CHARS = 255  # a file name's limit on Linux
 DEFAULT_PAGE = 1000
 MAX_PAGE = 10_000
 
@@ -65,9 +61,14 @@ class ImageFolder(BaseModel):
     """A page of the image folder's listing, sorted by name."""
 
     folder: str = Field(description="The folder's name (its last path component only).")
-    total: int = Field(description="Image files in the folder.")
+    total: int = Field(description="Image files in the folder (in the listing).")
     offset: int = Field(description="Index of the first entry of this page.")
     images: list[ImageEntry] = Field(description="Up to `limit` image files, by name.")
+    truncated: bool = Field(
+        False,
+        description=f"The folder has more than {SCAN_LIMIT:,} entries: the listing covers "
+        "those the file system gave first.",
+    )
 
 
 @router.get(
@@ -76,19 +77,22 @@ class ImageFolder(BaseModel):
     summary="List the server's image folder (serve --images DIR)",
 )
 async def list_images(
-    settings: SettingsDep,
+    service: ServiceDep,
     offset: Annotated[int, Query(ge=0, le=2**31, description="Entries to skip.")] = 0,
     limit: Annotated[
         int, Query(ge=1, le=MAX_PAGE, description="Entries in this page at most.")
     ] = DEFAULT_PAGE,
 ) -> ImageFolder:
-    root = image_folder(settings)
-    entries = await asyncio.to_thread(list_folder, root)
+    index = image_folder(service)
+    root = index.root()
+    scan = await index.listing(root)
+    entries = await index.page(root, scan.names[offset : offset + limit])
     return ImageFolder(
         folder=root.name or str(root),
-        total=len(entries),
+        total=len(scan.names),
         offset=offset,
-        images=[ImageEntry(name=name, bytes=size) for name, size in entries[offset:][:limit]],
+        images=[ImageEntry(name=name, bytes=size) for name, size in entries],
+        truncated=scan.truncated,
     )
 
 
@@ -107,7 +111,7 @@ async def list_images(
     },
 )
 async def read_image(
-    settings: SettingsDep,
+    service: ServiceDep,
     name: Annotated[
         str,
         Query(
@@ -118,9 +122,9 @@ async def read_image(
         ),
     ],
 ) -> Response:
-    root = image_folder(settings)
+    root = image_folder(service).root()
     check_name(name)
-    data = await asyncio.to_thread(read_file, root, name, settings.max_upload_bytes)
+    data = await asyncio.to_thread(read_image_file, root, name, service.settings.max_upload_bytes)
     return Response(
         data,
         media_type=IMAGE_MEDIA_TYPES[Path(name).suffix.lower()],
@@ -128,104 +132,15 @@ async def read_image(
     )
 
 
-# --------------------------------------------------------------------------- the folder
-
-
-def image_folder(settings: ServerSettings) -> Path:
-    """The folder, resolved; 404 when the server has none (or it has gone)."""
-    if settings.images_dir is None:
+def image_folder(service: Service) -> FolderIndex:
+    """The folder's index; 404 when the server has none."""
+    if service.folder is None:
         raise ApiError(
             404,
             "no_image_folder",
             "this server has no image folder; start it with 'sam2serve serve --images DIR'",
         )
-    root = Path(settings.images_dir).resolve()
-    if not root.is_dir():
-        raise ApiError(404, "no_image_folder", f"the image folder {root.name!r} is gone")
-    return root
-
-
-def check_name(name: str) -> None:
-    """422 unless ``name`` is a plain, visible file name with an image extension."""
-    if (
-        name in (".", "..")
-        or name.startswith(".")
-        or any(ch in name for ch in "/\\")
-        or any(ord(ch) < 32 or ord(ch) == 127 for ch in name)
-    ):
-        raise ApiError(
-            422,
-            "invalid_request",
-            "name: expected a plain file name from /v1/images (no path, not hidden)",
-        )
-    if Path(name).suffix.lower() not in IMAGE_EXTENSIONS:
-        raise ApiError(
-            422,
-            "invalid_request",
-            f"name: not an image file; accepted extensions: {' '.join(IMAGE_EXTENSIONS)}",
-        )
-
-
-def admissible(root: Path, name: str) -> Path | None:
-    """The file ``name`` names if it is an image file of ``root`` itself, else None.
-
-    The resolved path must be a regular file directly in the resolved folder: a symbolic
-    link that leads elsewhere is not offered."""
-    if name.startswith(".") or Path(name).suffix.lower() not in IMAGE_EXTENSIONS:
-        return None
-    try:
-        name.encode("utf-8")  # a name the file system could not decode cannot go into JSON
-        path = (root / name).resolve()
-    except (UnicodeError, OSError, RuntimeError, ValueError):
-        return None
-    if path.parent != root or not path.is_file():
-        return None
-    return path
-
-
-def list_folder(root: Path) -> list[tuple[str, int]]:
-    """(name, bytes) of every admissible image file of ``root``, sorted by name."""
-    entries: list[tuple[str, int]] = []
-    try:
-        with os.scandir(root) as scan:
-            names = [entry.name for entry in scan]
-    except OSError as exc:
-        raise ApiError(
-            404, "no_image_folder", f"cannot read the image folder {root.name!r}: {exc.strerror}"
-        ) from None
-    for name in sorted(names):
-        path = admissible(root, name)
-        if path is None:
-            continue
-        try:
-            entries.append((name, path.stat().st_size))
-        except OSError:
-            continue
-    return entries
-
-
-def read_file(root: Path, name: str, max_bytes: int) -> bytes:
-    """The bytes of image ``name`` of ``root``: 404 if it is not one, 413 if too large."""
-    path = admissible(root, name)
-    missing = ApiError(404, "unknown_image", f"name: no image file {name!r} in the image folder")
-    if path is None:
-        raise missing
-    try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise ApiError(
-                413,
-                "upload_too_large",
-                f"name: {name!r} has {size / MiB:.1f} MiB; this server accepts images of at "
-                f"most {max_bytes / MiB:g} MiB (--max-upload-mib)",
-            )
-        with path.open("rb") as file:
-            data = file.read(max_bytes + 1)
-    except OSError:
-        raise missing from None
-    if len(data) > max_bytes:  # grew since the stat
-        raise ApiError(413, "upload_too_large", f"name: {name!r} is larger than the limit")
-    return data
+    return service.folder
 
 
 __all__ = ["IMAGE_EXTENSIONS", "IMAGE_MEDIA_TYPES", "ImageFolder", "router"]

@@ -26,30 +26,39 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Annotated, Any
 
 import numpy as np
 from fastapi import Depends, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from sam2serve.engine.rle import coco_to_rle, rle_to_mask
+from sam2serve.engine.rle import checked_counts
 from sam2serve.engine.video.outputs import ObjectMask, object_masks
 from sam2serve.engine.video.predictor import VideoPromptError
 from sam2serve.engine.video_io import (
     VideoError,
     VideoFrames,
     VideoLimitError,
+    VideoProbe,
     check_frame_sizes,
     decode_video,
+    probe_video,
 )
 from sam2serve.server import video_schemas as vs
 from sam2serve.server.batching import JobCancelled, JobContext, WorkerStopped
+from sam2serve.server.decode_budget import (
+    RGB_BYTES_PER_PIXEL,
+    Reservation,
+    image_decode_bytes,
+    video_decode_bytes,
+)
 from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError, ClientGone, error_body
+from sam2serve.server.event_stream import EVENT_STREAM, EventStream
 from sam2serve.server.routes.common import (
     client_address,
     format_segmentations,
@@ -61,7 +70,7 @@ from sam2serve.server.routes.common import (
 )
 from sam2serve.server.service import RequestClock, Service
 from sam2serve.server.session_ids import SESSION_HEADER
-from sam2serve.server.uploads import decode_image
+from sam2serve.server.uploads import decode_image, probe_image
 from sam2serve.server.video_sessions import VideoSession, VideoSessions
 
 log = logging.getLogger("sam2serve.server")
@@ -69,7 +78,6 @@ log = logging.getLogger("sam2serve.server")
 VIDEOS_PATH = "/v1/videos"
 VIDEO_PART = "video"
 FRAME_PART = "frame"
-EVENT_STREAM = "text/event-stream"
 
 router = v1_router()
 
@@ -123,9 +131,11 @@ VideosDep = Annotated[VideoSessions, Depends(get_videos)]
     },
 )
 async def create_session(request: Request, service: ServiceDep, videos: VideosDep) -> Response:
-    videos.check_room()  # before reading a large body that could not be kept
-    frames = await _read_video_upload(request, service)
-    session = videos.create(frames)
+    client = client_address(request)
+    videos.check_room(client)  # before reading a large body that could not be kept
+    frames, reservation = await _read_video_upload(request, service, videos)
+    with reservation:  # from here the session holds the frames, and its limits count them
+        session = videos.create(frames, client)
     answer = json_response(_session_out(session, videos, service), status=201)
     answer.headers[SESSION_HEADER] = session.session_id  # the cluster pins the session by it
     return answer
@@ -137,7 +147,8 @@ async def create_session(request: Request, service: ServiceDep, videos: VideosDe
     summary="Describe a tracking session",
 )
 async def get_session(session_id: str, service: ServiceDep, videos: VideosDep) -> Response:
-    return json_response(_session_out(videos.get(session_id), videos, service))
+    # Reading a session is not using it: it does not keep the session from expiring.
+    return json_response(_session_out(videos.get(session_id, touch=False), videos, service))
 
 
 @router.delete(
@@ -210,11 +221,17 @@ async def add_prompt(
     state = session.state
     _check_frame(body.frame_idx, state.num_frames, "frame_idx")
     _check_inside(body, state.width, state.height)
-    mask = None if body.mask is None else _mask_of(body.mask, state.height, state.width)
+    _check_clicks(body, 0, service.settings.max_points_per_object)
+    mask, reservation = None, Reservation(None, 0)
+    if body.mask is not None:
+        mask, reservation = await _mask_of(body.mask, state.height, state.width, service)
 
     async def work() -> Response:
         with videos.using(session, "prompt"):
             videos.check_new_object(session, body.obj_id)
+            if not body.clear_old_points:
+                earlier = videos.clicks_on(session, body.obj_id, body.frame_idx)
+                _check_clicks(body, earlier, service.settings.max_points_per_object)
 
             def run(context: JobContext) -> list[ObjectMask]:
                 predictor = videos.predictor
@@ -248,7 +265,8 @@ async def add_prompt(
             )
         )
 
-    return await guarded(request, work, service)
+    with reservation:  # the mask's bytes, until the prompt is done (or abandoned)
+        return await guarded(request, work, service)
 
 
 def _check_frame(frame_idx: int, num_frames: int, field: str) -> None:
@@ -262,44 +280,81 @@ def _check_frame(frame_idx: int, num_frames: int, field: str) -> None:
 
 
 def _check_inside(body: vs.VideoPromptRequest, width: int, height: int) -> None:
+    """Every click and the box inside the frame (the schema keeps them >= 0)."""
     for i, point in enumerate(body.points):
         if point.x > width or point.y > height:
             raise ApiError(
                 422,
                 "invalid_request",
-                f"points[{i}]: ({point.x:g}, {point.y:g}) is outside the {width}x{height} frame",
+                f"points[{i}]: ({point.x:g}, {point.y:g}) is outside the {width}x{height} "
+                f"frame; accepted: 0 <= x <= {width}, 0 <= y <= {height}",
             )
     if body.box is not None and (body.box[2] > width or body.box[3] > height):
         raise ApiError(
             422,
             "invalid_request",
-            f"box: {body.box} reaches outside the {width}x{height} frame",
+            f"box: {body.box} reaches outside the {width}x{height} frame; accepted: "
+            f"0 <= x0 <= x1 <= {width}, 0 <= y0 <= y1 <= {height}",
         )
 
 
-def _mask_of(mask: vs.MaskPrompt, height: int, width: int) -> np.ndarray:
-    """The prompt's binary mask, which must have the frame's size."""
+def _check_clicks(body: vs.VideoPromptRequest, earlier: int, limit: int) -> None:
+    """The object's clicks on the frame, the ``earlier`` ones it keeps included, within
+    max_points_per_object (Meta's predictor would add them up without bound)."""
+    total = earlier + len(body.points)
+    if total > limit:
+        kept = f" added to the {earlier} it already has there" if earlier else ""
+        raise ApiError(
+            422,
+            "too_many_prompts",
+            f"points: {len(body.points)} clicks{kept} for obj_id {body.obj_id} on frame "
+            f"{body.frame_idx} make {total}; at most {limit} per object and frame "
+            "(max_points_per_object): send clear_old_points true to start again",
+        )
+
+
+async def _mask_of(
+    mask: vs.MaskPrompt, height: int, width: int, service: Service
+) -> tuple[np.ndarray, Reservation]:
+    """The prompt's binary mask, which must have the frame's size, read off the event loop
+    within the decode budget (its bytes reserved until the prompt is done)."""
     if list(mask.size) != [height, width]:
         raise ApiError(
             422,
             "invalid_request",
             f"mask.size: {mask.size} is not the frame's [height, width] = [{height}, {width}]",
         )
-    try:
-        if isinstance(mask.counts, str):
-            rle = coco_to_rle({"size": mask.size, "counts": mask.counts})
-        else:
-            rle = {"size": mask.size, "counts": mask.counts}
-        decoded = rle_to_mask(rle)
-    except (ValueError, IndexError) as exc:
-        raise ApiError(422, "invalid_request", f"mask.counts: not a valid RLE ({exc})") from None
-    if decoded.shape != (height, width):
+    # A run takes one char at least and 7 at most: a longer string cannot cover the frame
+    # (zero-length runs only first and last), so it is refused before it is read.
+    longest = _MAX_CHARS_PER_RUN * (height * width + 2)
+    if len(mask.counts) > longest:
         raise ApiError(
             422,
             "invalid_request",
-            f"mask.counts: the runs cover {decoded.size} pixels, not the frame's {height * width}",
+            f"mask.counts: {len(mask.counts):,} runs or characters; a mask of the "
+            f"{width}x{height} frame has at most {height * width + 2:,} runs",
         )
-    return decoded.astype(bool)
+    need = height * width + _MASK_BYTES_PER_RUN * len(mask.counts)
+    reservation = await service.decoding.reserve(need, "mask")
+    try:
+        return await asyncio.to_thread(_decode_mask, mask, height, width), reservation
+    except BaseException:
+        reservation.release()
+        raise
+
+
+_MAX_CHARS_PER_RUN = 7
+_MASK_BYTES_PER_RUN = 16  # the runs as int64 while the mask is drawn from them
+
+
+def _decode_mask(mask: vs.MaskPrompt, height: int, width: int) -> np.ndarray:
+    """(In a worker thread.) The (height, width) bool mask of checked runs."""
+    try:
+        counts = checked_counts(mask.counts, height, width)
+    except ValueError as exc:
+        raise ApiError(422, "invalid_request", f"mask.counts: not a valid RLE ({exc})") from None
+    values = (np.arange(counts.size) % 2).astype(bool)
+    return np.ascontiguousarray(np.repeat(values, counts).reshape(width, height).T)
 
 
 async def _objects_out(
@@ -377,28 +432,26 @@ async def propagate(
         handle = service.submit_job("video_propagate", run, bulk=True)
         held = held.pop_all()
     handle.future.add_done_callback(lambda _: loop.call_soon_threadsafe(held.close))
-    stream = _frame_events(handle, frames, body.mask_format, service)
-    return StreamingResponse(
-        stream,
-        media_type=EVENT_STREAM,
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    # The stream ends the job when it ends: a client that leaves stops the propagation at
+    # its next frame (a finished job is not affected).
+    return EventStream(_frame_events(handle, frames, body.mask_format, service), handle.cancel)
 
 
 async def _frame_events(
     handle: Any, frames: asyncio.Queue, mask_format: str, service: Service
-) -> AsyncIterator[bytes]:
-    """The stream: each frame as it comes, then done (or error). Leaving early (the client
-    disconnected) cancels the job at its next frame."""
+) -> AsyncGenerator[bytes, None]:
+    """The stream: each frame as it comes, then done (or error)."""
     started = time.perf_counter()
     finished = asyncio.wrap_future(handle.future)
+    # The job's outcome is read below, unless the client leaves first: then it is nobody's.
+    finished.add_done_callback(_outcome_seen)
+    getter: asyncio.Future | None = None
     sent = 0
     try:
         while True:
             getter = asyncio.ensure_future(frames.get())
             await asyncio.wait({getter, finished}, return_when=asyncio.FIRST_COMPLETED)
             if not getter.done():
-                getter.cancel()
                 break
             yield await _frame_event(getter.result(), mask_format, service)
             sent += 1
@@ -425,7 +478,14 @@ async def _frame_events(
         )
         yield _event("done", done.model_dump())
     finally:
+        if getter is not None:
+            getter.cancel()  # no-op once it has a frame
         handle.cancel()  # no-op once it has ended
+
+
+def _outcome_seen(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def _frame_event(
@@ -445,8 +505,12 @@ def _event(name: str, data: dict[str, Any]) -> bytes:
 # --------------------------------------------------------------------------- uploads
 
 
-async def _read_video_upload(request: Request, service: Service) -> VideoFrames:
-    """The frames of the uploaded video file or frame files, within the limits."""
+async def _read_video_upload(
+    request: Request, service: Service, sessions: VideoSessions
+) -> tuple[VideoFrames, Reservation]:
+    """The frames of the uploaded video file or frame files, within the limits, and their
+    bytes reserved in the decode budget: every limit is checked from the file's header or
+    the video's stream metadata before a frame is decoded."""
     settings = service.settings
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media != "multipart/form-data":
@@ -469,8 +533,8 @@ async def _read_video_upload(request: Request, service: Service) -> VideoFrames:
         ) from None
     try:
         unknown = sorted(set(form.keys()) - {VIDEO_PART, FRAME_PART})
-        videos, frame_parts = form.getlist(VIDEO_PART), form.getlist(FRAME_PART)
-        if unknown or bool(videos) == bool(frame_parts) or len(videos) > 1:
+        video_parts, frame_parts = form.getlist(VIDEO_PART), form.getlist(FRAME_PART)
+        if unknown or bool(video_parts) == bool(frame_parts) or len(video_parts) > 1:
             raise ApiError(
                 400,
                 "invalid_multipart",
@@ -478,7 +542,7 @@ async def _read_video_upload(request: Request, service: Service) -> VideoFrames:
                 f"'{FRAME_PART}' (the frames, in order) - not both, not neither"
                 + (f"; unknown part(s) {', '.join(map(repr, unknown))}" if unknown else ""),
             )
-        parts = videos or frame_parts
+        parts = video_parts or frame_parts
         if any(not isinstance(part, UploadFile) for part in parts):
             raise ApiError(400, "invalid_multipart", "the video and frames must be file parts")
         if frame_parts and len(frame_parts) > settings.max_video_frames:
@@ -496,25 +560,53 @@ async def _read_video_upload(request: Request, service: Service) -> VideoFrames:
                 f"the upload is {uploaded:,} bytes; the limit is "
                 f"{settings.max_video_upload_bytes:,} (max_video_upload_bytes)",
             )
-        if videos:
-            return await asyncio.to_thread(_decode_video_part, videos[0], service)
-        return await asyncio.to_thread(_decode_frame_parts, frame_parts, service)
+        if video_parts:
+            return await _video_file_frames(video_parts[0], service, sessions)
+        return await _frame_files_frames(frame_parts, service, sessions)
     finally:
         await form.close()
 
 
-def _decode_video_part(upload: UploadFile, service: Service) -> VideoFrames:
-    settings = service.settings
-    name = upload.filename or VIDEO_PART
-    upload.file.seek(0)
+async def _video_file_frames(
+    upload: UploadFile, service: Service, sessions: VideoSessions
+) -> tuple[VideoFrames, Reservation]:
+    probe = await asyncio.to_thread(_probe_video_part, upload, service)
+    sessions.check_frames(probe.frames, probe.height, probe.width)
+    reservation = await service.decoding.reserve(
+        video_decode_bytes(probe.frames, probe.width, probe.height),
+        f"the video ({probe.frames} frames of {probe.width}x{probe.height})",
+    )
     try:
-        return decode_video(
-            upload.file,
-            name,
-            max_frames=settings.max_video_frames,
-            max_pixels=settings.max_pixels,
-            max_bytes=settings.max_video_session_bytes,
-        )
+        frames = await asyncio.to_thread(_decode_video_part, upload, service, probe)
+    except BaseException:
+        reservation.release()
+        raise
+    reservation.shrink(sum(frame.nbytes for frame in frames.frames))
+    return frames, reservation
+
+
+async def _frame_files_frames(
+    parts: list[UploadFile], service: Service, sessions: VideoSessions
+) -> tuple[VideoFrames, Reservation]:
+    sizes = await asyncio.to_thread(_probe_frame_parts, parts, service)
+    frames_bytes = sum(width * height * RGB_BYTES_PER_PIXEL for width, height in sizes)
+    sessions.check_frame_bytes(len(parts), frames_bytes)
+    largest = max(image_decode_bytes(width, height) for width, height in sizes)
+    reservation = await service.decoding.reserve(frames_bytes + largest, f"the {len(parts)} frames")
+    try:
+        frames = await asyncio.to_thread(_decode_frame_parts, parts, service)
+    except BaseException:
+        reservation.release()
+        raise
+    reservation.shrink(sum(frame.nbytes for frame in frames.frames))
+    return frames, reservation
+
+
+@contextlib.contextmanager
+def _video_errors() -> Iterator[None]:
+    """VideoLimitError as 413 ``video_too_large``, any other VideoError as 400."""
+    try:
+        yield
     except VideoLimitError as exc:
         raise ApiError(
             413, "video_too_large", f"{exc} (max_video_frames, max_pixels, max_video_session_bytes)"
@@ -523,6 +615,57 @@ def _decode_video_part(upload: UploadFile, service: Service) -> VideoFrames:
         raise ApiError(
             400, "invalid_video", f"{exc}; send a video FFmpeg can decode (MP4, WebM, MOV, ...)"
         ) from None
+
+
+def _probe_video_part(upload: UploadFile, service: Service) -> VideoProbe:
+    """(In a worker thread.) The uploaded video's size and frame count, nothing decoded."""
+    settings = service.settings
+    name = upload.filename or VIDEO_PART
+    upload.file.seek(0)
+    with _video_errors():
+        return probe_video(
+            upload.file,
+            name,
+            max_frames=settings.max_video_frames,
+            max_pixels=settings.max_pixels,
+        )
+
+
+def _decode_video_part(upload: UploadFile, service: Service, probe: VideoProbe) -> VideoFrames:
+    settings = service.settings
+    name = upload.filename or VIDEO_PART
+    upload.file.seek(0)
+    with _video_errors():
+        return decode_video(
+            upload.file,
+            name,
+            max_frames=settings.max_video_frames,
+            max_pixels=settings.max_pixels,
+            max_bytes=settings.max_video_session_bytes,
+            probe=probe,
+        )
+
+
+def _probe_frame_parts(parts: list[UploadFile], service: Service) -> list[tuple[int, int]]:
+    """(In a worker thread.) Each frame file's (width, height) from its header: 413 past
+    max_pixels; (0, 0) for a file that is no image (decoding it says why)."""
+    sizes = []
+    for i, part in enumerate(parts):
+        part.file.seek(0)
+        header = part.file.read(_HEADER_BYTES)
+        name = part.filename or f"{FRAME_PART}[{i}]"
+        size = probe_image(header, service.settings.max_pixels, f"{FRAME_PART}[{i}] ({name})")
+        if size == (0, 0):  # a header Pillow needs more of: read the whole file
+            part.file.seek(0)
+            size = probe_image(
+                part.file.read(), service.settings.max_pixels, f"{FRAME_PART}[{i}] ({name})"
+            )
+        sizes.append(size)
+    return sizes
+
+
+# Enough of an image file for Pillow to read its size (PNG, JPEG, WebP, BMP, TIFF headers).
+_HEADER_BYTES = 64 * 1024
 
 
 def _decode_frame_parts(parts: list[UploadFile], service: Service) -> VideoFrames:
