@@ -85,6 +85,7 @@ def read_csv(root: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.extended
 def test_bench_succeeds_and_prints_the_tables(bench):
     code, stdout, stderr, _ = bench
     assert code == 0, stderr
@@ -93,6 +94,7 @@ def test_bench_succeeds_and_prints_the_tables(bench):
         assert title in stdout
 
 
+@pytest.mark.extended
 def test_csv_has_every_column_and_a_row_per_task_and_mode(bench):
     rows = read_csv(bench[3])
     assert list(rows[0]) == list(CSV_COLUMNS)
@@ -112,6 +114,7 @@ def test_csv_has_every_column_and_a_row_per_task_and_mode(bench):
             assert float(row["miou"]) == 1.0 and row["fails"] == "0"
 
 
+@pytest.mark.extended
 def test_the_lossless_mode_and_the_reference_agree_with_the_baseline(bench):
     for row in read_csv(bench[3]):
         assert row["fails"] == "0", row
@@ -119,6 +122,7 @@ def test_the_lossless_mode_and_the_reference_agree_with_the_baseline(bench):
         assert float(row["masks_per_image"]) > 0
 
 
+@pytest.mark.extended
 def test_point_prompts_come_from_the_baseline_amg_masks(bench):
     work = bench[3] / "work"
     baseline_amg = json.loads((work / "amg-baseline-cold.result.json").read_text())
@@ -135,6 +139,7 @@ def test_point_prompts_come_from_the_baseline_amg_masks(bench):
         assert [len(r) for r in result["records"]] == [len(p) for p in spec["prompts"]]
 
 
+@pytest.mark.extended
 def test_every_run_had_its_own_process_and_compile_cache(bench):
     work = bench[3] / "work"
     results = [json.loads(p.read_text()) for p in sorted(work.glob("*.result.json"))]
@@ -149,6 +154,7 @@ def test_every_run_had_its_own_process_and_compile_cache(bench):
         assert result["ready_s"] > 0 and result["peak_rss_mb"] > 0
 
 
+@pytest.mark.extended
 def test_markdown_says_what_how_where_and_when(bench):
     text = (bench[3] / "results" / "small.md").read_text()
     assert "`sam2serve bench --task all --model tiny" in text
@@ -165,6 +171,7 @@ def test_markdown_says_what_how_where_and_when(bench):
     assert "![latency by stage](small.png)" in text
 
 
+@pytest.mark.extended
 def test_aot_mode_started_from_artifacts_exported_once(bench):
     work, text = bench[3] / "work", (bench[3] / "results" / "small.md").read_text()
     row_dir = work / "artifacts" / "fast-artifacts"  # one directory per +artifacts row
@@ -177,12 +184,14 @@ def test_aot_mode_started_from_artifacts_exported_once(bench):
     assert "mask decoder eager" in text
 
 
+@pytest.mark.extended
 def test_chart_is_a_png(bench):
     with Image.open(bench[3] / "results" / "small.png") as chart:
         assert chart.format == "PNG"
         assert chart.width == 1100 and chart.height > 300
 
 
+@pytest.mark.extended
 @pytest.mark.skipif(not HAS_SAM2, reason="Meta's sam2 is not installed")
 def test_reference_ran_metas_code_in_its_own_process_only(bench):
     work = bench[3] / "work"

@@ -76,6 +76,7 @@ def rows(result, task, variant=""):
     return {run.mode: run for run in result.runs if run.task == task and run.variant == variant}
 
 
+@pytest.mark.extended
 def test_keep_all_keeps_masks_that_the_default_filters_out(bench):
     default, keep_all = rows(bench, "amg", "default"), rows(bench, "amg", "keep-all")
     assert set(default) == set(keep_all) == {"baseline"}  # the peer runs the point tasks only
@@ -90,6 +91,7 @@ def test_keep_all_keeps_masks_that_the_default_filters_out(bench):
     )
 
 
+@pytest.mark.extended
 def test_report_has_a_table_per_variant(bench):
     text = markdown(bench)
     assert "## AMG (automatic mask generation)\n" in text
@@ -106,6 +108,7 @@ def test_report_has_a_table_per_variant(bench):
     assert "amg keep-all" in text  # the stage table names the variant
 
 
+@pytest.mark.extended
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers with Sam2Model not installed")
 def test_hf_peer_gives_the_baselines_masks(bench):
     sps = rows(bench, "sps")

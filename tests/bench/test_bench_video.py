@@ -73,6 +73,7 @@ def rows(results: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.extended
 def test_the_video_bench_writes_its_tables_with_the_rows(bench):
     code, stdout, stderr, results = bench
     assert code == EXIT_OK, stderr
@@ -95,6 +96,7 @@ def test_the_video_bench_writes_its_tables_with_the_rows(bench):
         assert row["truth_miou"] != ""  # the sample clip's disc and square
 
 
+@pytest.mark.extended
 def test_fast_answers_as_the_baseline_mask_for_mask(bench):
     for row in rows(bench[3]):
         if row["mode"] in ("baseline", "fast"):
@@ -103,6 +105,7 @@ def test_fast_answers_as_the_baseline_mask_for_mask(bench):
             assert row["exact_masks"] == row["compared_masks"] == str(2 * OBJECTS)
 
 
+@pytest.mark.extended
 def test_the_reference_row_is_metas_tracker_on_the_same_weights(bench):
     reference = next(r for r in rows(bench[3]) if r["mode"] == "reference")
     if not HAS_SAM2:

@@ -20,6 +20,8 @@ from PIL import Image
 from sam2serve.cluster.client import post_with_retries
 from sam2serve.cluster.protocol import MULTIPLEX_HEADER, REPLICA_HEADER, SESSION_HEADER, image_id
 
+pytestmark = pytest.mark.extended  # a real Ray cluster: the second tier
+
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 

@@ -304,6 +304,7 @@ def test_decoder_programs_from_another_cpu_are_not_used(exported, tmp_path):
     assert type(loaded.fast_decoder).__name__ == "FastMaskDecoder"
 
 
+@pytest.mark.extended
 def test_aoti_backend_matches_the_eager_model(tmp_path):
     """--format aoti: torch.export + AOTInductor package, loaded with nothing compiled.
     (The decoder programs are tested above; eager here keeps the export short.)"""

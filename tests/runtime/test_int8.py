@@ -127,7 +127,7 @@ def test_run_from_int8_artifacts(int8_artifacts, photo, tmp_path):
     assert record["runtime"]["backend"] == "artifacts"
 
 
-@pytest.mark.slow  # a second conversion + quantisation: 410 s on 2 loaded cores (measured)
+@pytest.mark.extended  # a second conversion and quantisation, at start-up
 def test_run_mode_int8_needs_no_backend(photo, tmp_path):
     """`run --mode int8` quantises at start-up through its default backend, OpenVINO."""
     prompts = tmp_path / "prompts.json"

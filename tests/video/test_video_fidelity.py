@@ -264,6 +264,7 @@ def test_frame_features_match_meta(runs):
 # The other sizes: their trunks (stages, windows, global attention blocks) and widths differ;
 # the memory path is the same. A click and a box tracked to the next frame, every mask and
 # logit as Meta's (2 frames: each frame costs both predictors an encode of that size).
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.parametrize("size", [size for size in MODEL_SIZES if size != "tiny"])
 def test_other_sizes_track_as_meta(size, tmp_path):
