@@ -19,7 +19,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Option", "add_options", "check_options", "flag_of", "option", "option_values"]
+__all__ = [
+    "Option",
+    "OptionError",
+    "add_option_groups",
+    "add_options",
+    "check_options",
+    "flag_of",
+    "option",
+    "option_values",
+]
 
 OPTION = "option"  # the metadata key
 
@@ -42,6 +51,10 @@ class Option:
     choices: tuple[Any, ...] | None = None
     flag: str | None = None  # default: --FIELD-NAME
     default_text: str | None = None
+    # The flag's unit in the field's (e.g. 1 MiB for a byte count given as --...-mib): the
+    # flag takes a number of units, the help shows the default in units.
+    scale: int | None = None
+    group: str | None = None  # the help group the flag is listed in
 
     def accepted(self, kind: str) -> str:
         """What a value must be, as error messages say it."""
@@ -82,9 +95,26 @@ def _default_text(field: dataclasses.Field, spec: Option) -> str:
     value = field.default
     if isinstance(value, bool):
         return "on" if value else "off"
+    if spec.scale is not None and value is not None:
+        return f"{value / spec.scale:g}"
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
+
+
+def _in_units(scale: int) -> Callable[[str], int]:
+    """``type`` of a scaled flag: a number of units -> the field's integer value."""
+
+    def parse(text: str) -> int:
+        try:
+            number = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(number):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        return int(number * scale)
+
+    return parse
 
 
 def add_options(
@@ -95,7 +125,11 @@ def add_options(
         flag = flag_of(field)
         default = None if field.default is dataclasses.MISSING else field.default
         bounds = ""
-        if spec.choices is None and (spec.low is not None or spec.high is not None):
+        if (
+            spec.choices is None
+            and spec.scale is None
+            and (spec.low is not None or spec.high is not None)
+        ):
             kind = "an integer" if (spec.type or type(default)) is int else "a number"
             bounds = f"; {spec.accepted(kind)}"
         help_text = f"{spec.help} (default: {_default_text(field, spec)}{bounds})"
@@ -109,7 +143,10 @@ def add_options(
                 help=help_text,
             )
             continue
-        kind = spec.type or (type(default) if default is not None else str)
+        if spec.scale is not None:
+            kind = _in_units(spec.scale)
+        else:
+            kind = spec.type or (type(default) if default is not None else str)
         container.add_argument(
             flag,
             dest=field.name,
@@ -121,6 +158,19 @@ def add_options(
         )
 
 
+def add_option_groups(
+    parser: argparse.ArgumentParser, cls: type, names: Iterable[str] | None = None
+) -> None:
+    """The option fields of ``cls`` as flags in argument groups by their Option's group
+    (groups in the order of their first field; fields without a group on ``parser``)."""
+    grouped: dict[str | None, list[str]] = {}
+    for field, spec in _options(cls, names):
+        grouped.setdefault(spec.group, []).append(field.name)
+    for title, fields in grouped.items():
+        container = parser if title is None else parser.add_argument_group(title)
+        add_options(container, cls, fields)
+
+
 def option_values(
     args: argparse.Namespace, cls: type, names: Iterable[str] | None = None
 ) -> dict[str, Any]:
@@ -128,18 +178,28 @@ def option_values(
     return {field.name: getattr(args, field.name) for field, _ in _options(cls, names)}
 
 
-def check_options(instance: Any, error: type[Exception] = ValueError) -> None:
-    """Raise ``error`` naming the first option field of ``instance`` out of its bounds or
-    choices (a None value passes: it means "not set")."""
+class OptionError(ValueError):
+    """A setting out of its bounds or choices. ``str()`` names the field (what a library
+    caller or a config file wrote); :meth:`for_flag` names the flag instead."""
+
+    def __init__(self, field: str, flag: str, requirement: str, value: Any) -> None:
+        self.field, self.flag, self.requirement, self.value = field, flag, requirement, value
+        super().__init__(f"{field} must be {requirement}, got {value!r}")
+
+    def for_flag(self) -> str:
+        return f"{self.flag} must be {self.requirement}, got {self.value!r}"
+
+
+def check_options(instance: Any) -> None:
+    """Raise :class:`OptionError` for the first option field of ``instance`` out of its
+    bounds or choices (a None value passes: it means "not set")."""
     for field, spec in _options(type(instance), None):
         value = getattr(instance, field.name)
         if value is None:
             continue
         problem = _problem(value, spec)
         if problem is not None:
-            raise error(
-                f"{flag_of(field)} ({field.name}) must be {spec.accepted(problem)}, got {value!r}"
-            )
+            raise OptionError(field.name, flag_of(field), spec.accepted(problem), value)
 
 
 def _problem(value: Any, spec: Option) -> str | None:

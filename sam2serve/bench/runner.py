@@ -40,7 +40,7 @@ from sam2serve.bench.worker import SPAWN_TIME_ENV
 from sam2serve.engine.amg import AMGParams
 from sam2serve.engine.masks import build_point_grid
 from sam2serve.engine.tasks import STAGES, TASKS, prompt_points
-from sam2serve.options import check_options, option
+from sam2serve.options import OptionError, check_options, option
 
 __all__ = [
     "BASELINE",
@@ -173,7 +173,10 @@ class BenchConfig:
     video_objects: tuple[int, ...] = DEFAULT_VIDEO_OBJECTS
 
     def __post_init__(self) -> None:
-        check_options(self, BenchError)
+        try:
+            check_options(self)
+        except OptionError as exc:
+            raise BenchError(exc.for_flag()) from None
 
     def variant_params(self, variant: str) -> AMGParams:
         return AMG_VARIANTS[variant].apply(self.amg_params)

@@ -1,7 +1,8 @@
 """``sam2serve serve``: the HTTP service (FastAPI + uvicorn), one model loaded at start.
 
 Every flag sets the :class:`~sam2serve.server.settings.ServerSettings` field of its
-``dest``, so the settings check every value and the error names the flag. The address is
+``dest``; the limit flags are derived from the fields themselves (sam2serve.options), so
+the settings check every value and the error names the flag. The address is
 tried before the model loads: a port in use costs no start-up time.
 """
 
@@ -13,7 +14,7 @@ import dataclasses
 import errno
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from sam2serve.commands import model as model_flags
@@ -35,7 +36,8 @@ from sam2serve.commands.common import (
     info_line,
     warning_line,
 )
-from sam2serve.server.settings import DEFAULT_API_KEY_ENV, MiB, ServerSettings
+from sam2serve.options import OptionError, add_option_groups
+from sam2serve.server.settings import DEFAULT_API_KEY_ENV, ServerSettings
 from sam2serve.store.identity import STORE_DTYPES
 from sam2serve.store.location import StoreError, check_location
 
@@ -87,116 +89,6 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         handler=serve_command,
         add_arguments=add_arguments,
     )
-
-
-def _mib(value: str) -> int:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of MiB, got {value!r}") from None
-    if not number >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of MiB >= 0, got {value!r}")
-    return int(number * MiB)
-
-
-@dataclasses.dataclass(frozen=True)
-class SettingFlag:
-    """A flag that sets one ServerSettings field; its default is the field's."""
-
-    flag: str
-    field: str
-    kind: Callable[[str], Any]
-    metavar: str
-    help: str
-
-    def add_to(self, group: argparse._ActionsContainer) -> None:
-        default = getattr(DEFAULTS, self.field)
-        shown = default / MiB if self.kind is _mib else default
-        group.add_argument(
-            self.flag,
-            dest=self.field,
-            type=self.kind,
-            default=default,
-            metavar=self.metavar,
-            help=f"{self.help} (default: {shown:g})"
-            if isinstance(shown, float)
-            else f"{self.help} (default: {shown})",
-        )
-
-
-# Every limit flag, by help group (one line per flag: a table, not formatted).
-# fmt: off
-SETTING_FLAGS: dict[str, tuple[SettingFlag, ...]] = {
-    "limits": (
-        SettingFlag("--max-upload-mib", "max_upload_bytes", _mib, "MIB",
-                    "largest image file (413 above)"),
-        SettingFlag("--max-pixels", "max_pixels", int, "N",
-                    "largest image in width*height, checked before decoding (413 above)"),
-        SettingFlag("--max-objects", "max_objects", int, "N",
-                    "objects (prompt groups) per /v1/segment request"),
-        SettingFlag("--max-points-per-object", "max_points_per_object", int, "N",
-                    "clicks per object"),
-        SettingFlag("--max-amg-points", "max_amg_points", int, "N",
-                    "clicks one /v1/amg request may decode over all crops (4096: "
-                    "points_per_side 64)"),
-        SettingFlag("--max-amg-crops", "max_amg_crops", int, "N",
-                    "crops one /v1/amg request may encode (21: crop_n_layers 2)"),
-        SettingFlag("--max-json-items", "max_json_items", int, "N",
-                    "JSON arrays, objects and separators in one body, counted before parsing "
-                    "(413 above)"),
-        SettingFlag("--max-decoded-mib", "max_decoded_bytes_in_flight", _mib, "MIB",
-                    "decoded bytes of all uploads in flight together (images, videos, masks, "
-                    "COCO runs), from their headers before decoding; more wait, then 503"),
-        SettingFlag("--request-timeout", "request_timeout_s", float, "S",
-                    "seconds a request may take, queueing included; then 503 with Retry-After"),
-    ),
-    "connections and slow clients": (
-        SettingFlag("--header-timeout", "header_timeout_s", float, "S",
-                    "seconds for a request's line and headers; then the connection is closed"),
-        SettingFlag("--body-timeout", "body_timeout_s", float, "S",
-                    "seconds for the whole request body; then 408"),
-        SettingFlag("--max-connections", "max_connections", int, "N",
-                    "open connections at once; more get 503"),
-    ),
-    "batching and queue": (
-        SettingFlag("--max-batch-size", "max_batch_size", int, "N",
-                    "images encoded together in one encoder call"),
-        SettingFlag("--max-wait-ms", "max_wait_ms", float, "MS",
-                    "how long an encode waits for others to batch with"),
-        SettingFlag("--max-queue", "max_queue", int, "N",
-                    "interactive model jobs (encodes, clicks) waiting before new ones get 503"),
-        SettingFlag("--max-bulk-queue", "max_bulk_queue", int, "N",
-                    "AMG jobs waiting before new ones get 503; they yield to clicks between "
-                    "decoder batches"),
-        SettingFlag("--max-bulk-per-client", "max_bulk_jobs_per_client", int, "N",
-                    "AMG requests one client may have queued or running; more get 429"),
-    ),
-    "video tracking sessions (--video; docs/api.md)": (
-        SettingFlag("--max-video-sessions", "max_video_sessions", int, "N",
-                    "sessions held at once; one more gets 429"),
-        SettingFlag("--max-video-sessions-per-client", "max_video_sessions_per_client", int,
-                    "N", "sessions one client (API key, else address) may hold; more get 429"),
-        SettingFlag("--max-video-frames", "max_video_frames", int, "N",
-                    "frames in one session's video (413 above)"),
-        SettingFlag("--max-video-upload-mib", "max_video_upload_bytes", _mib, "MIB",
-                    "largest video upload (a file, or all frame files together)"),
-        SettingFlag("--max-video-session-mib", "max_video_session_bytes", _mib, "MIB",
-                    "memory one session may hold: decoded frames plus ~0.75 MiB per object "
-                    "and frame tracked (413 above)"),
-        SettingFlag("--max-video-objects", "max_video_objects", int, "N",
-                    "objects tracked in one session"),
-        SettingFlag("--video-idle", "video_idle_s", float, "S",
-                    "seconds a session may go untouched before it is closed"),
-    ),
-    "caches": (
-        SettingFlag("--cache-mib", "cache_bytes", _mib, "MIB",
-                    "embedding cache budget; one fp32 image is 16 MiB"),
-        SettingFlag("--mask-cache-mib", "mask_cache_bytes", _mib, "MIB",
-                    "budget for returned masks' low-res logits, 256 KiB each, for mask_id "
-                    "refinement"),
-    ),
-}
-# fmt: on
 
 
 def add_arguments(parser: CommandParser) -> None:
@@ -263,10 +155,7 @@ def add_arguments(parser: CommandParser) -> None:
         "folder changes and reads a capped number of entries (docs/api.md) (default: none)",
     )
 
-    for title, flags in SETTING_FLAGS.items():
-        group = parser.add_argument_group(title)
-        for setting in flags:
-            setting.add_to(group)
+    add_option_groups(parser, ServerSettings)
 
     store = parser.add_argument_group("embedding store (docs/labelling.md)")
     store.add_argument(
@@ -306,7 +195,10 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
 
 
 def _named(exc: ValueError, values: dict[str, Any], args: argparse.Namespace) -> str:
-    """The message, prefixed with the flag of the one value that fails on its own."""
+    """The message, prefixed with the flag of the one value that fails on its own (a
+    limit's own check names its flag already)."""
+    if isinstance(exc, OptionError):
+        return exc.for_flag()
     flags = {**args.flags, "api_key": f"${args.api_key_env}"}
     for name, value in values.items():
         try:

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from sam2serve.engine.formats import JSON_FORMATS
-from sam2serve.options import check_options, option
+from sam2serve.options import OptionError, check_options, option
 
 MAX_REQUESTS = 100_000
 MAX_CONCURRENCY = 256
@@ -154,7 +154,10 @@ class LoadtestConfig:
 
     def __post_init__(self) -> None:
         check_loopback_url(self.url)
-        check_options(self, LoadtestError)
+        try:
+            check_options(self)
+        except OptionError as exc:
+            raise LoadtestError(exc.for_flag()) from None
         if self.requests < len(self.images):
             raise LoadtestError(
                 f"--requests {self.requests} is fewer than the {len(self.images)} uploads the "

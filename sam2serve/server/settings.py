@@ -1,7 +1,10 @@
 """The service's settings: which model to load and every limit, as one frozen dataclass.
 
-The ``serve`` command fills it from flags; tests build it directly. Every value is
-checked on construction, so a bad limit fails at start with a message that names it.
+Every limit is declared once, here, with its help, bounds and default
+(:func:`sam2serve.options.option`): ``serve``'s and ``labelstudio``'s flags are derived
+from these fields, cluster config files name them, tests build the dataclass directly.
+Every value is checked on construction, so a bad limit fails at start with a message that
+names it.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from sam2serve.options import check_options, option
 from sam2serve.runtime.backend_choice import choose_backend
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 from sam2serve.store.identity import DEFAULT_STORE_DTYPE, STORE_DTYPES
@@ -26,6 +30,12 @@ DEFAULT_API_KEY_ENV = "SAM2SERVE_API_KEY"
 # lower them.
 MAX_OBJECTS = 1024
 MAX_POINTS_PER_OBJECT = 1024
+# The help groups of 'serve --help' the limit flags are listed in.
+LIMITS = "limits"
+CONNECTIONS = "connections and slow clients"
+BATCHING = "batching and queue"
+VIDEO = "video tracking sessions (--video; docs/api.md)"
+CACHES = "caches"
 
 
 @dataclass(frozen=True)
@@ -35,9 +45,8 @@ class ServerSettings:
     # ---- the model (ignored when create_app is handed a ready predictor)
     model: str = "tiny"
     mode: str = "fast"
-    # What executes the mode (sam2serve.runtime.backends); artifacts imply the backend
-    # that runs them (onnxruntime for an ONNX export, else "artifacts");
-    # None: the mode's default (eager; openvino for int8).
+    # What executes the mode (sam2serve.runtime.backends); None or "auto": the rule of
+    # runtime.backend_choice (artifacts: the backend their manifest calls for).
     backend: str | None = None
     checkpoint: str | None = None
     random_weights: bool = False
@@ -47,60 +56,185 @@ class ServerSettings:
     # Intra-op CPU threads; None: the CPUs this process may use (affinity, cgroup quota).
     threads: int | None = None
 
-    # ---- limits on one request
+    # ---- limits on one request (each a flag of 'serve': sam2serve.options)
     # Largest encoded image (the file's bytes, after base64 decoding): larger -> 413.
-    max_upload_bytes: int = 16 * MiB
-    # Largest decoded image, width * height, read from the header before decoding: -> 413.
-    max_pixels: int = 40_000_000
-    # Prompt groups (objects) in one /v1/segment request.
-    max_objects: int = 64
-    # Points in one object (a box counts as two more).
-    max_points_per_object: int = 32
-    # Clicks one /v1/amg request may decode over all crops (points_per_side**2 on the image).
-    max_amg_points: int = 4096
-    # Wall time a request may take, queueing included: then 503 "timeout" with Retry-After.
-    request_timeout_s: float = 120.0
-    # Crops one /v1/amg request may encode (1 + 4 + 16 + ... over its crop layers).
-    max_amg_crops: int = 21
-    # JSON structure in one body (or the multipart 'request' part): '{', '[' and ',' count
-    # one item each (strings, the base64 image included, count nothing). Counted before the
-    # JSON is parsed, so a huge list is refused (413) before it costs parse time or memory.
-    max_json_items: int = 100_000
-    # Nesting of JSON arrays and objects (the API needs 6): deeper -> 400.
-    max_json_depth: int = 32
+    max_upload_bytes: int = option(
+        16 * MiB,
+        help="largest image file (413 above)",
+        flag="--max-upload-mib",
+        metavar="MIB",
+        scale=MiB,
+        low=1,
+        group=LIMITS,
+    )
+    max_pixels: int = option(
+        40_000_000,
+        help="largest image in width*height, checked before decoding (413 above)",
+        metavar="N",
+        low=1,
+        group=LIMITS,
+    )
+    max_objects: int = option(
+        64,
+        help="objects (prompt groups) per /v1/segment request",
+        metavar="N",
+        low=1,
+        high=MAX_OBJECTS,
+        group=LIMITS,
+    )
+    max_points_per_object: int = option(
+        32,
+        help="clicks per object (a box counts as two more)",
+        metavar="N",
+        low=1,
+        high=MAX_POINTS_PER_OBJECT,
+        group=LIMITS,
+    )
+    max_amg_points: int = option(
+        4096,
+        help="clicks one /v1/amg request may decode over all crops (4096: points_per_side 64)",
+        metavar="N",
+        low=1,
+        group=LIMITS,
+    )
+    max_amg_crops: int = option(
+        21,
+        help="crops one /v1/amg request may encode (21: crop_n_layers 2)",
+        metavar="N",
+        low=1,
+        group=LIMITS,
+    )
+    # '{', '[' and ',' count one item each (strings, the base64 image included, count
+    # nothing). Counted before the JSON is parsed, so a huge list is refused (413) before it
+    # costs parse time or memory.
+    max_json_items: int = option(
+        100_000,
+        help="JSON arrays, objects and separators in one body, counted before parsing (413 above)",
+        metavar="N",
+        low=1,
+        group=LIMITS,
+    )
+    # The API needs 6 levels.
+    max_json_depth: int = option(
+        32,
+        help="nesting of JSON arrays and objects in one body (400 above)",
+        metavar="N",
+        low=1,
+        group=LIMITS,
+    )
     # Decoded bytes of every upload in flight together (images being decoded and waiting for
     # their encode, videos and frames being decoded, masks and COCO runs being read), decided
     # from headers and stream metadata before decoding: a request waits for room (then 503),
     # and one that alone needs more is refused (413). N concurrent uploads cannot multiply
     # memory past it.
-    max_decoded_bytes_in_flight: int = 2048 * MiB
+    max_decoded_bytes_in_flight: int = option(
+        2048 * MiB,
+        help="decoded bytes of all uploads in flight together (images, videos, "
+        "masks, COCO runs), from their headers before decoding; more wait, then 503",
+        flag="--max-decoded-mib",
+        metavar="MIB",
+        scale=MiB,
+        low=1,
+        group=LIMITS,
+    )
+    request_timeout_s: float = option(
+        120.0,
+        help="seconds a request may take, queueing included; then 503 with Retry-After",
+        flag="--request-timeout",
+        metavar="S",
+        low=0,
+        low_open=True,
+        group=LIMITS,
+    )
 
     # ---- connections and slow clients
-    # The request line and headers must arrive within this, or the connection is closed.
-    header_timeout_s: float = 10.0
-    # The whole body must arrive within this after the headers: then 408 "body_timeout".
-    body_timeout_s: float = 60.0
-    # Open connections at once; more are answered 503 at once.
-    max_connections: int = 256
+    header_timeout_s: float = option(
+        10.0,
+        help="seconds for a request's line and headers; then the connection is closed",
+        flag="--header-timeout",
+        metavar="S",
+        low=0,
+        low_open=True,
+        group=CONNECTIONS,
+    )
+    body_timeout_s: float = option(
+        60.0,
+        help="seconds for the whole request body; then 408",
+        flag="--body-timeout",
+        metavar="S",
+        low=0,
+        low_open=True,
+        group=CONNECTIONS,
+    )
+    max_connections: int = option(
+        256,
+        help="open connections at once; more get 503",
+        metavar="N",
+        low=1,
+        group=CONNECTIONS,
+    )
 
     # ---- batching and the model queue
-    # Images encoded together in one encoder call.
-    max_batch_size: int = 4
-    # How long the first encode job of a batch waits for others to join it.
-    max_wait_ms: float = 10.0
-    # Interactive model jobs (encodes, clicks) waiting before new ones get 503 "overloaded".
-    max_queue: int = 32
-    # Bulk jobs (AMG) waiting; they run only when no interactive job waits, and pause
-    # between decoder batches for the clicks that arrive meanwhile.
-    max_bulk_queue: int = 8
-    # AMG jobs one client (API key, else address) may have queued or running: then 429.
-    max_bulk_jobs_per_client: int = 2
+    max_batch_size: int = option(
+        4,
+        help="images encoded together in one encoder call",
+        metavar="N",
+        low=1,
+        group=BATCHING,
+    )
+    max_wait_ms: float = option(
+        10.0,
+        help="how long an encode waits for others to batch with",
+        metavar="MS",
+        low=0,
+        group=BATCHING,
+    )
+    max_queue: int = option(
+        32,
+        help="interactive model jobs (encodes, clicks) waiting before new ones get 503",
+        metavar="N",
+        low=1,
+        group=BATCHING,
+    )
+    # Bulk jobs (AMG, video propagations) run only when no interactive job waits, and pause
+    # between decoder batches (frames) for the clicks that arrive meanwhile.
+    max_bulk_queue: int = option(
+        8,
+        help="AMG jobs waiting before new ones get 503; they yield to clicks between "
+        "decoder batches",
+        metavar="N",
+        low=1,
+        group=BATCHING,
+    )
+    max_bulk_jobs_per_client: int = option(
+        2,
+        help="AMG requests one client may have queued or running; more get 429",
+        flag="--max-bulk-per-client",
+        metavar="N",
+        low=1,
+        group=BATCHING,
+    )
 
     # ---- caches
-    # Byte budget of the embedding cache (Embedding.nbytes), least recently used evicted.
-    cache_bytes: int = DEFAULT_CACHE_BYTES
-    # Byte budget of the store of returned masks' low-res logits (for mask_id refinement).
-    mask_cache_bytes: int = DEFAULT_MASK_CACHE_BYTES
+    cache_bytes: int = option(
+        DEFAULT_CACHE_BYTES,
+        help="embedding cache budget; one fp32 image is 16 MiB (0 disables)",
+        flag="--cache-mib",
+        metavar="MIB",
+        scale=MiB,
+        low=0,
+        group=CACHES,
+    )
+    mask_cache_bytes: int = option(
+        DEFAULT_MASK_CACHE_BYTES,
+        help="budget for returned masks' low-res logits, 256 KiB "
+        "each, for mask_id refinement (0 disables)",
+        flag="--mask-cache-mib",
+        metavar="MIB",
+        scale=MiB,
+        low=0,
+        group=CACHES,
+    )
     # The persistent embedding store behind the memory cache (a directory or an fsspec URI,
     # shared by replicas and filled ahead of time by 'sam2serve embed'): memory -> store ->
     # encode, every encode written through. None: no store.
@@ -123,80 +257,61 @@ class ServerSettings:
     # Load SAM 2's video model too (same size and weights as the image model) and serve
     # tracking sessions; off: the /v1/videos endpoints answer 404 "video_disabled".
     video: bool = False
-    # Sessions held at once (each holds its frames and its objects' memories): then 429.
-    max_video_sessions: int = 4
-    # Sessions one client (API key, else address) may hold at once: then 429, so one client
-    # cannot take every session.
-    max_video_sessions_per_client: int = 2
-    # Frames in one session's video: more -> 413.
-    max_video_frames: int = 300
-    # Largest upload that creates a session (a video file, or all frame files together).
-    max_video_upload_bytes: int = 256 * MiB
-    # Bytes one session may hold: its decoded frames (uint8 RGB) plus what tracking every
-    # object through every frame would keep (about 0.75 MiB per object and frame at
-    # 1024): a video or an object that would pass it -> 413.
-    max_video_session_bytes: int = 2048 * MiB
-    # Objects tracked in one session.
-    max_video_objects: int = 16
-    # A session no request has touched for this long is closed (its memory freed).
-    video_idle_s: float = 600.0
+    max_video_sessions: int = option(
+        4, help="sessions held at once; one more gets 429", metavar="N", low=1, group=VIDEO
+    )
+    max_video_sessions_per_client: int = option(
+        2,
+        help="sessions one client (its address) may hold, so one client cannot take every "
+        "session; more get 429",
+        metavar="N",
+        low=1,
+        group=VIDEO,
+    )
+    max_video_frames: int = option(
+        300, help="frames in one session's video (413 above)", metavar="N", low=1, group=VIDEO
+    )
+    max_video_upload_bytes: int = option(
+        256 * MiB,
+        help="largest video upload (a file, or all frame files together)",
+        flag="--max-video-upload-mib",
+        metavar="MIB",
+        scale=MiB,
+        low=1,
+        group=VIDEO,
+    )
+    # Its decoded frames (uint8 RGB) plus what tracking every object through every frame
+    # would keep (about 0.75 MiB per object and frame at 1024).
+    max_video_session_bytes: int = option(
+        2048 * MiB,
+        help="memory one session may hold: decoded frames plus ~0.75 MiB per "
+        "object and frame tracked (413 above)",
+        flag="--max-video-session-mib",
+        metavar="MIB",
+        scale=MiB,
+        low=1,
+        group=VIDEO,
+    )
+    max_video_objects: int = option(
+        16, help="objects tracked in one session", metavar="N", low=1, group=VIDEO
+    )
+    video_idle_s: float = option(
+        600.0,
+        help="seconds a session may go untouched (prompted, propagated or edited) "
+        "before it is closed",
+        flag="--video-idle",
+        metavar="S",
+        low=0,
+        low_open=True,
+        group=VIDEO,
+    )
 
     # ---- start-up
     # Run one encode and one decode before /readyz reports ready.
     warmup: bool = True
 
     def __post_init__(self) -> None:
-        positive_ints = (
-            "max_upload_bytes",
-            "max_pixels",
-            "max_objects",
-            "max_points_per_object",
-            "max_amg_points",
-            "max_amg_crops",
-            "max_json_items",
-            "max_json_depth",
-            "max_decoded_bytes_in_flight",
-            "max_connections",
-            "max_batch_size",
-            "max_queue",
-            "max_bulk_queue",
-            "max_bulk_jobs_per_client",
-            "max_video_sessions",
-            "max_video_sessions_per_client",
-            "max_video_frames",
-            "max_video_upload_bytes",
-            "max_video_session_bytes",
-            "max_video_objects",
-        )
-        for name in positive_ints:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name, cap in (
-            ("max_objects", MAX_OBJECTS),
-            ("max_points_per_object", MAX_POINTS_PER_OBJECT),
-        ):
-            if getattr(self, name) > cap:
-                raise ValueError(f"{name} must be at most {cap}, got {getattr(self, name)}")
-        for name in ("cache_bytes", "mask_cache_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0 (0 disables), got {value!r}")
-        for name in ("request_timeout_s", "header_timeout_s", "body_timeout_s", "video_idle_s"):
-            value = getattr(self, name)
-            if not (
-                isinstance(value, (int, float))
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and value > 0
-            ):
-                raise ValueError(f"{name} must be a number > 0, got {value!r}")
-        if not (
-            isinstance(self.max_wait_ms, (int, float))
-            and math.isfinite(self.max_wait_ms)
-            and self.max_wait_ms >= 0
-        ):
-            raise ValueError(f"max_wait_ms must be a number >= 0, got {self.max_wait_ms!r}")
+        check_options(self)
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to disable it)")
         if self.images_dir is not None and not (

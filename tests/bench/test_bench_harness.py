@@ -209,7 +209,7 @@ def test_bench_usage_errors_are_one_line(tmp_path):
             "runs the fast, furious and int8 modes",
         ),
         (["bench", "--images", str(tmp_path / "none"), "--random-weights"], "neither"),
-        (["bench", "--n", "0", "--random-weights"], "--n (n) must be an integer >= 1, got 0"),
+        (["bench", "--n", "0", "--random-weights"], "--n must be an integer >= 1, got 0"),
         (["bench", "--random-weights", "--points-per-side", "0"], "--points-per-side"),
         (["bench", "--checkpoint", str(tmp_path / "x.pt")], "not found"),
         (["bench"], "--checkpoint"),

@@ -108,7 +108,7 @@ USAGE_ERRORS = [
     (["run", "--task", "amg", "samples", "--out", "o", "--backend", "openvino", "--device", "cuda"], "openvino"),
     (["run", "--task", "amg", "nowhere.jpg", "--out", "o"], "image file not found: 'nowhere.jpg'"),
     (["serve", "--mode", "turbo"], "invalid choice: 'turbo'"),
-    (["serve", "--max-queue", "0"], "--max-queue: max_queue must be an integer >= 1"),
+    (["serve", "--max-queue", "0"], "--max-queue must be an integer >= 1, got 0"),
     (["export", "--out", "o", "--mode", "baseline"], "invalid choice: 'baseline'"),
     (["loadtest", "--url", "http://127.0.0.1:9", "--concurrency", "x"], "--concurrency"),
     (["cluster", "up"], "--config"),

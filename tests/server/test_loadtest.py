@@ -200,7 +200,7 @@ def test_serve_command_in_a_subprocess(tmp_path):
 def test_serve_command_names_the_bad_flag(capsys):
     status = main(["serve", "--random-weights", "--max-queue", "0"])
     assert status == EXIT_USAGE
-    assert "--max-queue: max_queue must be an integer >= 1" in capsys.readouterr().err
+    assert "--max-queue must be an integer >= 1, got 0" in capsys.readouterr().err
 
 
 def test_serve_command_reports_a_missing_checkpoint(tmp_path, capsys):
