@@ -52,8 +52,8 @@ class Mode:
     description: str
     decoder: str = "reference"  # Predictor decoder: "reference" or "fast"
     reduced_precision_encoder: bool = False
-    # The fast decoder's second upscaling half and mask products in reduced precision.
-    reduced_precision_upscaling: bool = False
+    # The fast decoder's products (transformer and upscaling) in reduced precision (bf16).
+    reduced_precision_decoder: bool = False
     # The reference decodes MPS prompts one by one and converts masks to RLE one at a time.
     batch_prompts: bool = True
     batch_rle: bool = True
@@ -104,7 +104,7 @@ MODES: dict[str, Mode] = {
             decoder="fast",
             prompt_chunk_cpu=4,
             reduced_precision_encoder=True,
-            reduced_precision_upscaling=True,
+            reduced_precision_decoder=True,
             allow_tf32=True,
             video_description="image encoder and memory attention in the device's native "
             "reduced precision (bf16; float32 on a CPU without native bf16, where it tracks "

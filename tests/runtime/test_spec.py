@@ -54,7 +54,7 @@ def test_the_predictor_carries_its_spec():
     # furious in bf16 on the CPU: bf16 encoder weights, the heads fp32.
     assert str(predictor.model.image_encoder.neck.convs[0].conv.weight.dtype) == "torch.bfloat16"
     assert str(predictor.dtype) == "torch.float32"
-    assert predictor.fast_decoder.upscaling_dtype == torch.bfloat16
+    assert predictor.fast_decoder.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize(("native", "expected"), [(True, "bfloat16"), (False, "float32")])
