@@ -46,6 +46,10 @@ from sam2serve.modeling.mask_decoder import MaskDecoder
 from sam2serve.modeling.transformer import Attention, TwoWayAttentionBlock
 
 FP32 = torch.float32
+# Prompts upscaled together on a CPU: each carries ~8 MB of activations (fp32) through the
+# upscaling, so more than two at a time leave the cache (the transformer's per-prompt
+# tensors are smaller: it takes larger chunks). A GPU upscales a chunk at once.
+UPSCALE_CHUNK_CPU = 2
 
 
 def heads_first(x: torch.Tensor) -> torch.Tensor:
@@ -217,13 +221,16 @@ class ImageSide:
 
 @dataclass
 class FamilyRows:
-    """The rows one image-to-token attention added: ``coef[start : start + H*T]`` are its
-    probabilities (divided by s), the vectors ``sigma * Wo_h v_ht``; the LayerNorm cross
-    terms go through the head structure, so the token values are kept."""
+    """The rows one image-to-token attention added. Its probabilities sum to 1 over the T
+    tokens, so the last token's is implied: ``coef[start : start + H*(T-1)]`` are the
+    others' (divided by s), with vectors ``sigma * Wo_h (v_ht - v_h,last)``, and the last
+    token's vectors ``sigma * Wo_h v_h,last`` join the ``anchor`` row (coefficient 1/s).
+    The LayerNorm cross terms go through the head structure, so the values are kept."""
 
     name: str
     start: int
-    values: torch.Tensor  # (B, H, T, dh)
+    anchor: int
+    values: torch.Tensor  # (B, H, T, dh), the last token's included
 
 
 @dataclass
@@ -262,6 +269,9 @@ class FinalKeys:
 
     def select(self, index: torch.Tensor) -> FinalKeys:
         return FinalKeys(self.scale[index], self.coef[index], self.vecs[index])
+
+    def slice(self, start: int, stop: int) -> FinalKeys:
+        return FinalKeys(self.scale[start:stop], self.coef[start:stop], self.vecs[start:stop])
 
 
 class FastMaskDecoder:
@@ -394,33 +404,38 @@ class FastMaskDecoder:
     ) -> SymbolicKeys:
         """keys + sum_{h,t} probs[h, t, i] Wo_h v_ht + out_proj bias, still symbolic.
 
-        The coefficients move to a new buffer with room for the rows the LayerNorm after
-        the attention adds, so that every batched product reads one contiguous tensor."""
+        Per head the probabilities sum to 1, so ``H * (T - 1)`` rows carry the family: the
+        last token's vector, and the bias, have the coefficient 1 (1/s in the keys' frame)
+        and join the row that already has it. The coefficients move to a new buffer with
+        room for the rows the LayerNorm after the attention adds, so that every batched
+        product reads one contiguous tensor."""
         b, num_heads, t, n = probs.shape
-        start, rows = keys.rank, num_heads * t
-        new_ones_row = keys.ones_row is None  # a row of 1/s = 1 for the bias
+        start, rows = keys.rank, num_heads * (t - 1)
+        new_ones_row = keys.ones_row is None  # a row of 1/s = 1 (before any LayerNorm)
         total = start + rows + new_ones_row + 2
         coef = keys.coef.new_empty((b, total, n))
         coef[:, :start] = keys.coef[:, :start]
-        target = coef[:, start : start + rows].view(b, num_heads, t, n)
+        target = coef[:, start : start + rows].view(b, num_heads, t - 1, n)
         if keys.scale is None:
-            target.copy_(probs)
+            target.copy_(probs[:, :, : t - 1])
         else:
-            torch.div(probs, keys.scale_cast[:, None], out=target)
+            torch.div(probs[:, :, : t - 1], keys.scale_cast[:, None], out=target)
         coef[:, start + rows :].zero_()
         out_weight = attn.out_proj.weight  # (C, H*dh)
         wo = out_weight.reshape(out_weight.shape[0], num_heads, -1)
-        vectors = torch.einsum("bhtd,chd->bhtc", values, wo).reshape(b, rows, -1)
-        vecs = torch.cat([keys.vecs, vectors], dim=1)
-        family = FamilyRows(f"layer{keys.layer}.i2t", start, values)
+        vectors = torch.einsum("bhtd,chd->bhtc", values, wo)  # (B, H, T, C)
+        last = vectors[:, :, t - 1 :]
+        differences = (vectors[:, :, : t - 1] - last).reshape(b, rows, -1)
+        constant = last.sum(1) + attn.out_proj.bias  # (B, 1, C)
+        vecs = torch.cat([keys.vecs, differences], dim=1)
         const_rows, ones_row, rank = keys.const_rows, keys.ones_row, start + rows
-        bias = attn.out_proj.bias
         if new_ones_row:
             coef[:, rank].fill_(1.0)
-            vecs = torch.cat([vecs, bias.expand(b, 1, -1)], dim=1)
+            vecs = torch.cat([vecs, constant], dim=1)
             const_rows, ones_row, rank = [*const_rows, (rank, rank + 1)], rank, rank + 1
-        else:  # the bias joins the row whose coefficient is already 1/s
-            vecs[:, ones_row] += bias
+        else:
+            vecs[:, ones_row] += constant[:, 0]
+        family = FamilyRows(f"layer{keys.layer}.i2t", start, ones_row, values)
         return SymbolicKeys(
             keys.scale,
             coef,
@@ -455,12 +470,16 @@ class FastMaskDecoder:
         gram = torch.nn.functional.pad(gram, (0, rows - rank))
         quad = torch.bmm(gram.to(self.dtype), coef)  # (B, R + 1, N)
         mean_over_s = quad[:, rank].float()
-        for family in keys.families:  # + 2 (V~_r . K~_i)
-            num_heads = family.values.shape[1]
+        for family in keys.families:  # + 2 (V~_r . K~_i), through the heads
+            _, num_heads, t, _ = family.values.shape
             block = side.block(f"layer{layer}.norm4.cross.{family.name}")
             cross = heads_first(family.values.to(self.dtype)) @ block.view(num_heads, -1, n)
-            span = quad[:, family.start : family.start + cross.shape[1] // b * num_heads]
-            span.view(b, num_heads, -1, n).add_(prompts_first(cross, b), alpha=2)
+            cross = prompts_first(cross, b)  # (B, H, T, N): v_ht . U_h
+            last = cross[:, :, t - 1 :]
+            span = quad[:, family.start : family.start + num_heads * (t - 1)]
+            span = span.view(b, num_heads, t - 1, n).add_(cross[:, :, : t - 1], alpha=2)
+            span.sub_(last, alpha=2)
+            quad[:, family.anchor].add_(last.sum(1)[:, 0], alpha=2)
         const = side.block(f"layer{layer}.norm4.cross.const")
         at = 0
         for start, stop in keys.const_rows:  # the block's rows are the runs' rows in order
@@ -677,7 +696,13 @@ class FastMaskDecoder:
                 h, w = side.size
                 return iou.new_zeros((0, len(masks), 4 * h, 4 * w)), iou, rows
             hyper, keys = hyper[rows], keys.select(rows)
-        return self.upscale(side, keys, hyper), iou, rows
+        kept = hyper.shape[0]
+        step = UPSCALE_CHUNK_CPU if hyper.device.type == "cpu" else kept
+        logits = [
+            self.upscale(side, keys.slice(start, start + step), hyper[start : start + step])
+            for start in range(0, kept, step)
+        ]
+        return (logits[0] if len(logits) == 1 else torch.cat(logits)), iou, rows
 
     def tokens(self, sparse_embeddings: torch.Tensor) -> torch.Tensor:
         dec = self.decoder
