@@ -473,13 +473,14 @@ class FastMaskDecoder:
         for family in keys.families:  # + 2 (V~_r . K~_i), through the heads
             _, num_heads, t, _ = family.values.shape
             block = side.block(f"layer{layer}.norm4.cross.{family.name}")
-            cross = heads_first(family.values.to(self.dtype)) @ block.view(num_heads, -1, n)
-            cross = prompts_first(cross, b)  # (B, H, T, N): v_ht . U_h
-            last = cross[:, :, t - 1 :]
+            block = block.view(num_heads, -1, n)
+            values = family.values.to(self.dtype)
+            last = values[:, :, t - 1 :]
+            cross = prompts_first(heads_first(values[:, :, : t - 1] - last) @ block, b)
             span = quad[:, family.start : family.start + num_heads * (t - 1)]
-            span = span.view(b, num_heads, t - 1, n).add_(cross[:, :, : t - 1], alpha=2)
-            span.sub_(last, alpha=2)
-            quad[:, family.anchor].add_(last.sum(1)[:, 0], alpha=2)
+            span.view(b, num_heads, t - 1, n).add_(cross, alpha=2)
+            anchor = prompts_first(heads_first(last) @ block, b).sum(1)[:, 0]  # (B, N)
+            quad[:, family.anchor].add_(anchor, alpha=2)
         const = side.block(f"layer{layer}.norm4.cross.const")
         at = 0
         for start, stop in keys.const_rows:  # the block's rows are the runs' rows in order
