@@ -98,10 +98,12 @@ class SidePlan:
     Block names: ``layer{l}.t2i.k`` / ``.v``, ``layer{l}.i2t.q``, ``final.k`` / ``.v``
     (the attention projections of ``g K``), ``layer{l}.norm4.cross.<family>`` and
     ``.cross.const`` (``V_r . (g K - mean)`` for the LayerNorm's cross terms, through the
-    families' head structure), ``upscale`` (the first transposed convolution)."""
+    families' head structure); apart, ``upscale``: the first transposed convolution of
+    the final keys, which the upscaling reads channels-last."""
 
     weight: torch.Tensor  # (rows, C)
     rows: dict[str, slice]
+    upscale: torch.Tensor  # (4 * 64, C), rows (sub-pixel, channel)
     norm_gains: list[torch.Tensor]  # g of each layer's norm4, (C,)
     # Model constants: projections of the positional encoding P (added to layer 0's
     # blocks, kept apart for later layers, whose scores scale the image part by s).
@@ -156,11 +158,7 @@ def side_plan(decoder: MaskDecoder) -> SidePlan:
     final = transformer.final_attn_token_to_image
     dc1 = decoder.output_upscaling[0]
     w1 = dc1.weight.permute(2, 3, 1, 0).reshape(-1, channels)  # rows (sub-pixel, channel)
-    blocks += [
-        ("final.k", final.k_proj.weight * gain),
-        ("final.v", final.v_proj.weight * gain),
-        ("upscale", w1 * gain),
-    ]
+    blocks += [("final.k", final.k_proj.weight * gain), ("final.v", final.v_proj.weight * gain)]
     pe_blocks += [("final.k", final.k_proj.weight, None)]
     rows, start = {}, 0
     for block_name, matrix in blocks:
@@ -174,6 +172,7 @@ def side_plan(decoder: MaskDecoder) -> SidePlan:
     return SidePlan(
         torch.cat([m for _, m in blocks]).contiguous(),
         rows,
+        (w1 * gain).contiguous(),
         norm_gains,
         torch.cat([m for _, m, _ in pe_blocks]).contiguous(),
         pe_rows,
@@ -188,8 +187,8 @@ class ImageSide:
 
     - ``proj`` (rows, N): the plan's maps of ``K`` (layer 0's attention blocks with the
       positional encoding's projection added), in the decoder's dtype;
-    - ``up`` (N, 4 * 64): the ``upscale`` block again, channels last, as the upscaling
-      reads it;
+    - ``up`` (N, 4 * 64): the plan's ``upscale`` map of ``K``, channels last, as the
+      upscaling reads it;
     - ``pe`` (rows_pe, N): projections of the positional encoding (+ bias), a model constant;
     - ``stats`` (2 * depth, N) fp32: per LayerNorm, mean and centred sum of squares of g K;
     - ``s1`` (1, N, 4 * 64), ``s0`` (1, 4N, 4 * 32): the high-res features plus the transposed
@@ -213,7 +212,9 @@ class ImageSide:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+        """Bytes of this image's own tensors (``pe`` is shared by every image)."""
+        own = [t for name, t in self.tensors.items() if name != "pe"]
+        return sum(t.numel() * t.element_size() for t in own)
 
 
 # --------------------------------------------------------------------------- prompt side
@@ -289,7 +290,8 @@ class FastMaskDecoder:
         self.dtype = dtype
         with torch.no_grad():
             self.plan = side_plan(decoder)
-        self._pe: torch.Tensor | None = None  # the positional encoding's projections
+        # The positional encoding's projections, per dtype (a model constant).
+        self._pe: dict[torch.dtype, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ image side
     def prepare(
@@ -299,10 +301,12 @@ class FastMaskDecoder:
         no_mask_dense: torch.Tensor,
         high_res_feats: tuple[torch.Tensor, torch.Tensor],
     ) -> ImageSide:
-        """The per-image side: one product of the plan's stacked weights with the keys."""
-        plan = self.plan
+        """The per-image side: one product of the plan's stacked weights with the keys (and
+        the upscaling's block, channels last, as it reads it)."""
+        plan, dtype = self.plan, self.dtype
         keys = (image_embed[:1] + no_mask_dense).flatten(2)[0].float()  # (C, N)
-        proj = (plan.weight.to(self.dtype) @ keys.to(self.dtype)).float()
+        proj = (plan.weight.to(dtype) @ keys.to(dtype)).float()
+        up = keys.T.to(dtype) @ plan.upscale.T.to(dtype)  # (N, 4 * 64)
         pe = self.pe_projections(image_pe)
         for name in ("layer0.t2i.k", "layer0.i2t.q"):  # s is 1 there: K and P share scores
             proj[plan.rows[name]] += pe[plan.pe_rows[name]]
@@ -313,25 +317,26 @@ class FastMaskDecoder:
             stats += [mean, (gained - mean).pow(2).sum(0)]
         h, w = image_embed.shape[-2:]
         s1, s0 = self.upscaling_features(high_res_feats, (h, w))
-        # The upscaling reads its block channels-last (N, 4 * 64): transposed once here.
-        up = proj[plan.rows["upscale"]].T.to(self.dtype).contiguous()
         tensors = {
-            "proj": proj.to(self.dtype),
+            "proj": proj.to(dtype),
             "up": up,
-            "pe": pe.to(self.dtype),
+            "pe": self.pe_projections(image_pe, dtype),
             "stats": torch.stack(stats),
             "s1": s1,
             "s0": s0,
         }
         return ImageSide(tensors, (h, w), plan)
 
-    def pe_projections(self, image_pe: torch.Tensor) -> torch.Tensor:
-        """The positional encoding's projections (+ bias), fp32 (rows_pe, N): a model
-        constant (``image_pe`` is the prompt encoder's dense encoding), computed once."""
-        if self._pe is None:
-            pe = image_pe[0].flatten(1).float()
-            self._pe = torch.addmm(self.plan.pe_bias[:, None], self.plan.pe_weight, pe)
-        return self._pe
+    def pe_projections(self, image_pe: torch.Tensor, dtype: torch.dtype = FP32) -> torch.Tensor:
+        """The positional encoding's projections (+ bias) (rows_pe, N): a model constant
+        (``image_pe`` is the prompt encoder's dense encoding), computed once per dtype and
+        shared by every image's side."""
+        if dtype not in self._pe:
+            if FP32 not in self._pe:
+                pe = image_pe[0].flatten(1).float()
+                self._pe[FP32] = torch.addmm(self.plan.pe_bias[:, None], self.plan.pe_weight, pe)
+            self._pe[dtype] = self._pe[FP32].to(dtype)
+        return self._pe[dtype]
 
     def upscaling_features(
         self, high_res_feats: tuple[torch.Tensor, torch.Tensor], size: tuple[int, int]
@@ -375,7 +380,7 @@ class FastMaskDecoder:
         out = torch.bmm(small.reshape(b, num_heads * t, -1).to(self.dtype), keys.coef)
         out = out.view(b, num_heads, t, -1).add_(image)
         positional = prompts_first(q_heads @ side.pe_block(name).view(num_heads, dh, -1), b)
-        return torch.addcmul(positional, out, keys.scale_cast[:, None], out=out)
+        return torch.addcmul(positional, out, keys.scale_cast[:, None])
 
     def weighted_values(
         self,
@@ -430,11 +435,11 @@ class FastMaskDecoder:
         vecs = torch.cat([keys.vecs, differences], dim=1)
         const_rows, ones_row, rank = keys.const_rows, keys.ones_row, start + rows
         if new_ones_row:
-            coef[:, rank].fill_(1.0)
+            coef[:, rank : rank + 1].fill_(1.0)
             vecs = torch.cat([vecs, constant], dim=1)
             const_rows, ones_row, rank = [*const_rows, (rank, rank + 1)], rank, rank + 1
         else:
-            vecs[:, ones_row] += constant[:, 0]
+            vecs[:, ones_row : ones_row + 1] += constant
         family = FamilyRows(f"layer{keys.layer}.i2t", start, ones_row, values)
         return SymbolicKeys(
             keys.scale,
@@ -469,7 +474,7 @@ class FastMaskDecoder:
         # Zero columns for the reserved rows: the product reads the whole buffer.
         gram = torch.nn.functional.pad(gram, (0, rows - rank))
         quad = torch.bmm(gram.to(self.dtype), coef)  # (B, R + 1, N)
-        mean_over_s = quad[:, rank].float()
+        mean_over_s = quad[:, rank : rank + 1].float()  # (B, 1, N)
         for family in keys.families:  # + 2 (V~_r . K~_i), through the heads
             _, num_heads, t, _ = family.values.shape
             block = side.block(f"layer{layer}.norm4.cross.{family.name}")
@@ -479,8 +484,8 @@ class FastMaskDecoder:
             cross = prompts_first(heads_first(values[:, :, : t - 1] - last) @ block, b)
             span = quad[:, family.start : family.start + num_heads * (t - 1)]
             span.view(b, num_heads, t - 1, n).add_(cross, alpha=2)
-            anchor = prompts_first(heads_first(last) @ block, b).sum(1)[:, 0]  # (B, N)
-            quad[:, family.anchor].add_(anchor, alpha=2)
+            anchor = prompts_first(heads_first(last) @ block, b).sum(1)  # (B, 1, N)
+            quad[:, family.anchor : family.anchor + 1].add_(anchor, alpha=2)
         const = side.block(f"layer{layer}.norm4.cross.const")
         at = 0
         for start, stop in keys.const_rows:  # the block's rows are the runs' rows in order
@@ -494,8 +499,9 @@ class FastMaskDecoder:
             var = var * keys.scale[:, 0].pow(2)
         inv_std = torch.rsqrt(var + norm.eps)[:, None]  # (B, 1, N)
         scale = inv_std if keys.scale is None else keys.scale * inv_std
-        coef[:, rank] = -(mean_over_s + k_mean)
-        coef[:, rank + 1] = scale[:, 0].reciprocal()
+        # Rows by slices, not integer indices: an exported program keeps the rank symbolic.
+        coef[:, rank : rank + 1] = -(mean_over_s + k_mean)
+        coef[:, rank + 1 : rank + 2] = scale.reciprocal()
         gamma, beta = norm.weight, norm.bias
         vecs = torch.cat([keys.vecs * gamma, gamma.expand(b, 1, -1), beta.expand(b, 1, -1)], dim=1)
         runs = list(keys.const_rows)
@@ -645,7 +651,7 @@ class FastMaskDecoder:
         # dc1(keys) + bias + feat_s1 = s1 + s * (W g K + coef^T (vecs W^T)).
         low_rank = (keys.vecs @ w1.T).to(dtype)
         x = torch.baddbmm(shared.expand(b, -1, -1), keys.coef.transpose(1, 2), low_rank)
-        x = torch.addcmul(s1, x, keys.scale.to(dtype).transpose(1, 2), out=x)
+        x = torch.addcmul(s1, x, keys.scale.to(dtype).transpose(1, 2))
         x = x.view(b, n * 4, c_mid)
         x = torch.nn.functional.layer_norm(x, (c_mid,), ln1.weight, ln1.bias, ln1.eps)
         x = gelu_(x, act1)

@@ -217,8 +217,10 @@ class CompiledSide:
     size: tuple[int, int]
 
     @property
-    def nbytes(self) -> int:  # the model constant (pe) counted too: a view, not a copy
-        return sum(t.numel() * t.element_size() for t in self.leaves)
+    def nbytes(self) -> int:
+        """Bytes of this image's own tensors (``pe`` is shared by every image)."""
+        own = [t for name, t in zip(SIDE_LAYOUT, self.leaves, strict=True) if name != "pe"]
+        return sum(t.numel() * t.element_size() for t in own)
 
 
 class CompiledFastDecoder(FastMaskDecoder):
@@ -248,7 +250,7 @@ class CompiledFastDecoder(FastMaskDecoder):
         per_image = dict(
             zip(PER_IMAGE, self.side_program([t.float().contiguous() for t in inputs]))
         )
-        per_image["pe"] = self.pe_projections(image_pe).to(self.dtype)
+        per_image["pe"] = self.pe_projections(image_pe, self.dtype)
         leaves = [per_image[name].contiguous() for name in SIDE_LAYOUT]
         return CompiledSide(leaves, tuple(image_embed.shape[-2:]))
 
