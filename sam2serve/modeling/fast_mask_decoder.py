@@ -252,6 +252,21 @@ class SymbolicKeys:
     # The scale in the decoder's dtype, for elementwise products with its tensors.
     scale_cast: torch.Tensor | None = None
 
+    def select(self, index: torch.Tensor) -> SymbolicKeys:
+        """The keys of the prompts at ``index``."""
+        families = [FamilyRows(f.name, f.start, f.anchor, f.values[index]) for f in self.families]
+        return SymbolicKeys(
+            None if self.scale is None else self.scale[index],
+            self.coef[index],
+            self.rank,
+            self.vecs[index],
+            self.layer,
+            families,
+            self.const_rows,
+            self.ones_row,
+            None if self.scale_cast is None else self.scale_cast[index],
+        )
+
     def final(self) -> FinalKeys:
         scale = self.scale
         if scale is None:
@@ -566,13 +581,16 @@ class FastMaskDecoder:
         self, side: ImageSide, tokens: torch.Tensor, read_tokens: list[int]
     ) -> tuple[torch.Tensor, SymbolicKeys]:
         """The two-way transformer: the final states (B, len(read_tokens), C) of the tokens
-        that are read afterwards, and the symbolic image keys.
+        that are read afterwards, and the symbolic image keys."""
+        queries, query_pe, keys = self.transformer_layers(side, tokens)
+        return self.final_attention(side, keys, queries, query_pe, read_tokens), keys
 
-        After the last attention only some output tokens are read (the IoU token, the mask
-        tokens that are returned, the object-score token if asked for); the others'
-        final attention would be dead work, so it is not computed."""
+    def transformer_layers(
+        self, side: ImageSide, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, SymbolicKeys]:
+        """The transformer's blocks: token states, their positional encoding (the tokens
+        themselves) and the symbolic image keys."""
         b, _, channels = tokens.shape
-        layers = self.transformer.layers
         n = side.tensors["proj"].shape[-1]
         keys = SymbolicKeys(
             scale=None,
@@ -585,14 +603,27 @@ class FastMaskDecoder:
             ones_row=None,
         )
         queries, query_pe = tokens, tokens
-        for index, layer in enumerate(layers):
+        for index, layer in enumerate(self.transformer.layers):
             queries, keys = self.block_forward(
                 side, keys, layer, queries, query_pe, f"layer{index}"
             )
+        return queries, query_pe, keys
+
+    def final_attention(
+        self,
+        side: ImageSide,
+        keys: SymbolicKeys,
+        queries: torch.Tensor,
+        query_pe: torch.Tensor,
+        read_tokens: list[int],
+    ) -> torch.Tensor:
+        """The last token-to-image attention, for the tokens read afterwards only (the IoU
+        token, the mask tokens that are returned): each token attends on its own, so the
+        others' would be dead work. (B, len(read_tokens), C)."""
         final = self.transformer.final_attn_token_to_image
         q_out, pe_out = _tokens_at(queries, read_tokens), _tokens_at(query_pe, read_tokens)
         attn_out = self.token_to_image(side, keys, final, q_out + pe_out, "final")
-        return self.transformer.norm_final_attn(q_out + attn_out), keys
+        return self.transformer.norm_final_attn(q_out + attn_out)
 
     def block_forward(
         self,
@@ -681,6 +712,33 @@ class FastMaskDecoder:
         iou = self.decoder.iou_prediction_head(hs[:, 0])
         return iou, self.hypernetwork(hs[:, 1:], mask_indices), keys.final()
 
+    def decode_filtered(
+        self,
+        side: ImageSide,
+        sparse_embeddings: torch.Tensor,
+        mask_indices: list[int],
+        keep: Callable[[torch.Tensor], torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, FinalKeys]:
+        """:meth:`decode_prompts` with the prompts filtered by their IoU before any work
+        that only kept prompts need: the IoU token's final attention for every prompt, then
+        ``keep(iou) -> index``, then the mask tokens' final attention and hypernetworks for
+        the kept prompts only (AMG keeps few). Returns IoU (B, 4), the index, and the kept
+        prompts' hypernetwork outputs and final keys."""
+        queries, query_pe, keys = self.transformer_layers(side, self.tokens(sparse_embeddings))
+        iou = self.decoder.iou_prediction_head(
+            self.final_attention(side, keys, queries, query_pe, [1])[:, 0]
+        )
+        rows = keep(iou)
+        if rows.numel() == 0:  # nothing survives (the index's size is known on the host)
+            none = iou.new_zeros(
+                (0, len(mask_indices), self.decoder.output_upscaling[3].out_channels)
+            )
+            return iou, rows, none, keys.select(rows).final()
+        keys = keys.select(rows)
+        masks = [2 + m for m in mask_indices]
+        hs = self.final_attention(side, keys, queries[rows], query_pe[rows], masks)
+        return iou, rows, self.hypernetwork(hs, mask_indices), keys.final()
+
     def forward(
         self,
         side: ImageSide,
@@ -691,19 +749,20 @@ class FastMaskDecoder:
         """Logits of the mask tokens ``mask_indices`` (default all four) (B', M, 256, 256)
         and IoU predictions of all four (B, 4), like MaskDecoder.predict_all_masks.
 
-        ``keep(iou) -> index`` optionally selects the prompts worth upscaling (AMG drops
-        every prompt whose masks all fail the IoU threshold before any pixel work); the
-        logits then hold only those rows, and the index is returned as the third value.
+        ``keep(iou) -> index`` optionally selects the prompts worth the mask work (AMG drops
+        every prompt whose masks all fail the IoU threshold before any of it); the logits
+        then hold only those rows, and the index is returned as the third value.
         """
         masks = list(range(self.decoder.num_mask_tokens)) if mask_indices is None else mask_indices
-        iou, hyper, keys = self.decode_prompts(side, sparse_embeddings, masks)
-        rows = torch.arange(iou.shape[0], device=iou.device) if keep is None else keep(iou)
-        if keep is not None:
-            if rows.numel() == 0:  # nothing survives: no pixel work at all
-                h, w = side.size
-                return iou.new_zeros((0, len(masks), 4 * h, 4 * w)), iou, rows
-            hyper, keys = hyper[rows], keys.select(rows)
+        if keep is None:
+            iou, hyper, keys = self.decode_prompts(side, sparse_embeddings, masks)
+            rows = torch.arange(iou.shape[0], device=iou.device)
+        else:
+            iou, rows, hyper, keys = self.decode_filtered(side, sparse_embeddings, masks, keep)
         kept = hyper.shape[0]
+        if kept == 0:  # nothing survives: no pixel work at all
+            h, w = side.size
+            return iou.new_zeros((0, len(masks), 4 * h, 4 * w)), iou, rows
         step = UPSCALE_CHUNK_CPU if hyper.device.type == "cpu" else kept
         logits = [
             self.upscale(side, keys.slice(start, start + step), hyper[start : start + step])

@@ -270,6 +270,18 @@ class CompiledFastDecoder(FastMaskDecoder):
             hyper = torch.stack([hyper[:, m] for m in mask_indices], dim=1)
         return iou, hyper, FinalKeys(scale, coef, vecs)
 
+    def decode_filtered(
+        self,
+        side: CompiledSide,
+        sparse_embeddings: torch.Tensor,
+        mask_indices: list[int],
+        keep: Callable[[torch.Tensor], torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, FinalKeys]:
+        """The prompts program decodes every prompt's masks; the filter selects after it."""
+        iou, hyper, keys = self.decode_prompts(side, sparse_embeddings, mask_indices)
+        rows = keep(iou)
+        return iou, rows, hyper[rows], keys.select(rows)
+
     def upscale(self, side: CompiledSide, keys: FinalKeys, hyper: torch.Tensor) -> torch.Tensor:
         finals = (keys.scale, keys.coef, keys.vecs, hyper)
         return self.masks_program([*(t.contiguous() for t in finals), *side.leaves])[0]
