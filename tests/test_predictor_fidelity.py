@@ -14,7 +14,7 @@ from reference import import_reference
 from skimage import data
 
 from sam2serve.checkpoint import load_model
-from sam2serve.engine.predictor import Predictor
+from sam2serve.engine.predictor import Embedding, Predictor
 
 RTOL = 1e-4
 
@@ -124,15 +124,24 @@ def test_chunked_decoding_equals_one_call(pair, embedding):
     torch.testing.assert_close(chunked.iou_scores, whole.iou_scores, atol=1e-6, rtol=1e-6)
 
 
-def test_fast_decoder_waits_for_enough_prompts(pair, embedding):
-    """One click is decoded the reference way (the fast image side would not pay off);
-    enough prompts build the fast image side once, and later decodes of the image reuse it."""
-    ours, _, _ = pair
+def test_the_fast_side_travels_with_the_embedding(pair, embedding):
+    """An embedding without the fast decoder's image side: a click below fast_min_prompts
+    is decoded the reference way; enough prompts build the side once, in the embedding,
+    and every later decode of it (a click, through another context) reuses it. Encoding
+    with a fast predictor builds it at once."""
+    ours, _, image = pair
     predictor = Predictor(ours.model, decoder="fast", fast_min_prompts=4)
-    context = predictor.decoder_context(embedding)
+    bare = Embedding(embedding.image_embed, embedding.high_res_feats, embedding.original_sizes)
+    features_bytes = bare.nbytes
+    context = predictor.decoder_context(bare)
     one = torch.tensor([[[300.0, 200.0]]]), torch.tensor([[1]])
     predictor.decode_low_res(context, *one, None, True)
-    assert "side" not in context.__dict__
+    assert not context.has_side and not bare.derived
     many = torch.rand(4, 1, 2) * 1024, torch.ones(4, 1, dtype=torch.int64)
     predictor.decode_low_res(context, *many, None, True)
-    assert "side" in context.__dict__ and context.use_fast(1)
+    side = bare.derived[predictor.fast_decoder]
+    assert predictor.decoder_context(bare).use_fast(1)
+    predictor.decode_low_res(bare, *one, None, True)
+    assert bare.derived[predictor.fast_decoder] is side
+    assert bare.nbytes == features_bytes + side.nbytes
+    assert predictor.decoder_context(predictor.encode(image)).has_side

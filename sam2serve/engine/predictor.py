@@ -12,9 +12,8 @@ Nothing per request is stored on the Predictor, so one instance serves many thre
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -35,10 +34,11 @@ DEFAULT_PROMPT_CHUNK = 64
 # prompts a call has and however large the image (one 36-megapixel mask is 180 MB).
 DEFAULT_MASK_BYTES_BUDGET = 256 * 1024 * 1024
 DECODERS = ("reference", "fast")
-# Below this many prompts per image the fast decoder's per-image side (~60 ms on this CPU,
-# about one reference prompt) does not pay off and the reference decoder is used: with
-# one prompt the reference decoder took 48 ms against the fast one's 101 ms (bench, SPS).
-FAST_DECODER_MIN_PROMPTS = 4
+# Prompts an image needs before the fast decoder builds its per-image side (one product
+# of the image keys with the decoder's stacked weights) for an embedding that has none.
+# Once built, the side travels with the embedding, and every later decode of the image,
+# a single click included, goes through the fast decoder.
+FAST_DECODER_MIN_PROMPTS = 1
 MULTIMASK_TOKENS = [1, 2, 3]
 ALL_MASK_TOKENS = [0, 1, 2, 3]
 
@@ -70,6 +70,10 @@ class Embedding:
     image_embed: torch.Tensor  # (B, 256, 64, 64)
     high_res_feats: tuple[torch.Tensor, torch.Tensor]  # (B, 32, 256, 256), (B, 64, 128, 128)
     original_sizes: tuple[tuple[int, int], ...]  # (h, w) per image
+    # Per-image work of the decoders that read this embedding (the fast decoder's image
+    # side, keyed by the decoder), made on first use and kept with the value, so that a
+    # click on a cached embedding costs only its own work. Not part of the value.
+    derived: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.original_sizes)
@@ -92,8 +96,10 @@ class Embedding:
 
     @property
     def nbytes(self) -> int:
+        """Bytes held: the features and what the decoders derived from them."""
         tensors = (self.image_embed, *self.high_res_feats)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        own = sum(t.numel() * t.element_size() for t in tensors)
+        return own + sum(side.nbytes for side in list(self.derived.values()))
 
 
 @dataclass(frozen=True)
@@ -137,31 +143,39 @@ class DecoderContext:
     """What the decoder precomputes once per image (the fast decoder's image side); build
     it with :meth:`Predictor.decoder_context` and pass it to every decode of that image.
 
-    The fast decoder's image side costs about as much as decoding one prompt the
-    reference way (projections of the 4096 image keys), so it is built lazily, on the
-    first decode with enough prompts to pay for it, and then kept for the image."""
+    The side is kept in the embedding (``Embedding.derived``), so every context of the
+    same embedding value shares it; it is built on the first decode with at least
+    ``fast_min_prompts`` prompts (or by :meth:`Predictor.encode`)."""
 
     embedding: Embedding
     fast_decoder: FastMaskDecoder | None = None
     prompt_encoder: Any = None
     fast_min_prompts: int = FAST_DECODER_MIN_PROMPTS
 
-    @functools.cached_property
+    @property
     def side(self) -> ImageSide:
         if self.fast_decoder is None:
             raise ValueError("this context has no fast decoder")
-        return self.fast_decoder.prepare(
-            self.embedding.image_embed,
-            self.prompt_encoder.dense_positional_encoding(),
-            self.prompt_encoder.no_mask_dense(),
-            self.embedding.high_res_feats,
-        )
+        side = self.embedding.derived.get(self.fast_decoder)
+        if side is None:  # two threads may both build it: the same value, one is kept
+            side = self.fast_decoder.prepare(
+                self.embedding.image_embed,
+                self.prompt_encoder.dense_positional_encoding(),
+                self.prompt_encoder.no_mask_dense(),
+                self.embedding.high_res_feats,
+            )
+            self.embedding.derived[self.fast_decoder] = side
+        return side
+
+    @property
+    def has_side(self) -> bool:
+        return self.fast_decoder in self.embedding.derived
 
     def use_fast(self, prompts: int) -> bool:
         """Whether ``prompts`` prompts (without mask inputs) go through the fast decoder."""
         if self.fast_decoder is None:
             return False
-        return prompts >= self.fast_min_prompts or "side" in self.__dict__
+        return prompts >= self.fast_min_prompts or self.has_side
 
 
 class Predictor:
@@ -169,9 +183,10 @@ class Predictor:
 
     ``decoder="fast"`` decodes prompts without a mask input through
     :class:`~sam2serve.modeling.fast_mask_decoder.FastMaskDecoder` (the same answers, ~3x fewer
-    FLOPs) once an image has ``fast_min_prompts`` prompts to decode (fewer go through the
-    reference decoder, which is cheaper for them); ``"reference"`` runs the module as Meta
-    wrote it (batched, features broadcast).
+    FLOPs; ``decoder_dtype`` bf16 for mode furious): its per-image side is built with the
+    embedding (:meth:`encode`) or on the first decode of an image with at least
+    ``fast_min_prompts`` prompts, then kept in the embedding; ``"reference"`` runs the
+    module as Meta wrote it (batched, features broadcast).
     """
 
     def __init__(
@@ -182,7 +197,7 @@ class Predictor:
         decoder: str = "reference",
         image_encoder: Callable[[torch.Tensor], ImageFeatures] | None = None,
         fast_min_prompts: int = FAST_DECODER_MIN_PROMPTS,
-        upscaling_dtype: torch.dtype = torch.float32,
+        decoder_dtype: torch.dtype = torch.float32,
         fast_decoder: FastMaskDecoder | None = None,
         mask_bytes_budget: int = DEFAULT_MASK_BYTES_BUDGET,
         prompt_decoder: PromptDecoder | None = None,
@@ -203,7 +218,7 @@ class Predictor:
         # The fast decoder can run elsewhere too (exported programs); by default it runs
         # eagerly on the model's mask decoder.
         if fast_decoder is None and decoder == "fast":
-            fast_decoder = FastMaskDecoder(model.sam_mask_decoder, upscaling_dtype)
+            fast_decoder = FastMaskDecoder(model.sam_mask_decoder, decoder_dtype)
         self.fast_decoder = fast_decoder
         # Prompts with points may be decoded elsewhere too (an ONNX Runtime session); a
         # mask input alone still runs the model's decoder.
@@ -239,9 +254,14 @@ class Predictor:
     def encode_preprocessed(
         self, batch: torch.Tensor, original_sizes: Sequence[tuple[int, int]]
     ) -> Embedding:
+        """The embedding of preprocessed images; one image's comes with the fast decoder's
+        image side, so that its first click does not wait for it."""
         features = self.image_encoder(batch)
         sizes = tuple((int(h), int(w)) for h, w in original_sizes)
-        return Embedding(features.image_embed, features.high_res_feats, sizes)
+        embedding = Embedding(features.image_embed, features.high_res_feats, sizes)
+        if self.fast_decoder is not None and len(embedding) == 1:
+            _ = self.decoder_context(embedding).side
+        return embedding
 
     # ---------------------------------------------------------------- predict
     @torch.inference_mode()

@@ -1,21 +1,31 @@
-"""A lossless fast path for the SAM2 mask decoder: the same function, ~3x fewer FLOPs.
+"""A lossless fast path for the SAM2 mask decoder: the same function, 3.5x fewer FLOPs.
 
 Why it can be exact: in the two-way transformer the 4096 image keys start out identical
 for every prompt of an image (``K``), and each prompt only ever changes them by
 (a) image-to-token attention outputs, which are *low rank*: position i receives
-``sum_{h,t} alpha[h, i, t] * Wo_h v[h, t]`` — 8 heads x T tokens vectors, and
+``sum_{h,t} alpha[h, t, i] * Wo_h v[h, t]`` — 8 heads x T tokens vectors, and
 (b) LayerNorm, which per position only shifts and rescales, then applies a fixed
 channel gain ``gamma`` and bias ``beta``.
 So the keys of every prompt stay in the symbolic form
 
-    keys_i = a_i * (d * K_i) + sum_f coef_f[i] @ V_f + c_i @ E
+    keys_i = s_i * (g * K_i + sum_r coef[r, i] * V_r)
 
-with a per-position scalar ``a``, a fixed channel gain ``d`` (a product of gammas),
-low-rank families ``(coef_f, V_f)`` and a few constant vectors ``E``. Any linear map of
-the keys is then ``a_i * (W d K)_i`` (precomputed once per image) plus rank-R products,
-attention scores against few token vectors never need the 4096 x 256 keys, and
-LayerNorm statistics come from Gram matrices. Only the upscaling convolutions after the
-transformer see dense per-prompt tensors.
+with a per-position scale ``s`` (the product of the LayerNorms' 1/std), a channel gain ``g``
+fixed per layer (the product of their gammas), and per prompt a low-rank part: coefficient
+rows ``coef`` (positions last; each attention appends rows) and their vectors ``V``.
+Any linear map W of the keys is then ``s * (W g K + (V W^T)^T coef)``: every ``W g K`` is a
+weights-only matrix times ``K``, so the whole per-image side is ONE matrix product,
+computed once per image; per prompt only rank-R products remain. Attention scores against
+a few token vectors never need the 4096 x 256 keys, and LayerNorm moments come from Gram
+matrices of the centred vectors (centred, so that no ``mean^2`` cancels against
+``E[x^2]``). A LayerNorm rescales ``s`` (4096 numbers per prompt) instead of every row of
+``coef``, and adds two rows. Only the upscaling convolutions after the transformer see
+dense per-prompt tensors.
+
+Products against the image side are one matrix product per head for all prompts of a call
+(``(B*T, dh) @ (dh, 4096)``); products with the low-rank part are one per prompt, in the
+decoder's ``dtype`` (bf16 in mode furious on hosts with native bf16; the positions' scales,
+the LayerNorm statistics' sums and the softmax statistics stay fp32).
 
 Used when a prompt has no mask input (AMG, clicks, boxes); mask inputs make the image
 side per-prompt from the start, and those go through the reference decoder.
@@ -26,48 +36,33 @@ and its code, which read best together; split, each half would explain the other
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from sam2serve.modeling.mask_decoder import MaskDecoder
 from sam2serve.modeling.transformer import Attention, TwoWayAttentionBlock
 
-
-def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """(B, N, H*dh) -> (B, H, N, dh)."""
-    b, n, c = x.shape
-    return x.reshape(b, n, num_heads, c // num_heads).transpose(1, 2)
-
-
-def shared_times_prompts(shared: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
-    """(1, H, N, dh) shared image rows x (B, H, T, dh) prompt vectors -> (B, H, N, T).
-
-    A broadcast matmul would copy ``shared`` once per prompt; folding the prompts into the
-    column dimension makes it one (H, N, dh) @ (H, dh, B*T) product and no copy."""
-    b, h, t, d = vectors.shape
-    n = shared.shape[2]
-    folded = vectors.permute(1, 3, 0, 2).reshape(h, d, b * t)
-    return (shared[0] @ folded).reshape(h, n, b, t).permute(2, 0, 1, 3)
+FP32 = torch.float32
+# Prompts upscaled together on a CPU: each carries ~8 MB of activations (fp32) through the
+# upscaling, so more than two at a time leave the cache (the transformer's per-prompt
+# tensors are smaller: it takes larger chunks). A GPU upscales a chunk at once.
+UPSCALE_CHUNK_CPU = 2
 
 
-def prompts_times_shared_rows(vectors: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
-    """(B, H, T, dh) prompt vectors x (1, H, N, dh) shared rows -> (B, H, T, N), one
-    (H, B*T, dh) @ (H, dh, N) product with no copy of ``shared``."""
-    b, h, t, d = vectors.shape
-    folded = vectors.transpose(0, 1).reshape(h, b * t, d)
-    return (folded @ shared[0].transpose(1, 2)).reshape(h, b, t, -1).transpose(0, 1)
+def heads_first(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, D) -> (H, B*T, D): the layout of products against the shared image side
+    (one matrix product per head for all prompts). A view for one prompt, a copy else."""
+    b, h, t, d = x.shape
+    return x.transpose(0, 1).reshape(h, b * t, d)
 
 
-def prompts_times_shared(weights: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
-    """(B, H, T, N) per-prompt weights x (1, H, N, dh) shared rows -> (B, H, T, dh)."""
-    b, h, t, n = weights.shape
-    folded = weights.transpose(0, 1).reshape(h, b * t, n)
-    return (folded @ shared[0]).reshape(h, b, t, -1).transpose(0, 1)
+def prompts_first(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """(H, B*T, D) -> (B, H, T, D), a view (strided: elementwise consumers take it as is)."""
+    h, bt, d = x.shape
+    return x.view(h, batch, bt // batch, d).transpose(0, 1)
 
 
 def gelu_(x: torch.Tensor, act: torch.nn.GELU) -> torch.Tensor:
@@ -92,168 +87,226 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(b, n, h * d)
 
 
-@dataclass
-class Family:
-    """Low-rank part added by one image-to-token attention: vectors ``scale * Wo_h v_ht``
-    weighted per position by ``coef`` (the attention probabilities, head-major)."""
-
-    coef: torch.Tensor  # (B, 4096, H*T)
-    values: torch.Tensor  # (B, H, T, dh)
-    out_weight: torch.Tensor  # (C, H*dh): the attention's out_proj weight
-    scale: torch.Tensor  # (C,)
-    name: str  # identifies (out_weight, scale) for per-image caches
-
-    def vectors(self) -> torch.Tensor:
-        """(B, H*T, C): the family's vectors in channel space."""
-        b, h, t, dh = self.values.shape
-        wo = self.out_weight.reshape(-1, h, dh)  # (C, H, dh)
-        vec = torch.einsum("bhtd,chd->bhtc", self.values, wo).reshape(b, h * t, -1)
-        return vec * self.scale
-
-    def rescaled(self, position_scale: torch.Tensor, gain: torch.Tensor, tag: str) -> Family:
-        return Family(
-            self.coef * position_scale,
-            self.values,
-            self.out_weight,
-            self.scale * gain,
-            f"{self.name}*{tag}",
-        )
+# --------------------------------------------------------------------------- image side
 
 
 @dataclass
-class SymbolicKeys:
-    a: torch.Tensor  # (B or 1, 4096, 1) scale of the shared image part
-    gain: torch.Tensor  # (C,) channel gain d of the shared image part
-    gain_name: str
-    families: list[Family]
-    const_coef: torch.Tensor  # (B or 1, 4096, K)
-    const_vecs: torch.Tensor  # (K, C)
+class SidePlan:
+    """Weights-only: which linear maps of ``K`` the prompts read, stacked so that the
+    per-image side is one product ``weight @ K``, and the LayerNorm gains.
 
-    @property
-    def batch(self) -> int:
-        return max(
-            [self.a.shape[0], self.const_coef.shape[0]] + [f.coef.shape[0] for f in self.families]
-        )
+    Block names: ``layer{l}.t2i.k`` / ``.v``, ``layer{l}.i2t.q``, ``final.k`` / ``.v``
+    (the attention projections of ``g K``), ``layer{l}.norm4.cross.<family>`` and
+    ``.cross.const`` (``V_r . (g K - mean)`` for the LayerNorm's cross terms, through the
+    families' head structure); apart, ``upscale``: the first transposed convolution of
+    the final keys, which the upscaling reads channels-last."""
 
-    @functools.cached_property
-    def family_parts(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(coef (B, 4096, R), vectors (B, R, C)) of all families; R = 0 before the first.
-        Concatenated once per keys value: several projections read it."""
-        if not self.families:
-            b, n, c = self.batch, self.a.shape[1], self.const_vecs.shape[1]
-            return self.a.new_zeros((b, n, 0)), self.a.new_zeros((b, 0, c))
-        coef = torch.cat([f.coef for f in self.families], dim=2)
-        return coef, torch.cat([f.vectors() for f in self.families], dim=1)
-
-    @functools.cached_property
-    def low_rank(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Families and constant vectors together: (coef (B, 4096, R+K), vecs (B, R+K, C))."""
-        coef, vecs = self.family_parts
-        b = coef.shape[0]
-        const_coef = self.const_coef.expand(b, -1, -1)
-        const_vecs = self.const_vecs.expand(b, -1, -1)
-        return torch.cat([coef, const_coef], dim=2), torch.cat([vecs, const_vecs], dim=1)
-
-    def final(self) -> FinalKeys:
-        coef, vecs = self.low_rank
-        return FinalKeys(self.a, coef, vecs, self.gain, self.gain_name)
+    weight: torch.Tensor  # (rows, C)
+    rows: dict[str, slice]
+    upscale: torch.Tensor  # (4 * 64, C), rows (sub-pixel, channel)
+    norm_gains: list[torch.Tensor]  # g of each layer's norm4, (C,)
+    # Model constants: projections of the positional encoding P (added to layer 0's
+    # blocks, kept apart for later layers, whose scores scale the image part by s).
+    pe_weight: torch.Tensor  # (rows_pe, C)
+    pe_rows: dict[str, slice]
+    pe_bias: torch.Tensor  # (rows_pe,)
 
 
-@dataclass
-class FinalKeys:
-    """The image keys after the transformer, flattened to what the upscaling reads:
-    ``a * (gain * K) + coef @ vecs`` per prompt (families and constants in one rank-R part).
-    ``gain_name`` names the gain for the per-image projection caches."""
+def _centring(gain: torch.Tensor) -> torch.Tensor:
+    """M with ``M K_i = g * K_i - mean(g * K_i)``: the LayerNorm's centred keys."""
+    c = gain.shape[0]
+    return torch.diag(gain) - gain[None, :].expand(c, c) / c
 
-    a: torch.Tensor  # (B or 1, 4096, 1)
-    coef: torch.Tensor  # (B, 4096, R)
-    vecs: torch.Tensor  # (B, R, C)
-    gain: torch.Tensor | None  # (C,); None when every projection of K is already cached
-    gain_name: str
 
-    def select(self, index: torch.Tensor) -> FinalKeys:
-        a = self.a if self.a.shape[0] == 1 else self.a[index]
-        return FinalKeys(a, self.coef[index], self.vecs[index], self.gain, self.gain_name)
+def side_plan(decoder: MaskDecoder) -> SidePlan:
+    """Walks the transformer with the same bookkeeping as :class:`FastMaskDecoder` (gains,
+    families, constant rows), recording the maps of ``K`` each stage will read."""
+    transformer = decoder.transformer
+    channels = decoder.iou_token.weight.shape[1]
+    gain = torch.ones(channels, dtype=FP32, device=decoder.iou_token.weight.device)
+    families: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name -> (Wo, sigma)
+    consts = gain.new_zeros((0, channels))  # constant rows' vectors, in row order
+    blocks: list[tuple[str, torch.Tensor]] = []
+    pe_blocks: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
+    norm_gains = []
+    for index, layer in enumerate(transformer.layers):
+        name = f"layer{index}"
+        t2i, i2t = layer.cross_attn_token_to_image, layer.cross_attn_image_to_token
+        blocks += [
+            (f"{name}.t2i.k", t2i.k_proj.weight * gain),
+            (f"{name}.t2i.v", t2i.v_proj.weight * gain),
+            (f"{name}.i2t.q", i2t.q_proj.weight * gain),
+        ]
+        pe_blocks += [(f"{name}.t2i.k", t2i.k_proj.weight, None)]
+        pe_blocks += [(f"{name}.i2t.q", i2t.q_proj.weight, i2t.q_proj.bias)]
+        families[f"{name}.i2t"] = (i2t.out_proj.weight, torch.ones_like(gain))
+        # The out_proj bias has coefficient 1/s: a new row in the first layer, else added
+        # to the previous LayerNorm's beta row, whose coefficient is the same 1/s.
+        if index == 0:
+            consts = torch.cat([consts, i2t.out_proj.bias[None]])
+        else:
+            consts = torch.cat([consts[:-1], (consts[-1] + i2t.out_proj.bias)[None]])
+        centring = _centring(gain)
+        for family, (out_weight, sigma) in families.items():
+            blocks.append((f"{name}.norm4.cross.{family}", (out_weight.T * sigma) @ centring))
+        blocks.append((f"{name}.norm4.cross.const", consts @ centring))
+        norm_gains.append(gain)
+        gamma, beta = layer.norm4.weight, layer.norm4.bias
+        families = {f: (w, sigma * gamma) for f, (w, sigma) in families.items()}
+        consts = torch.cat([consts * gamma, gamma[None], beta[None]])
+        gain = gain * gamma
+    final = transformer.final_attn_token_to_image
+    dc1 = decoder.output_upscaling[0]
+    w1 = dc1.weight.permute(2, 3, 1, 0).reshape(-1, channels)  # rows (sub-pixel, channel)
+    blocks += [("final.k", final.k_proj.weight * gain), ("final.v", final.v_proj.weight * gain)]
+    pe_blocks += [("final.k", final.k_proj.weight, None)]
+    rows, start = {}, 0
+    for block_name, matrix in blocks:
+        rows[block_name] = slice(start, start + matrix.shape[0])
+        start += matrix.shape[0]
+    pe_rows, start = {}, 0
+    for block_name, matrix, _ in pe_blocks:
+        pe_rows[block_name] = slice(start, start + matrix.shape[0])
+        start += matrix.shape[0]
+    pe_bias = torch.cat([gain.new_zeros(m.shape[0]) if b is None else b for _, m, b in pe_blocks])
+    return SidePlan(
+        torch.cat([m for _, m in blocks]).contiguous(),
+        rows,
+        (w1 * gain).contiguous(),
+        norm_gains,
+        torch.cat([m for _, m, _ in pe_blocks]).contiguous(),
+        pe_rows,
+        pe_bias,
+    )
 
 
 @dataclass
 class ImageSide:
-    """Per-image tensors shared by every prompt: the keys K, their positional encoding P,
-    and a cache of projections of K computed on first use."""
+    """Per-image tensors shared by every prompt, positions last; named so that they can
+    cross exported-program boundaries as a flat list.
 
-    keys: torch.Tensor  # (1, 4096, C)
-    pe: torch.Tensor  # (1, 4096, C)
-    high_res_feats: tuple[torch.Tensor, ...]  # (s0, s1); () once they are in the cache
+    - ``proj`` (rows, N): the plan's maps of ``K`` (layer 0's attention blocks with the
+      positional encoding's projection added), in the decoder's dtype;
+    - ``up`` (N, 4 * 64): the plan's ``upscale`` map of ``K``, channels last, as the
+      upscaling reads it;
+    - ``pe`` (rows_pe, N): projections of the positional encoding (+ bias), a model constant;
+    - ``stats`` (2 * depth, N) fp32: per LayerNorm, mean and centred sum of squares of g K;
+    - ``s1`` (1, N, 4 * 64), ``s0`` (1, 4N, 4 * 32): the high-res features plus the transposed
+      convolutions' biases in the channels-last "parent pixel, then sub-pixel" order of
+      :meth:`FastMaskDecoder.upscale`."""
+
+    tensors: dict[str, torch.Tensor]
     size: tuple[int, int]
-    cache: dict[str, Any] = field(default_factory=dict)
-    # A frozen side (inside an exported program) computes nothing: a miss is an error.
-    frozen: bool = False
+    plan: SidePlan = field(repr=False)
 
-    def memo(self, name: str, compute: Callable[[], Any]) -> Any:
-        if name not in self.cache:
-            if self.frozen:
-                raise KeyError(f"the image side has no {name!r} precomputed")
-            self.cache[name] = compute()
-        return self.cache[name]
+    def block(self, name: str) -> torch.Tensor:
+        return self.tensors["proj"][self.plan.rows[name]]
 
-    def project_keys(self, weight: torch.Tensor, gain: torch.Tensor, name: str) -> torch.Tensor:
-        """(1, 4096, out) = (gain * K) @ weight.T, once per image."""
-        return self.memo(f"K@{name}", lambda: (self.keys * gain) @ weight.T)
+    def pe_block(self, name: str) -> torch.Tensor:
+        return self.tensors["pe"][self.plan.pe_rows[name]]
 
-    def project_pe(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, name: str
-    ) -> torch.Tensor:
-        """(1, 4096, out) = P @ weight.T (+ bias), once per image."""
-        if bias is None:
-            return self.memo(f"P@{name}", lambda: self.pe @ weight.T)
-        return self.memo(f"P@{name}+b", lambda: torch.addmm(bias, self.pe[0], weight.T)[None])
+    def norm_stats(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean (N,), centred sum of squares (N,)) of ``g K`` at layer ``layer``'s norm4."""
+        stats = self.tensors["stats"]
+        return stats[2 * layer], stats[2 * layer + 1]
 
-    def upscaling_features(
-        self, decoder: MaskDecoder, s0_dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The high-res features plus the transposed convolutions' biases, in the
-        channels-last "parent pixel, then sub-pixel" order of ``masks_from_keys``:
-        s1 (1, 4096, 4 * 64) and s0 (1, 4096 * 4, 4 * 32), s0 in ``s0_dtype`` (the dtype
-        of the upscaling's second half)."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this image's own tensors (``pe`` is shared by every image)."""
+        own = [t for name, t in self.tensors.items() if name != "pe"]
+        return sum(t.numel() * t.element_size() for t in own)
 
-        def compute() -> tuple[torch.Tensor, torch.Tensor]:
-            dc1, dc2 = decoder.output_upscaling[0], decoder.output_upscaling[3]
-            feat_s0, feat_s1 = self.high_res_feats
-            h, w = self.size
-            c1, c0 = feat_s1.shape[1], feat_s0.shape[1]
-            # feat_s1 pixel (2i + di, 2j + dj) -> [i * w + j, di * 2 + dj, c]
-            s1 = feat_s1[:1].reshape(c1, h, 2, w, 2).permute(1, 3, 2, 4, 0)
-            s1 = (s1.reshape(1, h * w, 4, c1) + dc1.bias).reshape(1, h * w, 4 * c1)
-            # feat_s0 pixel (4i + 2di + ei, 4j + 2dj + ej) -> [(i, j, di, dj, ei, ej), c]
-            s0 = feat_s0[:1].reshape(c0, h, 2, 2, w, 2, 2).permute(1, 4, 2, 5, 3, 6, 0)
-            s0 = (s0.reshape(1, h * w * 16, c0) + dc2.bias).reshape(1, h * w * 4, 4 * c0)
-            return s1.contiguous(), s0.to(s0_dtype).contiguous()
 
-        return self.memo(f"upscaling:{s0_dtype}", compute)
+# --------------------------------------------------------------------------- prompt side
 
-    def gained_keys_stats(self, gain: torch.Tensor, gain_name: str) -> tuple[torch.Tensor, ...]:
-        """Per-position mean and sum of squares of gain * K."""
 
-        def compute() -> torch.Tensor:
-            k = self.keys * gain
-            return torch.stack([k.mean(-1), k.pow(2).sum(-1)], dim=-1)
+@dataclass
+class FamilyRows:
+    """The rows one image-to-token attention added. Its probabilities sum to 1 over the T
+    tokens, so the last token's is implied: ``coef[start : start + H*(T-1)]`` are the
+    others' (divided by s), with vectors ``sigma * Wo_h (v_ht - v_h,last)``, and the last
+    token's vectors ``sigma * Wo_h v_h,last`` join the ``anchor`` row (coefficient 1/s).
+    The LayerNorm cross terms go through the head structure, so the values are kept."""
 
-        stats = self.memo(f"stats:{gain_name}", compute)
-        return stats[..., 0:1], stats[..., 1:2]
+    name: str
+    start: int
+    anchor: int
+    values: torch.Tensor  # (B, H, T, dh), the last token's included
+
+
+@dataclass
+class SymbolicKeys:
+    """``keys_i = s_i * (g K_i + sum_r coef[r, i] V_r)`` for a chunk of B prompts."""
+
+    scale: torch.Tensor | None  # (B, 1, N) fp32; None: identically 1 (before any LayerNorm)
+    # (B, rows, N) in the decoder's dtype, contiguous (a batched product reads it whole):
+    # rows >= rank are zeros, reserved for the LayerNorm that follows an attention.
+    coef: torch.Tensor
+    rank: int
+    vecs: torch.Tensor  # (B, rank, C) fp32
+    layer: int  # which LayerNorm gains apply (the plan's stage)
+    families: list[FamilyRows]
+    # Runs [start, stop) of the rows whose vectors are constants (biases, gammas, betas).
+    const_rows: list[tuple[int, int]]
+    ones_row: int | None  # the row whose coefficient is 1/s (bias rows join it)
+    # The scale in the decoder's dtype, for elementwise products with its tensors.
+    scale_cast: torch.Tensor | None = None
+
+    def select(self, index: torch.Tensor) -> SymbolicKeys:
+        """The keys of the prompts at ``index``."""
+        families = [FamilyRows(f.name, f.start, f.anchor, f.values[index]) for f in self.families]
+        return SymbolicKeys(
+            None if self.scale is None else self.scale[index],
+            self.coef[index],
+            self.rank,
+            self.vecs[index],
+            self.layer,
+            families,
+            self.const_rows,
+            self.ones_row,
+            None if self.scale_cast is None else self.scale_cast[index],
+        )
+
+    def final(self) -> FinalKeys:
+        scale = self.scale
+        if scale is None:
+            scale = self.vecs.new_ones((self.coef.shape[0], 1, self.coef.shape[2]))
+        return FinalKeys(scale, self.coef, self.vecs)
+
+
+@dataclass
+class FinalKeys:
+    """The image keys after the transformer, as the upscaling reads them:
+    ``scale * (g K + coef^T vecs)``, g K's projection being the side's ``up`` tensor."""
+
+    scale: torch.Tensor  # (B, 1, N) fp32
+    coef: torch.Tensor  # (B, R, N)
+    vecs: torch.Tensor  # (B, R, C) fp32
+
+    def select(self, index: torch.Tensor) -> FinalKeys:
+        return FinalKeys(self.scale[index], self.coef[index], self.vecs[index])
+
+    def slice(self, start: int, stop: int) -> FinalKeys:
+        return FinalKeys(self.scale[start:stop], self.coef[start:stop], self.vecs[start:stop])
 
 
 class FastMaskDecoder:
-    """Computes ``MaskDecoder.predict_all_masks`` for prompts without a mask input."""
+    """Computes ``MaskDecoder.predict_all_masks`` for prompts without a mask input.
+
+    ``dtype``: what the per-prompt products and the image side are stored and multiplied
+    in (fp32: mode fast, equal to the reference up to float reassociation; bf16: mode
+    furious on devices that run it natively)."""
 
     source = "eager"
 
-    def __init__(self, decoder: MaskDecoder, upscaling_dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, decoder: MaskDecoder, dtype: torch.dtype = FP32) -> None:
         self.decoder = decoder
         self.transformer = decoder.transformer
-        # Mode furious runs the second half of the upscaling (the largest per-prompt
-        # tensors: 256 x 256 x 32) and the hypernetwork products in bf16 / fp16; everything
-        # before stays fp32, the Gram-based LayerNorm statistics included.
-        self.upscaling_dtype = upscaling_dtype
+        self.dtype = dtype
+        with torch.no_grad():
+            self.plan = side_plan(decoder)
+        # The positional encoding's projections, per dtype (a model constant).
+        self._pe: dict[torch.dtype, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ image side
     def prepare(
@@ -263,10 +316,59 @@ class FastMaskDecoder:
         no_mask_dense: torch.Tensor,
         high_res_feats: tuple[torch.Tensor, torch.Tensor],
     ) -> ImageSide:
-        keys = (image_embed + no_mask_dense).flatten(2).transpose(1, 2)
-        pe = image_pe.flatten(2).transpose(1, 2)
+        """The per-image side: one product of the plan's stacked weights with the keys (and
+        the upscaling's block, channels last, as it reads it)."""
+        plan, dtype = self.plan, self.dtype
+        keys = (image_embed[:1] + no_mask_dense).flatten(2)[0].float()  # (C, N)
+        proj = (plan.weight.to(dtype) @ keys.to(dtype)).float()
+        up = keys.T.to(dtype) @ plan.upscale.T.to(dtype)  # (N, 4 * 64)
+        pe = self.pe_projections(image_pe)
+        for name in ("layer0.t2i.k", "layer0.i2t.q"):  # s is 1 there: K and P share scores
+            proj[plan.rows[name]] += pe[plan.pe_rows[name]]
+        stats = []
+        for gain in plan.norm_gains:
+            gained = keys * gain[:, None]
+            mean = gained.mean(0)
+            stats += [mean, (gained - mean).pow(2).sum(0)]
         h, w = image_embed.shape[-2:]
-        return ImageSide(keys, pe, high_res_feats, (h, w))
+        s1, s0 = self.upscaling_features(high_res_feats, (h, w))
+        tensors = {
+            "proj": proj.to(dtype),
+            "up": up,
+            "pe": self.pe_projections(image_pe, dtype),
+            "stats": torch.stack(stats),
+            "s1": s1,
+            "s0": s0,
+        }
+        return ImageSide(tensors, (h, w), plan)
+
+    def pe_projections(self, image_pe: torch.Tensor, dtype: torch.dtype = FP32) -> torch.Tensor:
+        """The positional encoding's projections (+ bias) (rows_pe, N): a model constant
+        (``image_pe`` is the prompt encoder's dense encoding), computed once per dtype and
+        shared by every image's side."""
+        if dtype not in self._pe:
+            if FP32 not in self._pe:
+                pe = image_pe[0].flatten(1).float()
+                self._pe[FP32] = torch.addmm(self.plan.pe_bias[:, None], self.plan.pe_weight, pe)
+            self._pe[dtype] = self._pe[FP32].to(dtype)
+        return self._pe[dtype]
+
+    def upscaling_features(
+        self, high_res_feats: tuple[torch.Tensor, torch.Tensor], size: tuple[int, int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The high-res features plus the transposed convolutions' biases, channels-last in
+        "parent pixel, then sub-pixel" order: s1 (1, N, 4 * 64), s0 (1, 4N, 4 * 32)."""
+        dc1, dc2 = self.decoder.output_upscaling[0], self.decoder.output_upscaling[3]
+        feat_s0, feat_s1 = high_res_feats
+        h, w = size
+        c1, c0 = feat_s1.shape[1], feat_s0.shape[1]
+        # feat_s1 pixel (2i + di, 2j + dj) -> [i * w + j, di * 2 + dj, c]
+        s1 = feat_s1[:1].reshape(c1, h, 2, w, 2).permute(1, 3, 2, 4, 0)
+        s1 = (s1.reshape(1, h * w, 4, c1) + dc1.bias).reshape(1, h * w, 4 * c1)
+        # feat_s0 pixel (4i + 2di + ei, 4j + 2dj + ej) -> [(i, j, di, dj, ei, ej), c]
+        s0 = feat_s0[:1].reshape(c0, h, 2, 2, w, 2, 2).permute(1, 4, 2, 5, 3, 6, 0)
+        s0 = (s0.reshape(1, h * w * 16, c0) + dc2.bias).reshape(1, h * w * 4, 4 * c0)
+        return s1.to(self.dtype).contiguous(), s0.to(self.dtype).contiguous()
 
     # ------------------------------------------------------------------ symbolic algebra
     def scores(
@@ -274,130 +376,164 @@ class FastMaskDecoder:
         side: ImageSide,
         keys: SymbolicKeys,
         weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        vectors: torch.Tensor,
+        queries: torch.Tensor,
         name: str,
     ) -> torch.Tensor:
-        """(B, H, T, 4096): sum_d (W_h (keys_i + P_i) + b_h)_d * vectors[b, h, t, d].
+        """(B, H, T, N): ``queries[b, h, t] . (W_h (keys_i + P_i) + b_h)`` (the bias only
+        for blocks whose positional projection carries it).
 
-        Positions last: both attentions' softmaxes then run over contiguous rows."""
-        b, num_heads, t, _ = vectors.shape
-        shared = split_heads(
-            side.project_keys(weight, keys.gain, f"{name}|{keys.gain_name}"), num_heads
-        )
-        scale = keys.a.transpose(1, 2).unsqueeze(1)  # (B or 1, 1, 1, 4096)
-        # The positional part and the bias are the same for every prompt: W P + b is
-        # projected once per image, so each prompt pays one product for both.
-        pe = split_heads(side.project_pe(weight, bias, name), num_heads)
-        coef, vecs = keys.low_rank
-        projected = (vecs @ weight.T).reshape(vecs.shape[0], -1, num_heads, vectors.shape[3])
-        small = torch.einsum("brhd,bhtd->bhtr", projected, vectors)  # (B, H, T, R)
-        # The low-rank part first, then the shared parts accumulated into it in place: one
-        # (B, H, T, 4096) buffer instead of a new one per term.
-        out = (small.reshape(b, num_heads * t, -1) @ coef.transpose(1, 2)).view(b, num_heads, t, -1)
-        out.add_(prompts_times_shared_rows(vectors, pe))
-        return out.addcmul_(prompts_times_shared_rows(vectors, shared), scale)
+        The image part is one product per head for all prompts; the low-rank part one
+        product per prompt; ``s`` scales both, the positional part is added after."""
+        b, num_heads, t, dh = queries.shape
+        q_heads = heads_first(queries.to(self.dtype))  # (H, B*T, dh)
+        image = prompts_first(q_heads @ side.block(name).view(num_heads, dh, -1), b)
+        if keys.rank == 0:  # layer 0: s is 1 and the block holds W (K + P) (+ b)
+            return image
+        # (V W^T) . q per prompt: the low-rank part's scores are (B, H*T, R) @ (R, N).
+        projected = (keys.vecs @ weight.T).view(b, keys.rank, num_heads, dh)
+        small = torch.einsum("brhd,bhtd->bhtr", projected, queries.float())
+        out = torch.bmm(small.reshape(b, num_heads * t, -1).to(self.dtype), keys.coef)
+        out = out.view(b, num_heads, t, -1).add_(image)
+        positional = prompts_first(q_heads @ side.pe_block(name).view(num_heads, dh, -1), b)
+        return torch.addcmul(positional, out, keys.scale_cast[:, None])
 
     def weighted_values(
         self,
         side: ImageSide,
         keys: SymbolicKeys,
         weight: torch.Tensor,
-        bias: torch.Tensor,
         probs: torch.Tensor,
         name: str,
     ) -> torch.Tensor:
-        """(B, T, H*dh): sum_i probs[b, h, t, i] * (W_h keys_i + b_h)."""
-        num_heads = probs.shape[1]
-        shared = split_heads(
-            side.project_keys(weight, keys.gain, f"{name}|{keys.gain_name}"), num_heads
-        )  # (1, H, 4096, dh)
-        out = prompts_times_shared(probs * keys.a.transpose(1, 2).unsqueeze(1), shared)
-        coef, vecs = keys.low_rank
-        mixed = torch.einsum("bhti,bir->bhtr", probs, coef)  # (B, H, T, R)
-        dh = weight.shape[0] // num_heads
-        projected = (vecs @ weight.T).reshape(vecs.shape[0], vecs.shape[1], num_heads, dh)
-        out = out + torch.einsum("bhtr,brhd->bhtd", mixed, projected)
-        out = merge_heads(out)
-        return out + bias
+        """(B, T, H*dh): ``sum_i probs[b, h, t, i] * W_h keys_i`` (without the bias, which
+        the probabilities, summing to 1, pass through unchanged)."""
+        b, num_heads, t, n = probs.shape
+        if keys.scale is not None:  # probs is this call's own: scaled in place
+            probs = probs.mul_(keys.scale_cast[:, None])
+        shared = side.block(name).view(num_heads, -1, n).transpose(1, 2)  # (H, N, dh)
+        out = prompts_first(heads_first(probs) @ shared, b).float()  # (B, H, T, dh)
+        if keys.rank:
+            mixed = torch.bmm(probs.reshape(b, num_heads * t, n), keys.coef.transpose(1, 2))
+            projected = (keys.vecs @ weight.T).view(b, keys.rank, num_heads, -1)
+            mixed = mixed.view(b, num_heads, t, -1).float()
+            out = out + torch.einsum("bhtr,brhd->bhtd", mixed, projected)
+        return merge_heads(out)
 
-    def add_attention_output(
-        self, keys: SymbolicKeys, family: Family, bias: torch.Tensor
+    def append_family(
+        self, keys: SymbolicKeys, probs: torch.Tensor, values: torch.Tensor, attn: Attention
     ) -> SymbolicKeys:
-        """keys + (low-rank attention output) + bias, still symbolic."""
-        one = keys.const_coef.new_ones((*keys.const_coef.shape[:-1], 1))
-        const_coef = torch.cat([keys.const_coef, one], dim=-1)
+        """keys + sum_{h,t} probs[h, t, i] Wo_h v_ht + out_proj bias, still symbolic.
+
+        Per head the probabilities sum to 1, so ``H * (T - 1)`` rows carry the family: the
+        last token's vector, and the bias, have the coefficient 1 (1/s in the keys' frame)
+        and join the row that already has it. The coefficients move to a new buffer with
+        room for the rows the LayerNorm after the attention adds, so that every batched
+        product reads one contiguous tensor."""
+        b, num_heads, t, n = probs.shape
+        start, rows = keys.rank, num_heads * (t - 1)
+        new_ones_row = keys.ones_row is None  # a row of 1/s = 1 (before any LayerNorm)
+        total = start + rows + new_ones_row + 2
+        coef = keys.coef.new_empty((b, total, n))
+        coef[:, :start] = keys.coef[:, :start]
+        target = coef[:, start : start + rows].view(b, num_heads, t - 1, n)
+        if keys.scale is None:
+            target.copy_(probs[:, :, : t - 1])
+        else:
+            torch.div(probs[:, :, : t - 1], keys.scale_cast[:, None], out=target)
+        coef[:, start + rows :].zero_()
+        out_weight = attn.out_proj.weight  # (C, H*dh)
+        wo = out_weight.reshape(out_weight.shape[0], num_heads, -1)
+        vectors = torch.einsum("bhtd,chd->bhtc", values, wo)  # (B, H, T, C)
+        last = vectors[:, :, t - 1 :]
+        differences = (vectors[:, :, : t - 1] - last).reshape(b, rows, -1)
+        constant = last.sum(1) + attn.out_proj.bias  # (B, 1, C)
+        vecs = torch.cat([keys.vecs, differences], dim=1)
+        const_rows, ones_row, rank = keys.const_rows, keys.ones_row, start + rows
+        if new_ones_row:
+            coef[:, rank : rank + 1].fill_(1.0)
+            vecs = torch.cat([vecs, constant], dim=1)
+            const_rows, ones_row, rank = [*const_rows, (rank, rank + 1)], rank, rank + 1
+        else:
+            vecs[:, ones_row : ones_row + 1] += constant
+        family = FamilyRows(f"layer{keys.layer}.i2t", start, ones_row, values)
         return SymbolicKeys(
-            keys.a,
-            keys.gain,
-            keys.gain_name,
+            keys.scale,
+            coef,
+            rank,
+            vecs,
+            keys.layer,
             [*keys.families, family],
-            const_coef,
-            torch.cat([keys.const_vecs, bias[None]], dim=0),
+            const_rows,
+            ones_row,
+            keys.scale_cast,
         )
 
     def layer_norm(
-        self, side: ImageSide, keys: SymbolicKeys, norm: torch.nn.LayerNorm, tag: str
+        self, side: ImageSide, keys: SymbolicKeys, norm: torch.nn.LayerNorm
     ) -> SymbolicKeys:
-        """LayerNorm of symbolic keys: statistics from Gram matrices, result symbolic."""
-        channels = keys.gain.shape[0]
-        k_mean, k_sumsq = side.gained_keys_stats(keys.gain, keys.gain_name)
-        coef, vecs = keys.family_parts  # (B, 4096, R), (B, R, C)
-        batch = coef.shape[0]
-        const_coef = keys.const_coef.expand(batch, -1, -1)
-        consts = keys.const_vecs  # (K, C)
-        a = keys.a
+        """LayerNorm of symbolic keys: moments from the Gram matrix of the centred vectors,
+        the result symbolic (s rescaled, two rows added: -mean/s for gamma, 1/s' for beta).
 
-        mean = (
-            a * k_mean
-            + coef @ vecs.mean(-1, keepdim=True)
-            + const_coef @ consts.mean(-1, keepdim=True)
-        )
-        # Cross products of the shared part with the low-rank vectors, through each family's
-        # head structure: (d K_i) . (s Wo_h v_ht) = (Wo_h^T diag(d s) K_i) . v_ht.
-        cross = []
-        for fam in keys.families:
-            num_heads = fam.values.shape[1]
-            proj = split_heads(
-                side.project_keys(
-                    fam.out_weight.T * fam.scale, keys.gain, f"WoT:{fam.name}|{keys.gain_name}"
-                ),
-                num_heads,
-            )  # (1, H, 4096, dh)
-            prod = shared_times_prompts(proj, fam.values)  # (B, H, 4096, T)
-            cross.append(prod.permute(0, 2, 1, 3).reshape(batch, prod.shape[2], -1))
-        cross_kv = torch.cat(cross, dim=-1)  # (B, 4096, R)
-        cross_ke = side.memo(
-            f"KE:{keys.gain_name}:{consts.shape[0]}:{tag}",
-            lambda: (side.keys * keys.gain) @ consts.T,
-        )  # (1, 4096, K)
-        gram_vv = vecs @ vecs.transpose(1, 2)  # (B, R, R)
-        gram_ve = vecs @ consts.T  # (B, R, K)
-        gram_ee = consts @ consts.T  # (K, K)
-        sumsq = (
-            a.pow(2) * k_sumsq
-            + 2 * a * (coef * cross_kv).sum(-1, keepdim=True)
-            + 2 * a * (const_coef * cross_ke).sum(-1, keepdim=True)
-            + ((coef @ gram_vv) * coef).sum(-1, keepdim=True)
-            + 2 * ((coef @ gram_ve) * const_coef).sum(-1, keepdim=True)
-            + ((const_coef @ gram_ee) * const_coef).sum(-1, keepdim=True)
-        )
-        var = (sumsq / channels - mean.pow(2)).clamp_min(0)
-        inv_std = torch.rsqrt(var + norm.eps)
-
+        With centred vectors ``V~`` and keys ``K~``, per position
+        ``C var / s^2 = |K~|^2 + 2 sum_r coef_r (V~_r . K~) + coef^T (V~ V~^T) coef``:
+        |K~|^2 and the cross terms (through each family's head structure) come from the image
+        side, the quadratic form is one (R + 1, R) @ (R, N) product per prompt whose extra
+        row gives the mean."""
+        coef, rank = keys.coef, keys.rank
+        b, rows, n = coef.shape
+        channels = keys.vecs.shape[-1]
+        layer = keys.layer
+        vec_mean = keys.vecs.mean(-1)  # (B, R)
+        centred = keys.vecs - vec_mean[..., None]
+        gram = torch.cat([centred @ centred.transpose(1, 2), vec_mean[:, None]], dim=1)
+        # Zero columns for the reserved rows: the product reads the whole buffer.
+        gram = torch.nn.functional.pad(gram, (0, rows - rank))
+        quad = torch.bmm(gram.to(self.dtype), coef)  # (B, R + 1, N)
+        mean_over_s = quad[:, rank : rank + 1].float()  # (B, 1, N)
+        for family in keys.families:  # + 2 (V~_r . K~_i), through the heads
+            _, num_heads, t, _ = family.values.shape
+            block = side.block(f"layer{layer}.norm4.cross.{family.name}")
+            block = block.view(num_heads, -1, n)
+            values = family.values.to(self.dtype)
+            last = values[:, :, t - 1 :]
+            cross = prompts_first(heads_first(values[:, :, : t - 1] - last) @ block, b)
+            span = quad[:, family.start : family.start + num_heads * (t - 1)]
+            span.view(b, num_heads, t - 1, n).add_(cross, alpha=2)
+            anchor = prompts_first(heads_first(last) @ block, b).sum(1)  # (B, 1, N)
+            quad[:, family.anchor : family.anchor + 1].add_(anchor, alpha=2)
+        const = side.block(f"layer{layer}.norm4.cross.const")
+        at = 0
+        for start, stop in keys.const_rows:  # the block's rows are the runs' rows in order
+            quad[:, start:stop].add_(const[at : at + stop - start], alpha=2)
+            at += stop - start
+        # Summed with fp32 accumulation (the reduction's own, for bf16 too).
+        form = quad[:, :rank].mul_(coef[:, :rank]).sum(1).float()  # (B, N)
+        k_mean, k_sumsq = side.norm_stats(layer)
+        var = (k_sumsq + form) / channels
+        if keys.scale is not None:
+            var = var * keys.scale[:, 0].pow(2)
+        inv_std = torch.rsqrt(var + norm.eps)[:, None]  # (B, 1, N)
+        scale = inv_std if keys.scale is None else keys.scale * inv_std
+        # Rows by slices, not integer indices: an exported program keeps the rank symbolic.
+        coef[:, rank : rank + 1] = -(mean_over_s + k_mean)
+        coef[:, rank + 1 : rank + 2] = scale.reciprocal()
         gamma, beta = norm.weight, norm.bias
-        families = [f.rescaled(inv_std, gamma, tag) for f in keys.families]
-        new_consts = torch.cat([consts * gamma, gamma[None], beta[None]], dim=0)
-        new_const_coef = torch.cat(
-            [const_coef * inv_std, -mean * inv_std, torch.ones_like(mean)], dim=-1
-        )
+        vecs = torch.cat([keys.vecs * gamma, gamma.expand(b, 1, -1), beta.expand(b, 1, -1)], dim=1)
+        runs = list(keys.const_rows)
+        if runs and runs[-1][1] == rank:  # the new rows continue the last run
+            runs[-1] = (runs[-1][0], rank + 2)
+        else:
+            runs.append((rank, rank + 2))
         return SymbolicKeys(
-            a * inv_std,
-            keys.gain * gamma,
-            f"{keys.gain_name}*{tag}",
-            families,
-            new_const_coef,
-            new_consts,
+            scale,
+            coef,
+            rank + 2,
+            vecs,
+            layer + 1,
+            keys.families,
+            runs,
+            rank + 1,
+            scale.to(self.dtype),
         )
 
     # ------------------------------------------------------------------ attention pieces
@@ -411,15 +547,15 @@ class FastMaskDecoder:
     ) -> torch.Tensor:
         """Attention of the tokens to the (symbolic) image keys; returns out_proj output."""
         num_heads = attn.num_heads
-        q = split_heads(attn.q_proj(queries_with_pe), num_heads)  # (B, H, T, dh)
-        scale = 1.0 / math.sqrt(q.shape[-1])
+        q = attn.q_proj(queries_with_pe)  # (B, T, H*dh)
+        b, t, c = q.shape
+        # The softmax scale goes into the queries (T rows) rather than the scores (4096).
+        q = (q * (1.0 / math.sqrt(c // num_heads))).view(b, t, num_heads, -1).transpose(1, 2)
         # k = Wk (keys + P) + bk; the bias is the same for every position: softmax drops it.
-        logits = self.scores(side, keys, attn.k_proj.weight, None, q, f"{name}.k")
-        probs = torch.softmax(logits * scale, dim=-1)  # (B, H, T, 4096)
-        out = self.weighted_values(
-            side, keys, attn.v_proj.weight, attn.v_proj.bias, probs, f"{name}.v"
-        )
-        return attn.out_proj(out)
+        logits = self.scores(side, keys, attn.k_proj.weight, q, f"{name}.k")
+        probs = torch.softmax(logits, dim=-1)  # (B, H, T, N)
+        out = self.weighted_values(side, keys, attn.v_proj.weight, probs, f"{name}.v")
+        return attn.out_proj(out + attn.v_proj.bias)
 
     def image_to_token(
         self,
@@ -429,49 +565,65 @@ class FastMaskDecoder:
         queries: torch.Tensor,
         query_pe: torch.Tensor,
         name: str,
-    ) -> Family:
-        """Attention of the image positions to the tokens, as a low-rank family."""
+    ) -> SymbolicKeys:
+        """Attention of the image positions to the tokens, added to the keys as rows."""
         num_heads = attn.num_heads
-        k = split_heads(attn.k_proj(queries + query_pe), num_heads)  # (B, H, T, dh)
-        v = split_heads(attn.v_proj(queries), num_heads)
-        scale = 1.0 / math.sqrt(k.shape[-1])
-        logits = self.scores(
-            side, keys, attn.q_proj.weight, attn.q_proj.bias, k, f"{name}.q"
-        )  # (B, H, T, 4096)
-        probs = torch.softmax(logits * scale, dim=2)  # over the tokens
-        b, h, t, n = probs.shape
-        coef = probs.permute(0, 3, 1, 2).reshape(b, n, h * t)
-        return Family(coef, v, attn.out_proj.weight, torch.ones_like(attn.out_proj.bias), name)
+        k = attn.k_proj(queries + query_pe)
+        b, t, c = k.shape
+        k = (k * (1.0 / math.sqrt(c // num_heads))).view(b, t, num_heads, -1).transpose(1, 2)
+        v = attn.v_proj(queries).view(b, t, num_heads, -1).transpose(1, 2)  # (B, H, T, dh)
+        logits = self.scores(side, keys, attn.q_proj.weight, k, f"{name}.q")
+        probs = torch.softmax(logits, dim=2)  # over the tokens
+        return self.append_family(keys, probs, v, attn)
 
     # ------------------------------------------------------------------ the decoder
     def transformer_forward(
         self, side: ImageSide, tokens: torch.Tensor, read_tokens: list[int]
     ) -> tuple[torch.Tensor, SymbolicKeys]:
         """The two-way transformer: the final states (B, len(read_tokens), C) of the tokens
-        that are read afterwards, and the symbolic image keys.
+        that are read afterwards, and the symbolic image keys."""
+        queries, query_pe, keys = self.transformer_layers(side, tokens)
+        return self.final_attention(side, keys, queries, query_pe, read_tokens), keys
 
-        After the last attention only some output tokens are read (the IoU token, the mask
-        tokens that are returned, the object-score token if asked for); the others'
-        final attention would be dead work, so it is not computed."""
-        channels = tokens.shape[-1]
-        ref = side.keys
+    def transformer_layers(
+        self, side: ImageSide, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, SymbolicKeys]:
+        """The transformer's blocks: token states, their positional encoding (the tokens
+        themselves) and the symbolic image keys."""
+        b, _, channels = tokens.shape
+        n = side.tensors["proj"].shape[-1]
         keys = SymbolicKeys(
-            a=torch.ones_like(ref[..., :1]),
-            gain=torch.ones(channels, dtype=ref.dtype, device=ref.device),
-            gain_name="1",
+            scale=None,
+            coef=tokens.new_empty((b, 0, n), dtype=self.dtype),
+            rank=0,
+            vecs=tokens.new_zeros((b, 0, channels), dtype=FP32),
+            layer=0,
             families=[],
-            const_coef=ref.new_zeros((1, ref.shape[1], 0)),
-            const_vecs=ref.new_zeros((0, channels)),
+            const_rows=[],
+            ones_row=None,
         )
         queries, query_pe = tokens, tokens
         for index, layer in enumerate(self.transformer.layers):
             queries, keys = self.block_forward(
                 side, keys, layer, queries, query_pe, f"layer{index}"
             )
+        return queries, query_pe, keys
+
+    def final_attention(
+        self,
+        side: ImageSide,
+        keys: SymbolicKeys,
+        queries: torch.Tensor,
+        query_pe: torch.Tensor,
+        read_tokens: list[int],
+    ) -> torch.Tensor:
+        """The last token-to-image attention, for the tokens read afterwards only (the IoU
+        token, the mask tokens that are returned): each token attends on its own, so the
+        others' would be dead work. (B, len(read_tokens), C)."""
         final = self.transformer.final_attn_token_to_image
         q_out, pe_out = _tokens_at(queries, read_tokens), _tokens_at(query_pe, read_tokens)
         attn_out = self.token_to_image(side, keys, final, q_out + pe_out, "final")
-        return self.transformer.norm_final_attn(q_out + attn_out), keys
+        return self.transformer.norm_final_attn(q_out + attn_out)
 
     def block_forward(
         self,
@@ -494,9 +646,8 @@ class FastMaskDecoder:
         queries = layer.norm2(queries + attn_out)
         queries = layer.norm3(queries + layer.mlp(queries))
         attn = layer.cross_attn_image_to_token
-        family = self.image_to_token(side, keys, attn, queries, query_pe, f"{name}.i2t")
-        keys = self.add_attention_output(keys, family, attn.out_proj.bias)
-        keys = self.layer_norm(side, keys, layer.norm4, f"{name}.norm4")
+        keys = self.image_to_token(side, keys, attn, queries, query_pe, f"{name}.i2t")
+        keys = self.layer_norm(side, keys, layer.norm4)
         return queries, keys
 
     def hypernetwork(self, mask_tokens_out: torch.Tensor, mask_indices: list[int]) -> torch.Tensor:
@@ -521,27 +672,32 @@ class FastMaskDecoder:
         dc1, ln1, act1, dc2, act2 = dec.output_upscaling
         c_in, c_mid = dc1.weight.shape[:2]
         c_out = dc2.weight.shape[1]
+        dtype = self.dtype
         # Rows ordered (sub-pixel, channel): (4 * c_mid, c_in).
         w1 = dc1.weight.permute(2, 3, 1, 0).reshape(4 * c_mid, c_in)
-        shared = side.project_keys(w1, keys.gain, f"dc1-cl|{keys.gain_name}")
-        dtype = self.upscaling_dtype
-        s1, s0 = side.upscaling_features(dec, dtype)
-        # dc1(keys) + bias + feat_s1 = s1 + a * (W K) + coef @ (vecs W^T): two fused ops.
-        x = torch.baddbmm(torch.addcmul(s1, keys.a, shared), keys.coef, keys.vecs @ w1.T)
-        b, n = x.shape[:2]
+        s1, s0 = side.tensors["s1"], side.tensors["s0"]
+        b = keys.coef.shape[0]
+        shared = side.tensors["up"]  # (N, 4 * c_mid): dc1 of g K, channels last
+        n = shared.shape[0]
+        # dc1(keys) + bias + feat_s1 = s1 + s * (W g K + coef^T (vecs W^T)).
+        low_rank = (keys.vecs @ w1.T).to(dtype)
+        x = torch.baddbmm(shared.expand(b, -1, -1), keys.coef.transpose(1, 2), low_rank)
+        x = torch.addcmul(s1, x, keys.scale.to(dtype).transpose(1, 2))
         x = x.view(b, n * 4, c_mid)
         x = torch.nn.functional.layer_norm(x, (c_mid,), ln1.weight, ln1.bias, ln1.eps)
-        x = gelu_(x, act1).to(dtype)
+        x = gelu_(x, act1)
         # dc2 as (c_mid -> (sub-pixel, c_out)), with its bias and feat_s0 as the addend.
         w2 = dc2.weight.permute(0, 2, 3, 1).reshape(c_mid, 4 * c_out).to(dtype)
         y = torch.baddbmm(s0.expand(b, -1, -1), x, w2.expand(b, -1, -1))
         y = gelu_(y, act2).view(b, n * 16, c_out)
-        # (B, M, pixels in (i, j, di, dj, ei, ej) order)
+        # (B, M, pixels in (i, j, di, dj, ei, ej) order), to raster order by one gather (an
+        # 8-dimensional permute of 2 x 2 blocks copies ~10x slower).
         logits = (hyper.to(dtype) @ y.transpose(1, 2)).float()
         h, w = side.size
         m = logits.shape[1]
-        logits = logits.view(b, m, h, w, 2, 2, 2, 2).permute(0, 1, 2, 4, 6, 3, 5, 7)
-        return logits.reshape(b, m, 4 * h, 4 * w)
+        source = torch.arange(n * 16, device=logits.device).view(h, w, 2, 2, 2, 2)
+        source = source.permute(0, 2, 4, 1, 3, 5).reshape(-1)  # raster pixel -> its column
+        return logits.view(b * m, -1).index_select(1, source).view(b, m, 4 * h, 4 * w)
 
     def decode_prompts(
         self, side: ImageSide, sparse_embeddings: torch.Tensor, mask_indices: list[int]
@@ -556,6 +712,33 @@ class FastMaskDecoder:
         iou = self.decoder.iou_prediction_head(hs[:, 0])
         return iou, self.hypernetwork(hs[:, 1:], mask_indices), keys.final()
 
+    def decode_filtered(
+        self,
+        side: ImageSide,
+        sparse_embeddings: torch.Tensor,
+        mask_indices: list[int],
+        keep: Callable[[torch.Tensor], torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, FinalKeys]:
+        """:meth:`decode_prompts` with the prompts filtered by their IoU before any work
+        that only kept prompts need: the IoU token's final attention for every prompt, then
+        ``keep(iou) -> index``, then the mask tokens' final attention and hypernetworks for
+        the kept prompts only (AMG keeps few). Returns IoU (B, 4), the index, and the kept
+        prompts' hypernetwork outputs and final keys."""
+        queries, query_pe, keys = self.transformer_layers(side, self.tokens(sparse_embeddings))
+        iou = self.decoder.iou_prediction_head(
+            self.final_attention(side, keys, queries, query_pe, [1])[:, 0]
+        )
+        rows = keep(iou)
+        if rows.numel() == 0:  # nothing survives (the index's size is known on the host)
+            none = iou.new_zeros(
+                (0, len(mask_indices), self.decoder.output_upscaling[3].out_channels)
+            )
+            return iou, rows, none, keys.select(rows).final()
+        keys = keys.select(rows)
+        masks = [2 + m for m in mask_indices]
+        hs = self.final_attention(side, keys, queries[rows], query_pe[rows], masks)
+        return iou, rows, self.hypernetwork(hs, mask_indices), keys.final()
+
     def forward(
         self,
         side: ImageSide,
@@ -566,19 +749,26 @@ class FastMaskDecoder:
         """Logits of the mask tokens ``mask_indices`` (default all four) (B', M, 256, 256)
         and IoU predictions of all four (B, 4), like MaskDecoder.predict_all_masks.
 
-        ``keep(iou) -> index`` optionally selects the prompts worth upscaling (AMG drops
-        every prompt whose masks all fail the IoU threshold before any pixel work); the
-        logits then hold only those rows, and the index is returned as the third value.
+        ``keep(iou) -> index`` optionally selects the prompts worth the mask work (AMG drops
+        every prompt whose masks all fail the IoU threshold before any of it); the logits
+        then hold only those rows, and the index is returned as the third value.
         """
         masks = list(range(self.decoder.num_mask_tokens)) if mask_indices is None else mask_indices
-        iou, hyper, keys = self.decode_prompts(side, sparse_embeddings, masks)
-        rows = torch.arange(iou.shape[0], device=iou.device) if keep is None else keep(iou)
-        if keep is not None:
-            if rows.numel() == 0:  # nothing survives: no pixel work at all
-                h, w = side.size
-                return iou.new_zeros((0, len(masks), 4 * h, 4 * w)), iou, rows
-            hyper, keys = hyper[rows], keys.select(rows)
-        return self.upscale(side, keys, hyper), iou, rows
+        if keep is None:
+            iou, hyper, keys = self.decode_prompts(side, sparse_embeddings, masks)
+            rows = torch.arange(iou.shape[0], device=iou.device)
+        else:
+            iou, rows, hyper, keys = self.decode_filtered(side, sparse_embeddings, masks, keep)
+        kept = hyper.shape[0]
+        if kept == 0:  # nothing survives: no pixel work at all
+            h, w = side.size
+            return iou.new_zeros((0, len(masks), 4 * h, 4 * w)), iou, rows
+        step = UPSCALE_CHUNK_CPU if hyper.device.type == "cpu" else kept
+        logits = [
+            self.upscale(side, keys.slice(start, start + step), hyper[start : start + step])
+            for start in range(0, kept, step)
+        ]
+        return (logits[0] if len(logits) == 1 else torch.cat(logits)), iou, rows
 
     def tokens(self, sparse_embeddings: torch.Tensor) -> torch.Tensor:
         dec = self.decoder

@@ -117,10 +117,16 @@ def encoder_dtype(spec: RuntimeSpec) -> torch.dtype:
     return _reduced(spec) if mode.reduced_precision_encoder else torch.float32
 
 
-def upscaling_dtype(spec: RuntimeSpec) -> torch.dtype:
-    """What the fast decoder's second upscaling half computes in under ``spec``."""
+def decoder_dtype(spec: RuntimeSpec) -> torch.dtype:
+    """What the fast decoder's products (and its per-image side) are in under ``spec``:
+    bf16 where the mode asks for reduced precision and the device runs bf16; fp32 else,
+    fp16 included (its range does not hold the decoder's attention logits and Gram
+    moments)."""
     mode = get_mode(spec.mode)
-    return _reduced(spec) if mode.reduced_precision_upscaling else torch.float32
+    reduced = _reduced(spec)
+    if mode.reduced_precision_decoder and reduced == torch.bfloat16:
+        return reduced
+    return torch.float32
 
 
 def _reduced(spec: RuntimeSpec) -> torch.dtype:
@@ -167,7 +173,7 @@ def predictor_for(
         decoder=mode.decoder if prompt_decoder is None else "reference",
         prompt_chunk=spec.prompt_chunk,
         image_encoder=image_encoder,
-        upscaling_dtype=upscaling_dtype(spec),
+        decoder_dtype=decoder_dtype(spec),
         fast_decoder=fast_decoder,
         prompt_decoder=prompt_decoder,
     )

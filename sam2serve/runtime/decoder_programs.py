@@ -5,21 +5,20 @@ from the same code the eager modes run, so their answers are the eager ones up t
 reassociation:
 
 - ``decoder_side.pt2``, once per image: (image_embed, high-res features) -> the image
-  side: the keys K, their positional encoding P and every projection of them that the
-  prompts read, as one flat list of tensors (the positional encoding and the no-mask
-  embedding are the prompt encoder's constants, inside the program);
+  side as one flat list of tensors (:data:`SIDE_LAYOUT`: the stacked projections of the
+  keys, the LayerNorm statistics, the upscaling's high-res features; the positional
+  encoding's projections, a model constant, are the eager decoder's, added at load);
 - ``decoder_prompts.pt2``, once per chunk of prompts: (sparse prompt embeddings
   (B, N, C), image side) -> IoU predictions (B, 4), hypernetwork outputs (B, 4, c) and
-  the final keys (a, coef, vecs): the transformer, everything before the pixels;
-- ``decoder_masks.pt2``, once per chunk of kept prompts: (a, coef, vecs, hypernetwork
+  the final keys (scale, coef, vecs): the transformer, everything before the pixels;
+- ``decoder_masks.pt2``, once per chunk of kept prompts: (scale, coef, vecs, hypernetwork
   outputs (B, M, c), image side) -> low-res logits (B, M, 256, 256): the upscaling.
 
 Prompts (B), points per prompt (N), masks (M) and the low rank (R) are dynamic. The IoU
 filter between the last two programs stays eager: how many prompts survive is data.
 
-Why: the transformer's symbolic keys are many short passes over (B, 4096, R) tensors;
-Inductor fuses them (measured on this CPU: ~21 -> ~16 ms per prompt for tiny's
-transformer). Compilation happens once, at export; loading compiles nothing.
+Why: the transformer's symbolic keys are many short passes over (B, R, 4096) tensors;
+Inductor fuses them. Compilation happens once, at export; loading compiles nothing.
 """
 
 from __future__ import annotations
@@ -42,104 +41,83 @@ ALL_MASKS = [0, 1, 2, 3]
 # Bounds of the dynamic dimensions (torch.export needs them finite to reason about shapes).
 MAX_PROMPTS = 1024
 MAX_POINTS = 64
+# The image side as the programs pass it: ImageSide's tensors in this order; the side
+# program makes all but "pe" (the model constant, added by the loader).
+SIDE_LAYOUT = ("proj", "up", "pe", "stats", "s1", "s0")
+PER_IMAGE = tuple(name for name in SIDE_LAYOUT if name != "pe")
 
-# The image side as a flat list: keys, pe, then each cached entry by name, a tuple entry
-# spread over ``arity`` tensors (0: a single tensor).
-Layout = list[tuple[str, int]]
 
-
-def side_leaves(side: ImageSide, layout: Layout) -> list[torch.Tensor]:
-    leaves = [side.keys, side.pe]
-    for name, arity in layout:
-        value = side.cache[name]
-        leaves.extend(value if arity else [value])
-    return leaves
+def side_leaves(side: ImageSide) -> list[torch.Tensor]:
+    return [side.tensors[name] for name in SIDE_LAYOUT]
 
 
 def side_from_leaves(
-    leaves: list[torch.Tensor], layout: Layout, size: tuple[int, int]
+    fast: FastMaskDecoder, leaves: list[torch.Tensor], size: tuple[int, int]
 ) -> ImageSide:
-    """An :class:`ImageSide` of the embedding ``size`` (h, w) whose cache is complete and
-    frozen: a projection missing from it is an error instead of a per-chunk recomputation
-    inside a program."""
-    cache, at = {}, 2
-    for name, arity in layout:
-        cache[name] = tuple(leaves[at : at + arity]) if arity else leaves[at]
-        at += max(arity, 1)
-    return ImageSide(leaves[0], leaves[1], (), size, cache, frozen=True)
+    """The :class:`ImageSide` of the embedding ``size`` (h, w) that ``leaves`` flatten."""
+    return ImageSide(dict(zip(SIDE_LAYOUT, leaves, strict=True)), size, fast.plan)
 
 
 class _SideProgram(torch.nn.Module):
-    """Per image: the image side, every projection the prompts will read precomputed. The
-    projections are made by decoding one dummy prompt; that decode is dead code the
-    compiler removes, only the cache survives. The positional encoding and the no-mask
-    embedding are the prompt encoder's constants, computed inside."""
+    """Per image: the image side without the positional constant. The positional encoding
+    and the no-mask embedding are the prompt encoder's constants, computed inside."""
 
-    def __init__(self, fast: FastMaskDecoder, prompt_encoder: torch.nn.Module, layout: Layout):
+    def __init__(self, fast: FastMaskDecoder, prompt_encoder: torch.nn.Module):
         super().__init__()
-        self.fast, self.prompt_encoder, self.layout = fast, prompt_encoder, layout
+        self.fast, self.prompt_encoder = fast, prompt_encoder
 
     def forward(
         self, image_embed: torch.Tensor, high_res_s0: torch.Tensor, high_res_s1: torch.Tensor
     ) -> list[torch.Tensor]:
-        high_res = (high_res_s0, high_res_s1)
-        side, _ = _filled_side(self.fast, self.prompt_encoder, image_embed, high_res)
-        return [t.contiguous() for t in side_leaves(side, self.layout)]
+        side = _side(self.fast, self.prompt_encoder, image_embed, (high_res_s0, high_res_s1))
+        return [side.tensors[name].contiguous() for name in PER_IMAGE]
 
 
 class _PromptsProgram(torch.nn.Module):
-    """Per chunk of prompts: (sparse embeddings, image side) -> iou, hyper, a, coef, vecs."""
+    """Per chunk of prompts: (sparse embeddings, image side) -> iou, hyper, scale, coef,
+    vecs."""
 
-    def __init__(self, fast: FastMaskDecoder, layout: Layout, size: tuple[int, int]) -> None:
+    def __init__(self, fast: FastMaskDecoder, size: tuple[int, int]) -> None:
         super().__init__()
-        self.fast, self.layout, self.size = fast, layout, size
+        self.fast, self.size = fast, size
 
     def forward(self, sparse: torch.Tensor, leaves: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        side = side_from_leaves(leaves, self.layout, self.size)
+        side = side_from_leaves(self.fast, leaves, self.size)
         iou, hyper, keys = self.fast.decode_prompts(side, sparse, ALL_MASKS)
-        return iou, hyper, keys.a, keys.coef, keys.vecs
+        return iou, hyper, keys.scale, keys.coef, keys.vecs
 
 
 class _MasksProgram(torch.nn.Module):
-    """Per chunk of kept prompts: (a, coef, vecs, hyper, image side) -> low-res logits."""
+    """Per chunk of kept prompts: (scale, coef, vecs, hyper, image side) -> low-res logits."""
 
-    def __init__(
-        self, fast: FastMaskDecoder, layout: Layout, size: tuple[int, int], gain_name: str
-    ) -> None:
+    def __init__(self, fast: FastMaskDecoder, size: tuple[int, int]) -> None:
         super().__init__()
-        self.fast, self.layout, self.size, self.gain_name = fast, layout, size, gain_name
+        self.fast, self.size = fast, size
 
     def forward(
         self,
-        a: torch.Tensor,
+        scale: torch.Tensor,
         coef: torch.Tensor,
         vecs: torch.Tensor,
         hyper: torch.Tensor,
         leaves: list[torch.Tensor],
     ) -> torch.Tensor:
-        side = side_from_leaves(leaves, self.layout, self.size)
-        return self.fast.upscale(side, FinalKeys(a, coef, vecs, None, self.gain_name), hyper)
+        side = side_from_leaves(self.fast, leaves, self.size)
+        return self.fast.upscale(side, FinalKeys(scale, coef, vecs), hyper)
 
 
-def _filled_side(
+def _side(
     fast: FastMaskDecoder,
     prompt_encoder: torch.nn.Module,
     image_embed: torch.Tensor,
     high_res_feats: tuple[torch.Tensor, torch.Tensor],
-) -> tuple[ImageSide, str]:
-    """The image side with every projection in its cache, made by decoding one dummy
-    prompt (its outputs are dropped), and the name of the final keys' gain (the upscaling
-    finds its projection of K by it)."""
-    side = fast.prepare(
+) -> ImageSide:
+    return fast.prepare(
         image_embed,
         prompt_encoder.dense_positional_encoding(),
         prompt_encoder.no_mask_dense(),
         high_res_feats,
     )
-    sparse = side.keys.new_zeros((1, 2, side.keys.shape[-1]))
-    _, hyper, keys = fast.decode_prompts(side, sparse, ALL_MASKS)
-    fast.upscale(side, keys, hyper)
-    return side, keys.gain_name
 
 
 def _inductor_configs() -> dict[str, object]:
@@ -162,8 +140,7 @@ def export_decoder_programs(
     progress: Callable[[str], None] = lambda step: None,
 ) -> dict:
     """Export and compile the three programs into ``out``, traced on one image's features;
-    returns their manifest entry (file names, the side's layout, the final keys' gain name,
-    the upscaling dtype).
+    returns their manifest entry (file names, the side's layout, the decoder's dtype).
 
     Every example input is contiguous: a compiled program assumes its inputs' strides are
     the examples' (an expanded example made it misread contiguous tensors), and
@@ -171,39 +148,33 @@ def export_decoder_programs(
     image_embed = image_embed.float().contiguous()
     high_res_feats = tuple(t.float().contiguous() for t in high_res_feats)
     with torch.inference_mode():
-        side, gain_name = _filled_side(fast, prompt_encoder, image_embed, high_res_feats)
-        layout = [(name, len(v) if isinstance(v, tuple) else 0) for name, v in side.cache.items()]
-        leaves = [t.contiguous() for t in side_leaves(side, layout)]
+        side = _side(fast, prompt_encoder, image_embed, high_res_feats)
+        leaves = [t.contiguous() for t in side_leaves(side)]
         channels = image_embed.shape[1]
         generator = torch.Generator().manual_seed(0)
         sparse = torch.randn(4, 2, channels, generator=generator).to(image_embed.device)
-        _, hyper, a, coef, vecs = _PromptsProgram(fast, layout, side.size)(sparse, leaves)
-        finals = [t.contiguous() for t in (a, coef, vecs, hyper[:, 1:])]
+        _, hyper, scale, coef, vecs = _PromptsProgram(fast, side.size)(sparse, leaves)
+        finals = [t.contiguous() for t in (scale, coef, vecs, hyper[:, 1:])]
     prompts = torch.export.Dim("prompts", max=MAX_PROMPTS)
     # A prompt is at least two points: a click and the padding point, or a box's corners.
     points = torch.export.Dim("points", min=2, max=MAX_POINTS)
     masks, rank = torch.export.Dim("masks", max=len(ALL_MASKS)), torch.export.Dim("rank")
     fixed = [None] * len(leaves)
     programs = (
-        (
-            SIDE_PT2,
-            _SideProgram(fast, prompt_encoder, layout),
-            (image_embed, *high_res_feats),
-            None,
-        ),
+        (SIDE_PT2, _SideProgram(fast, prompt_encoder), (image_embed, *high_res_feats), None),
         (
             PROMPTS_PT2,
-            _PromptsProgram(fast, layout, side.size),
+            _PromptsProgram(fast, side.size),
             (sparse, leaves),
             ({0: prompts, 1: points}, fixed),
         ),
         (
             MASKS_PT2,
-            _MasksProgram(fast, layout, side.size, gain_name),
+            _MasksProgram(fast, side.size),
             (*finals, leaves),
             (
                 {0: prompts},
-                {0: prompts, 2: rank},
+                {0: prompts, 1: rank},
                 {0: prompts, 1: rank},
                 {0: prompts, 1: masks},
                 fixed,
@@ -229,13 +200,12 @@ def export_decoder_programs(
     return {
         "backend": "aoti",
         "files": list(PROGRAM_FILES),
-        "layout": [list(entry) for entry in layout],
-        "gain_name": gain_name,
+        "layout": list(SIDE_LAYOUT),
         # What the programs were compiled for: this CPU's name, or this GPU and its
         # architecture (they run only on the same).
         "device": image_embed.device.type,
         "target": compile_target(image_embed.device),
-        "upscaling_dtype": str(fast.upscaling_dtype).removeprefix("torch."),
+        "dtype": str(fast.dtype).removeprefix("torch."),
     }
 
 
@@ -245,6 +215,12 @@ class CompiledSide:
 
     leaves: list[torch.Tensor]
     size: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this image's own tensors (``pe`` is shared by every image)."""
+        own = [t for name, t in zip(SIDE_LAYOUT, self.leaves, strict=True) if name != "pe"]
+        return sum(t.numel() * t.element_size() for t in own)
 
 
 class CompiledFastDecoder(FastMaskDecoder):
@@ -256,12 +232,10 @@ class CompiledFastDecoder(FastMaskDecoder):
     def __init__(
         self, decoder: torch.nn.Module, directory: Path, entry: dict, device: torch.device
     ) -> None:
-        super().__init__(decoder, getattr(torch, entry["upscaling_dtype"]))
+        super().__init__(decoder, getattr(torch, entry["dtype"]))
         self.side_program = AOTIProgram(directory / SIDE_PT2, device)
         self.prompts_program = AOTIProgram(directory / PROMPTS_PT2, device)
         self.masks_program = AOTIProgram(directory / MASKS_PT2, device)
-        self.gain_name = entry["gain_name"]
-        self.layout = [(name, arity) for name, arity in entry["layout"]]
 
     def prepare(
         self,
@@ -270,10 +244,15 @@ class CompiledFastDecoder(FastMaskDecoder):
         no_mask_dense: torch.Tensor,
         high_res_feats: tuple[torch.Tensor, torch.Tensor],
     ) -> CompiledSide:
-        # The positional encoding and no-mask embedding are constants inside the program.
+        # The positional encoding and no-mask embedding are constants inside the program;
+        # the positional encoding's projections are the eager decoder's constant.
         inputs = (image_embed, *high_res_feats)
-        leaves = self.side_program([t.float().contiguous() for t in inputs])
-        return CompiledSide([t.contiguous() for t in leaves], tuple(image_embed.shape[-2:]))
+        per_image = dict(
+            zip(PER_IMAGE, self.side_program([t.float().contiguous() for t in inputs]))
+        )
+        per_image["pe"] = self.pe_projections(image_pe, self.dtype)
+        leaves = [per_image[name].contiguous() for name in SIDE_LAYOUT]
+        return CompiledSide(leaves, tuple(image_embed.shape[-2:]))
 
     def decode_prompts(
         self, side: CompiledSide, sparse_embeddings: torch.Tensor, mask_indices: list[int]
@@ -281,19 +260,30 @@ class CompiledFastDecoder(FastMaskDecoder):
         prompts, points = sparse_embeddings.shape[:2]
         if prompts > MAX_PROMPTS or not 2 <= points <= MAX_POINTS:
             # Outside the range torch.export reasoned about (the compiled program does not
-            # check it): the eager stage, on the same precomputed side (complete, so it
-            # computes no projection either).
-            eager_side = side_from_leaves(side.leaves, self.layout, side.size)
+            # check it): the eager stage, on the same precomputed side.
+            eager_side = side_from_leaves(self, side.leaves, side.size)
             return super().decode_prompts(eager_side, sparse_embeddings, mask_indices)
-        iou, hyper, a, coef, vecs = self.prompts_program(
+        iou, hyper, scale, coef, vecs = self.prompts_program(
             [sparse_embeddings.float().contiguous(), *side.leaves]
         )
         if mask_indices != ALL_MASKS:  # not a list index: that would be a host sync
             hyper = torch.stack([hyper[:, m] for m in mask_indices], dim=1)
-        return iou, hyper, FinalKeys(a, coef, vecs, None, self.gain_name)
+        return iou, hyper, FinalKeys(scale, coef, vecs)
+
+    def decode_filtered(
+        self,
+        side: CompiledSide,
+        sparse_embeddings: torch.Tensor,
+        mask_indices: list[int],
+        keep: Callable[[torch.Tensor], torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, FinalKeys]:
+        """The prompts program decodes every prompt's masks; the filter selects after it."""
+        iou, hyper, keys = self.decode_prompts(side, sparse_embeddings, mask_indices)
+        rows = keep(iou)
+        return iou, rows, hyper[rows], keys.select(rows)
 
     def upscale(self, side: CompiledSide, keys: FinalKeys, hyper: torch.Tensor) -> torch.Tensor:
-        finals = (keys.a, keys.coef, keys.vecs, hyper)
+        finals = (keys.scale, keys.coef, keys.vecs, hyper)
         return self.masks_program([*(t.contiguous() for t in finals), *side.leaves])[0]
 
 
@@ -305,7 +295,7 @@ def load_fast_decoder(
     architecture), the eager fast decoder with the same dtype."""
     here = compile_target(device)
     if entry.get("target") != here:
-        eager = FastMaskDecoder(decoder, getattr(torch, entry["upscaling_dtype"]))
+        eager = FastMaskDecoder(decoder, getattr(torch, entry["dtype"]))
         eager.source = f"eager (programs compiled for {entry.get('target')!r}, not {here!r})"
         return eager
     return CompiledFastDecoder(decoder, directory, entry, device)

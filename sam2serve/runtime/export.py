@@ -56,7 +56,7 @@ from sam2serve.runtime.backends import (
     ARTIFACT_IMAGE_PATH_DEVICES,
     ARTIFACT_IMAGE_PATHS,
 )
-from sam2serve.runtime.build import encoder_dtype, predictor_for, resolve_dtype, upscaling_dtype
+from sam2serve.runtime.build import decoder_dtype, encoder_dtype, predictor_for, resolve_dtype
 from sam2serve.runtime.decoder_programs import export_decoder_programs, load_fast_decoder
 from sam2serve.runtime.modes import get_mode
 from sam2serve.runtime.spec import RuntimeSpec
@@ -68,8 +68,9 @@ HEADS = "heads.pt"
 # The image path compiled for this CPU (OpenVINO's export_model): loading it skips the
 # ~8 s compile of the IR; used only on a CPU of the same name, else the IR is compiled.
 ENCODER_BLOB = "image_encoder.cpu.blob"
-# 2: per-device artifacts (the manifest's device and compile targets).
-FORMAT_VERSION = 2
+# 2: per-device artifacts (the manifest's device and compile targets); 3: the fast
+# decoder's programs pass its one-product image side and scaled final keys.
+FORMAT_VERSION = 3
 # How the image path is exported (BACKENDS, historically: the manifest's "backend" key) and
 # how the mask decoder runs from the artifacts (AOTInductor programs, or eagerly).
 BACKENDS = ARTIFACT_IMAGE_PATHS
@@ -259,7 +260,7 @@ def export_artifacts(
         )
         reference, encoder_files, extra = _export_openvino(model, spec, out)
     if decoder == "aoti":
-        fast = FastMaskDecoder(model.sam_mask_decoder, upscaling_dtype(spec))
+        fast = FastMaskDecoder(model.sam_mask_decoder, decoder_dtype(spec))
         embed, *high_res = reference
         extra["decoder"] = export_decoder_programs(
             fast, model.sam_prompt_encoder, embed, tuple(high_res), out, progress

@@ -12,11 +12,12 @@ offer the names without importing torch.
   (~3x fewer FLOPs), all prompts of an image in one predict call, the image side of the
   decoder computed once per image or crop, masks filtered by predicted IoU before any
   upscaling, RLE batched with one host sync per batch.
-- ``furious``: ``fast`` plus reduced precision in the image encoder and in the second half
-  of the mask upscaling (the largest per-prompt tensors; 3.7x faster there on this CPU):
-  bf16 weights on the CPU, bf16 autocast on CUDA (fp16 where the GPU has no bf16); TF32
-  matmuls allowed on CUDA. The transformer stays fp32 because its LayerNorm statistics are
-  computed from Gram matrices, which reduced precision would not survive.
+- ``furious``: ``fast`` plus reduced precision in the image encoder and in the fast
+  decoder's products (the per-image side, the attention scores and values, the Gram
+  moments' products, the upscaling): bf16 weights and tensors on the CPU, bf16 on CUDA,
+  only where the device runs bf16 natively (elsewhere the decoder stays fp32); the
+  softmaxes, the per-position LayerNorm scales and the moments' sums are accumulated in
+  fp32; TF32 matmuls allowed on CUDA.
 - ``int8``: ``fast`` with the image encoder quantised to int8 after training (weights and
   activations, calibrated on photographs: :mod:`sam2serve.runtime.calibration`), run by a
   backend with int8 kernels (OpenVINO via NNCF, ONNX Runtime's quantiser); answers change
@@ -33,10 +34,10 @@ precision the device runs natively (the dtype rule of
 :func:`sam2serve.runtime.build.native_reduced_dtype`: float32 on CPUs without native bf16,
 so there it answers as ``fast``). ``int8`` has no video path.
 
-Prompt chunks are chosen per device: on this CPU (2 cores, measured) the per-prompt cost
-rises once a chunk's activations leave the cache (the fast decoder costs 39 ms/prompt in
-chunks of 2-4, 53 ms at 8 and 72 ms at 32), so the fast modes decode 4 prompts at a time;
-on a GPU small chunks would leave it launch-bound, so they decode 64.
+Prompt chunks are chosen per device: on a CPU a chunk's per-prompt tensors (coefficient
+rows, attention scores: a few MB per prompt) must stay in the cache, so the fast modes
+decode 8 prompts at a time (and the decoder upscales them two by two); on a GPU small
+chunks would leave it launch-bound, so they decode 64.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ class Mode:
     description: str
     decoder: str = "reference"  # Predictor decoder: "reference" or "fast"
     reduced_precision_encoder: bool = False
-    # The fast decoder's second upscaling half and mask products in reduced precision.
-    reduced_precision_upscaling: bool = False
+    # The fast decoder's products (transformer and upscaling) in reduced precision (bf16).
+    reduced_precision_decoder: bool = False
     # The reference decodes MPS prompts one by one and converts masks to RLE one at a time.
     batch_prompts: bool = True
     batch_rle: bool = True
@@ -93,18 +94,18 @@ MODES: dict[str, Mode] = {
             description="lossless: fast decoder, all prompts batched, IoU filter before "
             "upscaling, batched RLE",
             decoder="fast",
-            prompt_chunk_cpu=4,
+            prompt_chunk_cpu=8,
             video_description="the same computation as baseline (no lossless speed-up for "
             "tracking yet)",
         ),
         Mode(
             name="furious",
-            description="fast + reduced-precision image encoder and mask upscaling (bf16; "
-            "autocast on CUDA), TF32 on CUDA",
+            description="fast + reduced-precision image encoder and fast decoder (bf16 where "
+            "the device runs it natively), TF32 on CUDA",
             decoder="fast",
-            prompt_chunk_cpu=4,
+            prompt_chunk_cpu=8,
             reduced_precision_encoder=True,
-            reduced_precision_upscaling=True,
+            reduced_precision_decoder=True,
             allow_tf32=True,
             video_description="image encoder and memory attention in the device's native "
             "reduced precision (bf16; float32 on a CPU without native bf16, where it tracks "
@@ -116,7 +117,7 @@ MODES: dict[str, Mode] = {
             description="fast + the image encoder quantised to int8 (post-training, "
             "calibrated on photographs; OpenVINO/NNCF or ONNX Runtime)",
             decoder="fast",
-            prompt_chunk_cpu=4,
+            prompt_chunk_cpu=8,
             quantized_encoder="int8",
             default_backend="openvino",
         ),

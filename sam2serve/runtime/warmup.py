@@ -1,10 +1,10 @@
 """Warm-up: run every path a request will take once, so no request pays for lazy
 initialisation (allocator growth, OpenVINO's first inference, compiled programs' first
-call, torch.compile's compilation).
+call, oneDNN's kernels for each shape, torch.compile's compilation).
 
-One encode, one click (through the reference decoder: fewer prompts than the fast
-decoder's threshold), and as many clicks as it takes to use the fast decoder (and so its
-compiled programs, when they are loaded).
+One encode (with the fast decoder, it builds the decoder's image side), one click, and,
+with the fast decoder, a full chunk of clicks (its batched shapes, and its compiled
+programs when they are loaded).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ def warm_up(predictor: Predictor) -> None:
     embedding = predictor.encode(pixels)
     centre = WARMUP_SIDE / 2
     predictor.predict(embedding, point_coords=[[centre, centre]], point_labels=[1])
-    clicks = max(predictor.fast_min_prompts, 1)
+    if predictor.fast_decoder is None:
+        return
+    clicks = max(predictor.fast_min_prompts, predictor.prompt_chunk)
     coords = np.array([[[centre + i % 8, centre - i % 8]] for i in range(clicks)])
     predictor.predict(embedding, point_coords=coords, point_labels=np.ones((clicks, 1)))

@@ -68,7 +68,7 @@ def test_manifest_describes_the_export(exported):
     }
     assert manifest["compiled"]["file"] == "image_encoder.cpu.blob"
     decoder = manifest["decoder"]
-    assert decoder["backend"] == "aoti" and decoder["upscaling_dtype"] == "float32"
+    assert decoder["backend"] == "aoti" and decoder["dtype"] == "float32"
     assert decoder["layout"] and decoder["device"] == "cpu" and decoder["target"]
     assert manifest["device"] == "cpu" and manifest["spec"]["device"] == "cpu"
     assert manifest["spec"]["dtype"] == "float32"

@@ -95,18 +95,19 @@ def test_flops_per_prompt_at_least_3x_below_reference(parts):
 
 
 @torch.inference_mode()
-def test_reduced_precision_upscaling_stays_close(parts):
-    """Mode furious: the upscaling's second half in bf16 changes masks only at the edges
-    (the mode promises mask IoU ~0.99 against the baseline); the IoU head is untouched."""
+def test_reduced_precision_stays_close(parts):
+    """Mode furious: the decoder's products in bf16 (its statistics accumulated in fp32)
+    change masks only at the edges (the mode promises mask IoU ~0.99 against the
+    baseline) and the predicted IoUs by about 1e-4."""
     model, image_embed, high_res = parts
     dec, pe = model.sam_mask_decoder, model.sam_prompt_encoder
     sparse = sparse_prompts(model, "points", 8)
     dense_pe, no_mask = pe.dense_positional_encoding(), pe.no_mask_dense()
     ref_logits, ref_iou, _ = dec.predict_all_masks(image_embed, dense_pe, sparse, no_mask, high_res)
-    fast = FastMaskDecoder(dec, upscaling_dtype=torch.bfloat16)
+    fast = FastMaskDecoder(dec, dtype=torch.bfloat16)
     logits, iou, _ = fast.forward(fast.prepare(image_embed, dense_pe, no_mask, high_res), sparse)
     assert logits.dtype == torch.float32
-    assert (iou - ref_iou).abs().max() < 1e-5
+    assert (iou - ref_iou).abs().max() < 2e-3
     ours, ref = (logits > 0).flatten(2), (ref_logits > 0).flatten(2)
     iou_masks = (ours & ref).sum(-1) / (ours | ref).sum(-1).clamp_min(1)
     assert iou_masks.min() > 0.97 and iou_masks.mean() > 0.99, iou_masks

@@ -36,7 +36,7 @@ def test_bad_specs_name_the_value(fields, message):
 
 def test_prompt_chunk_is_chosen_per_device():
     """Cache-sized chunks on the CPU (measured), large ones on a GPU (launch-bound)."""
-    assert RuntimeSpec(mode="fast").prompt_chunk == 4
+    assert RuntimeSpec(mode="fast").prompt_chunk == 8
     assert RuntimeSpec(mode="furious", device="cuda").prompt_chunk == 64
     assert RuntimeSpec(mode="baseline").prompt_chunk == 64
     assert RuntimeSpec(mode="fast", prompt_chunk=8).prompt_chunk == 8
@@ -50,11 +50,11 @@ def test_weights_come_from_one_place():
 def test_the_predictor_carries_its_spec():
     spec = RuntimeSpec("tiny", "furious", threads=1, dtype="bfloat16")
     predictor = build_predictor(spec, WeightsSource(random_weights=True, seed=1))
-    assert predictor.runtime == spec and predictor.prompt_chunk == 4
+    assert predictor.runtime == spec and predictor.prompt_chunk == 8
     # furious in bf16 on the CPU: bf16 encoder weights, the heads fp32.
     assert str(predictor.model.image_encoder.neck.convs[0].conv.weight.dtype) == "torch.bfloat16"
     assert str(predictor.dtype) == "torch.float32"
-    assert predictor.fast_decoder.upscaling_dtype == torch.bfloat16
+    assert predictor.fast_decoder.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize(("native", "expected"), [(True, "bfloat16"), (False, "float32")])
