@@ -104,9 +104,11 @@ def decode_objects(
     mask_inputs: list[torch.Tensor | None],
     multimask_output: bool,
     check: Callable[[], None] = lambda: None,
+    best_only: bool = False,
 ) -> DecodedMasks:
     """Masks for every object: one decoder call for all of them (two when only some
     objects carry a previous mask: the decoder takes a mask for all prompts or none).
+    ``best_only``: keep each object's highest-scoring candidate, before any upsampling.
 
     The full-size masks are made, encoded as RLE and dropped chunk by chunk (the
     predictor's mask byte budget), so memory does not grow with objects x image size;
@@ -132,6 +134,10 @@ def decode_objects(
             mask_input=masks_in,
             multimask_output=multimask_output,
         )
+        if best_only and iou.shape[1] > 1:
+            best = iou.argmax(dim=1)
+            rows = torch.arange(iou.shape[0], device=iou.device)
+            logits, iou = logits[rows, best][:, None], iou[rows, best][:, None]
         candidates = iou.shape[1]
         group_rles: list[Rle] = []
         group_boxes: list[list[float]] = []

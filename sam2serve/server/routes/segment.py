@@ -70,12 +70,14 @@ async def segment(
                 mask_inputs,
                 body.multimask_output,
                 check=context.check,
+                best_only=body.best_mask_only,
             )
 
         try:
             decoded = await service.run_job("decode", run, clock)
         except PromptError as exc:  # the checks above should leave none
             raise ApiError(422, "invalid_request", f"objects: {exc}") from None
+        service.recount(image)  # the decoder may have kept its per-image side with it
         objects = await _objects_out(decoded, image, body.mask_format, service)
         return json_response(
             schemas.SegmentResponse(
