@@ -230,14 +230,9 @@ class _VideoEngineTracker:
         return self.predictor.init_state(read_frames(frames_dir).frames)
 
     def prompt(self, state: Any, obj_id: int, prompt: dict[str, Any]) -> None:
-        self.predictor.add_points(
-            state,
-            0,
-            obj_id,
-            prompt["points"] or None,
-            prompt["labels"] or None,
-            box=prompt["box"],
-        )
+        from sam2serve.engine.prompts import Prompt
+
+        self.predictor.add_prompt(state, 0, obj_id, Prompt.from_json(prompt))
 
     def propagate(self, state: Any) -> Any:  # (frame index, object ids, (N, 1, H, W) logits)
         for out in self.predictor.propagate(state):

@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from sam2serve.engine.image import load_image, preprocess
+from sam2serve.engine.prompts import BOX_CORNER_LABELS, VALID_LABELS, PromptError
 from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder, ImageSide
 from sam2serve.modeling.sam2 import ImageFeatures, SAM2Image
 
 LOW_RES_CLAMP = 32.0
-VALID_LABELS = (-1, 0, 1, 2, 3)
 # Prompts per decoder call: every prompt carries its own (4096 x 256) image keys after the
 # first attention layer, ~25 MB of activations each in fp32, so chunks bound the memory.
 DEFAULT_PROMPT_CHUNK = 64
@@ -41,10 +41,6 @@ DECODERS = ("reference", "fast")
 FAST_DECODER_MIN_PROMPTS = 1
 MULTIMASK_TOKENS = [1, 2, 3]
 ALL_MASK_TOKENS = [0, 1, 2, 3]
-
-
-class PromptError(ValueError):
-    """A prompt the model cannot take; the message names the bad value."""
 
 
 class PromptDecoder(Protocol):
@@ -187,6 +183,7 @@ class Predictor:
     embedding (:meth:`encode`) or on the first decode of an image with at least
     ``fast_min_prompts`` prompts, then kept in the embedding; ``"reference"`` runs the
     module as Meta wrote it (batched, features broadcast).
+
     """
 
     def __init__(
@@ -522,8 +519,9 @@ class Predictor:
                     f"got {tuple(box.shape)}"
                 )
             corners = self.to_input_frame(box.reshape(-1, 2, 2), size, normalize_coords)
-            # Labels 2 and 3 (a box's corners), made on the device: no host copy (a sync).
-            corner_labels = torch.arange(2, 4, dtype=torch.int32, device=device)
+            # A box's corner labels, made on the device: no host copy (a sync).
+            first, last = BOX_CORNER_LABELS
+            corner_labels = torch.arange(first, last + 1, dtype=torch.int32, device=device)
             corner_labels = corner_labels.expand(corners.shape[0], 2)
             if coords is None:
                 coords, labels = corners, corner_labels
