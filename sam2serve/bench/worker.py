@@ -56,6 +56,7 @@ class _EngineRunner:
         from sam2serve.engine.amg import AMGParams
         from sam2serve.runtime.build import build_predictor
         from sam2serve.runtime.modes import get_mode
+        from sam2serve.runtime.process import configure_process
         from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 
         self.tasks = tasks
@@ -64,6 +65,7 @@ class _EngineRunner:
             spec["mode"], model=spec["model"], device=spec["device"], threads=spec.get("threads")
         )
         self.mode = get_mode(runtime.mode)
+        configure_process(runtime)  # a worker's process runs this one spec
         if spec["artifacts"] is not None:
             weights = WeightsSource(artifacts=spec["artifacts"])
         else:
@@ -213,12 +215,14 @@ class _VideoEngineTracker:
     """Our VideoPredictor in one of the video modes (:mod:`sam2serve.runtime.video`)."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
+        from sam2serve.runtime.process import configure_process
         from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
         from sam2serve.runtime.video import build_video_predictor
 
         runtime = RuntimeSpec.from_label(
             spec["mode"], model=spec["model"], device=spec["device"], threads=spec.get("threads")
         )
+        configure_process(runtime)  # a worker's process runs this one spec
         self.predictor = build_video_predictor(
             runtime, WeightsSource(checkpoint=spec["checkpoint"])
         )

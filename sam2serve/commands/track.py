@@ -303,9 +303,11 @@ def video_spec(args: argparse.Namespace) -> RuntimeSpec:
 
 
 def _load_predictor(args: argparse.Namespace, spec: RuntimeSpec) -> tuple[Any, dict[str, Any]]:
+    from sam2serve.runtime.process import configure_process
     from sam2serve.runtime.video import build_video_predictor
 
     model_flags.check_device(args.device)
+    configure_process(spec)  # the command's process runs this one spec; before any loading
     start = time.perf_counter()
     with model_flags.load_errors_as_usage(args.checkpoint, args.model):
         predictor = build_video_predictor(spec, model_flags.weights_source(args))

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from sam2serve.engine.image import load_image, preprocess
 from sam2serve.engine.prompts import BOX_CORNER_LABELS, VALID_LABELS, PromptError
+from sam2serve.engine.tf32 import tf32_policy
 from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder, ImageSide
 from sam2serve.modeling.sam2 import ImageFeatures, SAM2Image
 
@@ -184,6 +185,12 @@ class Predictor:
     ``fast_min_prompts`` prompts, then kept in the embedding; ``"reference"`` runs the
     module as Meta wrote it (batched, features broadcast).
 
+    Everything that decides how it runs is given here, once: the image path
+    (``image_encoder``), the decoders (``fast_decoder``, ``prompt_decoder``), ``runtime``
+    (the ``sam2serve.runtime`` RuntimeSpec it was built for, carried for the surfaces that
+    report it; None for a Predictor built by hand) and ``allow_tf32``: whether its CUDA
+    fp32 work may run in TF32 where the process allows it; False (every mode but furious)
+    keeps TF32 off for its calls whatever the process allows (:mod:`sam2serve.engine.tf32`).
     """
 
     def __init__(
@@ -198,6 +205,9 @@ class Predictor:
         fast_decoder: FastMaskDecoder | None = None,
         mask_bytes_budget: int = DEFAULT_MASK_BYTES_BUDGET,
         prompt_decoder: PromptDecoder | None = None,
+        *,
+        runtime: Any = None,
+        allow_tf32: bool = False,
     ) -> None:
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
@@ -224,9 +234,8 @@ class Predictor:
         if mask_bytes_budget < 1:
             raise ValueError(f"mask_bytes_budget must be >= 1, got {mask_bytes_budget}")
         self.mask_bytes_budget = mask_bytes_budget
-        # How it runs (a sam2serve.runtime RuntimeSpec), set by the runtime's constructor;
-        # None for a Predictor built by hand.
-        self.runtime: Any = None
+        self.runtime = runtime
+        self.allow_tf32 = allow_tf32
 
     @property
     def device(self) -> torch.device:
@@ -248,6 +257,7 @@ class Predictor:
         return self.encode_preprocessed(batch, [a.shape[:2] for a in arrays])
 
     @torch.inference_mode()
+    @tf32_policy
     def encode_preprocessed(
         self, batch: torch.Tensor, original_sizes: Sequence[tuple[int, int]]
     ) -> Embedding:
@@ -336,6 +346,7 @@ class Predictor:
         return logits, iou
 
     @torch.inference_mode()
+    @tf32_policy
     def decode_low_res_filtered(
         self,
         embedding: Embedding | DecoderContext,

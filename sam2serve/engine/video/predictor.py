@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from sam2serve.engine.prompts import Prompt, PromptError, prompt_arrays
+from sam2serve.engine.tf32 import tf32_policy
 from sam2serve.engine.video.frames import check_frames, preprocess_frame
 from sam2serve.engine.video.memory import MemorySelection, gather_memories, select_memories
 from sam2serve.engine.video.state import (
@@ -62,6 +63,8 @@ class VideoPredictor:
         storage_device: str | torch.device = "cpu",
         encoder_autocast_dtype: torch.dtype | None = None,
         memory_attention_dtype: torch.dtype | None = None,
+        runtime: Any = None,
+        allow_tf32: bool = False,
     ) -> None:
         """``feature_cache_frames``: frames whose encoder features each state keeps (LRU;
         Meta keeps 1). ``storage_device``: where memories and masks are stored ("cpu"
@@ -69,8 +72,11 @@ class VideoPredictor:
         ``encoder_autocast_dtype`` / ``memory_attention_dtype``: run the image encoder /
         the memory attention under autocast to that dtype (None: the encoder in its
         weights' dtype, the attention in float32); what they give the heads, the heads,
-        the memory encoder and everything stored are as without them. Set from a mode by
-        ``sam2serve.runtime.video``."""
+        the memory encoder and everything stored are as without them. ``runtime``: the
+        RuntimeSpec it was built for (None when built by hand); ``allow_tf32``: whether its
+        CUDA fp32 work may run in TF32 where the process allows it (False keeps TF32 off
+        for its calls: :mod:`sam2serve.engine.tf32`). Set from a mode by
+        ``sam2serve.runtime.video``, when it is built."""
         if feature_cache_frames < 1:
             raise ValueError(f"feature_cache_frames must be at least 1, got {feature_cache_frames}")
         self.model = model
@@ -80,8 +86,8 @@ class VideoPredictor:
         self.memory_dtype = getattr(torch, self.config.memory_dtype_name)
         self.encoder_autocast_dtype = encoder_autocast_dtype
         self.memory_attention_dtype = memory_attention_dtype
-        # How it runs (a sam2serve.runtime RuntimeSpec), set by the runtime's constructor.
-        self.runtime: Any = None
+        self.runtime = runtime
+        self.allow_tf32 = allow_tf32
 
     @property
     def device(self) -> torch.device:
@@ -107,6 +113,7 @@ class VideoPredictor:
         state.objects.clear()
 
     @torch.inference_mode()
+    @tf32_policy
     def frame_features(self, state: VideoState, frame_idx: int) -> FrameFeatures:
         features = state.features.get(frame_idx)
         if features is None:
@@ -347,6 +354,7 @@ class VideoPredictor:
         stacked = torch.cat([m for m in masks if m is not None])
         return FrameMasks(frame_idx, state.obj_ids, self._to_video_size(state, stacked))
 
+    @tf32_policy
     def _preflight(self, state: VideoState) -> None:
         """Encode the memories of prompts added since the last propagation and move them
         into the objects' outputs (Meta's propagate_in_video_preflight)."""
@@ -384,6 +392,7 @@ class VideoPredictor:
 
     # -- one frame --------------------------------------------------------------------------
 
+    @tf32_policy
     def _track_frame(
         self,
         state: VideoState,
