@@ -160,14 +160,16 @@ def test_no_host_sync_inside_the_decode_loop(photo, tiny_checkpoint):
         frame = predictor.to_input_frame(coords, embedding.original_size, True)
         predictor.decode_low_res(context, frame, labels, None, True)
 
-    # Warm-ups of both sizes first: a first call of a size may sync once (the allocator,
-    # cuBLAS' plans), which is not per chunk.
+    # Warm-ups of both sizes first: a first call of a size may sync (the allocator,
+    # cuBLAS' plans). The allocator may sync now and then on either size (on an H100: 2
+    # for one chunk, 1 for four), so the test asks for what a per-chunk sync would break:
+    # three more chunks, fewer than three more syncs.
     for n in (predictor.prompt_chunk, 4 * predictor.prompt_chunk):
         decode(n)
     one_chunk = count_syncs(lambda: decode(predictor.prompt_chunk))
     four_chunks = count_syncs(lambda: decode(4 * predictor.prompt_chunk))
     print(f"host syncs: {one_chunk} for one chunk, {four_chunks} for four")
-    assert four_chunks == one_chunk
+    assert four_chunks - one_chunk < 3
 
 
 def test_amg_syncs_a_few_times_per_batch(photo, tiny_checkpoint):
