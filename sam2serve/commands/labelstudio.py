@@ -152,6 +152,15 @@ def add_arguments(parser: CommandParser) -> None:
         help="seconds one image download may take in all, redirects and a slow server "
         "included (default: %(default)g)",
     )
+    group.add_argument(
+        "--video-max-frames",
+        dest="video_max_frames",
+        type=int,
+        default=LabelStudioOptions().video_max_frames,
+        metavar="N",
+        help="video tasks (with --video): frames one request tracks from the first keyframe "
+        "on, at most --max-video-frames (default: %(default)s)",
+    )
     parser.set_defaults(flags=flag_of(parser))
 
 
@@ -166,6 +175,7 @@ def options_from(args: argparse.Namespace) -> LabelStudioOptions:
         "public_fetch": args.public_fetch,
         "preannotate": args.preannotate,
         "fetch_timeout_s": args.fetch_timeout_s,
+        "video_max_frames": args.video_max_frames,
     }
     sources = {
         "url": url_flag,
@@ -175,6 +185,7 @@ def options_from(args: argparse.Namespace) -> LabelStudioOptions:
         "public_fetch": "--no-public-fetch",
         "preannotate": "--preannotate",
         "fetch_timeout_s": "--fetch-timeout",
+        "video_max_frames": "--video-max-frames",
     }
     for name, value in values.items():
         try:
