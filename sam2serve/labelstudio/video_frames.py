@@ -88,7 +88,7 @@ def decode_window(
 ) -> ClipWindow:
     """The frames from Label Studio's ``first_frame`` on (the one nearest to it first), at
     most ``max_frames``; VideoLimitError when more than ``max_skipped`` frames come
-    before it, VideoError when none does not."""
+    before it, VideoError when the video ends before it."""
     av = _av()
     start = (first_frame - 1) / frame_rate
     file_rate = header.fps or frame_rate

@@ -29,7 +29,7 @@ from sam2serve.engine.prompts import Prompt
 from sam2serve.engine.video.outputs import object_masks
 from sam2serve.engine.video_io import VideoError, VideoLimitError
 from sam2serve.labelstudio.images import ByteLimit, ImageFetcher, LabelStudioAccess
-from sam2serve.labelstudio.label_config import LabelConfig, LabelConfigError
+from sam2serve.labelstudio.label_config import LabelConfig, LabelConfigError, VideoTag
 from sam2serve.labelstudio.options import LabelStudioOptions
 from sam2serve.labelstudio.protocol import Task
 from sam2serve.labelstudio.video_context import TrackPrompt
@@ -90,6 +90,31 @@ async def track_task(
             f"{where}.data: no field {video.field!r} (the Video tag {video.name!r} shows "
             f"${video.field}); the task's fields: {fields}",
         )
+    # One of the client's bulk slots from the fetch on: a client's concurrent video
+    # requests (each may hold a whole file, then its frames) are bounded like its AMG.
+    with service.bulk_slot(client):
+        return await _fetch_and_track(
+            task, where, control.name, video, frame_rate, prompts, service, fetcher, access,
+            options,
+        )  # fmt: skip
+
+
+async def _fetch_and_track(
+    task: Task,
+    where: str,
+    control_name: str,
+    video: VideoTag,
+    frame_rate: float,
+    prompts: list[TrackPrompt],
+    service: Service,
+    fetcher: ImageFetcher,
+    access: LabelStudioAccess,
+    options: LabelStudioOptions,
+) -> list[dict[str, Any]]:
+    """Steps 2 to 5 (the module's docstring) for the objects of one video task."""
+    settings = service.settings
+    videos = service.videos
+    assert videos is not None
     source = f"{where}.data.{video.field}"
     limit = ByteLimit(
         settings.max_video_upload_bytes, "video", "max_video_upload_bytes", data_uri=False
@@ -130,8 +155,7 @@ async def track_task(
             )
         del data
         reservation.shrink(window.nbytes)
-        with service.bulk_slot(client):
-            boxes, starts = await _track(service, window, prompts)
+        boxes, starts = await _track(service, window, prompts)
     height, width = window.size
     regions = []
     for obj_id, prompt in enumerate(prompts):
@@ -141,7 +165,7 @@ async def track_task(
             tracked = tracked_keyframes(
                 boxes[obj_id][start:], window.ls_frames[start:], width, height, frame_rate
             )
-        regions.append(video_region(prompt, tracked, control.name, video.name))
+        regions.append(video_region(prompt, tracked, control_name, video.name))
     return regions
 
 
