@@ -49,6 +49,10 @@ served too):
   POST /predict    tasks (+ the annotator's clicks and box) -> brush masks
   POST /webhook    acknowledged (training is not supported)
 
+video (with --video): the annotator's VideoRectangle keyframes on a Video, several objects
+at once, are tracked through the clip and come back as VideoRectangles (at most
+--video-max-frames frames per request; docs/labelling.md, "Video").
+
 connect it in Label Studio: project Settings > Model > Connect Model, URL
 http://HOST:PORT, "Interactive preannotations" on. The labelling config needs an Image, a
 BrushLabels on it, and KeyPointLabels / RectangleLabels with smart="true"

@@ -4,9 +4,11 @@ on, at most a number of them, each with its Label Studio frame number.
 A task's video is fetched whole (within ``max_video_upload_bytes``) and read from memory
 with PyAV. Its frame size is read from the stream's header first (FFmpeg's probing may not
 allocate a frame past ``max_pixels``), so the caller bounds and reserves the frames it will
-hold before one is decoded. Then the frames are decoded in order: those before the first
-keyframe are decoded and dropped (at most ``max_skipped`` of them), the next ``max_frames``
-kept.
+hold before one is decoded. Then the video is sought to the last keyframe (of its codec)
+before Label Studio's first keyframe, and the frames decoded in order: those before it
+are dropped (at most ``max_skipped`` of them), the next ``max_frames`` kept. A video that
+cannot be sought (no timestamps, a container without an index) is decoded from the start,
+within the same ``max_skipped``.
 
 Label Studio numbers frames from 1 at its Video tag's frame rate, whatever the file's:
 a decoded frame at ``t`` seconds (its timestamp, from the stream's start) is Label
@@ -87,28 +89,73 @@ def decode_window(
     max_pixels: int,
 ) -> ClipWindow:
     """The frames from Label Studio's ``first_frame`` on (the one nearest to it first), at
-    most ``max_frames``; VideoLimitError when more than ``max_skipped`` frames come
-    before it, VideoError when the video ends before it."""
+    most ``max_frames``; VideoLimitError when more than ``max_skipped`` frames are decoded
+    before it, VideoError when the video ends before it. A start past the first frame is
+    sought (to the keyframe before it), unless the container cannot seek or its frames
+    have no timestamps: then the frames are decoded from the start."""
+    plan = _Plan(name, header, frame_rate, first_frame, max_frames, max_skipped, max_pixels)
+    if plan.start > 0:
+        try:
+            return _decode(data, plan, seek=True)
+        except _SeekFailed:
+            pass
+    return _decode(data, plan, seek=False)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    name: str
+    header: ClipHeader
+    frame_rate: float
+    first_frame: int
+    max_frames: int
+    max_skipped: int
+    max_pixels: int
+
+    @property
+    def start(self) -> float:
+        """Seconds from the stream's start to Label Studio's first frame."""
+        return (self.first_frame - 1) / self.frame_rate
+
+    @property
+    def tolerance(self) -> float:
+        """Half the shorter of a file frame and a Label Studio frame, in seconds."""
+        return 0.5 / max(self.header.fps or self.frame_rate, self.frame_rate)
+
+
+class _SeekFailed(Exception):
+    """Seeking did not land on or before the start: decode from the beginning."""
+
+
+def _decode(data: bytes, plan: _Plan, *, seek: bool) -> ClipWindow:
     av = _av()
-    start = (first_frame - 1) / frame_rate
-    file_rate = header.fps or frame_rate
-    tolerance = 0.5 / max(file_rate, frame_rate)
+    name, header = plan.name, plan.header
+    file_rate = header.fps or plan.frame_rate
     frames: list[np.ndarray] = []
     ls_frames: list[int] = []
     skipped = 0
     try:
-        with av.open(io.BytesIO(data), mode="r", stream_options=_options(max_pixels)) as container:
+        with av.open(
+            io.BytesIO(data), mode="r", stream_options=_options(plan.max_pixels)
+        ) as container:
             stream = _video_stream(container, name)
-            stream.codec_context.options = _options(max_pixels)[0]
+            stream.codec_context.options = _options(plan.max_pixels)[0]
             origin = _stream_origin(stream)
+            if seek:
+                _seek(container, stream, plan.start + origin)
             for index, frame in enumerate(container.decode(stream)):
+                if frame.time is None and seek:
+                    raise _SeekFailed
                 seconds = frame.time - origin if frame.time is not None else index / file_rate
-                if seconds < start - tolerance:
+                if seek and index == 0 and seconds > plan.start + plan.tolerance:
+                    raise _SeekFailed  # landed after the start
+                if seconds < plan.start - plan.tolerance:
                     skipped += 1
-                    if skipped > max_skipped:
+                    if skipped > plan.max_skipped:
                         raise VideoLimitError(
-                            f"{name!r}: Label Studio's frame {first_frame} comes after more "
-                            f"than {max_skipped} frames (max_video_frames): the backend "
+                            f"{name!r}: Label Studio's frame {plan.first_frame} comes after "
+                            f"more than {plan.max_skipped} frames (max_video_frames) from "
+                            "the nearest point the video can be sought to: the backend "
                             "decodes at most that many frames before the first keyframe"
                         )
                     continue
@@ -119,17 +166,31 @@ def decode_window(
                         "must have one size"
                     )
                 frames.append(np.ascontiguousarray(frame.to_ndarray(format="rgb24")))
-                ls_frames.append(round(max(seconds, 0.0) * frame_rate) + 1)
-                if len(frames) >= max_frames:
+                ls_frames.append(round(max(seconds, 0.0) * plan.frame_rate) + 1)
+                if len(frames) >= plan.max_frames:
                     break
     except av.error.FFmpegError as exc:
+        if seek:
+            raise _SeekFailed from None
         raise VideoError(f"cannot decode {name!r}: {exc}") from None
     if not frames:
+        if seek:
+            raise _SeekFailed
         raise VideoError(
-            f"{name!r} has no frame at Label Studio's frame {first_frame} or later (at "
-            f"{frame_rate:g} frames per second, the Video tag's frameRate)"
+            f"{name!r} has no frame at Label Studio's frame {plan.first_frame} or later (at "
+            f"{plan.frame_rate:g} frames per second, the Video tag's frameRate)"
         )
     return ClipWindow(frames, ls_frames)
+
+
+def _seek(container: Any, stream: Any, seconds: float) -> None:
+    """To the stream's last keyframe at or before ``seconds`` (its own clock)."""
+    if stream.time_base is None:
+        raise _SeekFailed
+    try:
+        container.seek(int(seconds / stream.time_base), stream=stream, backward=True)
+    except (OSError, ValueError, TypeError):
+        raise _SeekFailed from None
 
 
 def _video_stream(container: Any, name: str) -> Any:

@@ -4,7 +4,14 @@ tracked boxes as Label Studio's keyframes, and the frames a request decodes."""
 from __future__ import annotations
 
 import pytest
-from video_support import CLIP_FPS, VIDEO_CONFIG, clip_bytes, clip_frames, video_region
+from video_support import (
+    CLIP_FPS,
+    VIDEO_CONFIG,
+    clip_bytes,
+    clip_bytes_with_keyframes,
+    clip_frames,
+    video_region,
+)
 
 from sam2serve.engine.video_io import VideoError, VideoLimitError, decode_video
 from sam2serve.labelstudio.label_config import (
@@ -249,3 +256,37 @@ def test_frames_before_the_window_and_pixels_are_bounded():
         )  # fmt: skip
     with pytest.raises(VideoError):
         read_header(b"not a video at all" * 10, "junk", max_pixels=10**6)
+
+
+def test_a_late_first_keyframe_is_sought_not_decoded_from_the_start():
+    data = clip_bytes_with_keyframes(10, gop=2)
+    header = read_header(data, "clip", max_pixels=10**6)
+    reference = decode_video(__import__("io").BytesIO(data), "clip").frames
+    # Frame 10 (index 9): sought to the keyframe at index 8, so one frame is dropped; from
+    # the start it would be nine, over max_skipped.
+    window = decode_window(
+        data, "clip", header, frame_rate=CLIP_FPS, first_frame=10, max_frames=5,
+        max_skipped=1, max_pixels=10**6,
+    )  # fmt: skip
+    assert window.ls_frames == [10]
+    assert (window.frames[0] == reference[9]).all()
+    window = decode_window(
+        data, "clip", header, frame_rate=CLIP_FPS, first_frame=5, max_frames=3,
+        max_skipped=1, max_pixels=10**6,
+    )  # fmt: skip
+    assert window.ls_frames == [5, 6, 7]
+    for got, expected in zip(window.frames, reference[4:7], strict=True):
+        assert (got == expected).all()
+
+
+def test_a_gif_gives_the_same_frames_sought_or_not():
+    data = clip_bytes_with_keyframes(6, gop=1, suffix=".gif")
+    header = read_header(data, "clip.gif", max_pixels=10**6)
+    reference = decode_video(__import__("io").BytesIO(data), "clip.gif").frames
+    window = decode_window(
+        data, "clip.gif", header, frame_rate=CLIP_FPS, first_frame=4, max_frames=2,
+        max_skipped=6, max_pixels=10**6,
+    )  # fmt: skip
+    assert window.ls_frames == [4, 5]
+    for got, expected in zip(window.frames, reference[3:5], strict=True):
+        assert (got == expected).all()

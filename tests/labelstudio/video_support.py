@@ -4,6 +4,7 @@ written as MP4 at a known rate), its labelling config and VideoRectangle regions
 from __future__ import annotations
 
 import functools
+import io
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,31 @@ def _clip(num_frames: int) -> tuple[tuple[np.ndarray, ...], bytes, dict]:
         path = write_video(Path(folder) / "clip.mp4", frames, fps=CLIP_FPS)
         data = path.read_bytes()
     return tuple(frames), data, truth
+
+
+@functools.lru_cache(maxsize=4)
+def clip_bytes_with_keyframes(num_frames: int, gop: int, suffix: str = ".mp4") -> bytes:
+    """The clip as H.264 MP4 with a keyframe every ``gop`` frames (so it can be sought),
+    or, for ``.gif``, as an animated GIF."""
+    frames = clip_frames(num_frames)
+    if suffix == ".gif":
+        with tempfile.TemporaryDirectory() as folder:
+            return write_video(Path(folder) / "clip.gif", frames, fps=CLIP_FPS).read_bytes()
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=round(CLIP_FPS))
+        stream.height, stream.width = CLIP_SIZE
+        stream.pix_fmt = "yuv420p"
+        stream.codec_context.gop_size = gop
+        stream.codec_context.options = {"keyint_min": str(gop), "sc_threshold": "0"}
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buffer.getvalue()
 
 
 def clip_frames(num_frames: int) -> list[np.ndarray]:
