@@ -18,6 +18,7 @@ Studio's frame ``round(t * rate) + 1``, and Label Studio's frame ``f`` is at
 
 from __future__ import annotations
 
+import bisect
 import io
 from dataclasses import dataclass
 from typing import Any
@@ -55,10 +56,16 @@ class ClipWindow:
 
     def index_of(self, ls_frame: int) -> int | None:
         """The kept frame nearest to Label Studio's ``ls_frame`` (the earlier of two as
-        near); None when it lies outside the kept frames (more than a frame away)."""
-        best = min(range(len(self.ls_frames)), key=lambda i: abs(self.ls_frames[i] - ls_frame))
-        spacing = max(1, self.ls_frames[-1] - self.ls_frames[0]) / max(1, len(self.ls_frames) - 1)
-        if abs(self.ls_frames[best] - ls_frame) > spacing:
+        near); None when it lies outside the kept frames, more than half their spacing
+        before the first or after the last. A binary search: a request may name many
+        keyframes."""
+        frames = self.ls_frames
+        at = bisect.bisect_left(frames, ls_frame)
+        candidates = [i for i in (at - 1, at) if 0 <= i < len(frames)]
+        best = min(candidates, key=lambda i: (abs(frames[i] - ls_frame), i))
+        spacing = max(1, frames[-1] - frames[0]) / max(1, len(frames) - 1)
+        outside = ls_frame < frames[0] or ls_frame > frames[-1]
+        if outside and abs(frames[best] - ls_frame) > spacing / 2:
             return None
         return best
 

@@ -437,3 +437,21 @@ def test_the_tiny_model_tracks_both_objects(serve, video_model):
             "enabled": True,
             "time": pytest.approx(2 / CLIP_FPS),
         }
+
+
+def test_many_keyframes_prompt_only_the_tracked_frames(serve, video_model):
+    base, files = serve()
+    files.files["/clip.mp4"] = clip_bytes(3)
+    tracker = ScriptedTracker(video_model, SCRIPT)
+    keyframes = [(frame, 10.0, 10.0, 20.0, 20.0) for frame in range(1, 10_001)]
+    started = time.monotonic()
+    with video_client(tracker, allow_fetch_hosts=(base.removeprefix("http://"),)) as client:
+        response = client.post(
+            "/predict", json=body(f"{base}/clip.mp4", video_region("a", keyframes))
+        )
+    elapsed = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    assert [(frame, obj) for frame, obj, _ in tracker.prompts] == [(0, 0), (1, 0), (2, 0)]
+    [region] = response.json()["results"][0]["result"]
+    assert len(region["value"]["sequence"]) == 10_000  # the annotator's own, all kept
+    assert elapsed < 60

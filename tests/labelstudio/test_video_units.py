@@ -21,7 +21,7 @@ from sam2serve.labelstudio.label_config import (
 )
 from sam2serve.labelstudio.protocol import Context
 from sam2serve.labelstudio.video_context import is_video_context, track_prompts
-from sam2serve.labelstudio.video_frames import decode_window, read_header
+from sam2serve.labelstudio.video_frames import ClipWindow, decode_window, read_header
 from sam2serve.labelstudio.video_result import tracked_keyframes
 from sam2serve.labelstudio.video_result import video_region as answer_region
 from sam2serve.server.errors import ApiError
@@ -236,6 +236,14 @@ def test_the_window_starts_at_the_first_keyframe_and_numbers_frames_as_label_stu
     )  # fmt: skip
     assert window.ls_frames == [5, 7, 9]
     assert window.index_of(6) == 0 and window.index_of(9) == 2 and window.index_of(13) is None
+    assert window.index_of(10) == 2 and window.index_of(11) is None  # a frame's half
+
+
+def test_keyframes_map_to_the_nearest_kept_frame_or_none_outside():
+    window = ClipWindow([__import__("numpy").zeros((2, 2, 3), "uint8")] * 3, [4, 5, 6])
+    assert [window.index_of(f) for f in (3, 4, 5, 6, 7, 1, 10**8)] == [
+        None, 0, 1, 2, None, None, None,
+    ]  # fmt: skip
 
 
 def test_frames_before_the_window_and_pixels_are_bounded():
