@@ -179,8 +179,11 @@ def parse_label_config(xml: str) -> LabelConfig:
             f"backend segments images and tracks boxes on videos ({_HINT})"
         )
     config = LabelConfig(images, tuple(controls), videos)
+    if videos:
+        config.video_rectangle_for()  # a Video needs a VideoRectangle to write
+        if not any(control.kind == BRUSH for control in controls):
+            return config  # images without brushes: their tasks answer 422 when asked
     if not images:
-        config.video_rectangle_for()  # a video-only config must have something to write
         return config
     brush = config.brush_for()
     if not brush.labels:

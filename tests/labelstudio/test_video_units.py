@@ -47,6 +47,16 @@ def test_video_config_tags_and_frame_rate():
     assert example.video_of(example.video_rectangle_for()).frame_rate_of({}) == 25.0
 
 
+def test_a_config_with_images_and_a_video_parses_for_both():
+    config = parse_label_config(
+        '<View><Image name="i" value="$image"/><Video name="v" value="$video"/>'
+        '<VideoRectangle name="b" toName="v"/></View>'
+    )
+    assert config.images == {"i": "image"} and config.video_rectangle_for().name == "b"
+    with pytest.raises(LabelConfigError, match="no BrushLabels"):
+        config.brush_for()
+
+
 @pytest.mark.parametrize(
     ("attribute", "data", "rate"),
     [
