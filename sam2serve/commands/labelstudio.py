@@ -49,6 +49,10 @@ served too):
   POST /predict    tasks (+ the annotator's clicks and box) -> brush masks
   POST /webhook    acknowledged (training is not supported)
 
+video (with --video): the annotator's VideoRectangle keyframes on a Video, several objects
+at once, are tracked through the clip and come back as VideoRectangles (at most
+--video-max-frames frames per request; docs/labelling.md, "Video").
+
 connect it in Label Studio: project Settings > Model > Connect Model, URL
 http://HOST:PORT, "Interactive preannotations" on. The labelling config needs an Image, a
 BrushLabels on it, and KeyPointLabels / RectangleLabels with smart="true"
@@ -152,6 +156,15 @@ def add_arguments(parser: CommandParser) -> None:
         help="seconds one image download may take in all, redirects and a slow server "
         "included (default: %(default)g)",
     )
+    group.add_argument(
+        "--video-max-frames",
+        dest="video_max_frames",
+        type=int,
+        default=LabelStudioOptions().video_max_frames,
+        metavar="N",
+        help="video tasks (with --video): frames one request tracks from the first keyframe "
+        "on, at most --max-video-frames (default: %(default)s)",
+    )
     parser.set_defaults(flags=flag_of(parser))
 
 
@@ -166,6 +179,7 @@ def options_from(args: argparse.Namespace) -> LabelStudioOptions:
         "public_fetch": args.public_fetch,
         "preannotate": args.preannotate,
         "fetch_timeout_s": args.fetch_timeout_s,
+        "video_max_frames": args.video_max_frames,
     }
     sources = {
         "url": url_flag,
@@ -175,6 +189,7 @@ def options_from(args: argparse.Namespace) -> LabelStudioOptions:
         "public_fetch": "--no-public-fetch",
         "preannotate": "--preannotate",
         "fetch_timeout_s": "--fetch-timeout",
+        "video_max_frames": "--video-max-frames",
     }
     for name, value in values.items():
         try:

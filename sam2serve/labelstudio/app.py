@@ -17,6 +17,7 @@ import httpx
 from fastapi import FastAPI
 
 from sam2serve.engine.predictor import Predictor
+from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.labelstudio.images import ImageFetcher
 from sam2serve.labelstudio.options import LabelStudioOptions
 from sam2serve.labelstudio.predict import LabelStudioBackend
@@ -30,12 +31,14 @@ def create_labelstudio_app(
     options: LabelStudioOptions,
     predictor: Predictor | None = None,
     *,
+    video_predictor: VideoPredictor | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> FastAPI:
     """The service's app for ``settings`` plus Label Studio's endpoints; loads the model
-    unless a ``predictor`` is given. ``transport``: the HTTP transport that fetches images
-    (tests hand in a mock)."""
-    app = create_app(settings, predictor, body_limits=BODY_LIMITS)
+    unless a ``predictor`` is given, and with ``settings.video`` the video model (which
+    tracks video tasks) unless a ``video_predictor`` is given. ``transport``: the HTTP
+    transport that fetches images and videos (tests hand in a mock)."""
+    app = create_app(settings, predictor, video_predictor, body_limits=BODY_LIMITS)
     fetcher = ImageFetcher(
         max_bytes=settings.max_upload_bytes,
         timeout_s=options.fetch_timeout_s,

@@ -113,6 +113,8 @@ def _box(region: ContextRegion, where: str) -> PercentBox:
         )
     if value.width is None or value.height is None:
         raise _bad(f"{where}.value: a rectangle needs width and height (percent of the image)")
+    if value.x is None or value.y is None:
+        raise _bad(f"{where}.value: a rectangle needs x and y (percent of the image)")
     if value.width < 0 or value.height < 0:
         raise _bad(f"{where}.value: width {value.width:g} and height {value.height:g} must be >= 0")
     x0 = _percent(value.x, f"{where}.value.x")
@@ -122,7 +124,9 @@ def _box(region: ContextRegion, where: str) -> PercentBox:
     return PercentBox(x0, y0, x1, y1)
 
 
-def _percent(value: float, where: str) -> float:
+def _percent(value: float | None, where: str) -> float:
+    if value is None:
+        raise _bad(f"{where}: missing; a click and a box have x and y (percent of the image)")
     if not -_PERCENT_SLACK <= value <= 100 + _PERCENT_SLACK:
         raise _bad(f"{where}: {value:g} is outside the image; accepted: 0 to 100 (percent)")
     return min(max(value, 0.0), 100.0)

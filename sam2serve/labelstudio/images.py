@@ -53,6 +53,21 @@ _REDIRECTS = (301, 302, 303, 307, 308)
 
 
 @dataclass(frozen=True)
+class ByteLimit:
+    """How large a fetched file may be, and what it is called in messages: an image (the
+    default: max_upload_bytes, data: URIs decoded) or a video."""
+
+    max_bytes: int
+    kind: str = "image"
+    setting: str = "max_upload_bytes"
+    data_uri: bool = True  # a data: URI is decoded (images only)
+
+    @property
+    def what(self) -> str:
+        return f"an {self.kind}" if self.kind[:1] in "aeiou" else f"a {self.kind}"
+
+
+@dataclass(frozen=True)
 class LabelStudioAccess:
     """Where Label Studio is and the token to read its files (either may be unknown)."""
 
@@ -99,22 +114,32 @@ class ImageFetcher:
             await self._http.aclose()
             self._http = None
 
-    async def fetch(self, reference: object, access: LabelStudioAccess, where: str) -> bytes:
-        """The bytes of the image ``reference`` names; ``where`` names it in errors."""
+    async def fetch(
+        self,
+        reference: object,
+        access: LabelStudioAccess,
+        where: str,
+        limit: ByteLimit | None = None,
+    ) -> bytes:
+        """The bytes of the image (or, with a video's ``limit``, the video) ``reference``
+        names; ``where`` names it in errors."""
+        limit = limit or ByteLimit(self.max_bytes)
         if not isinstance(reference, str) or not reference.strip():
-            raise _unavailable(f"{where}: expected an image URL or path, got {_shown(reference)}")
+            raise _unavailable(
+                f"{where}: expected {limit.what} URL or path, got {_shown(reference)}"
+            )
         reference = reference.strip()
         try:
             scheme = urlsplit(reference).scheme.lower()
         except ValueError:  # e.g. an unclosed '[' of an IPv6 address
             raise _unavailable(f"{where}: {_shown(reference)} is not a valid URL") from None
-        if scheme == "data":
-            return decode_base64_image(reference, self.max_bytes)
+        if scheme == "data" and limit.data_uri:
+            return decode_base64_image(reference, limit.max_bytes)
         if scheme in ("http", "https"):
-            return await self._download(reference, access, where)
+            return await self._download(reference, access, where, limit)
         if scheme == "file" or (not scheme and reference.startswith("/")):
             if scheme == "file" or not _is_ls_path(reference) or self._inside_roots(reference):
-                return await asyncio.to_thread(self._read_local, reference, where)
+                return await asyncio.to_thread(self._read_local, reference, where, limit)
             if access.url is None:
                 raise _unavailable(
                     f"{where}: {_shown(reference)} is a path on Label Studio, but its address "
@@ -122,19 +147,22 @@ class ImageFetcher:
                     "$LABEL_STUDIO_URL); a hostname sent by /setup is used only when the "
                     "operator allowed it (--allow-fetch-host)"
                 )
-            return await self._download(access.url + reference, access, where)
+            return await self._download(access.url + reference, access, where, limit)
+        data_uri = ", a data: URI," if limit.data_uri else ""
         raise _unavailable(
-            f"{where}: {_shown(reference)} is not an image reference the backend reads; "
-            "accepted: a Label Studio path (/data/...), an http(s) URL, a data: URI, or a "
+            f"{where}: {_shown(reference)} is not {limit.what} reference the backend reads; "
+            f"accepted: a Label Studio path (/data/...), an http(s) URL{data_uri} or a "
             "local path inside --local-root"
         )
 
     # ------------------------------------------------------------------ HTTP
-    async def _download(self, url: str, access: LabelStudioAccess, where: str) -> bytes:
+    async def _download(
+        self, url: str, access: LabelStudioAccess, where: str, limit: ByteLimit
+    ) -> bytes:
         """The body at ``url``, redirects followed, all within one deadline."""
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._follow(url, access, where)
+                return await self._follow(url, access, where, limit)
         except TimeoutError:
             raise _unavailable(
                 f"{where}: GET {_shown(url)} did not finish within {self.timeout_s:g} s "
@@ -150,17 +178,19 @@ class ImageFetcher:
                 "host is none of those, or does not resolve"
             ) from None
 
-    async def _follow(self, url: str, access: LabelStudioAccess, where: str) -> bytes:
+    async def _follow(
+        self, url: str, access: LabelStudioAccess, where: str, limit: ByteLimit
+    ) -> bytes:
         label_studio = _origin(access.url) if access.url is not None else None
         hop = url
         for _ in range(MAX_REDIRECTS + 1):
             to_label_studio = label_studio is not None and _origin(hop) == label_studio
             token = access.token if to_label_studio else None
             headers = await self._auth_headers(access, fresh=False) if token else {}
-            data, status, location = await self._get(hop, headers, where)
+            data, status, location = await self._get(hop, headers, where, limit)
             if status == 401 and token and _is_jwt(token):  # the access token expired
                 fresh = await self._auth_headers(access, True)
-                data, status, location = await self._get(hop, fresh, where)
+                data, status, location = await self._get(hop, fresh, where, limit)
             if status in _REDIRECTS and location:
                 try:
                     hop = urljoin(hop, location)
@@ -181,7 +211,7 @@ class ImageFetcher:
         raise _unavailable(f"{where}: GET {_shown(url)} redirected more than {MAX_REDIRECTS} times")
 
     async def _get(
-        self, url: str, headers: dict[str, str], where: str
+        self, url: str, headers: dict[str, str], where: str, limit: ByteLimit
     ) -> tuple[bytes, int, str | None]:
         """(body, status, Location) of one GET; the body only when the status is < 300."""
         try:
@@ -189,13 +219,13 @@ class ImageFetcher:
                 if response.status_code >= 300:
                     return b"", response.status_code, response.headers.get("location")
                 declared = response.headers.get("content-length", "")
-                if declared.isdigit() and int(declared) > self.max_bytes:
-                    raise _too_large(where, int(declared), self.max_bytes)
+                if declared.isdigit() and int(declared) > limit.max_bytes:
+                    raise _too_large(where, int(declared), limit)
                 chunks, size = [], 0
                 async for chunk in response.aiter_bytes():
                     size += len(chunk)
-                    if size > self.max_bytes:
-                        raise _too_large(where, size, self.max_bytes)
+                    if size > limit.max_bytes:
+                        raise _too_large(where, size, limit)
                     chunks.append(chunk)
                 return b"".join(chunks), response.status_code, None
         except httpx.TimeoutException:
@@ -264,7 +294,7 @@ class ImageFetcher:
         real = os.path.realpath(path)
         return any(real == root or real.startswith(root + os.sep) for root in self.local_roots)
 
-    def _read_local(self, reference: str, where: str) -> bytes:
+    def _read_local(self, reference: str, where: str, limit: ByteLimit) -> bytes:
         path = unquote(urlsplit(reference).path) if reference.startswith("file:") else reference
         real = os.path.realpath(path)
         if not self._inside_roots(reference):
@@ -275,8 +305,8 @@ class ImageFetcher:
             )
         try:
             size = os.path.getsize(real)
-            if size > self.max_bytes:
-                raise _too_large(where, size, self.max_bytes)
+            if size > limit.max_bytes:
+                raise _too_large(where, size, limit)
             with open(real, "rb") as file:
                 return file.read()
         except OSError as exc:
@@ -338,12 +368,13 @@ def _unavailable(message: str) -> ApiError:
     return ApiError(422, "image_unavailable", message)
 
 
-def _too_large(where: str, size: int, limit: int) -> ApiError:
+def _too_large(where: str, size: int, limit: ByteLimit) -> ApiError:
     return ApiError(
         413,
         "upload_too_large",
-        f"{where}: the image is over {limit} bytes ({size} read); the limit is max_upload_bytes",
+        f"{where}: the {limit.kind} is over {limit.max_bytes} bytes ({size} read); the limit "
+        f"is {limit.setting}",
     )
 
 
-__all__ = ["ImageFetcher", "LabelStudioAccess"]
+__all__ = ["ByteLimit", "ImageFetcher", "LabelStudioAccess"]

@@ -3,17 +3,25 @@
 The backend writes BrushLabels regions on an Image, reads KeyPointLabels / RectangleLabels
 (or KeyPoint / Rectangle) regions as clicks and boxes, and finds the image of a task in
 the data field the Image tag's ``value`` names (``$image`` -> ``task["data"]["image"]``).
+On a Video it reads and writes VideoRectangle regions (boxes on keyframes, tracked through
+the clip), and reads the Video tag's ``frameRate`` (Label Studio numbers frames by it).
 Tag names are compared without case, as Label Studio does.
 """
 
 from __future__ import annotations
 
+import math
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 BRUSH = "brushlabels"
+LABELS = "labels"
 PROMPT_TAGS = ("keypointlabels", "keypoint", "rectanglelabels", "rectangle")
 IMAGE = "image"
+VIDEO = "video"
+VIDEO_RECTANGLE = "videorectangle"
+# Label Studio's frame rate of a Video tag without frameRate (its documented default).
+DEFAULT_FRAME_RATE = 24.0
 # A config that works (docs/labelling.md, "Label Studio"): named in every config error.
 EXAMPLE_CONFIG = """\
 <View>
@@ -29,6 +37,17 @@ EXAMPLE_CONFIG = """\
   </RectangleLabels>
 </View>"""
 _HINT = "see docs/labelling.md, 'Label Studio', for a config that works"
+_VIDEO_HINT = "see docs/labelling.md, 'Video', for a config that works"
+MAX_FRAME_RATE = 1000.0
+# A video config that works (docs/labelling.md, "Video").
+EXAMPLE_VIDEO_CONFIG = """\
+<View>
+  <Video name="video" value="$video" frameRate="25"/>
+  <VideoRectangle name="box" toName="video" smart="true"/>
+  <Labels name="videoLabels" toName="video">
+    <Label value="Object" background="#ff0000"/>
+  </Labels>
+</View>"""
 
 
 class LabelConfigError(ValueError):
@@ -47,9 +66,57 @@ class ControlTag:
 
 
 @dataclass(frozen=True)
+class VideoTag:
+    """A Video tag: the task data field of its video, and its frame rate: a number, or the
+    task data field that holds it (``frameRate="$fps"``)."""
+
+    name: str
+    field: str
+    frame_rate: float | None
+    frame_rate_field: str | None = None
+
+    def frame_rate_of(self, data: dict[str, object]) -> float:
+        """The frame rate Label Studio numbers this task's frames by."""
+        if self.frame_rate_field is not None:
+            value = data.get(self.frame_rate_field)
+            try:
+                rate = float(value)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                rate = math.nan
+            if not (math.isfinite(rate) and 0 < rate <= MAX_FRAME_RATE):
+                raise LabelConfigError(
+                    f"the Video tag {self.name!r} takes its frameRate from "
+                    f"${self.frame_rate_field}, which is {str(value)[:40]!r}; expected a "
+                    f"number > 0 and <= {MAX_FRAME_RATE:g}"
+                )
+            return rate
+        return self.frame_rate if self.frame_rate is not None else DEFAULT_FRAME_RATE
+
+
+@dataclass(frozen=True)
 class LabelConfig:
     images: dict[str, str]  # Image tag name -> the task data field of its image
     controls: tuple[ControlTag, ...]
+    videos: dict[str, VideoTag] = field(default_factory=dict)  # Video tag name -> tag
+
+    def video_rectangle_for(self, video_name: str | None = None) -> ControlTag:
+        """The VideoRectangle tag on ``video_name`` (any Video when None)."""
+        for control in self.controls:
+            if control.kind == VIDEO_RECTANGLE and any(
+                target in self.videos and (video_name is None or target == video_name)
+                for target in control.to_names
+            ):
+                return control
+        where = "a Video" if video_name is None else f"the Video named {video_name!r}"
+        raise LabelConfigError(
+            f"label_config: no VideoRectangle tag with toName {where}; the backend tracks "
+            f"boxes on videos ({_VIDEO_HINT})"
+        )
+
+    def video_of(self, control: ControlTag, video_name: str | None = None) -> VideoTag:
+        """The Video tag ``control`` labels (``video_name`` if it is one of them)."""
+        targets = [t for t in control.to_names if t in self.videos]
+        return self.videos[video_name if video_name in targets else targets[0]]
 
     def brush_for(self, image_name: str | None = None) -> ControlTag:
         """The BrushLabels tag that labels ``image_name`` (any Image when None)."""
@@ -85,6 +152,7 @@ def parse_label_config(xml: str) -> LabelConfig:
     except ET.ParseError as exc:
         raise LabelConfigError(f"label_config: not valid XML ({exc})") from None
     images: dict[str, str] = {}
+    videos: dict[str, VideoTag] = {}
     controls: list[ControlTag] = []
     for element in root.iter():
         kind = str(element.tag).lower()
@@ -93,7 +161,11 @@ def parse_label_config(xml: str) -> LabelConfig:
             value = element.get("value", "")
             if value.startswith("$") and len(value) > 1:
                 images[name] = value[1:]
-        elif kind in (BRUSH, *PROMPT_TAGS) and name:
+        elif kind == VIDEO and name:
+            value = element.get("value", "")
+            if value.startswith("$") and len(value) > 1:
+                videos[name] = _video_tag(element, name, value[1:])
+        elif kind in (BRUSH, VIDEO_RECTANGLE, LABELS, *PROMPT_TAGS) and name:
             to_names = tuple(t.strip() for t in element.get("toName", "").split(",") if t.strip())
             labels = tuple(
                 label.get("value", "")
@@ -101,12 +173,18 @@ def parse_label_config(xml: str) -> LabelConfig:
                 if str(label.tag).lower() == "label" and label.get("value")
             )
             controls.append(ControlTag(kind, name, to_names, labels))
-    if not images:
+    if not images and not videos:
         raise LabelConfigError(
-            f'label_config: no <Image name=... value="$FIELD"> tag; the backend segments '
-            f"images ({_HINT})"
+            f'label_config: no <Image name=... value="$FIELD"> tag (nor a <Video> one); the '
+            f"backend segments images and tracks boxes on videos ({_HINT})"
         )
-    config = LabelConfig(images, tuple(controls))
+    config = LabelConfig(images, tuple(controls), videos)
+    if videos:
+        config.video_rectangle_for()  # a Video needs a VideoRectangle to write
+        if not any(control.kind == BRUSH for control in controls):
+            return config  # images without brushes: their tasks answer 422 when asked
+    if not images:
+        return config
     brush = config.brush_for()
     if not brush.labels:
         raise LabelConfigError(
@@ -116,10 +194,33 @@ def parse_label_config(xml: str) -> LabelConfig:
     return config
 
 
+def _video_tag(element: ET.Element, name: str, field_name: str) -> VideoTag:
+    """A Video tag; its frameRate (``frameRate`` or ``framerate``) a number or ``$field``."""
+    raw = element.get("frameRate", element.get("framerate"))
+    if raw is None:
+        return VideoTag(name, field_name, None)
+    raw = raw.strip()
+    if raw.startswith("$") and len(raw) > 1:
+        return VideoTag(name, field_name, None, raw[1:])
+    try:
+        rate = float(raw)
+    except ValueError:
+        rate = math.nan
+    if not (math.isfinite(rate) and 0 < rate <= MAX_FRAME_RATE):
+        raise LabelConfigError(
+            f"label_config: the Video tag {name!r} has frameRate {raw[:40]!r}; expected a "
+            f"number > 0 and <= {MAX_FRAME_RATE:g}, or $FIELD"
+        )
+    return VideoTag(name, field_name, rate)
+
+
 __all__ = [
+    "DEFAULT_FRAME_RATE",
     "EXAMPLE_CONFIG",
+    "EXAMPLE_VIDEO_CONFIG",
     "ControlTag",
     "LabelConfig",
     "LabelConfigError",
+    "VideoTag",
     "parse_label_config",
 ]

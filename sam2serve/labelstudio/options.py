@@ -29,6 +29,7 @@ PREANNOTATE_MODES = {
     "the embedding is cached for the clicks that follow)",
 }
 DEFAULT_PREANNOTATE = "center"
+DEFAULT_VIDEO_MAX_FRAMES = 100
 DEFAULT_URL_ENV = "LABEL_STUDIO_URL"
 DEFAULT_KEY_ENV = "LABEL_STUDIO_API_KEY"
 
@@ -63,6 +64,9 @@ class LabelStudioOptions:
     # Tasks of one /predict request worked on at once (fetch, encode, decode); the model
     # worker batches their encodes.
     max_concurrent_tasks: int = 4
+    # Video tasks: the frames one request tracks, from the first keyframe on (also at most
+    # the service's max_video_frames; its byte limits apply too).
+    video_max_frames: int = DEFAULT_VIDEO_MAX_FRAMES
 
     def __post_init__(self) -> None:
         if self.url is not None:
@@ -103,6 +107,15 @@ class LabelStudioOptions:
                 f"max_concurrent_tasks must be an integer >= 1, got {self.max_concurrent_tasks!r}"
             )
 
+        if (
+            isinstance(self.video_max_frames, bool)
+            or not isinstance(self.video_max_frames, int)
+            or self.video_max_frames < 1
+        ):
+            raise ValueError(
+                f"video_max_frames must be an integer >= 1, got {self.video_max_frames!r}"
+            )
+
     def fetch_policy(self) -> FetchPolicy:
         """The hosts images may be fetched from: the allow-list and Label Studio's own."""
         entries = list(self.allow_fetch_hosts)
@@ -118,6 +131,7 @@ __all__ = [
     "DEFAULT_KEY_ENV",
     "DEFAULT_PREANNOTATE",
     "DEFAULT_URL_ENV",
+    "DEFAULT_VIDEO_MAX_FRAMES",
     "PREANNOTATE_MODES",
     "LabelStudioOptions",
 ]

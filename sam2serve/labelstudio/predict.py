@@ -15,6 +15,9 @@ Two kinds of request:
 - pre-annotation (no ``context``): what ``--preannotate`` says for every task (a centre
   click, AMG, or nothing). Whatever it is, each task's image is fetched and encoded, so
   its embedding is cached for the clicks that follow.
+- a video interaction (``context`` of VideoRectangle keyframes): the objects tracked
+  through the clip (:mod:`sam2serve.labelstudio.video_predict`); a video project asked
+  without keyframes gets empty predictions (there is nothing to track).
 
 A request for one task fails with its error (a 4xx naming the task and the reason); in a
 request for several tasks (Label Studio pre-annotating a project), a task that fails is
@@ -46,6 +49,7 @@ from sam2serve.labelstudio.label_config import (
 )
 from sam2serve.labelstudio.options import LabelStudioOptions
 from sam2serve.labelstudio.protocol import (
+    Context,
     Prediction,
     PredictRequest,
     PredictResponse,
@@ -54,6 +58,8 @@ from sam2serve.labelstudio.protocol import (
     Task,
     project_id,
 )
+from sam2serve.labelstudio.video_context import is_video_context, track_prompts
+from sam2serve.labelstudio.video_predict import track_task
 from sam2serve.server.batching import JobContext
 from sam2serve.server.errors import ApiError
 from sam2serve.server.prompts import DecodedMasks, decode_objects
@@ -135,6 +141,13 @@ class LabelStudioBackend:
     async def predict(self, body: PredictRequest, service: Service, client: str) -> PredictResponse:
         config = await asyncio.to_thread(_config, body.label_config)
         context = body.params.context
+        version = self.model_version(service)
+        if is_video_context(context):
+            assert context is not None
+            return await self._predict_video(body, config, context, service, client)
+        if not config.images:  # a video project asking without keyframes: nothing to track
+            empty = Prediction(result=[], score=None, model_version=version)
+            return PredictResponse(results=[empty] * len(body.tasks), model_version=version)
         prompt = prompt_from_context(context) if context is not None else None
         if prompt is not None and len(prompt.points) > service.settings.max_points_per_object:
             raise ApiError(
@@ -147,7 +160,6 @@ class LabelStudioBackend:
             mode = "empty"  # an interaction without clicks (all removed): nothing to show
         else:
             mode = "click" if prompt is not None else self.options.preannotate
-        version = self.model_version(service)
         access = self.access_for(body.project)
         limit = asyncio.Semaphore(self.options.max_concurrent_tasks)
         alone = len(body.tasks) == 1
@@ -170,6 +182,39 @@ class LabelStudioBackend:
         with self._bulk_slot(mode, service, client):
             predictions = await asyncio.gather(*(one(i, t) for i, t in enumerate(body.tasks)))
         return PredictResponse(results=list(predictions), model_version=version)
+
+    async def _predict_video(
+        self,
+        body: PredictRequest,
+        config: LabelConfig,
+        context: Context,
+        service: Service,
+        client: str,
+    ) -> PredictResponse:
+        """The annotator's keyframes on a video task, tracked (video_predict)."""
+        if len(body.tasks) != 1:
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"tasks: {len(body.tasks)} tasks with one video interaction; an "
+                "interaction is on one task",
+            )
+        task = body.tasks[0]
+        where = "tasks[0]" + (f" (task {task.id})" if task.id is not None else "")
+        regions = await track_task(
+            task,
+            where,
+            config,
+            track_prompts(context),
+            service,
+            self.fetcher,
+            self.access_for(body.project),
+            self.options,
+            client,
+        )
+        version = self.model_version(service)
+        prediction = Prediction(result=regions, score=None, model_version=version)
+        return PredictResponse(results=[prediction], model_version=version)
 
     @staticmethod
     def _bulk_slot(mode: str, service: Service, client: str) -> contextlib.AbstractContextManager:

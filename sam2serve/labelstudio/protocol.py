@@ -32,6 +32,8 @@ MAX_PROJECT_CHARS = 256
 MAX_HOSTNAME_CHARS = 2048
 MAX_TOKEN_CHARS = 4096
 MAX_NAME_CHARS = 256  # a tag's name, a region's type, a label
+# The largest frame number read (a day of video at 1000 frames per second is 86.4 M).
+MAX_FRAME_NUMBER = 100_000_000
 # /setup's largest body: a labelling config JSON-escaped (twice its characters at worst)
 # and the short fields.
 SETUP_BODY_BYTES = 2 * MAX_LABEL_CONFIG_CHARS + 64 * 1024
@@ -45,11 +47,36 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class RegionValue(_Open):
-    """Where a region is, in percent of the image, and its labels."""
+class Keyframe(_Open):
+    """One keyframe of a VideoRectangle: the box on one frame, in percent of the frame."""
 
-    x: float = Field(description="Left (rectangle) or position (keypoint), % of width.")
-    y: float = Field(description="Top (rectangle) or position (keypoint), % of height.")
+    frame: int = Field(ge=1, le=MAX_FRAME_NUMBER, description="Label Studio's frame, from 1.")
+    x: float = Field(description="Left, % of the frame's width.")
+    y: float = Field(description="Top, % of the frame's height.")
+    width: float = Field(description="% of the frame's width.")
+    height: float = Field(description="% of the frame's height.")
+    rotation: float = Field(0.0, description="Degrees (must be 0).")
+    enabled: bool = Field(True, description="False: the object is hidden from this frame on.")
+    time: float | None = Field(None, description="Seconds (Label Studio's frame / frame rate).")
+
+    @field_validator("x", "y", "width", "height", "rotation", "time")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+
+class RegionValue(_Open):
+    """Where a region is, in percent of the image, and its labels (a VideoRectangle: its
+    keyframes)."""
+
+    x: float | None = Field(
+        None, description="Left (rectangle) or position (keypoint), % of width."
+    )
+    y: float | None = Field(
+        None, description="Top (rectangle) or position (keypoint), % of height."
+    )
     width: float | None = Field(None, description="Rectangle width, % of image width.")
     height: float | None = Field(None, description="Rectangle height, % of image height.")
     rotation: float = Field(0.0, description="Rectangle rotation in degrees (must be 0).")
@@ -58,6 +85,13 @@ class RegionValue(_Open):
     labels: list[Name] | None = Field(
         None, description="The label names Label Studio's smart tools add to their regions."
     )
+    sequence: list[Keyframe] | None = Field(
+        None, description="VideoRectangle: the keyframes (boxes on frames)."
+    )
+    framesCount: int | None = Field(  # Label Studio's name
+        None, ge=0, le=MAX_FRAME_NUMBER, description="VideoRectangle: the video's frames."
+    )
+    duration: float | None = Field(None, ge=0, description="VideoRectangle: seconds.")
 
     @field_validator("x", "y", "width", "height", "rotation")
     @classmethod
@@ -68,8 +102,10 @@ class RegionValue(_Open):
 
 
 class ContextRegion(_Open):
-    """One region of the annotator's interaction: a click or a box."""
+    """One region of the annotator's interaction: a click, a box, or a box on a video's
+    keyframes."""
 
+    id: Name | None = Field(None, description="The region's id (a VideoRectangle keeps it).")
     type: Name = Field(description="keypointlabels, keypoint, rectanglelabels or rectangle.")
     value: RegionValue
     is_positive: bool | None = Field(
@@ -174,6 +210,7 @@ __all__ = [
     "Context",
     "ContextRegion",
     "HealthResponse",
+    "Keyframe",
     "PredictParams",
     "PredictRequest",
     "PredictResponse",

@@ -29,6 +29,7 @@ def test_help_names_the_endpoints_and_flags():
         "--local-root",
         "--allow-fetch-host",
         "--no-public-fetch",
+        "--video-max-frames",
     ):
         assert text in out
     assert "(default: 9090)" in out
@@ -44,6 +45,7 @@ def test_help_names_the_endpoints_and_flags():
         (["--label-studio-url", "localhost:8080"], {}, "--label-studio-url: url: expected"),
         ([], {"LABEL_STUDIO_URL": "ftp://host"}, "$LABEL_STUDIO_URL: url: expected"),
         (["--fetch-timeout", "0"], {}, "--fetch-timeout: fetch_timeout_s must be"),
+        (["--video-max-frames", "0"], {}, "--video-max-frames: video_max_frames must be"),
         (["--allow-fetch-host", "http://x/"], {}, "--allow-fetch-host: 'http://x/': expected"),
         (["--allow-fetch-host", "host:99999"], {}, "the port is not a number"),
         (["--port", "70000"], {}, "--port must be in 1..65535"),

@@ -1,7 +1,10 @@
 """Against real Label Studio: a project with a BrushLabels + KeyPointLabels + RectangleLabels
 config, the backend registered as its ML backend, an uploaded image, and predictions
 obtained through Label Studio itself (interactive annotation and "retrieve predictions"),
-decoded with Label Studio's own converter and compared with the engine's masks.
+decoded with Label Studio's own converter and compared with the engine's masks; and a video
+project (Video + VideoRectangle + Labels) with an uploaded clip, whose keyframes of two
+objects Label Studio sends to the backend (started with --video) and whose tracked boxes
+are compared with the engine's tracking of the same clip.
 
 Label Studio pins Django and many packages of its own, so it lives in a separate virtual
 environment: $SAM2SERVE_LABELSTUDIO_VENV, default ~/.cache/sam2serve/labelstudio-venv,
@@ -14,6 +17,7 @@ environment.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -27,7 +31,16 @@ import httpx
 import numpy as np
 import pytest
 from support import CONFIG, engine_mask, picture, png
+from video_support import (
+    CLIP_FPS,
+    VIDEO_CONFIG,
+    clip_bytes,
+    clip_truth,
+    truth_box_percent,
+    video_region,
+)
 
+from sam2serve.engine.video_io import decode_video
 from sam2serve.labelstudio.brush import mask_to_brush_rle
 
 pytestmark = [pytest.mark.labelstudio, pytest.mark.slow]
@@ -118,6 +131,7 @@ def label_studio(venv_python, tmp_path_factory) -> Iterator[str]:
         "LABEL_STUDIO_BASE_DATA_DIR": str(data),
         "ML_BLOCK_LOCAL_IP": "false",  # the backend is on loopback, like Label Studio
         "SSRF_PROTECTION_ENABLED": "false",
+        "ML_TIMEOUT_PREDICT": "600",  # tracking a clip on a busy CPU takes its time
         "LABEL_STUDIO_DISABLE_SIGNUP_WITHOUT_LINK": "true",
     }
     command = [
@@ -169,6 +183,9 @@ def backend(label_studio, tmp_path_factory) -> Iterator[str]:
         "--port",
         str(port),
         "--no-warmup",
+        "--video",  # video tasks: the video model tracks their keyframes
+        "--request-timeout",
+        "600",
     ]
     log = tmp_path_factory.mktemp("backend") / "backend.log"
     process = start(command, env, log)
@@ -274,3 +291,97 @@ def test_retrieve_predictions_through_label_studio(api, project, engine, venv_py
     [mask] = ls_decode(venv_python, [(region["value"]["rle"], 120, 160)])
     expected, _ = engine_mask(engine, project["pixels"], [[80.0, 60.0]], [1], multimask=True)
     assert (mask != expected).mean() <= 1e-3
+
+
+# ---------------------------------------------------------------- video tasks
+
+
+@pytest.fixture(scope="module")
+def video_project(api, backend) -> dict:
+    """A video project (Video + VideoRectangle + Labels) with the test clip uploaded (a
+    /data/upload/ path) and the backend connected as an interactive ML backend."""
+    created = api.post(
+        "/api/projects", json={"title": "sam2serve video", "label_config": VIDEO_CONFIG}
+    )
+    assert created.status_code == 201, created.text
+    project_id = created.json()["id"]
+    imported = api.post(
+        f"/api/projects/{project_id}/import",
+        files={"file": ("clip.mp4", clip_bytes(2), "video/mp4")},
+    )
+    assert imported.status_code == 201, imported.text
+    tasks = api.get("/api/tasks", params={"project": project_id}).json()
+    tasks = tasks["tasks"] if isinstance(tasks, dict) else tasks
+    [task] = tasks
+    assert task["data"]["video"].startswith("/data/upload/")
+    ml = api.post("/api/ml", json={"url": backend, "project": project_id, "is_interactive": True})
+    assert ml.status_code == 201, ml.text
+    return {"id": project_id, "task": task["id"], "ml": ml.json()["id"]}
+
+
+def engine_track_boxes(boxes: list[list[float]], num_frames: int) -> list[list[list[float]]]:
+    """Each object's bounding box [x, y, w, h] (pixels; None: empty) on each frame of the
+    test clip, tracked by the engine as the backend builds it, from ``boxes`` (pixels,
+    x0 y0 x1 y1) on frame 0."""
+    from sam2serve.engine.prompts import Prompt
+    from sam2serve.engine.video.outputs import object_masks
+    from sam2serve.runtime.build import build_predictor
+    from sam2serve.server.app import load_video_predictor
+    from sam2serve.server.settings import ServerSettings
+
+    settings = ServerSettings(random_weights=True, seed=0, video=True, warmup=False)
+    image = build_predictor(settings.runtime_spec(), settings.weights_source())
+    tracker = load_video_predictor(settings, image)
+    frames = decode_video(io.BytesIO(clip_bytes(num_frames)), "clip").frames
+    state = tracker.init_state(frames)
+    for obj_id, box in enumerate(boxes):
+        tracker.add_prompt(state, 0, obj_id, Prompt((), (), box))
+    out: list[list[list[float]]] = [[] for _ in boxes]
+    for frame in tracker.propagate(state, start_frame_idx=0):
+        for record in object_masks(frame):
+            out[record.obj_id].append(list(record.bbox) if record.area else None)
+    return out
+
+
+def test_video_keyframes_tracked_through_label_studio(api, video_project):
+    truth = clip_truth(2)
+    height, width = truth[1][0].shape
+    percents = [truth_box_percent(truth[1][0]), truth_box_percent(truth[2][0])]
+    context = {
+        "result": [
+            video_region("disc", [(1, *percents[0])], labels=["Disc"]),
+            video_region("square", [(1, *percents[1])], labels=["Square"]),
+        ]
+    }
+    response = api.post(
+        f"/api/ml/{video_project['ml']}/interactive-annotating",
+        json={"task": video_project["task"], "context": context},
+    )
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert "errors" not in answer, answer
+    regions = answer["data"]["result"]
+    assert [r["id"] for r in regions] == ["disc", "square"]
+    pixels = [
+        [x / 100 * width, y / 100 * height, (x + w) / 100 * width, (y + h) / 100 * height]
+        for x, y, w, h in percents
+    ]
+    expected = engine_track_boxes(pixels, 2)
+    for region, label, own, boxes in zip(
+        regions, ["Disc", "Square"], percents, expected, strict=True
+    ):
+        assert region["type"] == "videorectangle" and region["value"]["labels"] == [label]
+        sequence = region["value"]["sequence"]
+        assert [k["frame"] for k in sequence] == [1, 2]
+        assert sequence[0]["x"] == pytest.approx(own[0])  # the annotator's keyframe
+        tracked = sequence[1]
+        if boxes[1] is None:
+            assert tracked["enabled"] is False
+            continue
+        x, y, w, h = boxes[1]
+        assert tracked["enabled"] is True
+        assert tracked["time"] == pytest.approx(2 / CLIP_FPS)
+        # The same model and frames: only float reassociation may move an edge a pixel.
+        for key, value, size in (("x", x, width), ("y", y, height), ("width", w, width)):
+            assert tracked[key] == pytest.approx(value / size * 100, abs=100 / size + 1e-6)
+        assert tracked["height"] == pytest.approx(h / height * 100, abs=100 / height + 1e-6)
