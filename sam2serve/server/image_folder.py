@@ -1,7 +1,8 @@
 """The server-side image folder of ``serve --images DIR``: which names it offers, listed
 cheaply and read safely.
 
-A name is offered when it is a plain, visible file name with an image extension (no
+A name is offered when it is a plain, visible file name with an image extension (or a
+video extension, when the server tracks video: ``serve --video``) (no
 separator, no control character, valid UTF-8, at most 255 characters) naming a regular
 file of the folder itself: a symbolic link is offered only if it resolves to a file of the
 folder. One predicate decides it for listing and for reading, so every name the listing
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,19 @@ IMAGE_MEDIA_TYPES: dict[str, str] = {
     ".tiff": "image/tiff",
 }
 IMAGE_EXTENSIONS = tuple(IMAGE_MEDIA_TYPES)
+# Video files, offered when the server tracks video (engine.video_io.VIDEO_EXTENSIONS:
+# the server may not import the decoder here; a test keeps both lists equal).
+VIDEO_MEDIA_TYPES: dict[str, str] = {
+    ".mp4": "video/mp4",
+    ".m4v": "video/mp4",
+    ".mov": "video/quicktime",
+    ".mkv": "video/x-matroska",
+    ".avi": "video/x-msvideo",
+    ".webm": "video/webm",
+    ".gif": "image/gif",
+}
+VIDEO_EXTENSIONS = tuple(VIDEO_MEDIA_TYPES)
+MEDIA_TYPES = {**IMAGE_MEDIA_TYPES, **VIDEO_MEDIA_TYPES}
 MAX_NAME_CHARS = 255  # a file name's limit on Linux
 # Directory entries one scan reads at most; a larger folder lists those the file system
 # gives first (sorted by name), and says the listing is truncated.
@@ -49,13 +63,19 @@ SCAN_LIMIT = 200_000
 # A listing older than this is scanned again even if the folder's time did not change
 # (file systems whose directory times are coarse or not kept).
 MAX_AGE_S = 30.0
+CHUNK_BYTES = 1024 * 1024  # a video file is sent a chunk at a time
 
 T = TypeVar("T")
 
 
-def plain_name(name: str) -> bool:
+def kind_of(name: str) -> str:
+    """``"video"`` for a name with a video extension, else ``"image"``."""
+    return "video" if Path(name).suffix.lower() in VIDEO_MEDIA_TYPES else "image"
+
+
+def plain_name(name: str, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> bool:
     """True when ``name`` is one the folder may offer: visible, no path, no control
-    character, valid UTF-8, an image extension, at most MAX_NAME_CHARS characters."""
+    character, valid UTF-8, one of ``extensions``, at most MAX_NAME_CHARS characters."""
     if not 0 < len(name) <= MAX_NAME_CHARS or name.startswith("."):
         return False
     if any(ch in "/\\" or ord(ch) < 32 or ord(ch) == 127 for ch in name):
@@ -64,19 +84,20 @@ def plain_name(name: str) -> bool:
         name.encode("utf-8")  # a name the file system could not decode cannot go into JSON
     except UnicodeError:
         return False
-    return Path(name).suffix.lower() in IMAGE_EXTENSIONS
+    return Path(name).suffix.lower() in extensions
 
 
-def check_name(name: str) -> None:
-    """422 unless ``name`` is a plain name of an image file (what :func:`plain_name` says),
-    naming what is wrong with it."""
-    if plain_name(name):
+def check_name(name: str, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> None:
+    """422 unless ``name`` is a plain name of a file the folder offers (what
+    :func:`plain_name` says), naming what is wrong with it."""
+    if plain_name(name, extensions):
         return
-    if Path(name).suffix.lower() not in IMAGE_EXTENSIONS:
+    if Path(name).suffix.lower() not in extensions:
+        what = "an image or video" if VIDEO_EXTENSIONS[0] in extensions else "an image"
         raise ApiError(
             422,
             "invalid_request",
-            f"name: not an image file; accepted extensions: {' '.join(IMAGE_EXTENSIONS)}",
+            f"name: not {what} file; accepted extensions: {' '.join(extensions)}",
         )
     raise ApiError(
         422,
@@ -86,12 +107,14 @@ def check_name(name: str) -> None:
     )
 
 
-def admissible(root: Path, name: str) -> Path | None:
-    """The file ``name`` names if it is an image file of ``root`` itself, else None.
+def admissible(
+    root: Path, name: str, extensions: tuple[str, ...] = IMAGE_EXTENSIONS
+) -> Path | None:
+    """The file ``name`` names if it is an offered file of ``root`` itself, else None.
 
     The resolved path must be a regular file directly in the resolved folder: a symbolic
     link that leads elsewhere is not offered."""
-    if not plain_name(name):
+    if not plain_name(name, extensions):
         return None
     try:
         path = (root / name).resolve()
@@ -110,7 +133,7 @@ class Scan:
     at: float  # time.monotonic() of the scan
 
 
-def scan_folder(root: Path) -> Scan:
+def scan_folder(root: Path, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> Scan:
     """The names of ``root``'s offered files, from its directory entries alone."""
     key = _folder_key(root)
     names: list[str] = []
@@ -121,11 +144,11 @@ def scan_folder(root: Path) -> Scan:
                 if count >= SCAN_LIMIT:
                     truncated = True
                     break
-                if not plain_name(entry.name):
+                if not plain_name(entry.name, extensions):
                     continue
                 try:
                     if entry.is_symlink():
-                        offered = admissible(root, entry.name) is not None
+                        offered = admissible(root, entry.name, extensions) is not None
                     else:
                         offered = entry.is_file(follow_symlinks=False)
                 except OSError:
@@ -161,10 +184,12 @@ def sizes_of(root: Path, names: list[str]) -> list[tuple[str, int]]:
     return entries
 
 
-def read_image_file(root: Path, name: str, max_bytes: int) -> bytes:
-    """The bytes of image ``name`` of ``root``: 404 if it is not one, 413 if too large."""
-    path = admissible(root, name)
-    missing = ApiError(404, "unknown_image", f"name: no image file {name!r} in the image folder")
+def read_image_file(
+    root: Path, name: str, max_bytes: int, extensions: tuple[str, ...] = IMAGE_EXTENSIONS
+) -> bytes:
+    """The bytes of file ``name`` of ``root``: 404 if it is not one, 413 if too large."""
+    path = admissible(root, name, extensions)
+    missing = ApiError(404, "unknown_image", f"name: no file {name!r} in the image folder")
     if path is None:
         raise missing
     try:
@@ -185,11 +210,47 @@ def read_image_file(root: Path, name: str, max_bytes: int) -> bytes:
     return data
 
 
+def file_chunks(
+    root: Path, name: str, max_bytes: int, extensions: tuple[str, ...]
+) -> tuple[int, Iterator[bytes]]:
+    """File ``name`` of ``root`` read a chunk at a time (a video may be hundreds of MiB:
+    never held whole): its size and its chunks, from the file opened here, so what is
+    sent is the file that was checked. 404 if it is not offered, 413 if too large."""
+    path = admissible(root, name, extensions)
+    missing = ApiError(404, "unknown_image", f"name: no file {name!r} in the image folder")
+    if path is None:
+        raise missing
+    try:
+        file = path.open("rb")
+    except OSError:
+        raise missing from None
+    size = os.fstat(file.fileno()).st_size
+    if size > max_bytes:
+        file.close()
+        raise ApiError(
+            413,
+            "upload_too_large",
+            f"name: {name!r} has {size / MiB:.1f} MiB; this server accepts {kind_of(name)}s of "
+            f"at most {max_bytes / MiB:g} MiB (--max-video-upload-mib)",
+        )
+
+    def chunks() -> Iterator[bytes]:
+        with file:
+            left = size  # what was announced, even if the file grows meanwhile
+            while left > 0 and (chunk := file.read(min(CHUNK_BYTES, left))):
+                left -= len(chunk)
+                yield chunk
+
+    return size, chunks()
+
+
 class FolderIndex:
     """The folder's listing, scanned on a thread of its own and kept until it changes."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, videos: bool = False) -> None:
         self.root_dir = root
+        # Video files are offered only by a server that can open them (serve --video).
+        self.extensions = IMAGE_EXTENSIONS + (VIDEO_EXTENSIONS if videos else ())
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="image-folder")
         self._lock = asyncio.Lock()
         self._scan: Scan | None = None
@@ -208,7 +269,7 @@ class FolderIndex:
         async with self._lock:
             scan = self._scan
             if scan is None or scan.key != key or time.monotonic() - scan.at > MAX_AGE_S:
-                scan = self._scan = await self._run(scan_folder, root)
+                scan = self._scan = await self._run(scan_folder, root, self.extensions)
             return scan
 
     async def page(self, root: Path, names: list[str]) -> list[tuple[str, int]]:
@@ -224,9 +285,14 @@ class FolderIndex:
 __all__ = [
     "IMAGE_EXTENSIONS",
     "IMAGE_MEDIA_TYPES",
+    "MEDIA_TYPES",
+    "VIDEO_EXTENSIONS",
+    "VIDEO_MEDIA_TYPES",
     "FolderIndex",
     "admissible",
     "check_name",
+    "file_chunks",
+    "kind_of",
     "plain_name",
     "read_image_file",
     "scan_folder",
