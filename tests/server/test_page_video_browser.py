@@ -18,6 +18,7 @@ A quicker test opens frame images from the file picker (no model work) and scrub
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -81,8 +82,10 @@ def mask_pixels(tab: Any) -> np.ndarray:
     """Where the page drew a mask on the frame shown, checking it drew the object's colour."""
     pixels = drawn(tab)
     mask = pixels[..., 3] > 0
-    if mask.any():
-        assert {tuple(rgb) for rgb in pixels[mask][:, :3]} == {OBJECT_COLOUR}
+    # Half-transparent pixels come back from the canvas within a unit or two (its alpha is
+    # premultiplied).
+    colours = pixels[mask][:, :3].astype(np.int16)
+    assert (np.abs(colours - OBJECT_COLOUR) <= 2).all(), np.unique(colours, axis=0)[:5]
     return mask
 
 
@@ -93,6 +96,53 @@ def propagate(tab: Any, key: str, frames: int) -> None:
     assert tab.evaluate("document.body.dataset.propagated") == str(frames), tab.text_content(
         "#message"
     )
+
+
+def streamed_masks(stream: str) -> dict[int, np.ndarray]:
+    """The first object's mask of every frame of a propagation's event stream."""
+    masks = {}
+    for block in stream.split("\n\n"):
+        if block.startswith("event: frame\ndata: "):
+            frame = json.loads(block.split("data: ", 1)[1])
+            rle = frame["objects"][0]["segmentation"]
+            (height, width), counts = rle["size"], rle["counts"]
+            values = np.arange(len(counts)) % 2 == 1
+            masks[frame["frame_idx"]] = np.repeat(values, counts).reshape(width, height).T
+    return masks
+
+
+# What the network brought, beside what the page read: every propagation's stream is
+# teed before the page gets it (the browser keeps no body of a streamed answer).
+RECORD_STREAMS = """
+window.testStreams = [];
+const originalFetch = window.fetch;
+window.fetch = async (...args) => {
+  const answer = await originalFetch(...args);
+  const url = typeof args[0] === "string" ? args[0] : args[0].url;
+  if (!url.endsWith("/propagate") || !answer.body) return answer;
+  const [mine, theirs] = answer.body.tee();
+  const record = { text: "" };
+  window.testStreams.push(record);
+  (async () => {
+    const reader = mine.pipeThrough(new TextDecoderStream()).getReader();
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      record.text += value;
+    }
+  })().catch(() => {});
+  return new Response(theirs, { status: answer.status, headers: answer.headers });
+};
+"""
+
+
+def propagate_and_read(tab: Any, key: str, frames: int) -> dict[int, np.ndarray]:
+    """Propagate with ``key``; the masks the server streamed, by frame."""
+    count = tab.evaluate("window.testStreams.length")
+    propagate(tab, key, frames)
+    last = f"window.testStreams[{count}].text"
+    wait_until(tab, f"{last}.includes('event: done')", timeout=10)
+    return streamed_masks(tab.evaluate(last))
 
 
 def cancelled_propagations(url: str) -> float:
@@ -115,6 +165,7 @@ def test_a_person_tracks_corrects_stops_and_exports_a_video(page, video_server, 
             and sessions.append(answer.json()["session_id"])
         ),
     )
+    tab.add_init_script(RECORD_STREAMS)
     open_page(tab, video_server)
     wait_until(tab, "document.querySelectorAll('#folder-list li').length === 2")
     assert tab.locator("#folder-list li.video").all_text_contents() == ["clip.mp4"]
@@ -137,11 +188,14 @@ def test_a_person_tracks_corrects_stops_and_exports_a_video(page, video_server, 
     assert mask_pixels(tab).any(), "the click drew no mask"
     assert tab.locator("#object-list li").count() == 1
 
-    # Propagate forwards: every frame streamed; the view follows to the last one.
-    propagate(tab, "f", NUM_FRAMES)
+    # Propagate forwards: every frame streamed; the view follows to the last one, drawn
+    # as the server sent it.
+    streamed = propagate_and_read(tab, "f", NUM_FRAMES)
+    assert sorted(streamed) == list(range(NUM_FRAMES))
     wait_for_frame(tab, NUM_FRAMES - 1)
     tracked_last = mask_pixels(tab)
     assert tracked_last.any(), "frame 3 has no mask after the propagation"
+    assert np.array_equal(tracked_last, streamed[NUM_FRAMES - 1])
     assert "Propagated forwards over 4 frames" in tab.text_content("#message")
 
     # Correct on frame 2 with a box, then propagate again from there.
@@ -155,14 +209,24 @@ def test_a_person_tracks_corrects_stops_and_exports_a_video(page, video_server, 
     wait_until(tab, f"{VIDEO_CLICKS} >= 2")
     corrected = mask_pixels(tab)
     assert not np.array_equal(corrected, before), "the box did not change frame 2's mask"
-    propagate(tab, "f", 2)  # frames 2 and 3
+    assert np.array_equal(before, streamed[2])
+    # Again from frame 2: the corrected frame stays corrected (the server's memory has the
+    # box), and frame 3 is drawn anew from the stream. (A random model's later frames
+    # barely depend on its memory: frame 3 may come back the same.)
+    streamed = propagate_and_read(tab, "f", 2)
+    assert sorted(streamed) == [2, 3]
+    assert np.array_equal(streamed[2], corrected), "the propagation lost the correction"
     wait_for_frame(tab, NUM_FRAMES - 1)
-    retracked_last = mask_pixels(tab)
-    assert not np.array_equal(retracked_last, tracked_last), "the correction did not reach frame 3"
+    assert np.array_equal(mask_pixels(tab), streamed[3])
+    tab.keyboard.press("ArrowLeft")
+    wait_for_frame(tab, 2)
+    assert np.array_equal(mask_pixels(tab), corrected)
 
     # Stop: backwards from frame 3, stopped once the first frame has come; the server's
     # propagation is cancelled (counted) and the session is free again.
     assert cancelled_propagations(video_server) == 0
+    tab.keyboard.press("End")
+    wait_for_frame(tab, NUM_FRAMES - 1)
     tab.keyboard.press("b")
     wait_until(tab, "document.querySelector('#propagate-progress').value >= 1")
     tab.click("#propagate-stop")
@@ -252,3 +316,37 @@ def test_frames_from_the_file_picker_open_as_a_video_and_scrub(page, video_serve
     tab.set_input_files("#file", image)
     wait_until(tab, "document.body.dataset.mode === 'image'")
     assert tab.locator("#video-bar").is_hidden()
+
+
+@pytest.mark.skipif(
+    not os.environ.get("SAM2SERVE_VIDEO_PAGE_SCREENSHOT"),
+    reason="set SAM2SERVE_VIDEO_PAGE_SCREENSHOT=PATH",
+)
+def test_screenshot_for_the_docs(page, tmp_path):
+    """docs/video_page.png: a 3-frame clip of the sample's size, an object clicked on
+    frame 0 and tracked to the last frame (random weights: the mask is not the disc)."""
+    tab = page
+    frames, _ = sample_clip(3, (240, 320))
+    from sam2serve.engine.video_io import write_video
+
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    write_video(folder / "sample.mp4", frames)
+    with serve(
+        "--model", "tiny", "--random-weights", "--no-warmup", "--video", "--images",
+        str(folder), env={"SAM2SERVE_API_KEY": API_KEY},
+    ) as url:  # fmt: skip
+        open_page(tab, url)
+        wait_until(tab, "document.querySelectorAll('#folder-list li').length === 1")
+        tab.click("#folder-list li:has-text('sample.mp4')")
+        wait_until(tab, "document.body.dataset.video === 'ready'")
+        wait_for_frame(tab, 0)
+        canvas = tab.locator("#prompts")
+        box = canvas.bounding_box()
+        canvas.click(position={"x": box["width"] * 0.2, "y": box["height"] * 0.5})
+        wait_until(tab, f"{VIDEO_CLICKS} >= 1")
+        tab.locator("#object-list li").nth(0).locator("input.name").fill("disc")
+        tab.keyboard.press("Escape")
+        propagate(tab, "f", 3)
+        wait_for_frame(tab, 2)
+        tab.screenshot(path=os.environ["SAM2SERVE_VIDEO_PAGE_SCREENSHOT"])

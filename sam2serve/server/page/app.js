@@ -668,6 +668,7 @@ const KEYS = {
 
 /** A new object, unless the active one has no prompt yet (it is the new one). */
 function newObject() {
+  if (player.active) return player.newObject();
   const active = store.active();
   if (active && !active.points.length && !active.box && !active.mask) {
     return say(`${active.name} has no prompt yet: click on the image to make its mask.`);
