@@ -6,7 +6,15 @@
 // stage, the pointer's prompts and the keys while a video is open.
 //
 // An object: {id (the session's obj_id), name, colour, visible, prompts: Map(frame ->
-// {points: [{x, y, label}], box | null})}; its masks are the session's, per frame.
+// {points: [{x, y, label}], box | null}), corrections: Set(frame)}; its masks are the
+// session's, per frame.
+//
+// Corrections follow SAM 2.1's video predictor (Meta's, which the server reproduces): a
+// prompt on a frame a propagation has already tracked for the object is a correction, and
+// a later propagation that runs through that frame tracks it again from memory, which
+// replaces the correction's mask. So a propagation from a corrected frame starts at the
+// next frame (the correction is then the memory the next frames follow), and one that
+// runs through a corrected frame says that it replaced it.
 
 import { button, element } from "./dom.js";
 import { download } from "./files.js";
@@ -154,6 +162,7 @@ export class Player {
       colour: PALETTE[(id - 1) % PALETTE.length],
       visible: true,
       prompts: new Map(),
+      corrections: new Set(),
     };
     this.objects.push(object);
     this.activeId = id;
@@ -191,6 +200,7 @@ export class Player {
     this.pause();
     const object = this.activeObject() ?? this.newObject();
     const frame = this.current;
+    if (this.session.tracked[frame].has(object.id)) object.corrections.add(frame);
     const before = object.prompts.get(frame) ?? { points: [], box: null };
     object.prompts.set(
       frame,
@@ -230,7 +240,13 @@ export class Player {
       return this.say("Click an object first: there is nothing to track yet.");
     }
     this.pause();
-    const start = this.current;
+    const origin = this.current;
+    const corrected = this.objects.some((object) => object.corrections.has(origin));
+    const start = corrected ? origin + (reverse ? -1 : 1) : origin;
+    if (start < 0 || start >= session.numFrames) {
+      return this.say(`Frame ${origin} is a correction and there is no frame past it.`);
+    }
+    const replaced = new Set(); // corrected frames this propagation tracks again
     const run = {
       controller: new AbortController(),
       reverse,
@@ -249,13 +265,22 @@ export class Player {
         signal: run.controller.signal,
         onFrame: (frameIdx, count) => {
           run.received = count;
+          for (const object of this.objects) {
+            if (object.corrections.delete(frameIdx)) replaced.add(frameIdx);
+          }
           this.show(frameIdx); // the view follows the propagation
           this.renderProgress();
         },
       });
+      const from = corrected ? ` from frame ${start} (after the correction on ${origin})` : "";
+      const lost = replaced.size
+        ? ` It tracked the corrected frame${replaced.size > 1 ? "s" : ""} ` +
+          `${[...replaced].join(", ")} again (SAM 2 keeps a correction only on a frame the ` +
+          "propagation starts after)."
+        : "";
       this.say(
-        `Propagated ${reverse ? "backwards" : "forwards"} over ${done.frames} frames in ` +
-          `${(done.elapsed_ms / 1000).toFixed(1)} s (${done.frames_per_s.toFixed(1)} frames/s).`,
+        `Propagated ${reverse ? "backwards" : "forwards"}${from} over ${done.frames} frames in ` +
+          `${(done.elapsed_ms / 1000).toFixed(1)} s (${done.frames_per_s.toFixed(1)} frames/s).${lost}`,
       );
     } catch (error) {
       if (error?.name === "AbortError") {

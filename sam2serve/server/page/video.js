@@ -23,6 +23,8 @@ export class VideoSession {
     this.name = name;
     this.frameNames = frameNames;
     this.masks = Array.from({ length: this.numFrames }, () => new Map()); // obj_id -> mask
+    // The objects a propagation has tracked on each frame: a prompt there is a correction.
+    this.tracked = Array.from({ length: this.numFrames }, () => new Set());
     this.bitmaps = new Map(); // frame -> Promise<ImageBitmap>, least recently used first
     this.closed = false;
   }
@@ -88,6 +90,7 @@ export class VideoSession {
     for await (const { event, data } of serverEvents(response)) {
       if (event === "frame") {
         this.keep(data);
+        for (const object of data.objects) this.tracked[data.frame_idx].add(object.obj_id);
         onFrame(data.frame_idx, ++count);
       } else if (event === "done") {
         return data;
@@ -109,6 +112,7 @@ export class VideoSession {
       });
     }
     for (const frame of this.masks) frame.delete(objId);
+    for (const frame of this.tracked) frame.delete(objId);
   }
 
   /** Close the session on the server (its memory is freed); the bitmaps go too. */
