@@ -48,7 +48,7 @@ export class Api {
     return this.send(method, path, options);
   }
 
-  async send(method, path, { json, form, signal } = {}) {
+  async send(method, path, { json, form, signal, keepalive = false } = {}) {
     const headers = {};
     if (this.key) headers.Authorization = `Bearer ${this.key}`;
     let body;
@@ -60,7 +60,7 @@ export class Api {
     }
     let response;
     try {
-      response = await fetch(path, { method, headers, body, signal, cache: "no-store" });
+      response = await fetch(path, { method, headers, body, signal, keepalive, cache: "no-store" });
     } catch (error) {
       if (error.name === "AbortError") throw error;
       throw new ApiError(0, "network", `no answer from the server (${error.message})`);

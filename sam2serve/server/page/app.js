@@ -732,6 +732,7 @@ function wire() {
   prompts.addEventListener("pointerup", onPointerUp);
   prompts.addEventListener("contextmenu", (event) => event.preventDefault());
   document.addEventListener("keydown", onKey);
+  window.addEventListener("pagehide", () => player.close());
   window.addEventListener("resize", () => {
     stage.fit();
     render();

@@ -121,7 +121,11 @@ export class VideoSession {
     this.closed = true;
     for (const bitmap of this.bitmaps.values()) bitmap.then((b) => b.close()).catch(() => {});
     this.bitmaps.clear();
-    this.api.call("DELETE", `/v1/videos/${encodeURIComponent(this.id)}`).catch(() => {});
+    // keepalive: sent even when the tab is closing (the server frees the session now, not
+    // after --video-idle).
+    this.api
+      .call("DELETE", `/v1/videos/${encodeURIComponent(this.id)}`, { keepalive: true })
+      .catch(() => {});
   }
 
   keep(frameOut) {
