@@ -8,6 +8,7 @@ browser, is test_page_video_browser.py's."""
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 
 import numpy as np
@@ -216,3 +217,20 @@ def test_the_export_bounds_youtube_vis_lists_before_the_work(video_server, monke
         body["objects"].append({"obj_id": 3})
         answer = client.post("/v1/video-export", json=body)
     assert answer.status_code == 422 and "objects x frames" in error_of(answer)["message"]
+
+
+def test_the_export_refuses_hostile_bodies_at_once(video_server):
+    """A run string of megabytes is refused at its first piece, a body of too many JSON
+    items before it is parsed."""
+    body = export_body("coco")
+    body["frames"][0]["objects"][0]["segmentation"]["counts"] = "1" * 4_000_000
+    items = export_body("youtube_vis")
+    items["frames"] = [{"frame_idx": 0, "objects": []}] * 60_000
+    with video_server.client() as client:
+        started = time.perf_counter()
+        long_runs = client.post("/v1/video-export", json=body)
+        elapsed = time.perf_counter() - started
+        too_many = client.post("/v1/video-export", json=items)
+    assert long_runs.status_code == 422 and "counts" in error_of(long_runs)["message"]
+    assert elapsed < 30  # one piece read, not four million runs (a bound, not a timing)
+    assert too_many.status_code == 413 and error_of(too_many)["code"] == "json_too_large"

@@ -321,6 +321,23 @@ def test_frames_from_the_file_picker_open_as_a_video_and_scrub(page, video_serve
     assert tab.locator("#video-bar").is_hidden()
 
 
+def test_a_video_the_server_refuses_is_said_in_the_page(page, video_server, monkeypatch):
+    """Frames of two sizes: the server's own message (422 invalid_video), not a blank page."""
+    monkeypatch.setattr(browser, "EXPECTED_STATUSES", (*browser.EXPECTED_STATUSES, "status of 422"))
+    tab = page
+    open_page(tab, video_server)
+    files = [
+        {"name": "0.png", "mimeType": "image/png", "buffer": png_bytes(FRAMES[0])},
+        {"name": "1.png", "mimeType": "image/png", "buffer": png_bytes(FRAMES[1][:32])},
+    ]
+    tab.set_input_files("#video-file", files)
+    wait_until(tab, "document.body.dataset.video === 'error'")
+    message = tab.text_content("#message")
+    assert "422 invalid_video" in message and "Opening" in message, message
+    assert tab.evaluate("document.querySelector('#message').dataset.level") == "error"
+    assert tab.locator("#drop-hint").is_visible()
+
+
 @pytest.mark.skipif(
     not os.environ.get("SAM2SERVE_VIDEO_PAGE_SCREENSHOT"),
     reason="set SAM2SERVE_VIDEO_PAGE_SCREENSHOT=PATH",
