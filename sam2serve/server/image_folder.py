@@ -2,7 +2,9 @@
 cheaply and read safely.
 
 A name is offered when it is a plain, visible file name with an image extension (or a
-video extension, when the server tracks video: ``serve --video``) (no
+video extension, when the server tracks video: ``serve --video``; then the folder's
+subfolders are offered too, as videos given as frames, each listed and read like the
+folder itself, one level deep) (no
 separator, no control character, valid UTF-8, at most 255 characters) naming a regular
 file of the folder itself: a symbolic link is offered only if it resolves to a file of the
 folder. One predicate decides it for listing and for reading, so every name the listing
@@ -125,18 +127,48 @@ def admissible(
     return path
 
 
+def plain_folder_name(name: str) -> bool:
+    """True when ``name`` may name a subfolder: what :func:`plain_name` asks of a file's
+    name, but any extension."""
+    return plain_name(name, (Path(name).suffix.lower(),))
+
+
+def subfolder(root: Path, name: str) -> Path:
+    """The subfolder ``name`` of ``root`` (resolved: a link that leads out of ``root`` is
+    none); 422 for a name that is no plain folder name, 404 for no such subfolder."""
+    if not plain_folder_name(name):
+        raise ApiError(
+            422,
+            "invalid_request",
+            "folder: expected a plain folder name from /v1/images (no path, not hidden, no "
+            f"control characters, at most {MAX_NAME_CHARS} characters)",
+        )
+    try:
+        path = (root / name).resolve()
+    except (OSError, RuntimeError, ValueError):
+        path = None
+    if path is None or path.parent != root or not path.is_dir():
+        raise ApiError(404, "unknown_folder", f"folder: no folder {name!r} in the image folder")
+    return path
+
+
 @dataclass(frozen=True)
 class Scan:
-    names: list[str]  # sorted
+    names: list[str]  # sorted (files and, when asked, subfolders)
     truncated: bool
     key: tuple[int, int]  # the folder's (inode, modification time) when scanned
     at: float  # time.monotonic() of the scan
+    folders: frozenset[str] = frozenset()  # those of the names that are subfolders
 
 
-def scan_folder(root: Path, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> Scan:
-    """The names of ``root``'s offered files, from its directory entries alone."""
+def scan_folder(
+    root: Path, extensions: tuple[str, ...] = IMAGE_EXTENSIONS, folders: bool = False
+) -> Scan:
+    """The names of ``root``'s offered files (and subfolders, with ``folders``), from its
+    directory entries alone."""
     key = _folder_key(root)
     names: list[str] = []
+    found: set[str] = set()
     truncated = False
     try:
         with os.scandir(root) as entries:
@@ -144,6 +176,10 @@ def scan_folder(root: Path, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> S
                 if count >= SCAN_LIMIT:
                     truncated = True
                     break
+                if folders and _is_subfolder(root, entry):
+                    names.append(entry.name)
+                    found.add(entry.name)
+                    continue
                 if not plain_name(entry.name, extensions):
                     continue
                 try:
@@ -160,7 +196,19 @@ def scan_folder(root: Path, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> S
             404, "no_image_folder", f"cannot read the image folder {root.name!r}: {exc.strerror}"
         ) from None
     names.sort()
-    return Scan(names, truncated, key, time.monotonic())
+    return Scan(names, truncated, key, time.monotonic(), frozenset(found))
+
+
+def _is_subfolder(root: Path, entry: os.DirEntry[str]) -> bool:
+    if not plain_folder_name(entry.name):
+        return False
+    try:
+        if entry.is_symlink():
+            subfolder(root, entry.name)
+            return True
+        return entry.is_dir(follow_symlinks=False)
+    except (OSError, ApiError):
+        return False
 
 
 def _folder_key(root: Path) -> tuple[int, int]:
@@ -249,7 +297,9 @@ class FolderIndex:
 
     def __init__(self, root: str, videos: bool = False) -> None:
         self.root_dir = root
-        # Video files are offered only by a server that can open them (serve --video).
+        # Videos (files, and subfolders of frames) are offered only by a server that can
+        # open them (serve --video).
+        self.videos = videos
         self.extensions = IMAGE_EXTENSIONS + (VIDEO_EXTENSIONS if videos else ())
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="image-folder")
         self._lock = asyncio.Lock()
@@ -269,8 +319,12 @@ class FolderIndex:
         async with self._lock:
             scan = self._scan
             if scan is None or scan.key != key or time.monotonic() - scan.at > MAX_AGE_S:
-                scan = self._scan = await self._run(scan_folder, root, self.extensions)
+                scan = self._scan = await self._run(scan_folder, root, self.extensions, self.videos)
             return scan
+
+    async def frames(self, folder: Path) -> Scan:
+        """A subfolder's image files (scanned each time, on the folder's one thread)."""
+        return await self._run(scan_folder, folder, IMAGE_EXTENSIONS)
 
     async def page(self, root: Path, names: list[str]) -> list[tuple[str, int]]:
         return await self._run(sizes_of, root, names)
@@ -293,7 +347,9 @@ __all__ = [
     "check_name",
     "file_chunks",
     "kind_of",
+    "plain_folder_name",
     "plain_name",
     "read_image_file",
     "scan_folder",
+    "subfolder",
 ]

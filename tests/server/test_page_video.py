@@ -38,6 +38,16 @@ def folder(tmp_path_factory) -> Path:
     (root / "huge.webm").write_bytes(b"\0" * (MiB + 1))
     (root / ".hidden.mp4").write_bytes(b"")
     (root / "notes.mp4.txt").write_text("no")
+    shots = root / "shots"  # a video given as frames
+    shots.mkdir()
+    for i in (1, 2, 10):
+        (shots / f"{i}.png").write_bytes(png_bytes(FRAMES[i % 4]))
+    (shots / "notes.txt").write_text("no")
+    (root / ".cache").mkdir()
+    outside = root.parent / f"{root.name}-outside"
+    outside.mkdir()
+    (outside / "0.png").write_bytes(png_bytes(FRAMES[0]))
+    (root / "out").symlink_to(outside)
     return root
 
 
@@ -78,12 +88,43 @@ def test_the_folder_lists_videos_with_their_kind_when_the_server_tracks_video(
         listing = client.get("/v1/images").json()
     kinds = {entry["name"]: entry["kind"] for entry in listing["images"]}
     assert kinds == {"a.png": "image", "clip.mp4": "video", "huge.webm": "video",
-                     "moving.gif": "video"}  # fmt: skip
+                     "moving.gif": "video", "shots": "frames"}  # fmt: skip
+    assert listing["images"][-1] == {"name": "shots", "bytes": 0, "kind": "frames"}
     with image_only_server.client() as client:
         listing = client.get("/v1/images").json()
         assert [entry["name"] for entry in listing["images"]] == ["a.png"]
         refused = client.get("/v1/images/file", params={"name": "clip.mp4"})
+        no_folders = client.get("/v1/images", params={"folder": "shots"})
     assert refused.status_code == 422 and "image" in error_of(refused)["message"]
+    assert no_folders.status_code == 422 and "serve --video" in error_of(no_folders)["message"]
+
+
+def test_a_subfolder_is_a_video_given_as_frames(video_server, folder):
+    with video_server.client() as client:
+        listing = client.get("/v1/images", params={"folder": "shots"}).json()
+        assert listing["folder"] == "shots" and listing["total"] == 3
+        assert [(e["name"], e["kind"]) for e in listing["images"]] == [
+            ("1.png", "image"), ("10.png", "image"), ("2.png", "image")
+        ]  # fmt: skip
+        frame = client.get("/v1/images/file", params={"folder": "shots", "name": "10.png"})
+        assert frame.status_code == 200 and frame.headers["content-type"] == "image/png"
+        assert frame.content == (folder / "shots" / "10.png").read_bytes()
+        for name, status, code in (
+            ("..", 422, "invalid_request"),
+            ("../shots", 422, "invalid_request"),
+            ("shots/..", 422, "invalid_request"),
+            (".cache", 422, "invalid_request"),
+            ("missing", 404, "unknown_folder"),
+            ("out", 404, "unknown_folder"),  # a link out of the folder
+            ("a.png", 404, "unknown_folder"),
+        ):
+            answer = client.get("/v1/images", params={"folder": name})
+            assert (answer.status_code, error_of(answer)["code"]) == (status, code), name
+            answer = client.get("/v1/images/file", params={"folder": name, "name": "1.png"})
+            assert answer.status_code == status, name
+        for name in ("notes.txt", "../a.png", "clip.mp4"):
+            answer = client.get("/v1/images/file", params={"folder": "shots", "name": name})
+            assert answer.status_code == 422, name
 
 
 def test_the_folder_offers_the_video_readers_extensions():

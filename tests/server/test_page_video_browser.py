@@ -55,6 +55,9 @@ def video_folder(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("page-videos")
     write_video(root / "clip.mp4", FRAMES)
     Image.fromarray(FRAMES[0]).save(root / "still.png")
+    (root / "shots").mkdir()  # the same clip as frames, numbered without padding
+    for i, frame in enumerate(FRAMES):
+        Image.fromarray(frame).save(root / "shots" / f"{i * 5}.png")
     return root
 
 
@@ -167,7 +170,7 @@ def test_a_person_tracks_corrects_stops_and_exports_a_video(page, video_server, 
     )
     tab.add_init_script(RECORD_STREAMS)
     open_page(tab, video_server)
-    wait_until(tab, "document.querySelectorAll('#folder-list li').length === 2")
+    wait_until(tab, "document.querySelectorAll('#folder-list li').length === 3")
     assert tab.locator("#folder-list li.video").all_text_contents() == ["clip.mp4"]
 
     # The clip from the folder: the server's frames, under a slider.
@@ -319,6 +322,27 @@ def test_frames_from_the_file_picker_open_as_a_video_and_scrub(page, video_serve
     tab.set_input_files("#file", image)
     wait_until(tab, "document.body.dataset.mode === 'image'")
     assert tab.locator("#video-bar").is_hidden()
+
+
+def test_a_subfolder_of_the_servers_folder_opens_as_a_video(page, video_server):
+    """A subfolder (its frames 0, 5, 10, 15 by number, not by name) is one video."""
+    tab = page
+    open_page(tab, video_server)
+    wait_until(tab, "document.querySelectorAll('#folder-list li.frames').length === 1")
+    tab.click("#folder-list li.frames:has-text('shots')")
+    wait_until(tab, "document.body.dataset.video === 'ready'")
+    assert tab.evaluate("document.querySelector('#video-slider').max") == str(NUM_FRAMES - 1)
+    tab.keyboard.press("End")
+    wait_for_frame(tab, NUM_FRAMES - 1)
+    picture = tab.evaluate(
+        """() => {
+            const c = document.querySelector("#image");
+            return Array.from(c.getContext("2d").getImageData(0, 0, c.width, c.height).data);
+        }"""
+    )
+    shown = np.asarray(picture, np.int16).reshape(SIZE[0], SIZE[1], 4)[..., :3]
+    assert np.abs(shown - FRAMES[-1]).mean() < 8  # 15.png, after 10.png
+    assert "shots: 4 frames" in tab.text_content("#image-state")
 
 
 def test_a_video_the_server_refuses_is_said_in_the_page(page, video_server, monkeypatch):

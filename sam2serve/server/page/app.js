@@ -581,6 +581,7 @@ function renderFolder() {
         item.textContent = name;
         item.title = name;
         item.classList.toggle("video", state.folder.kinds.get(name) === "video");
+        item.classList.toggle("frames", state.folder.kinds.get(name) === "frames");
         item.classList.toggle("current", name === state.folder.current);
         item.addEventListener("click", () => openFromFolder(name));
         return item;
@@ -595,6 +596,7 @@ function markFolder(name) {
 }
 
 async function openFromFolder(name) {
+  if (state.folder.kinds.get(name) === "frames") return openFramesFolder(name);
   try {
     setImageState(`Loading ${name}…`, "loading");
     const query = new URLSearchParams({ name });
@@ -608,6 +610,35 @@ async function openFromFolder(name) {
   } catch (error) {
     setImageState(`${name}: not loaded`, "error");
     fail(error, `Opening ${name}`, () => openFromFolder(name));
+  }
+}
+
+/** A subfolder of the server's folder: a video given as its frames (its image files, in
+ * the order of their names), fetched one by one and uploaded as the video's frames. */
+async function openFramesFolder(folder) {
+  try {
+    setImageState(`Listing ${folder}…`, "loading");
+    const names = [];
+    for (let total = Infinity; names.length < total; ) {
+      const query = new URLSearchParams({ folder, offset: names.length, limit: 10000 });
+      const page = await api.retrying(() => api.call("GET", `/v1/images?${query}`));
+      names.push(...page.images.map((entry) => entry.name));
+      total = page.images.length ? page.total : names.length;
+    }
+    if (!names.length) return say(`${folder} has no image files: no frames to open.`, "error");
+    names.sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+    const frames = [];
+    for (const name of names) {
+      setImageState(`Loading ${folder}: frame ${frames.length + 1} / ${names.length}…`, "loading");
+      const query = new URLSearchParams({ folder, name });
+      const blob = await api.retrying(() => api.call("GET", `/v1/images/file?${query}`));
+      frames.push(new File([blob], name, { type: blob.type }));
+    }
+    await openVideo({ frames }, folder);
+    markFolder(folder);
+  } catch (error) {
+    setImageState(`${folder}: not loaded`, "error");
+    fail(error, `Opening ${folder}`, () => openFramesFolder(folder));
   }
 }
 

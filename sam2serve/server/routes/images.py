@@ -2,8 +2,9 @@
 
 What the annotation page browses: the folder's image files (by extension, not its
 subfolders, not hidden files) and, on a server that tracks video (``serve --video``), its
-video files, listed by name with their kind, and one file's bytes by name (a video's sent
-a chunk at a time, never held whole). Which names
+video files and its subfolders (a video given as frames: ``?folder=NAME`` lists and reads
+a subfolder's image files), listed by name with their kind, and one file's bytes by name
+(a video's sent a chunk at a time, never held whole). Which names
 are offered, and how a listing stays cheap (scanned on a thread of its own, kept until the
 folder changes, capped), is :mod:`sam2serve.server.image_folder`'s: a name the listing
 gives is a name this endpoint opens, and no crafted name or symbolic link reaches a file
@@ -36,6 +37,7 @@ from sam2serve.server.image_folder import (
     file_chunks,
     kind_of,
     read_image_file,
+    subfolder,
 )
 from sam2serve.server.service import Service
 
@@ -60,18 +62,21 @@ router = APIRouter(
 
 class ImageEntry(BaseModel):
     name: str = Field(description="The file's name in the folder: pass it to /v1/images/file.")
-    bytes: int = Field(description="The file's size in bytes.")
-    kind: Literal["image", "video"] = Field(
+    bytes: int = Field(description="The file's size in bytes (0 for a subfolder).")
+    kind: Literal["image", "video", "frames"] = Field(
         "image",
-        description="What the file is, by its extension: video files are listed only by a "
-        "server that tracks video (serve --video).",
+        description="What the entry is: an image or a video file (by its extension), or "
+        "frames: a subfolder, a video given as its frames (list them with ?folder=NAME). "
+        "Videos and subfolders are listed only by a server that tracks video (serve --video).",
     )
 
 
 class ImageFolder(BaseModel):
     """A page of the image folder's listing, sorted by name."""
 
-    folder: str = Field(description="The folder's name (its last path component only).")
+    folder: str = Field(
+        description="The folder's name (its last path component only), or the subfolder's."
+    )
     total: int = Field(description="Files in the folder (in the listing).")
     offset: int = Field(description="Index of the first entry of this page.")
     images: list[ImageEntry] = Field(description="Up to `limit` files, by name.")
@@ -89,6 +94,14 @@ class ImageFolder(BaseModel):
 )
 async def list_images(
     service: ServiceDep,
+    folder: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=MAX_NAME_CHARS,
+            description="A subfolder from the listing (kind frames): list its image files.",
+        ),
+    ] = None,
     offset: Annotated[int, Query(ge=0, le=2**31, description="Entries to skip.")] = 0,
     limit: Annotated[
         int, Query(ge=1, le=MAX_PAGE, description="Entries in this page at most.")
@@ -96,13 +109,24 @@ async def list_images(
 ) -> ImageFolder:
     index = image_folder(service)
     root = index.root()
-    scan = await index.listing(root)
+    if folder is not None:
+        root = subfolder(root, frames_folder(index, folder))
+        scan = await index.frames(root)
+    else:
+        scan = await index.listing(root)
     entries = await index.page(root, scan.names[offset : offset + limit])
     return ImageFolder(
         folder=root.name or str(root),
         total=len(scan.names),
         offset=offset,
-        images=[ImageEntry(name=name, bytes=size, kind=kind_of(name)) for name, size in entries],
+        images=[
+            ImageEntry(
+                name=name,
+                bytes=0 if name in scan.folders else size,
+                kind="frames" if name in scan.folders else kind_of(name),
+            )
+            for name, size in entries
+        ],
         truncated=scan.truncated,
     )
 
@@ -133,9 +157,28 @@ async def read_image(
             "server that tracks video).",
         ),
     ],
+    folder: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=MAX_NAME_CHARS,
+            description="The subfolder (kind frames) the image file is in.",
+        ),
+    ] = None,
 ) -> Response:
     index = image_folder(service)
     root = index.root()
+    if folder is not None:  # a frame of a subfolder: image files only
+        root = subfolder(root, frames_folder(index, folder))
+        check_name(name)
+        data = await asyncio.to_thread(
+            read_image_file, root, name, service.settings.max_upload_bytes
+        )
+        return Response(
+            data,
+            media_type=MEDIA_TYPES[Path(name).suffix.lower()],
+            headers={"Cache-Control": "private, no-cache", "X-Content-Type-Options": "nosniff"},
+        )
     check_name(name, index.extensions)
     media_type = MEDIA_TYPES[Path(name).suffix.lower()]
     headers = {"Cache-Control": "private, no-cache", "X-Content-Type-Options": "nosniff"}
@@ -146,6 +189,18 @@ async def read_image(
         return StreamingResponse(chunks, media_type=media_type, headers=headers)
     data = await asyncio.to_thread(read_image_file, root, name, service.settings.max_upload_bytes)
     return Response(data, media_type=media_type, headers=headers)
+
+
+def frames_folder(index: FolderIndex, name: str) -> str:
+    """``name``, when the server offers subfolders (it tracks video); else 422."""
+    if not index.videos:
+        raise ApiError(
+            422,
+            "invalid_request",
+            "folder: this server offers no subfolders; they are videos given as frames, "
+            "offered when the server tracks video (serve --video)",
+        )
+    return name
 
 
 def image_folder(service: Service) -> FolderIndex:
