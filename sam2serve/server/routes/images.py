@@ -1,7 +1,7 @@
 """GET /v1/images, /v1/images/file: the server-side image folder of ``serve --images DIR``.
 
-What the annotation page browses: the folder's image files (by extension, not its
-subfolders, not hidden files) and, on a server that tracks video (``serve --video``), its
+What the annotation page browses: the folder's image files (by extension, not hidden
+files) and, on a server that tracks video (``serve --video``), its
 video files and its subfolders (a video given as frames: ``?folder=NAME`` lists and reads
 a subfolder's image files), listed by name with their kind, and one file's bytes by name
 (a video's sent a chunk at a time, never held whole). Which names
@@ -51,7 +51,7 @@ router = APIRouter(
         status: {"model": schemas.ErrorResponse, "description": description}
         for status, description in {
             401: "Missing or wrong API key",
-            404: "No image folder (serve --images), or no such image in it",
+            404: "No image folder (serve --images), or no such file or subfolder in it",
             413: "The file is larger than the server accepts (max_upload_bytes; "
             "max_video_upload_bytes for a video)",
             422: "A bad query parameter (a name that is not a plain image file name)",
