@@ -394,6 +394,8 @@ export class Player {
 
   renderObjects() {
     const session = this.session;
+    // A name being typed keeps its field (the list is drawn again at the next change).
+    if ($("#object-list").contains(document.activeElement)) return;
     $("#object-list").replaceChildren(
       ...this.objects.map((object, index) => {
         const item = document.createElement("li");

@@ -9,8 +9,10 @@ import { area, fromServer, toCoco } from "./rle.js";
 import { serverEvents } from "./sse.js";
 
 const KEPT_FRAMES = 64; // decoded frames kept for scrubbing back and forth
-const BUSY_WAIT_MS = 250; // a stopped propagation frees the session at its next frame
-const BUSY_TRIES = 40;
+// A stopped propagation frees the session once its frame in flight is done: seconds on a
+// CPU, so the page waits up to a minute before it says the session is busy.
+const BUSY_WAIT_MS = 250;
+const BUSY_TRIES = 240;
 
 export class VideoSession {
   constructor(api, answer, name, frameNames = null) {
