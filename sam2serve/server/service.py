@@ -166,7 +166,11 @@ class Service:
         if self.videos is not None:
             self.metrics.watch_videos(self.videos)
         # The image folder the annotation page browses (settings.images_dir), or None.
-        self.folder = None if settings.images_dir is None else FolderIndex(settings.images_dir)
+        self.folder = (
+            None
+            if settings.images_dir is None
+            else FolderIndex(settings.images_dir, videos=settings.video)
+        )
         self.ready = False
         self._bulk_jobs: dict[str, int] = {}  # per client: bulk jobs queued or running
         self._flights: dict[EmbeddingKey, _Flight] = {}

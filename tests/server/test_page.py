@@ -117,7 +117,11 @@ def test_the_page_calls_only_public_api_endpoints(main_server):
     calls = set()
     for asset in page.ASSETS.values():
         text = asset.content.decode("utf-8")
-        calls |= set(re.findall(r'api\.call\("(?:GET|POST)", [`"](/[\w/.]+)', text))
+        found = re.findall(
+            r'api\s*\.(?:call|stream)\("(?:GET|POST|DELETE)", [`"](/[\w/.${}()-]+)', text
+        )
+        # A template's ${...} is a path parameter: {} on both sides.
+        calls |= {re.sub(r"\$\{[^}]*\}+", "{}", path) for path in found}
     assert calls == {
         "/v1/embeddings",
         "/v1/segment",
@@ -125,9 +129,16 @@ def test_the_page_calls_only_public_api_endpoints(main_server):
         "/v1/coco",
         "/v1/images",
         "/v1/images/file",
+        "/v1/videos",
+        "/v1/videos/{}",
+        "/v1/videos/{}/frames/{}",
+        "/v1/videos/{}/prompts",
+        "/v1/videos/{}/propagate",
+        "/v1/videos/{}/objects/{}",
+        "/v1/video-export",
         "/readyz",
     }
-    assert calls <= set(paths)
+    assert calls <= {re.sub(r"\{[^}]*\}", "{}", path) for path in paths}
 
 
 def test_the_page_is_open_and_the_api_behind_it_keeps_its_key(server_factory, predictor, folder):

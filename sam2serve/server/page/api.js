@@ -36,7 +36,19 @@ export class Api {
 
   /** One request; resolves to parsed JSON (or a Blob for other answers), rejects with an
    * ApiError. `json`: a body to send as JSON; `form`: a FormData (multipart). */
-  async call(method, path, { json, form, signal } = {}) {
+  async call(method, path, options = {}) {
+    const response = await this.send(method, path, options);
+    const type = response.headers.get("content-type") || "";
+    return type.includes("json") ? response.json() : response.blob();
+  }
+
+  /** One request whose answer is read as it arrives (Server-Sent Events): resolves to the
+   * Response once the server accepted it, rejects with an ApiError otherwise. */
+  async stream(method, path, options = {}) {
+    return this.send(method, path, options);
+  }
+
+  async send(method, path, { json, form, signal, keepalive = false } = {}) {
     const headers = {};
     if (this.key) headers.Authorization = `Bearer ${this.key}`;
     let body;
@@ -48,14 +60,13 @@ export class Api {
     }
     let response;
     try {
-      response = await fetch(path, { method, headers, body, signal, cache: "no-store" });
+      response = await fetch(path, { method, headers, body, signal, keepalive, cache: "no-store" });
     } catch (error) {
       if (error.name === "AbortError") throw error;
       throw new ApiError(0, "network", `no answer from the server (${error.message})`);
     }
-    const type = response.headers.get("content-type") || "";
-    if (response.ok) return type.includes("json") ? response.json() : response.blob();
-    throw await errorOf(response, type);
+    if (response.ok) return response;
+    throw await errorOf(response, response.headers.get("content-type") || "");
   }
 
   /** `attempt()` again after the server's Retry-After while it answers 503 or 429, at most

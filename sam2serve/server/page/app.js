@@ -2,11 +2,15 @@
 // click, negative click or box asks POST /v1/segment for the active object's mask by
 // image_id, with the object's previous mask_id as its mask input; "Everything" runs
 // POST /v1/amg and opens a review; export goes through POST /v1/coco (the server's COCO
-// writer) or to PNG masks made here. Only the public API, with the person's API key.
+// writer) or to PNG masks made here. A video (a file, frame images, or a video of the
+// server's folder) switches the page to player.js's video mode. Only the public API,
+// with the person's API key.
 
 import { Api, ApiError } from "./api.js";
+import { button, element } from "./dom.js";
 import { download, maskPng, zip } from "./files.js";
 import { ObjectStore } from "./objects.js";
+import { Player } from "./player.js";
 import { Review } from "./review.js";
 import { area, fromServer, toCoco } from "./rle.js";
 import { record, stats } from "./timings.js";
@@ -24,6 +28,10 @@ const AMG_FIELDS = {
   crop_n_layers: "#amg-crop-layers",
 };
 const INTEGER_FIELDS = new Set(["points_per_side", "min_mask_region_area", "crop_n_layers"]);
+// A video file, by type or (when the browser does not know the type) by extension.
+const VIDEO_FILE = /\.(mp4|m4v|mov|mkv|avi|webm|gif)$/i;
+// The page's keys that also work in video mode (the others are the image mode's).
+const KEYS_IN_VIDEO = new Set(["o", "v", "[", "]"]);
 
 const api = new Api();
 const stage = new Stage($("#stage"));
@@ -36,9 +44,17 @@ const state = {
   inflight: new Set(), // object ids with a /v1/segment request in flight
   pending: new Map(), // object id -> time of the earliest click not yet answered
   retryAfterKey: null, // what to do again once the person gives the API key
-  folder: { names: [], total: 0, current: null },
+  folder: { names: [], kinds: new Map(), total: 0, current: null },
 };
 let imageTokens = 0;
+const player = new Player({
+  api,
+  stage,
+  say,
+  fail,
+  busyNotice,
+  setState: (text) => ($("#image-state").textContent = text),
+});
 
 // --------------------------------------------------------------------------- messages
 
@@ -83,6 +99,7 @@ function fail(error, what, retry = null) {
 // --------------------------------------------------------------------------- rendering
 
 function render() {
+  if (player.active) return player.render();
   stage.renderMasks(store.objects, state.review?.candidates ?? []);
   stage.renderPrompts(store.objects, store.activeId, state.drag?.boxing ? state.drag : null);
   renderObjects();
@@ -164,24 +181,6 @@ function renderReview() {
   );
 }
 
-function element(tag, className = "") {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  return node;
-}
-
-function button(text, title, onClick) {
-  const node = element("button", "icon");
-  node.type = "button";
-  node.textContent = text;
-  node.title = title;
-  node.addEventListener("click", (event) => {
-    event.stopPropagation();
-    onClick();
-  });
-  return node;
-}
-
 function showTiming(entry) {
   const { n, p50, p90 } = stats("click");
   const server = entry.server_ms != null ? ` (server ${entry.server_ms.toFixed(0)} ms)` : "";
@@ -199,6 +198,7 @@ function setImageState(text, phase) {
 
 async function openImage(blob, name) {
   cancelAmg();
+  if (player.active) player.close();
   let bitmap;
   try {
     bitmap = await createImageBitmap(blob, { imageOrientation: "from-image" });
@@ -269,6 +269,7 @@ async function encode() {
 // --------------------------------------------------------------------------- clicks
 
 function addPrompt(prompt, clickedAt) {
+  if (player.active) return player.addPrompt(prompt);
   if (!state.image?.imageId) {
     say(state.image ? "Wait until the image is encoded." : "Open an image first.", "info");
     return;
@@ -370,7 +371,8 @@ function onPointerMove(event) {
   if (!drag.boxing) return;
   const at = stage.toImage(event);
   Object.assign(drag, { x1: at.x, y1: at.y });
-  stage.renderPrompts(store.objects, store.activeId, drag);
+  if (player.active) player.renderPrompts(drag);
+  else stage.renderPrompts(store.objects, store.activeId, drag);
 }
 
 function onPointerUp(event) {
@@ -556,6 +558,7 @@ async function loadFolder(offset = 0) {
     const page = await api.call("GET", `/v1/images?offset=${offset}&limit=1000`);
     state.folder.names = offset ? [...state.folder.names, ...page.images.map((i) => i.name)]
       : page.images.map((entry) => entry.name);
+    for (const entry of page.images) state.folder.kinds.set(entry.name, entry.kind ?? "image");
     state.folder.total = page.total;
     $("#folder").hidden = false;
     $("#folder-name").textContent = `${page.folder} · ${page.total}`;
@@ -577,6 +580,8 @@ function renderFolder() {
         const item = element("li");
         item.textContent = name;
         item.title = name;
+        item.classList.toggle("video", state.folder.kinds.get(name) === "video");
+        item.classList.toggle("frames", state.folder.kinds.get(name) === "frames");
         item.classList.toggle("current", name === state.folder.current);
         item.addEventListener("click", () => openFromFolder(name));
         return item;
@@ -591,14 +596,49 @@ function markFolder(name) {
 }
 
 async function openFromFolder(name) {
+  if (state.folder.kinds.get(name) === "frames") return openFramesFolder(name);
   try {
     setImageState(`Loading ${name}…`, "loading");
     const query = new URLSearchParams({ name });
     const blob = await api.retrying(() => api.call("GET", `/v1/images/file?${query}`));
+    if (state.folder.kinds.get(name) === "video") {
+      await openVideo({ video: blob }, name);
+      markFolder(name);
+      return;
+    }
     await openImage(blob, name);
   } catch (error) {
     setImageState(`${name}: not loaded`, "error");
     fail(error, `Opening ${name}`, () => openFromFolder(name));
+  }
+}
+
+/** A subfolder of the server's folder: a video given as its frames (its image files, in
+ * the order of their names), fetched one by one and uploaded as the video's frames. */
+async function openFramesFolder(folder) {
+  try {
+    setImageState(`Listing ${folder}…`, "loading");
+    const names = [];
+    for (let total = Infinity; names.length < total; ) {
+      const query = new URLSearchParams({ folder, offset: names.length, limit: 10000 });
+      const page = await api.retrying(() => api.call("GET", `/v1/images?${query}`));
+      names.push(...page.images.map((entry) => entry.name));
+      total = page.images.length ? page.total : names.length;
+    }
+    if (!names.length) return say(`${folder} has no image files: no frames to open.`, "error");
+    names.sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+    const frames = [];
+    for (const name of names) {
+      setImageState(`Loading ${folder}: frame ${frames.length + 1} / ${names.length}…`, "loading");
+      const query = new URLSearchParams({ folder, name });
+      const blob = await api.retrying(() => api.call("GET", `/v1/images/file?${query}`));
+      frames.push(new File([blob], name, { type: blob.type }));
+    }
+    await openVideo({ frames }, folder);
+    markFolder(folder);
+  } catch (error) {
+    setImageState(`${folder}: not loaded`, "error");
+    fail(error, `Opening ${folder}`, () => openFramesFolder(folder));
   }
 }
 
@@ -610,6 +650,33 @@ function stepFolder(step) {
   if (names[next] !== state.folder.current) openFromFolder(names[next]);
 }
 
+// --------------------------------------------------------------------------- video
+
+function isVideo(file) {
+  return file.type.startsWith("video/") || VIDEO_FILE.test(file.name);
+}
+
+/** A video file, or several images: the frames of one video, in the order of their names. */
+function openVideoFiles(files) {
+  const video = files.find(isVideo);
+  if (video) return openVideo({ video }, video.name);
+  const frames = files.filter((file) => file.type.startsWith("image/"));
+  if (!frames.length) return say("Open a video file (MP4, WebM, MOV, …) or its frames (images).", "error");
+  frames.sort((a, b) => a.name.localeCompare(b.name, undefined, { numeric: true }));
+  const folder = frames[0].webkitRelativePath?.split("/")[0];
+  return openVideo({ frames }, folder || `${frames[0].name.replace(/\.[^.]+$/, "")}_frames`);
+}
+
+/** Leave the image (its review, AMG, objects) and open the video in the player. */
+async function openVideo(source, name) {
+  cancelAmg();
+  state.review = null;
+  state.pending.clear();
+  state.image = null;
+  store.clear();
+  await player.open(source, name);
+}
+
 // --------------------------------------------------------------------------- keyboard
 
 const KEYS = {
@@ -619,6 +686,7 @@ const KEYS = {
   e: exportCoco,
   p: exportPngs,
   o: () => $("#file").click(),
+  v: () => $("#video-file").click(),
   m: mergeSelected,
   h: () => store.active() && store.set(store.activeId, { visible: !store.active().visible }),
   "[": () => stepFolder(-1),
@@ -631,6 +699,7 @@ const KEYS = {
 
 /** A new object, unless the active one has no prompt yet (it is the new one). */
 function newObject() {
+  if (player.active) return player.newObject();
   const active = store.active();
   if (active && !active.points.length && !active.box && !active.mask) {
     return say(`${active.name} has no prompt yet: click on the image to make its mask.`);
@@ -663,6 +732,11 @@ function onKey(event) {
   const typing = event.target.closest?.("input, textarea, select");
   if (typing && event.key !== "Escape") return;
   if (typing) event.target.blur();
+  if (player.active) {
+    if (event.ctrlKey || event.metaKey || event.altKey) return;
+    if (player.key(event)) return event.preventDefault();
+    if (!KEYS_IN_VIDEO.has(event.key)) return;
+  }
   if ((event.ctrlKey || event.metaKey) && event.key.toLowerCase() === "z") {
     event.preventDefault();
     return undo();
@@ -689,12 +763,18 @@ function wire() {
   prompts.addEventListener("pointerup", onPointerUp);
   prompts.addEventListener("contextmenu", (event) => event.preventDefault());
   document.addEventListener("keydown", onKey);
+  window.addEventListener("pagehide", () => player.close());
   window.addEventListener("resize", () => {
     stage.fit();
     render();
   });
 
   $("#open").addEventListener("click", () => $("#file").click());
+  $("#open-video").addEventListener("click", () => $("#video-file").click());
+  $("#video-file").addEventListener("change", () => {
+    openVideoFiles([...$("#video-file").files]);
+    $("#video-file").value = "";
+  });
   $("#file").addEventListener("change", () => {
     const file = $("#file").files[0];
     if (file) openImage(file, file.name);
@@ -709,9 +789,11 @@ function wire() {
   wrap.addEventListener("drop", (event) => {
     event.preventDefault();
     wrap.classList.remove("dragging");
-    const file = [...event.dataTransfer.files].find((f) => f.type.startsWith("image/"));
-    if (file) openImage(file, file.name);
-    else say("Drop an image file (JPEG, PNG, WebP, BMP).", "error");
+    const files = [...event.dataTransfer.files];
+    const images = files.filter((f) => f.type.startsWith("image/") && !isVideo(f));
+    if (files.some(isVideo) || images.length > 1) openVideoFiles(files);
+    else if (images.length) openImage(images[0], images[0].name);
+    else say("Drop an image file (JPEG, PNG, WebP, BMP), a video, or a video's frames.", "error");
   });
 
   $("#key-form").addEventListener("submit", (event) => {

@@ -43,6 +43,13 @@ export class Stage {
     this.fit();
   }
 
+  /** The next picture of a video: drawn in place when it has the same size (the masks'
+   * layer and the scale stay), else set up as a new image. */
+  showFrame(bitmap) {
+    if (bitmap.width !== this.width || bitmap.height !== this.height) return this.setImage(bitmap);
+    this.image.getContext("2d").drawImage(bitmap, 0, 0);
+  }
+
   /** Show the image as large as its container allows (small images are enlarged). */
   fit() {
     if (!this.width) return;

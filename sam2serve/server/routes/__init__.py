@@ -7,6 +7,8 @@
 - coco.py: POST /v1/coco (masks a client holds -> a COCO file, by the engine's writer)
 - images.py: GET /v1/images, /v1/images/file (the server's image folder, serve --images)
 - videos.py: /v1/videos (video tracking sessions: upload, prompts, streamed propagation)
+- video_frames.py: GET /v1/videos/{id}/frames/{i} (a session's frame as a JPEG, for the page)
+- video_export.py: POST /v1/video-export (a video's masks a client holds -> COCO, YouTube-VIS)
 - page.py: GET / and /page/<asset> (the annotation page: HTML, ES modules, CSS; open, like
   /docs, while the API it calls keeps its key)
 - common.py: what the /v1 routes share (router policy, OpenAPI pieces, request steps)
@@ -29,6 +31,8 @@ from sam2serve.server.routes import (
     images,
     page,
     segment,
+    video_export,
+    video_frames,
     videos,
 )
 
@@ -40,6 +44,8 @@ ROUTERS: tuple[APIRouter, ...] = (
     coco.router,
     images.router,
     videos.router,
+    video_frames.router,
+    video_export.router,
     health.router,
     page.router,
 )

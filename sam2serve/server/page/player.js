@@ -1,0 +1,484 @@
+// The page's video mode: a session's frames under a slider, clicks and boxes on any frame
+// (POST /v1/videos/{id}/prompts), propagation forwards or backwards with each frame's
+// masks drawn as it streams in (the view follows the propagation), Stop (closing the
+// stream stops the server's propagation at its next frame), corrections on any frame
+// and propagation again, and the export as COCO or YouTube-VIS. app.js hands it the
+// stage, the pointer's prompts and the keys while a video is open.
+//
+// An object: {id (the session's obj_id), name, colour, visible, prompts: Map(frame ->
+// {points: [{x, y, label}], box | null}), corrections: Set(frame)}; its masks are the
+// session's, per frame.
+//
+// Corrections follow SAM 2.1's video predictor (Meta's, which the server reproduces): a
+// prompt on a frame a propagation has already tracked for the object is a correction, and
+// a later propagation that runs through that frame tracks it again from memory, which
+// replaces the correction's mask. So a propagation from a corrected frame starts at the
+// next frame (the correction is then the memory the next frames follow), and one that
+// runs through a corrected frame says that it replaced it.
+
+import { button, element } from "./dom.js";
+import { download } from "./files.js";
+import { PALETTE } from "./objects.js";
+import { record } from "./timings.js";
+import { VideoSession } from "./video.js";
+
+const $ = (selector) => document.querySelector(selector);
+const PLAY_FPS = 10; // frames per second when the video has no rate (uploaded frames)
+const BIG_STEP = 10; // Shift + arrow
+
+export class Player {
+  /** `page`: {api, stage, say, fail, busyNotice, setState} from app.js. */
+  constructor(page) {
+    Object.assign(this, page);
+    this.session = null;
+    this.opening = 0; // token of the latest open(): an older one's answer is dropped
+    this.objects = [];
+    this.activeId = null;
+    this.nextId = 1;
+    this.current = 0;
+    this.shown = 0; // token of the latest frame asked for
+    this.run = null; // {controller, reverse, received, expected, started} while propagating
+    this.playing = null; // interval of play
+    this.queue = Promise.resolve(); // prompts go one at a time: the session takes one
+    this.wire();
+  }
+
+  get active() {
+    return document.body.dataset.mode === "video";
+  }
+
+  // ------------------------------------------------------------------------- session
+
+  /** Open a video (`source`: {video: Blob} or {frames: [File]}) as a new session. */
+  async open(source, name) {
+    this.close();
+    const token = ++this.opening;
+    document.body.dataset.mode = "video";
+    document.body.dataset.video = "loading";
+    $("#video-bar").hidden = false;
+    const what = source.video ? name : `${source.frames.length} frames`;
+    this.setState(`Uploading ${what}…`, "loading");
+    this.say("");
+    this.render();
+    try {
+      const session = await VideoSession.create(this.api, source, name, {
+        onWait: this.busyNotice("uploading the video"),
+      });
+      if (token !== this.opening) return session.close();
+      this.session = session;
+      $("#video-slider").max = String(session.numFrames - 1);
+      await this.show(0);
+      document.body.dataset.video = "ready";
+      this.setState(
+        `${name}: ${session.numFrames} frames, ${session.width}×${session.height}`,
+        "ready",
+      );
+      this.say("Click an object on any frame (drag: a box), then propagate: f forwards, b backwards.");
+    } catch (error) {
+      if (token !== this.opening) return;
+      document.body.dataset.video = "error";
+      this.setState(`${name}: not opened`, "error");
+      this.fail(error, `Opening ${name}`, () => this.open(source, name));
+    } finally {
+      this.render();
+    }
+  }
+
+  /** Leave video mode: the propagation stops, the session is closed on the server. */
+  close() {
+    this.stop();
+    this.pause();
+    this.opening++;
+    this.session?.close();
+    this.session = null;
+    this.objects = [];
+    this.activeId = null;
+    this.nextId = 1;
+    this.current = 0;
+    $("#video-bar").hidden = true;
+    document.body.dataset.mode = "image";
+    document.body.dataset.video = "none";
+  }
+
+  // ------------------------------------------------------------------------- frames
+
+  /** Show frame `index`: its masks at once, its picture when it has come. */
+  async show(index) {
+    const session = this.session;
+    if (!session) return;
+    this.current = Math.max(0, Math.min(session.numFrames - 1, index));
+    const token = ++this.shown;
+    this.render();
+    try {
+      const bitmap = await session.frame(this.current);
+      if (token !== this.shown || session !== this.session) return;
+      this.stage.showFrame(bitmap);
+      $("#drop-hint").hidden = true;
+      this.renderStage();
+      document.body.dataset.frame = String(this.current); // what the picture shows
+    } catch (error) {
+      if (token === this.shown) this.fail(error, `Showing frame ${this.current}`);
+    }
+  }
+
+  step(by) {
+    if (this.session) this.show(this.current + by);
+  }
+
+  togglePlay() {
+    if (this.playing) return this.pause();
+    if (!this.session) return;
+    if (this.current >= this.session.numFrames - 1) this.show(0);
+    const fps = Math.min(30, this.session.fps || PLAY_FPS);
+    this.playing = setInterval(() => {
+      if (this.current >= this.session.numFrames - 1) return this.pause();
+      this.show(this.current + 1);
+    }, 1000 / fps);
+    this.render();
+  }
+
+  pause() {
+    if (!this.playing) return;
+    clearInterval(this.playing);
+    this.playing = null;
+    this.render();
+  }
+
+  // ------------------------------------------------------------------------- objects
+
+  activeObject() {
+    return this.objects.find((object) => object.id === this.activeId) ?? null;
+  }
+
+  newObject() {
+    const active = this.activeObject();
+    if (active && active.prompts.size === 0) {
+      return this.say(`${active.name} has no prompt yet: click on the frame to make its mask.`);
+    }
+    const id = this.nextId++;
+    const object = {
+      id,
+      name: `object ${id}`,
+      colour: PALETTE[(id - 1) % PALETTE.length],
+      visible: true,
+      prompts: new Map(),
+      corrections: new Set(),
+    };
+    this.objects.push(object);
+    this.activeId = id;
+    this.render();
+    return object;
+  }
+
+  activate(id) {
+    if (this.objects.some((object) => object.id === id)) this.activeId = id;
+    this.render();
+  }
+
+  async remove(id) {
+    if (!this.session || this.run) return this.say("Stop the propagation first (Esc).");
+    try {
+      await this.session.removeObject(id);
+      this.objects = this.objects.filter((object) => object.id !== id);
+      if (this.activeId === id) this.activeId = this.objects.at(-1)?.id ?? null;
+    } catch (error) {
+      this.fail(error, "Removing the object");
+    }
+    this.render();
+  }
+
+  toggleVisible(id) {
+    const object = this.objects.find((o) => o.id === id);
+    if (object) object.visible = !object.visible;
+    this.render();
+  }
+
+  /** A click ({point}) or a box ({box}) for the active object on the frame shown. */
+  addPrompt(prompt) {
+    if (!this.session) return this.say("Wait until the video is open.");
+    if (this.run) return this.say("Stop the propagation first (Esc), or wait for its end.");
+    this.pause();
+    const object = this.activeObject() ?? this.newObject();
+    const frame = this.current;
+    if (this.session.tracked[frame].has(object.id)) object.corrections.add(frame);
+    const before = object.prompts.get(frame) ?? { points: [], box: null };
+    object.prompts.set(
+      frame,
+      prompt.box ? { ...before, box: prompt.box } : { ...before, points: [...before.points, prompt.point] },
+    );
+    this.render();
+    const clickedAt = performance.now();
+    this.queue = this.queue.then(() => this.sendPrompt(object, frame, clickedAt));
+  }
+
+  async sendPrompt(object, frame, clickedAt) {
+    const session = this.session;
+    const prompts = object.prompts.get(frame);
+    if (!session || !prompts || !this.objects.includes(object)) return;
+    try {
+      const answer = await session.prompt(frame, object.id, prompts);
+      if (session !== this.session) return;
+      record("video-click", performance.now() - clickedAt, {
+        server_ms: answer.inference_ms,
+        queue_ms: answer.queue_ms,
+      });
+      if (frame === this.current) this.renderStage();
+      this.renderObjects();
+      if ($("#message").dataset.level !== "error") this.say("");
+    } catch (error) {
+      this.fail(error, `Segmenting on frame ${frame}`);
+    }
+  }
+
+  // ------------------------------------------------------------------------- propagation
+
+  /** Track every object from the frame shown to the end (or to frame 0: `reverse`). */
+  async propagate(reverse) {
+    const session = this.session;
+    if (!session || this.run) return;
+    if (!this.objects.some((object) => object.prompts.size)) {
+      return this.say("Click an object first: there is nothing to track yet.");
+    }
+    this.pause();
+    const origin = this.current;
+    const corrected = this.objects.some((object) => object.corrections.has(origin));
+    const start = corrected ? origin + (reverse ? -1 : 1) : origin;
+    if (start < 0 || start >= session.numFrames) {
+      return this.say(`Frame ${origin} is a correction and there is no frame past it.`);
+    }
+    const replaced = new Set(); // corrected frames this propagation tracks again
+    const run = {
+      controller: new AbortController(),
+      reverse,
+      received: 0,
+      expected: reverse ? start + 1 : session.numFrames - start,
+      started: performance.now(),
+    };
+    this.run = run;
+    document.body.dataset.video = "propagating";
+    this.render();
+    await this.queue; // the clicks already made go first
+    try {
+      const done = await session.propagate({
+        start,
+        reverse,
+        signal: run.controller.signal,
+        onFrame: (frameIdx, count) => {
+          run.received = count;
+          for (const object of this.objects) {
+            if (object.corrections.delete(frameIdx)) replaced.add(frameIdx);
+          }
+          this.show(frameIdx); // the view follows the propagation
+          this.renderProgress();
+        },
+      });
+      const from = corrected ? ` from frame ${start} (after the correction on ${origin})` : "";
+      const lost = replaced.size
+        ? ` It tracked the corrected frame${replaced.size > 1 ? "s" : ""} ` +
+          `${[...replaced].join(", ")} again (SAM 2 keeps a correction only on a frame the ` +
+          "propagation starts after)."
+        : "";
+      this.say(
+        `Propagated ${reverse ? "backwards" : "forwards"}${from} over ${done.frames} frames in ` +
+          `${(done.elapsed_ms / 1000).toFixed(1)} s (${done.frames_per_s.toFixed(1)} frames/s).${lost}`,
+      );
+    } catch (error) {
+      if (error?.name === "AbortError") {
+        this.say(`Propagation stopped after ${run.received} of ${run.expected} frames.`);
+      } else {
+        this.fail(error, "Propagating");
+      }
+    } finally {
+      if (this.run === run) this.run = null;
+      if (session === this.session) document.body.dataset.video = "ready";
+      document.body.dataset.propagated = String(run.received);
+      this.render();
+    }
+  }
+
+  /** Stop the propagation: its stream is closed, and the server stops at its next frame. */
+  stop() {
+    this.run?.controller.abort();
+  }
+
+  // ------------------------------------------------------------------------- export
+
+  async export(format) {
+    const session = this.session;
+    if (!session) return;
+    const objects = this.objects.filter((object) => session.framesWith(object.id) > 0);
+    if (!objects.length) return this.say("Nothing to export yet: no object has a mask.");
+    const stem = session.name.replace(/\.[^.]+$/, "") || "video";
+    const file = `${stem}_${format === "coco" ? "coco" : "ytvis"}.json`;
+    const what = format === "coco" ? "COCO" : "YouTube-VIS";
+    try {
+      const body = session.exportBody(format, objects);
+      const dataset = await this.api.retrying(
+        () => this.api.call("POST", "/v1/video-export", { json: body }),
+        { onWait: this.busyNotice("exporting") },
+      );
+      download(new Blob([JSON.stringify(dataset)], { type: "application/json" }), file);
+      this.say(`Exported ${objects.length} objects over ${body.frames.length} frames as ${what} (${file}).`);
+    } catch (error) {
+      this.fail(error, `Exporting ${what}`, () => this.export(format));
+    }
+  }
+
+  // ------------------------------------------------------------------------- rendering
+
+  render() {
+    const session = this.session;
+    const frames = session?.numFrames ?? 0;
+    $("#video-slider").value = String(this.current);
+    $("#video-slider").disabled = !session;
+    $("#video-frame").textContent = session ? `frame ${this.current} / ${frames - 1}` : "";
+    $("#video-play").textContent = this.playing ? "❚❚" : "▶";
+    for (const id of ["#video-prev", "#video-next", "#video-play"]) $(id).disabled = !session;
+    const idle = Boolean(session) && !this.run;
+    $("#propagate").disabled = !idle;
+    $("#propagate-back").disabled = !idle;
+    $("#propagate-stop").hidden = !this.run;
+    const exportable = idle && this.objects.some((object) => session.framesWith(object.id) > 0);
+    $("#export-video-coco").disabled = !exportable;
+    $("#export-ytvis").disabled = !exportable;
+    this.renderProgress();
+    this.renderStage();
+    this.renderObjects();
+  }
+
+  renderProgress() {
+    const run = this.run;
+    const progress = $("#propagate-progress");
+    progress.hidden = !run;
+    if (!run) return;
+    progress.max = run.expected;
+    progress.value = run.received;
+    const seconds = (performance.now() - run.started) / 1000;
+    const rate = run.received && seconds > 0 ? ` · ${(run.received / seconds).toFixed(1)} frames/s` : "";
+    this.say(
+      `Propagating ${run.reverse ? "backwards" : "forwards"}: ${run.received} / ${run.expected} ` +
+        `frames${rate} (Esc: stop)`,
+      "busy",
+    );
+  }
+
+  renderStage(drag = null) {
+    const session = this.session;
+    if (!session || !this.stage.width) return;
+    const masks = session.masks[this.current];
+    this.stage.renderMasks(
+      this.objects.map((object) => ({
+        mask: masks.get(object.id) ?? null,
+        visible: object.visible,
+        colour: object.colour,
+      })),
+    );
+    this.renderPrompts(drag);
+  }
+
+  /** The clicks and boxes on the frame shown (and a box being dragged). */
+  renderPrompts(drag = null) {
+    if (!this.session) return;
+    const here = this.objects.map((object) => {
+      const prompts = object.prompts.get(this.current);
+      return {
+        id: object.id,
+        colour: object.colour,
+        visible: object.visible,
+        points: prompts?.points ?? [],
+        box: prompts?.box ?? null,
+      };
+    });
+    this.stage.renderPrompts(here, this.activeId, drag);
+  }
+
+  renderObjects() {
+    const session = this.session;
+    // A name being typed keeps its field (the list is drawn again at the next change).
+    if ($("#object-list").contains(document.activeElement)) return;
+    $("#object-list").replaceChildren(
+      ...this.objects.map((object, index) => {
+        const item = document.createElement("li");
+        item.dataset.id = object.id;
+        item.classList.toggle("active", object.id === this.activeId);
+        item.classList.toggle("hidden-object", !object.visible);
+        const swatch = element("span", "swatch");
+        swatch.style.background = object.colour;
+        const name = element("input", "name");
+        name.value = object.name;
+        name.title = `Object ${index + 1} (obj_id ${object.id}): its name is its category`;
+        name.addEventListener("input", () => (object.name = name.value));
+        name.addEventListener("focus", () => {
+          this.activeId = object.id;
+          this.renderPrompts();
+        });
+        const meta = element("span", "meta");
+        const frames = session ? session.framesWith(object.id) : 0;
+        const prompted = [...object.prompts.keys()].sort((a, b) => a - b);
+        meta.textContent =
+          `${frames} frame${frames === 1 ? "" : "s"} with a mask · prompts on ` +
+          (prompted.length ? prompted.join(", ") : "none");
+        const eye = button(object.visible ? "◉" : "○", "hide / show (h)", () =>
+          this.toggleVisible(object.id),
+        );
+        const remove = button("✕", "delete (Del)", () => this.remove(object.id));
+        item.append(swatch, name, eye, remove, meta);
+        item.addEventListener("click", (event) => {
+          if (event.target === item || event.target === swatch || event.target === meta) {
+            this.activate(object.id);
+          }
+        });
+        return item;
+      }),
+    );
+  }
+
+  // ------------------------------------------------------------------------- input
+
+  /** The page's key, in video mode: true when it was the player's. */
+  key(event) {
+    const big = event.shiftKey ? BIG_STEP : 1;
+    const actions = {
+      ArrowLeft: () => this.step(-big),
+      ArrowRight: () => this.step(big),
+      ",": () => this.step(-1),
+      ".": () => this.step(1),
+      Home: () => this.show(0),
+      End: () => this.show((this.session?.numFrames ?? 1) - 1),
+      " ": () => this.togglePlay(),
+      f: () => this.propagate(false),
+      b: () => this.propagate(true),
+      Escape: () => (this.run ? this.stop() : this.pause()),
+      n: () => this.newObject(),
+      h: () => this.activeId !== null && this.toggleVisible(this.activeId),
+      Delete: () => this.activeId !== null && this.remove(this.activeId),
+      Backspace: () => this.activeId !== null && this.remove(this.activeId),
+      e: () => this.export("coco"),
+      y: () => this.export("youtube_vis"),
+    };
+    if (/^[1-9]$/.test(event.key)) {
+      const object = this.objects[Number(event.key) - 1];
+      if (object) this.activate(object.id);
+      return true;
+    }
+    const action = actions[event.key] ?? actions[event.key.toLowerCase()];
+    if (!action) return false;
+    action();
+    return true;
+  }
+
+  wire() {
+    $("#video-prev").addEventListener("click", () => this.step(-1));
+    $("#video-next").addEventListener("click", () => this.step(1));
+    $("#video-play").addEventListener("click", () => this.togglePlay());
+    $("#video-slider").addEventListener("input", () => {
+      this.pause();
+      this.show(Number($("#video-slider").value));
+    });
+    $("#propagate").addEventListener("click", () => this.propagate(false));
+    $("#propagate-back").addEventListener("click", () => this.propagate(true));
+    $("#propagate-stop").addEventListener("click", () => this.stop());
+    $("#export-video-coco").addEventListener("click", () => this.export("coco"));
+    $("#export-ytvis").addEventListener("click", () => this.export("youtube_vis"));
+  }
+}
