@@ -109,7 +109,7 @@ def key_rows(weight: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
 @dataclass
 class SidePlan:
     """Weights-only: which linear maps of ``K`` the prompts read, stacked so that the
-    per-image side is one product ``weight @ K``, and the LayerNorms' centred maps.
+    per-image side is one product ``weight @ K``, and the LayerNorms' gains.
 
     Block names: ``layer{l}.t2i.k`` / ``.v``, ``layer{l}.i2t.q``, ``final.k`` / ``.v``
     (the attention projections of ``L K``), ``layer{l}.norm4.cross.<family>`` and
@@ -120,7 +120,7 @@ class SidePlan:
     weight: torch.Tensor  # (rows, C)
     rows: dict[str, slice]
     upscale: torch.Tensor  # (4 * 64, C), rows (sub-pixel, channel)
-    norm_maps: list[torch.Tensor]  # M L of each layer's norm4 (the centred keys), (C, C)
+    norm_gains: list[torch.Tensor]  # gamma of each layer's norm4, (C,)
     # Model constants: projections of the positional encoding P (added to layer 0's
     # blocks, kept apart for later layers, whose scores scale the image part by s).
     pe_weight: torch.Tensor  # (rows_pe, C)
@@ -143,7 +143,7 @@ def side_plan(decoder: MaskDecoder) -> SidePlan:
     consts = weight.new_zeros((0, channels))  # constant rows' vectors, in row order
     blocks: list[tuple[str, torch.Tensor]] = []
     pe_blocks: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
-    norm_maps = []
+    norm_gains = []
     for index, layer in enumerate(transformer.layers):
         name = f"layer{index}"
         t2i, i2t = layer.cross_attn_token_to_image, layer.cross_attn_image_to_token
@@ -166,7 +166,7 @@ def side_plan(decoder: MaskDecoder) -> SidePlan:
         for family, (out_weight, since) in families.items():
             blocks.append((f"{name}.norm4.cross.{family}", out_weight.T @ since.T @ centred))
         blocks.append((f"{name}.norm4.cross.const", consts @ centred))
-        norm_maps.append(centred)
+        norm_gains.append(layer.norm4.weight)
         norm = centring * layer.norm4.weight[:, None]  # diag(gamma) M
         keys_map = norm @ keys_map
         families = {f: (w, norm @ since) for f, (w, since) in families.items()}
@@ -192,7 +192,7 @@ def side_plan(decoder: MaskDecoder) -> SidePlan:
         torch.cat([m for _, m in blocks]).contiguous(),
         rows,
         (w1 @ keys_map).contiguous(),
-        norm_maps,
+        norm_gains,
         torch.cat([m for _, m, _ in pe_blocks]).contiguous(),
         pe_rows,
         pe_bias,
@@ -358,14 +358,19 @@ class FastMaskDecoder:
         pe = self.pe_projections(image_pe)
         for name in ("layer0.t2i.k", "layer0.i2t.q"):  # s is 1 there: K and P share scores
             proj[plan.rows[name]] += pe[plan.pe_rows[name]]
-        stats = torch.stack([(centred @ keys).pow(2).sum(0) for centred in plan.norm_maps])
+        # |M L K|^2 per LayerNorm: L K is K through the earlier LayerNorms' centring and gains.
+        stats, mapped = [], keys
+        for gain in plan.norm_gains:
+            mapped = mapped - mapped.mean(0)
+            stats.append(mapped.pow(2).sum(0))
+            mapped = mapped * gain[:, None]
         h, w = image_embed.shape[-2:]
         s1, s0 = self.upscaling_features(high_res_feats, (h, w))
         tensors = {
             "proj": proj.to(dtype),
             "up": up,
             "pe": self.pe_projections(image_pe, dtype),
-            "stats": stats,
+            "stats": torch.stack(stats),
             "s1": s1,
             "s0": s0,
         }
@@ -493,14 +498,15 @@ class FastMaskDecoder:
         q = queries.heads
         b, num_heads, t, dh = q.shape
         q_heads = heads_first(q.to(self.dtype))  # (H, B*T, dh)
-        logits = q_heads @ side.block(name).view(num_heads, dh, -1)
+        image = side.block(name).view(num_heads, dh, -1)
         if keys.rank == 0:  # layer 0: s is 1 and the block holds W (K + P)
-            return logits
-        n = logits.shape[-1]
+            return q_heads @ image
         low_rank = queries.low_rank
         if low_rank is None:
             low_rank = self.low_rank_scores(keys, attn.k_proj.weight, q)
-        low_rank = low_rank.view(b, num_heads, t, n).add_(prompts_first(logits, b))
+        low_rank = low_rank.view(b, num_heads, t, image.shape[-1])
+        # Each product is consumed at once: the next one's output reuses its memory, warm.
+        low_rank.add_(prompts_first(q_heads @ image, b))
         logits = q_heads @ side.pe_block(name).view(num_heads, dh, -1)
         prompts_first(logits, b).addcmul_(low_rank, keys.scale_cast[:, None])
         return logits
@@ -561,13 +567,14 @@ class FastMaskDecoder:
         constant)."""
         b, num_heads, t, dh = k.shape
         k_heads = heads_first(k.to(self.dtype))
-        logits = k_heads @ side.block(f"{name}.q").view(num_heads, dh, -1)  # (H, B*T, N)
-        n = logits.shape[-1]
-        if keys.rank:
-            low_rank = self.low_rank_scores(keys, attn.q_proj.weight, k).view(b, num_heads, t, n)
-            low_rank.add_(prompts_first(logits, b))
-            logits = k_heads @ side.pe_block(f"{name}.q").view(num_heads, dh, -1)
-            prompts_first(logits, b).addcmul_(low_rank, keys.scale_cast[:, None])
+        image = side.block(f"{name}.q").view(num_heads, dh, -1)
+        n = image.shape[-1]
+        if keys.rank == 0:
+            return (k_heads @ image).view(num_heads, b, t, n)
+        low_rank = self.low_rank_scores(keys, attn.q_proj.weight, k).view(b, num_heads, t, n)
+        low_rank.add_(prompts_first(k_heads @ image, b))
+        logits = k_heads @ side.pe_block(f"{name}.q").view(num_heads, dh, -1)
+        prompts_first(logits, b).addcmul_(low_rank, keys.scale_cast[:, None])
         return logits.view(num_heads, b, t, n)
 
     def append_family(
@@ -639,7 +646,7 @@ class FastMaskDecoder:
         projection ``ahead_weight``) reads the same coefficient rows: its low-rank scores
         join the first product and are returned with its queries."""
         coef, rank, dtype = keys.coef, keys.rank, self.dtype
-        b, rows, n = coef.shape  # rows: rank and the reserved (zero) row
+        b, rows, _ = coef.shape  # rows: rank and the reserved (zero) row
         channels = keys.vecs.shape[-1]
         layer = keys.layer
         centred = keys.vecs - keys.vecs.mean(-1, keepdim=True)
@@ -666,17 +673,8 @@ class FastMaskDecoder:
             )
 
         for family in keys.families:  # + 2 (V~_r . K~_i), through the heads
-            _, num_heads, t, _ = family.values.shape
             block = side.block(f"layer{layer}.norm4.cross.{family.name}")
-            values = family.values
-            last = values[:, :, t - 1 :]
-            # The differences' rows and the last token's (its anchor row) in one product.
-            both = heads_first(torch.cat([values[:, :, : t - 1] - last, last], 2).to(dtype))
-            cross = prompts_first(both @ block.view(num_heads, -1, n), b)  # (B, H, T, N)
-            span = quad(family.start, family.start + num_heads * (t - 1))
-            span.view(b, num_heads, t - 1, n).add_(cross[:, :, : t - 1], alpha=2)
-            anchor = cross[:, :, t - 1].sum(1, keepdim=True)  # (B, 1, N)
-            quad(family.anchor, family.anchor + 1).add_(anchor, alpha=2)
+            self.add_cross_terms(quad, family, block)
         const = side.block(f"layer{layer}.norm4.cross.const")
         at = 0
         for start, stop in keys.const_rows:  # the block's rows are the runs' rows in order
@@ -712,6 +710,25 @@ class FastMaskDecoder:
             scale.to(dtype),
         )
         return normed, Queries(ahead.heads, product[:, split:])
+
+    def add_cross_terms(
+        self,
+        quad: Callable[[int, int], torch.Tensor],
+        family: FamilyRows,
+        block: torch.Tensor,
+    ) -> None:
+        """Adds ``2 (V~_r . K~_i)`` to the rows of ``family`` and its anchor row, ``quad(start,
+        stop)`` giving the rows: per head, the differences' rows and the last token's (for
+        the anchor) against ``block`` (H*dh, N), in one product."""
+        b, num_heads, t, _ = family.values.shape
+        values, n = family.values, block.shape[-1]
+        last = values[:, :, t - 1 :]
+        both = heads_first(torch.cat([values[:, :, : t - 1] - last, last], 2).to(self.dtype))
+        cross = prompts_first(both @ block.view(num_heads, -1, n), b)  # (B, H, T, N)
+        span = quad(family.start, family.start + num_heads * (t - 1))
+        span.view(b, num_heads, t - 1, n).add_(cross[:, :, : t - 1], alpha=2)
+        anchor = cross[:, :, t - 1].sum(1, keepdim=True)  # (B, 1, N)
+        quad(family.anchor, family.anchor + 1).add_(anchor, alpha=2)
 
     # ------------------------------------------------------------------ the decoder
     def transformer_layers(
