@@ -3,12 +3,26 @@ model and Meta's (the oracle)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# One cache root for the whole run, the servers it starts included (they inherit the
+# environment): nothing of the user's ~/.cache/sam2serve is read or written, and every
+# run starts from an empty cache. Tests that need a cache of their own set their own.
+TEST_CACHE = tempfile.mkdtemp(prefix="sam2serve-test-cache-")
+os.environ["SAM2SERVE_CACHE"] = TEST_CACHE
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(TEST_CACHE, ignore_errors=True)
+
 
 from oracle import load_meta_model, write_official_like_checkpoint
 

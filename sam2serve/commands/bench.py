@@ -104,7 +104,8 @@ def add_arguments(parser: CommandParser) -> None:
         metavar="LIST",
         help="comma-separated rows, each a mode: "
         f"{', '.join((*REFERENCES, *MODES, *HF_PEERS))}; a mode may name its backend as "
-        f"MODE+BACKEND ({', '.join(BACKENDS)}; 'artifacts' rows start from '{PROG} export' "
+        f"MODE+BACKEND ({', '.join(BACKENDS)}, or auto: what --backend auto picks on this "
+        f"host, named in the report; 'artifacts' rows start from '{PROG} export' "
         "artifacts, exported once before the runs); reference-bf16 is Meta's code under bf16 "
         f"autocast; {' and '.join(HF_PEERS)} are Hugging Face transformers' Sam2Model on the "
         f"same weights ({', '.join(t.upper() for t in HF_TASKS)} only; hf on our "

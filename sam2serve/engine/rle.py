@@ -110,6 +110,9 @@ def masks_to_coco(masks: torch.Tensor) -> tuple[list[Rle], list[int]]:
         return [], []
     if h * w == 0:
         return [rle_to_coco({"size": [h, w], "counts": [0]}) for _ in range(batch)], [0] * batch
+    if masks.device.type != "cpu":
+        texts, areas = _coco_on_device(masks)
+        return [{"size": [h, w], "counts": text} for text in texts], areas
     runs, offsets = _run_lengths(masks)
     texts = _encode_counts_batch(runs, offsets)
     # Odd-indexed runs (within each mask) are the ones.
@@ -118,6 +121,55 @@ def masks_to_coco(masks: torch.Tensor) -> tuple[list[Rle], list[int]]:
     areas = np.add.reduceat(ones, offsets[:-1]) if runs.size else np.zeros(batch, np.int64)
     # reduceat of an empty segment (never here: every mask has >= 1 run) would misreport.
     return [{"size": [h, w], "counts": text} for text in texts], areas.tolist()
+
+
+def _coco_on_device(masks: torch.Tensor) -> tuple[list[str], list[int]]:
+    """``masks_to_coco``'s strings and areas computed where the masks are (a GPU): runs,
+    deltas and chars for the whole batch on the device, and only the finished chars (one
+    byte each), each mask's char bounds and areas cross to the host. A noisy mask has
+    ~10^5 runs, and encoding them on the host took most of a GPU's time per prompt.
+    Works on any device (the tests run it on the CPU against pycocotools)."""
+    batch, h, w = masks.shape
+    n_pixels = h * w
+    device = masks.device
+    flat = masks.view(torch.uint8).transpose(1, 2).reshape(batch, n_pixels)
+    # A virtual unset pixel before each mask: every mask's counts then start with a zeros
+    # run (one pixel too long, corrected below), whatever its first pixel.
+    padded = torch.zeros((batch, n_pixels + 1), dtype=torch.uint8, device=device)
+    padded[:, 1:] = flat
+    boundary = torch.ones((batch, n_pixels + 2), dtype=torch.bool, device=device)
+    torch.ne(padded[:, 1:], padded[:, :-1], out=boundary[:, 1 : n_pixels + 1])
+    where = boundary.reshape(-1).nonzero().squeeze(1)
+    owner, position = where // (n_pixels + 2), where % (n_pixels + 2)
+    same_mask = owner[1:] == owner[:-1]
+    runs = (position[1:] - position[:-1])[same_mask]
+    lengths = torch.bincount(owner, minlength=batch) - 1  # runs per mask
+    offsets = torch.zeros(batch + 1, dtype=torch.int64, device=device)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    runs[offsets[:-1]] -= 1  # the virtual pixel
+    run_owner = owner[1:][same_mask]
+    index = torch.arange(runs.numel(), device=device) - offsets[run_owner]
+    areas = torch.zeros(batch, dtype=torch.int64, device=device)
+    areas.index_add_(0, run_owner, torch.where(index % 2 == 1, runs, 0))
+    # From a list's 4th count on, the difference to the count two before it.
+    values = runs.clone()
+    later = index >= 3
+    values[later] -= runs[torch.nonzero(later).squeeze(1) - 2]
+    magnitude = torch.where(values < 0, ~values, values)
+    n_chars = torch.ones_like(values)
+    for extra in range(1, _MAX_CHARS_PER_COUNT):  # one more char per 5 more bits
+        n_chars += magnitude >= (1 << (_BITS_PER_CHAR * extra - 1))
+    char_ends = torch.cumsum(n_chars, 0)
+    value_of_char = torch.repeat_interleave(torch.arange(values.numel(), device=device), n_chars)
+    k = torch.arange(value_of_char.numel(), device=device) - (char_ends - n_chars)[value_of_char]
+    payload = (values[value_of_char] >> (_BITS_PER_CHAR * k)) & _PAYLOAD_MASK
+    more = k < n_chars[value_of_char] - 1
+    chars = (payload + more * _MORE_BIT + _CHAR_OFFSET).to(torch.uint8)
+    bounds = torch.cat([char_ends.new_zeros(1), char_ends])[offsets]
+    text = chars.cpu().numpy().tobytes()
+    host = torch.cat([bounds, areas]).cpu().tolist()
+    bounds_host, areas_host = host[: batch + 1], host[batch + 1 :]
+    return [text[a:b].decode("ascii") for a, b in itertools.pairwise(bounds_host)], areas_host
 
 
 def _check_masks(masks: torch.Tensor) -> None:

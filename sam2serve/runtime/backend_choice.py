@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from sam2serve.runtime.artifacts_kind import backend_for_artifacts
 from sam2serve.runtime.backends import BACKENDS
+from sam2serve.runtime.host import HostIsa, host_isa
 from sam2serve.runtime.spec import default_backend
 
 __all__ = [
@@ -29,7 +30,9 @@ __all__ = [
 AUTO = "auto"
 AUTO_DESCRIPTION = (
     "the backend an export directory's manifest calls for (with --artifacts), else the "
-    "mode's backend for this device and CPU class"
+    "fastest measured for the mode on this device and CPU class: openvino for furious on "
+    "CPUs with native bf16 (AVX512-BF16, AMX) and for int8, eager otherwise "
+    "(docs/benchmarks.md, 'Backend auto')"
 )
 # What a user may ask for: auto, or a backend of the registry.
 BACKEND_CHOICES: tuple[str, ...] = (AUTO, *BACKENDS)
@@ -39,8 +42,18 @@ class BackendChoiceError(ValueError):
     """A backend that cannot run what was asked; the message names both."""
 
 
-def auto_backend(mode: str, device: str) -> str:
-    """The backend ``auto`` picks for ``mode`` on ``device`` without an export directory."""
+def auto_backend(mode: str, device: str, isa: HostIsa | None = None) -> str:
+    """The backend ``auto`` picks for ``mode`` on ``device`` (``isa``: this host's CPU by
+    default) without an export directory: the winner of docs/benchmarks.md's
+    'Backend auto' for the CPU's class. furious's bf16 image path runs about twice as fast
+    in OpenVINO as in eager PyTorch where bf16 is native, and OpenVINO keeps its converted
+    model in the cache (only the first start converts); elsewhere eager PyTorch is as fast
+    or faster and starts at once. int8 runs only in OpenVINO (or from an export)."""
+    if not device.startswith("cpu"):
+        return default_backend(mode)
+    isa = isa or host_isa()
+    if mode == "furious" and isa.native_bf16:
+        return "openvino"
     return default_backend(mode)
 
 

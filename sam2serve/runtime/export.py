@@ -80,8 +80,8 @@ DECODERS = ARTIFACT_DECODERS
 ENCODER_PT2 = "image_encoder.pt2"
 OUTPUT_NAMES = ("image_embed", "high_res_s0", "high_res_s1")
 CUDA_ARTIFACTS_WHY = (
-    ": AOTInductor packages compiled for CUDA crashed when loaded (torch 2.11 on an H100, "
-    "measured); on a GPU, run --backend eager or compile"
+    ": AOTInductor packages compiled for CUDA crashed when loaded (docs/benchmarks.md, GPU); "
+    "on a GPU, run --backend eager or compile"
 )
 
 
@@ -188,10 +188,30 @@ def _import_compiled(directory: Path, manifest: dict) -> OpenVINOImageEncoder | 
 
 
 def openvino_image_encoder(model: SAM2Image, spec: RuntimeSpec) -> OpenVINOImageEncoder:
-    """Convert and compile the image path at start-up: the alternative to artifacts
-    (tens of seconds for tiny, measured by ``sam2serve bench`` as mode ``NAME+jit``)."""
-    converted, _, _ = mode_image_path(model, spec)
-    return compile_for_cpu(converted, _encoder_precision(spec))
+    """The image path converted and compiled at start-up (backend openvino): the first
+    start of these weights in this mode converts it (tens of seconds for tiny) and keeps
+    the result in the cache (runtime.openvino_cache); later starts import it."""
+    import openvino as ov
+
+    from sam2serve.runtime.openvino_cache import cache_key, cached_image_path, weights_digest
+
+    precision = _encoder_precision(spec)
+    identity: dict[str, object] = {"image_size": model.image_size, "openvino": ov.__version__}
+    if get_mode(spec.mode).quantized_encoder is not None:
+        import nncf
+
+        from sam2serve.runtime.quantize import DEFAULT_CALIBRATION
+
+        identity.update(nncf=nncf.__version__, calibration=DEFAULT_CALIBRATION.as_dict())
+    config = _precision_config(precision)
+    compiled, source = cached_image_path(
+        cache_key(weights_digest(model), precision, identity),
+        cpu_name(),
+        convert=lambda: mode_image_path(model, spec)[0],
+        compile_model=lambda converted: ov.Core().compile_model(converted, "CPU", config),
+        import_model=lambda blob: ov.Core().import_model(io.BytesIO(blob), "CPU", config),
+    )
+    return OpenVINOImageEncoder(compiled, source)
 
 
 def mode_image_path(

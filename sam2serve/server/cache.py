@@ -104,6 +104,33 @@ class ByteLRU(Generic[K, V]):
             self._bytes += size
             return True
 
+    def recount(self, key: K) -> None:
+        """Size ``key``'s entry again (a value that grew since it was stored, e.g. an
+        embedding that now carries the decoder's per-image side), evicting the least
+        recently used other entries to keep within the budget; an entry that alone no
+        longer fits is dropped."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return
+            value, old_size = entry
+            size = self._size_of(value)
+            if size == old_size:
+                return
+            if size > self.budget:  # alone over the budget: drop it, keep the others
+                self._entries.pop(key)
+                self._bytes -= old_size
+                self._evictions += 1
+                return
+            self._bytes += size - old_size
+            self._entries[key] = (value, size)
+            for other in [k for k in self._entries if k != key]:
+                if self._bytes <= self.budget:
+                    break
+                _, evicted_size = self._entries.pop(other)
+                self._bytes -= evicted_size
+                self._evictions += 1
+
     def stats(self) -> CacheStats:
         with self._lock:
             return CacheStats(

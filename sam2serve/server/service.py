@@ -490,6 +490,12 @@ class Service:
         assert data is not None
         return await self.image_from_bytes(data, clock, check_size=check_size)
 
+    def recount(self, image: ImageState) -> None:
+        """Count again what a cached embedding holds after a model job used it: the fast
+        decoder keeps its per-image side with the embedding (tens of MiB), which the cache
+        must count against its budget."""
+        self.cache.recount(image.key)
+
     # ------------------------------------------------------------------ masks by reference
     def store_mask(self, image: EmbeddingKey, low_res_logits: torch.Tensor) -> str:
         mask_id = secrets.token_urlsafe(16)

@@ -170,3 +170,16 @@ def test_grid_prompts_are_amg_grid_cell_centres():
     assert points == [[50.0, 25.0], [150.0, 25.0], [50.0, 75.0], [150.0, 75.0]]
     assert len(runner.grid_prompts(image, "mps", 5)) == 5  # the first 5 of a 3 x 3 grid
     assert runner.grid_prompts(image, "sps", 64) == [[100.0, 50.0]]
+
+
+def test_auto_rows_run_and_are_named_as_what_auto_picks_here(tmp_path, fake_workers, monkeypatch):
+    from sam2serve.runtime.backend_choice import auto_backend
+
+    monkeypatch.setattr(runner, "missing_requirements", list)
+    result = runner.run_bench(config(tmp_path, tasks=("sps",), modes=("furious+auto",)))
+    picked = f"furious+{auto_backend('furious', 'cpu')}"
+    assert [(task, mode) for task, mode, _, _ in fake_workers.calls] == [
+        ("sps", "baseline"),
+        ("sps", picked),
+    ]
+    assert any(note.startswith(f"furious+auto ran as {picked}") for note in result.notes)

@@ -11,6 +11,7 @@ from reference import import_reference
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sam2serve.engine.rle import (
+    _coco_on_device,
     area_from_rle,
     checked_counts,
     coco_to_rle,
@@ -132,6 +133,24 @@ def test_batch_to_coco_equals_per_mask_path_and_pycocotools():
         assert area == area_from_rle(rle) == int(mask.sum())
         assert coco["counts"].encode() == coco_encode(mask)["counts"]
     assert masks_to_coco(torch.zeros(0, 3, 4, dtype=torch.bool)) == ([], [])
+    # The device path (what a GPU runs), here on the CPU: the same strings and areas.
+    texts, device_areas = _coco_on_device(torch.from_numpy(batch))
+    assert texts == [coco["counts"] for coco in cocos] and device_areas == areas
+    tiny = torch.tensor([[[True]], [[False]]])
+    assert _coco_on_device(tiny) == (["01", "1"], [1, 0])
+
+
+def test_device_path_reads_back_a_fixed_number_of_times():
+    """The device path's host reads (nonzero, sizes of boolean selections, the final copy)
+    do not grow with the masks: 1 and 16 masks make the same calls."""
+
+    def calls(batch: int) -> dict[str, int]:
+        masks = torch.rand(batch, 20, 30, generator=torch.Generator().manual_seed(batch)) < 0.5
+        with OpCounter() as counter:
+            _coco_on_device(masks)
+        return {k: v for k, v in counter.calls.items() if k in ("nonzero", "_local_scalar_dense")}
+
+    assert calls(1) == calls(16)
 
 
 class OpCounter(TorchDispatchMode):

@@ -14,6 +14,7 @@ from sam2serve.runtime.backend_choice import (
     auto_backend,
     choose_backend,
 )
+from sam2serve.runtime.host import parse_cpuinfo
 from sam2serve.server.settings import ServerSettings
 
 
@@ -41,6 +42,21 @@ def test_auto_and_none_follow_the_manifest_or_the_mode(onnx_export, artifacts_ex
         assert choose_backend(requested, "int8", "cpu", None) == auto_backend("int8", "cpu")
     # int8 has no eager kernels: auto never picks a float-only backend for it.
     assert auto_backend("int8", "cpu") in ("openvino", "onnxruntime")
+
+
+def test_auto_picks_per_cpu_class():
+    """furious's bf16 image path goes to OpenVINO where bf16 is native; elsewhere and for
+    the lossless modes eager PyTorch; int8 always to OpenVINO; GPUs run eager."""
+    zen4 = parse_cpuinfo("flags : avx2 avx512f avx512_bf16 avx512_vnni\n")
+    avx2 = parse_cpuinfo("flags : avx2 fma\n")
+    assert auto_backend("furious", "cpu", zen4) == "openvino"
+    assert auto_backend("furious", "cpu", avx2) == "eager"
+    for isa in (zen4, avx2):
+        assert auto_backend("fast", "cpu", isa) == "eager"
+        assert auto_backend("baseline", "cpu", isa) == "eager"
+        assert auto_backend("int8", "cpu", isa) == "openvino"
+    assert auto_backend("furious", "cuda", zen4) == "eager"
+    assert auto_backend("fast", "cuda:1", zen4) == "eager"
 
 
 def test_explicit_names_are_checked_against_the_source(onnx_export, artifacts_export):

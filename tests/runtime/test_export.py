@@ -115,16 +115,35 @@ def test_export_command_reports_a_missing_checkpoint(tmp_path, capsys):
     assert "Traceback" not in err
 
 
-def test_openvino_image_path_at_start_up_matches_eager():
-    """Backend openvino (bench row fast+openvino): converted in memory, same answers."""
-    converted = eager_predictor(4, backend="openvino")
+def test_openvino_image_path_at_start_up_matches_eager(tmp_path, monkeypatch):
+    """Backend openvino (bench row fast+openvino): converted at the first start and kept
+    in the cache, imported at the next; same answers as eager either way. A damaged cache
+    entry is not used."""
+    from sam2serve.runtime import openvino_cache
+
+    monkeypatch.setenv("SAM2SERVE_CACHE", str(tmp_path))
+    first = eager_predictor(4, backend="openvino")
+    again = eager_predictor(4, backend="openvino")
+    assert first.image_encoder.source == "converted at start-up, kept in the cache"
+    assert again.image_encoder.source == "imported from the cache"
     eager = eager_predictor(4)
     image = data.coffee()
-    ours, ref = converted.encode(image), eager.encode(image)
+    ref = eager.encode(image)
     scale = ref.image_embed.abs().max()
-    assert (ours.image_embed - ref.image_embed).abs().max() / scale < 1e-4
-    for a, b in zip(ours.high_res_feats, ref.high_res_feats):
-        assert (a - b).abs().max() / b.abs().max() < 1e-4
+    for predictor in (first, again):
+        ours = predictor.encode(image)
+        assert (ours.image_embed - ref.image_embed).abs().max() / scale < 1e-4
+        for a, b in zip(ours.high_res_feats, ref.high_res_feats):
+            assert (a - b).abs().max() / b.abs().max() < 1e-4
+    (entry,) = (tmp_path / openvino_cache.CACHE_NAME).iterdir()
+    assert openvino_cache._checked_files(entry) is not None
+    with (entry / openvino_cache.IR_BIN).open("r+b") as weights:
+        weights.write(b"damaged")
+    assert openvino_cache._checked_files(entry) is None  # converted again, not imported
+    # Other weights, another entry: a seed's weights are never mistaken for another's.
+    other = eager_predictor(5, backend="openvino")
+    assert other.image_encoder.source == "converted at start-up, kept in the cache"
+    assert len(list((tmp_path / openvino_cache.CACHE_NAME).iterdir())) == 2
 
 
 @pytest.mark.parametrize(

@@ -168,6 +168,31 @@ def test_segment_matches_the_library_on_the_cached_embedding(main_server, client
         assert np.array_equal(rle_to_mask(mask["segmentation"]), padded.masks[0, c].numpy())
 
 
+def test_best_mask_only_answers_the_top_scoring_candidate(client, chelsea_id):
+    """A click as the page sends it: of SAM's 3 candidates only the best is upsampled and
+    sent, and it is the very candidate (mask, score, box) the full answer ranks first."""
+    objects = OBJECTS[:2]
+    full = segment(client, image_id=chelsea_id, objects=objects, mask_format="coco_rle")
+    best = segment(
+        client, image_id=chelsea_id, objects=objects, mask_format="coco_rle", best_mask_only=True
+    )
+    assert [len(o["masks"]) for o in best["objects"]] == [1, 1]
+    for everything, only in zip(full["objects"], best["objects"], strict=True):
+        top = max(everything["masks"], key=lambda mask: mask["score"])
+        (kept,) = only["masks"]
+        assert kept["segmentation"] == top["segmentation"]
+        assert (kept["score"], kept["bbox"], kept["area"]) == (
+            top["score"],
+            top["bbox"],
+            top["area"],
+        )
+    # Without multimask output there is one mask anyway: the flag changes nothing.
+    single = segment(
+        client, image_id=chelsea_id, objects=objects, multimask_output=False, best_mask_only=True
+    )
+    assert [len(o["masks"]) for o in single["objects"]] == [1, 1]
+
+
 def test_segment_with_the_image_itself(client, photos, chelsea_id):
     body = segment(
         client, image=b64(photos["chelsea"]), objects=OBJECTS[:1], multimask_output=False

@@ -79,3 +79,21 @@ def test_image_ids_are_content_hashes():
     assert first != second and looks_like_image_id(first)
     assert first == image_id_of(b"abc")
     assert not looks_like_image_id("../../etc") and not looks_like_image_id(first.upper())
+
+
+def test_recount_follows_a_value_that_grew():
+    """An embedding gains the decoder's per-image side after it was cached: recounting it
+    evicts the least recently used others, or drops it when it alone no longer fits."""
+    cache: ByteLRU[str, bytearray] = ByteLRU(10, len)
+    grows = bytearray(b"12")
+    for key, value in (("a", bytearray(b"123")), ("b", bytearray(b"123")), ("g", grows)):
+        cache.put(key, value)
+    grows.extend(b"12345")  # 7 bytes now: 3 + 3 + 7 = 13 > 10
+    cache.recount("g")
+    assert "a" not in cache and "b" in cache and "g" in cache
+    assert cache.stats().bytes == 10 and cache.stats().evictions == 1
+    grows.extend(b"12345")  # 12 bytes alone: over the budget
+    cache.recount("g")
+    assert "g" not in cache and cache.stats().bytes == 3
+    cache.recount("missing")  # nothing cached under it: nothing happens
+    assert cache.stats().entries == 1

@@ -331,6 +331,7 @@ async function segment(prompt, multimask) {
     image_id: image.imageId,
     objects: [prompt],
     multimask_output: multimask,
+    best_mask_only: multimask, // the page keeps the best candidate: only it is sent
     mask_format: "uncompressed_rle",
   });
   try {

@@ -60,6 +60,7 @@ async def amg(
                 )
 
             records = await service.run_job("amg", run, clock, bulk=True)
+            service.recount(image)  # the decoder may have kept its per-image side with it
         segmentations = await format_segmentations(
             [r["segmentation"] for r in records], body.mask_format, service
         )
