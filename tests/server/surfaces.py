@@ -23,10 +23,21 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from hostile import LOOPBACK, Answer, GiB, SpawnedServer, proc_status, reset_peak_rss, spawn_server
+from hostile import (
+    LOOPBACK,
+    Answer,
+    GiB,
+    SpawnedServer,
+    StallProbe,
+    proc_status,
+    reset_peak_rss,
+    spawn_server,
+)
 
 MiB = 1024 * 1024
 REPORT_ENV = "SAM2SERVE_RELIABILITY_REPORT"  # a file the tallies are appended to (JSON lines)
+MAX_STALL_S = 0.5  # the worst /healthz latency a hostile request may cause
+SETTLE_S = 0.2  # after a garbage collection in the server, before a measurement
 
 
 # --------------------------------------------------------------------------- files
@@ -160,6 +171,39 @@ class SharedServer:
         if self.live is not None:
             self.live.stop()
             self.live = None
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def measured(
+    live: SpawnedServer, tally: Tally, request: Callable[[], Answer]
+) -> tuple[int, Answer | None, int, float]:
+    """(status, answer, peak RSS growth, worst /healthz latency) of one request."""
+    live.collect_garbage(SETTLE_S)  # the peak is measured from what the server holds
+    with StallProbe(live.url) as probe:
+        (status, answer), growth = peak_growth(live, status_of(request))
+        time.sleep(0.05)
+    tally.add(status, growth)
+    tally.stalled(probe.worst_s)
+    print(f" [{status}, peak +{growth / MiB:.0f} MiB, /healthz {probe.worst_s:.3f} s]", end=" ")
+    return status, answer, growth, probe.worst_s
+
+
+def confirmed_stall(live: SpawnedServer, request: Callable[[], Answer], stall: float) -> float:
+    """A /healthz stall over the limit, measured again with the same (refused) request up to
+    twice: a handler that blocks the event loop stalls every time, a pause of a busy
+    machine (2 cores shared with the test process and the suite's other servers) does not.
+    The least of the measurements."""
+    for _ in range(2):
+        if stall <= MAX_STALL_S:
+            break
+        live.collect_garbage(SETTLE_S)
+        with StallProbe(live.url) as probe:
+            request()
+            time.sleep(0.05)
+        stall = min(stall, probe.worst_s)
+    return stall
 
 
 # --------------------------------------------------------------------------- tallies

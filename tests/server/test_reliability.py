@@ -64,6 +64,7 @@ from hypothesis import strategies as st
 from PIL import Image
 from schemathesis import GenerationMode
 from server_support import photo, png_bytes
+from surfaces import SharedServer
 
 SEED_PNG = png_bytes(photo("coffee", 64))
 SEEDS = Seeds(SEED_PNG, hashlib.sha256(SEED_PNG).hexdigest())
@@ -85,28 +86,19 @@ FUZZ_SETTINGS: dict[str, Any] = {
 }
 
 
-class Target:
-    """A spawned server that tests share, started again if a request killed or froze it
-    (each restart is kept, with the end of the dead server's log)."""
+class Target(SharedServer):
+    """The shared fuzzing server (started again if a request killed or froze it), seeded
+    with the fuzzer's image after every start; ``headers`` carry its API key if it has one."""
 
     def __init__(self, settings: dict[str, Any], api_key: str | None = None) -> None:
-        self.settings = {**settings, "api_key": api_key}
+        super().__init__(
+            {**settings, "api_key": api_key}, prepare=self._seed, max_restarts=MAX_RESTARTS
+        )
         self.headers = {"X-API-Key": api_key} if api_key else {}
-        self.live: SpawnedServer | None = None
-        self.restarts: list[str] = []
 
-    def ensure(self) -> SpawnedServer:
-        if self.live is not None:
-            if self.live.alive(timeout=5):
-                return self.live
-            self.restarts.append(self.live.log()[-1500:])
-            self.live.stop()
-            self.live = None
-        if len(self.restarts) > MAX_RESTARTS:
-            pytest.fail(f"the server died or froze {len(self.restarts)} times; not again")
-        self.live = spawn_server(self.settings)
+    def _seed(self, live: SpawnedServer) -> None:
         answer = exchange(
-            self.live.url,
+            live.url,
             "POST",
             "/v1/embeddings",
             dumps({"image": SEEDS.png_b64}),
@@ -116,11 +108,6 @@ class Target:
         )
         assert answer.status == 200, answer.text
         assert json.loads(answer.body)["image_id"] == SEEDS.image_id
-        return self.live
-
-    def stop(self) -> None:
-        if self.live is not None:
-            self.live.stop()
 
 
 @pytest.fixture(scope="module")

@@ -40,10 +40,14 @@ from hostile import (
 from schemathesis import GenerationMode
 from server_support import photo, png_bytes
 from surfaces import (
+    MAX_STALL_S,
+    SETTLE_S,
     MiB,
     SharedServer,
     Tally,
+    confirmed_stall,
     gif,
+    measured,
     mp4,
     multipart_files,
     peak_growth,
@@ -83,9 +87,7 @@ TIMEOUT_S = 60.0
 REFUSED_GROWTH = 96 * MiB
 # /healthz must keep answering while hostile requests are handled (the contract is 100 ms;
 # this machine is shared, so allow for its noise, not for a stalled event loop).
-MAX_STALL_S = 0.5
 FOLDER_FILES = 40_000
-SETTLE_S = 0.2  # after a garbage collection in the server, before a measurement
 
 TALLIES = {name: Tally(name) for name in ("video uploads", "video prompts", "coco", "image folder")}
 SMALL_FRAMES = [png_bytes(photo(name, 96)[:64, :96]) for name in ("astronaut", "coffee", "rocket")]
@@ -157,36 +159,6 @@ def check_refusal(answer: Answer | None, status: int, statuses: frozenset[int]) 
     error = answer.error()
     assert len(error["message"]) <= 1000, error["message"][:300]
     return error
-
-
-def measured(
-    live: SpawnedServer, tally: Tally, request: Callable[[], Answer]
-) -> tuple[int, Answer | None, int, float]:
-    """(status, answer, peak RSS growth, worst /healthz latency) of one request."""
-    live.collect_garbage(SETTLE_S)  # the peak is measured from what the server holds
-    with StallProbe(live.url) as probe:
-        (status, answer), growth = peak_growth(live, status_of(request))
-        time.sleep(0.05)
-    tally.add(status, growth)
-    tally.stalled(probe.worst_s)
-    print(f" [{status}, peak +{growth / MiB:.0f} MiB, /healthz {probe.worst_s:.3f} s]", end=" ")
-    return status, answer, growth, probe.worst_s
-
-
-def confirmed_stall(live: SpawnedServer, request: Callable[[], Answer], stall: float) -> float:
-    """A /healthz stall over the limit, measured again with the same (refused) request up to
-    twice: a handler that blocks the event loop stalls every time, a pause of a busy
-    machine (2 cores shared with the test process and the suite's other servers) does not.
-    The least of the measurements."""
-    for _ in range(2):
-        if stall <= MAX_STALL_S:
-            break
-        live.collect_garbage(SETTLE_S)
-        with StallProbe(live.url) as probe:
-            request()
-            time.sleep(0.05)
-        stall = min(stall, probe.worst_s)
-    return stall
 
 
 def close_sessions(live: SpawnedServer, ids: list[str]) -> None:
