@@ -1,31 +1,36 @@
-"""A lossless fast path for the SAM2 mask decoder: the same function, 3.5x fewer FLOPs.
+"""A lossless fast path for the SAM2 mask decoder: the same function, ~4x fewer FLOPs.
 
 Why it can be exact: in the two-way transformer the 4096 image keys start out identical
 for every prompt of an image (``K``), and each prompt only ever changes them by
 (a) image-to-token attention outputs, which are *low rank*: position i receives
 ``sum_{h,t} alpha[h, t, i] * Wo_h v[h, t]`` — 8 heads x T tokens vectors, and
-(b) LayerNorm, which per position only shifts and rescales, then applies a fixed
-channel gain ``gamma`` and bias ``beta``.
+(b) LayerNorm, which per position subtracts the channel mean and rescales, then applies a
+fixed channel gain ``gamma`` and bias ``beta``: a fixed linear map of the centred keys.
 So the keys of every prompt stay in the symbolic form
 
-    keys_i = s_i * (g * K_i + sum_r coef[r, i] * V_r)
+    keys_i = s_i * (L K_i + sum_r coef[r, i] * V_r)
 
-with a per-position scale ``s`` (the product of the LayerNorms' 1/std), a channel gain ``g``
-fixed per layer (the product of their gammas), and per prompt a low-rank part: coefficient
-rows ``coef`` (positions last; each attention appends rows) and their vectors ``V``.
-Any linear map W of the keys is then ``s * (W g K + (V W^T)^T coef)``: every ``W g K`` is a
-weights-only matrix times ``K``, so the whole per-image side is ONE matrix product,
-computed once per image; per prompt only rank-R products remain. Attention scores against
-a few token vectors never need the 4096 x 256 keys, and LayerNorm moments come from Gram
-matrices of the centred vectors (centred, so that no ``mean^2`` cancels against
-``E[x^2]``). A LayerNorm rescales ``s`` (4096 numbers per prompt) instead of every row of
-``coef``, and adds two rows. Only the upscaling convolutions after the transformer see
-dense per-prompt tensors.
+with a per-position scale ``s`` (the product of the LayerNorms' 1/std), a weights-only
+linear map ``L`` fixed per layer (the product of the LayerNorms' centring and gains), and
+per prompt a low-rank part: coefficient rows ``coef`` (positions last; each attention
+appends rows) and their vectors ``V``. Any linear map W of the keys is then
+``s * (W L K + (V W^T)^T coef)``: every ``W L K`` is a weights-only matrix times ``K``,
+so the whole per-image side is ONE matrix product, computed once per image; per prompt
+only rank-R products remain. Attention scores against a few token vectors never need the
+4096 x 256 keys, and LayerNorm moments come from Gram matrices of the centred vectors
+(centred, so that no ``mean^2`` cancels against ``E[x^2]``). A LayerNorm rescales ``s``
+(4096 numbers per prompt), centres and scales the vectors (``V <- (V - mean) * gamma``,
+R x 256 numbers), and adds one row (``beta``, coefficient 1/s); no coefficient row
+changes. Only the upscaling convolutions after the transformer see dense per-prompt
+tensors.
 
 Products against the image side are one matrix product per head for all prompts of a call
 (``(B*T, dh) @ (dh, 4096)``); products with the low-rank part are one per prompt, in the
-decoder's ``dtype`` (bf16 in mode furious on hosts with native bf16; the positions' scales,
-the LayerNorm statistics' sums and the softmax statistics stay fp32).
+decoder's ``dtype`` (bf16 in mode furious on hosts with native bf16, with the token side's
+linear layers; the positions' scales, the vectors, the LayerNorm statistics and the
+softmax statistics stay fp32). The queries of the attention after a LayerNorm are known
+before it, so their low-rank scores share the LayerNorm's product with the coefficient
+rows (one product per prompt reads them for both).
 
 Used when a prompt has no mask input (AMG, clicks, boxes); mask inputs make the image
 side per-prompt from the start, and those go through the reference decoder.
@@ -41,7 +46,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
+from sam2serve.modeling.common import MLP
 from sam2serve.modeling.mask_decoder import MaskDecoder
 from sam2serve.modeling.transformer import Attention, TwoWayAttentionBlock
 
@@ -87,24 +95,32 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(b, n, h * d)
 
 
+def key_rows(weight: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """(B, H*T, C): ``W_h^T q[b, h, t]`` for queries (B, H, T, dh) of a projection ``weight``
+    (H*dh, C): the row vectors whose dot products with the keys are the scores."""
+    b, h, t, d = queries.shape
+    per_head = weight.view(h, d, -1)
+    return torch.einsum("bhtd,hdc->bhtc", queries, per_head).reshape(b, h * t, -1)
+
+
 # --------------------------------------------------------------------------- image side
 
 
 @dataclass
 class SidePlan:
     """Weights-only: which linear maps of ``K`` the prompts read, stacked so that the
-    per-image side is one product ``weight @ K``, and the LayerNorm gains.
+    per-image side is one product ``weight @ K``, and the LayerNorms' gains.
 
     Block names: ``layer{l}.t2i.k`` / ``.v``, ``layer{l}.i2t.q``, ``final.k`` / ``.v``
-    (the attention projections of ``g K``), ``layer{l}.norm4.cross.<family>`` and
-    ``.cross.const`` (``V_r . (g K - mean)`` for the LayerNorm's cross terms, through the
+    (the attention projections of ``L K``), ``layer{l}.norm4.cross.<family>`` and
+    ``.cross.const`` (``V_r . (M L K)`` for the LayerNorm's cross terms, through the
     families' head structure); apart, ``upscale``: the first transposed convolution of
     the final keys, which the upscaling reads channels-last."""
 
     weight: torch.Tensor  # (rows, C)
     rows: dict[str, slice]
     upscale: torch.Tensor  # (4 * 64, C), rows (sub-pixel, channel)
-    norm_gains: list[torch.Tensor]  # g of each layer's norm4, (C,)
+    norm_gains: list[torch.Tensor]  # gamma of each layer's norm4, (C,)
     # Model constants: projections of the positional encoding P (added to layer 0's
     # blocks, kept apart for later layers, whose scores scale the image part by s).
     pe_weight: torch.Tensor  # (rows_pe, C)
@@ -112,20 +128,19 @@ class SidePlan:
     pe_bias: torch.Tensor  # (rows_pe,)
 
 
-def _centring(gain: torch.Tensor) -> torch.Tensor:
-    """M with ``M K_i = g * K_i - mean(g * K_i)``: the LayerNorm's centred keys."""
-    c = gain.shape[0]
-    return torch.diag(gain) - gain[None, :].expand(c, c) / c
-
-
 def side_plan(decoder: MaskDecoder) -> SidePlan:
-    """Walks the transformer with the same bookkeeping as :class:`FastMaskDecoder` (gains,
-    families, constant rows), recording the maps of ``K`` each stage will read."""
+    """Walks the transformer with the same bookkeeping as :class:`FastMaskDecoder` (the
+    keys' map L, each family's map since it was added, the constant rows), recording the
+    maps of ``K`` each stage will read."""
     transformer = decoder.transformer
-    channels = decoder.iou_token.weight.shape[1]
-    gain = torch.ones(channels, dtype=FP32, device=decoder.iou_token.weight.device)
-    families: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name -> (Wo, sigma)
-    consts = gain.new_zeros((0, channels))  # constant rows' vectors, in row order
+    weight = decoder.iou_token.weight
+    channels = weight.shape[1]
+    eye = torch.eye(channels, dtype=FP32, device=weight.device)
+    centring = eye - 1.0 / channels  # M: x -> x - mean(x) over channels
+    keys_map = eye  # L
+    # name -> (Wo (C, H*dh), the map applied to the family's vectors since it was added)
+    families: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    consts = weight.new_zeros((0, channels))  # constant rows' vectors, in row order
     blocks: list[tuple[str, torch.Tensor]] = []
     pe_blocks: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
     norm_gains = []
@@ -133,32 +148,36 @@ def side_plan(decoder: MaskDecoder) -> SidePlan:
         name = f"layer{index}"
         t2i, i2t = layer.cross_attn_token_to_image, layer.cross_attn_image_to_token
         blocks += [
-            (f"{name}.t2i.k", t2i.k_proj.weight * gain),
-            (f"{name}.t2i.v", t2i.v_proj.weight * gain),
-            (f"{name}.i2t.q", i2t.q_proj.weight * gain),
+            (f"{name}.t2i.k", t2i.k_proj.weight @ keys_map),
+            (f"{name}.t2i.v", t2i.v_proj.weight @ keys_map),
+            (f"{name}.i2t.q", i2t.q_proj.weight @ keys_map),
         ]
         pe_blocks += [(f"{name}.t2i.k", t2i.k_proj.weight, None)]
         pe_blocks += [(f"{name}.i2t.q", i2t.q_proj.weight, i2t.q_proj.bias)]
-        families[f"{name}.i2t"] = (i2t.out_proj.weight, torch.ones_like(gain))
+        families[f"{name}.i2t"] = (i2t.out_proj.weight, eye)
         # The out_proj bias has coefficient 1/s: a new row in the first layer, else added
         # to the previous LayerNorm's beta row, whose coefficient is the same 1/s.
         if index == 0:
             consts = torch.cat([consts, i2t.out_proj.bias[None]])
         else:
             consts = torch.cat([consts[:-1], (consts[-1] + i2t.out_proj.bias)[None]])
-        centring = _centring(gain)
-        for family, (out_weight, sigma) in families.items():
-            blocks.append((f"{name}.norm4.cross.{family}", (out_weight.T * sigma) @ centring))
-        blocks.append((f"{name}.norm4.cross.const", consts @ centring))
-        norm_gains.append(gain)
-        gamma, beta = layer.norm4.weight, layer.norm4.bias
-        families = {f: (w, sigma * gamma) for f, (w, sigma) in families.items()}
-        consts = torch.cat([consts * gamma, gamma[None], beta[None]])
-        gain = gain * gamma
+        # (M v) . (M L K) = v^T M L K: M is symmetric and idempotent.
+        centred = centring @ keys_map
+        for family, (out_weight, since) in families.items():
+            blocks.append((f"{name}.norm4.cross.{family}", out_weight.T @ since.T @ centred))
+        blocks.append((f"{name}.norm4.cross.const", consts @ centred))
+        norm_gains.append(layer.norm4.weight)
+        norm = centring * layer.norm4.weight[:, None]  # diag(gamma) M
+        keys_map = norm @ keys_map
+        families = {f: (w, norm @ since) for f, (w, since) in families.items()}
+        consts = torch.cat([consts @ norm.T, layer.norm4.bias[None]])
     final = transformer.final_attn_token_to_image
     dc1 = decoder.output_upscaling[0]
     w1 = dc1.weight.permute(2, 3, 1, 0).reshape(-1, channels)  # rows (sub-pixel, channel)
-    blocks += [("final.k", final.k_proj.weight * gain), ("final.v", final.v_proj.weight * gain)]
+    blocks += [
+        ("final.k", final.k_proj.weight @ keys_map),
+        ("final.v", final.v_proj.weight @ keys_map),
+    ]
     pe_blocks += [("final.k", final.k_proj.weight, None)]
     rows, start = {}, 0
     for block_name, matrix in blocks:
@@ -168,11 +187,11 @@ def side_plan(decoder: MaskDecoder) -> SidePlan:
     for block_name, matrix, _ in pe_blocks:
         pe_rows[block_name] = slice(start, start + matrix.shape[0])
         start += matrix.shape[0]
-    pe_bias = torch.cat([gain.new_zeros(m.shape[0]) if b is None else b for _, m, b in pe_blocks])
+    pe_bias = torch.cat([weight.new_zeros(m.shape[0]) if b is None else b for _, m, b in pe_blocks])
     return SidePlan(
         torch.cat([m for _, m in blocks]).contiguous(),
         rows,
-        (w1 * gain).contiguous(),
+        (w1 @ keys_map).contiguous(),
         norm_gains,
         torch.cat([m for _, m, _ in pe_blocks]).contiguous(),
         pe_rows,
@@ -190,7 +209,7 @@ class ImageSide:
     - ``up`` (N, 4 * 64): the plan's ``upscale`` map of ``K``, channels last, as the
       upscaling reads it;
     - ``pe`` (rows_pe, N): projections of the positional encoding (+ bias), a model constant;
-    - ``stats`` (2 * depth, N) fp32: per LayerNorm, mean and centred sum of squares of g K;
+    - ``stats`` (depth, N) fp32: per LayerNorm, the sum of squares of the centred ``L K``;
     - ``s1`` (1, N, 4 * 64), ``s0`` (1, 4N, 4 * 32): the high-res features plus the transposed
       convolutions' biases in the channels-last "parent pixel, then sub-pixel" order of
       :meth:`FastMaskDecoder.upscale`."""
@@ -205,10 +224,9 @@ class ImageSide:
     def pe_block(self, name: str) -> torch.Tensor:
         return self.tensors["pe"][self.plan.pe_rows[name]]
 
-    def norm_stats(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean (N,), centred sum of squares (N,)) of ``g K`` at layer ``layer``'s norm4."""
-        stats = self.tensors["stats"]
-        return stats[2 * layer], stats[2 * layer + 1]
+    def norm_stats(self, layer: int) -> torch.Tensor:
+        """(N,): ``|M L K|^2`` at layer ``layer``'s norm4 (C times the keys' variance)."""
+        return self.tensors["stats"][layer]
 
     @property
     def nbytes(self) -> int:
@@ -224,9 +242,10 @@ class ImageSide:
 class FamilyRows:
     """The rows one image-to-token attention added. Its probabilities sum to 1 over the T
     tokens, so the last token's is implied: ``coef[start : start + H*(T-1)]`` are the
-    others' (divided by s), with vectors ``sigma * Wo_h (v_ht - v_h,last)``, and the last
-    token's vectors ``sigma * Wo_h v_h,last`` join the ``anchor`` row (coefficient 1/s).
-    The LayerNorm cross terms go through the head structure, so the values are kept."""
+    others' (divided by s), with vectors ``Wo_h (v_ht - v_h,last)`` (mapped by every
+    LayerNorm since), and the last token's vectors ``Wo_h v_h,last`` join the ``anchor``
+    row (coefficient 1/s). The LayerNorm cross terms go through the head structure, so
+    the values are kept."""
 
     name: str
     start: int
@@ -236,17 +255,17 @@ class FamilyRows:
 
 @dataclass
 class SymbolicKeys:
-    """``keys_i = s_i * (g K_i + sum_r coef[r, i] V_r)`` for a chunk of B prompts."""
+    """``keys_i = s_i * (L K_i + sum_r coef[r, i] V_r)`` for a chunk of B prompts."""
 
     scale: torch.Tensor | None  # (B, 1, N) fp32; None: identically 1 (before any LayerNorm)
     # (B, rows, N) in the decoder's dtype, contiguous (a batched product reads it whole):
-    # rows >= rank are zeros, reserved for the LayerNorm that follows an attention.
+    # a row >= rank is zeros, reserved for the LayerNorm that follows an attention.
     coef: torch.Tensor
     rank: int
     vecs: torch.Tensor  # (B, rank, C) fp32
-    layer: int  # which LayerNorm gains apply (the plan's stage)
+    layer: int  # which LayerNorm's map applies (the plan's stage)
     families: list[FamilyRows]
-    # Runs [start, stop) of the rows whose vectors are constants (biases, gammas, betas).
+    # Runs [start, stop) of the rows whose vectors are constants (biases, betas).
     const_rows: list[tuple[int, int]]
     ones_row: int | None  # the row whose coefficient is 1/s (bias rows join it)
     # The scale in the decoder's dtype, for elementwise products with its tensors.
@@ -277,7 +296,7 @@ class SymbolicKeys:
 @dataclass
 class FinalKeys:
     """The image keys after the transformer, as the upscaling reads them:
-    ``scale * (g K + coef^T vecs)``, g K's projection being the side's ``up`` tensor."""
+    ``scale * (L K + coef^T vecs)``, L K's projection being the side's ``up`` tensor."""
 
     scale: torch.Tensor  # (B, 1, N) fp32
     coef: torch.Tensor  # (B, R, N)
@@ -290,12 +309,24 @@ class FinalKeys:
         return FinalKeys(self.scale[start:stop], self.coef[start:stop], self.vecs[start:stop])
 
 
+@dataclass
+class Queries:
+    """An attention's queries to the image keys, (B, H, T, dh) with the softmax scale
+    folded in, and, when the LayerNorm before the attention computed it in its product,
+    the low-rank part of their scores ``(V W^T q) . coef`` (B, H*T, N), in the decoder's
+    dtype (without the LayerNorm's beta row: constant over positions, the softmax drops
+    it)."""
+
+    heads: torch.Tensor
+    low_rank: torch.Tensor | None = None
+
+
 class FastMaskDecoder:
     """Computes ``MaskDecoder.predict_all_masks`` for prompts without a mask input.
 
-    ``dtype``: what the per-prompt products and the image side are stored and multiplied
-    in (fp32: mode fast, equal to the reference up to float reassociation; bf16: mode
-    furious on devices that run it natively)."""
+    ``dtype``: what the per-prompt products, the image side and the token side's linear
+    layers are stored and multiplied in (fp32: mode fast, equal to the reference up to
+    float reassociation; bf16: mode furious on devices that run it natively)."""
 
     source = "eager"
 
@@ -307,6 +338,8 @@ class FastMaskDecoder:
             self.plan = side_plan(decoder)
         # The positional encoding's projections, per dtype (a model constant).
         self._pe: dict[torch.dtype, torch.Tensor] = {}
+        # Linear layers' weights and biases in ``dtype``, cast on first use.
+        self._cast: dict[nn.Linear, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ------------------------------------------------------------------ image side
     def prepare(
@@ -325,11 +358,12 @@ class FastMaskDecoder:
         pe = self.pe_projections(image_pe)
         for name in ("layer0.t2i.k", "layer0.i2t.q"):  # s is 1 there: K and P share scores
             proj[plan.rows[name]] += pe[plan.pe_rows[name]]
-        stats = []
+        # |M L K|^2 per LayerNorm: L K is K through the earlier LayerNorms' centring and gains.
+        stats, mapped = [], keys
         for gain in plan.norm_gains:
-            gained = keys * gain[:, None]
-            mean = gained.mean(0)
-            stats += [mean, (gained - mean).pow(2).sum(0)]
+            mapped = mapped - mapped.mean(0)
+            stats.append(mapped.pow(2).sum(0))
+            mapped = mapped * gain[:, None]
         h, w = image_embed.shape[-2:]
         s1, s0 = self.upscaling_features(high_res_feats, (h, w))
         tensors = {
@@ -370,54 +404,178 @@ class FastMaskDecoder:
         s0 = (s0.reshape(1, h * w * 16, c0) + dc2.bias).reshape(1, h * w * 4, 4 * c0)
         return s1.to(self.dtype).contiguous(), s0.to(self.dtype).contiguous()
 
+    # ------------------------------------------------------------------ token side
+    def linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """``layer(x)`` with the product in the decoder's dtype; the result fp32 (the
+        tokens' residual stream and norms stay fp32)."""
+        if self.dtype == FP32:
+            return layer(x)
+        return F.linear(x.to(self.dtype), *self._weights(layer)).float()
+
+    def _weights(self, layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+        cast = self._cast.get(layer)
+        if cast is None:  # two threads may both cast: the same values, one is kept
+            cast = self._cast[layer] = (layer.weight.to(self.dtype), layer.bias.to(self.dtype))
+        return cast
+
+    def mlp(self, mlp: MLP, x: torch.Tensor) -> torch.Tensor:
+        """``mlp(x)``, the hidden activations in the decoder's dtype."""
+        if self.dtype == FP32:
+            return mlp(x)
+        x = x.to(self.dtype)
+        for index, layer in enumerate(mlp.layers):
+            x = F.linear(x, *self._weights(layer))
+            if index < len(mlp.layers) - 1:
+                x = mlp.act(x)
+        return x.float()
+
+    def attention(
+        self, attn: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """``attn(q, k, v)`` among the tokens of each prompt (B, T, C)."""
+        q, k, v = (
+            self.linear(attn.q_proj, q),
+            self.linear(attn.k_proj, k),
+            self.linear(attn.v_proj, v),
+        )
+        out = F.scaled_dot_product_attention(attn._heads(q), attn._heads(k), attn._heads(v))
+        return self.linear(attn.out_proj, merge_heads(out))
+
+    def self_attention(
+        self, layer: TwoWayAttentionBlock, queries: torch.Tensor, query_pe: torch.Tensor
+    ) -> torch.Tensor:
+        """A block's token self-attention and its norm."""
+        if layer.skip_first_layer_pe:
+            queries = self.attention(layer.self_attn, queries, queries, queries)
+        else:
+            q = queries + query_pe
+            queries = queries + self.attention(layer.self_attn, q, q, queries)
+        return layer.norm1(queries)
+
+    def image_queries(self, attn: Attention, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, T, dh): a token-to-image attention's queries of the token states ``x``
+        (positional encoding added), the softmax scale folded in (T rows rather than the
+        4096 scores)."""
+        q = self.linear(attn.q_proj, x)
+        b, t, c = q.shape
+        q = q * (1.0 / math.sqrt(c // attn.num_heads))
+        return q.view(b, t, attn.num_heads, -1).transpose(1, 2)
+
     # ------------------------------------------------------------------ symbolic algebra
-    def scores(
+    def low_rank_scores(
+        self, keys: SymbolicKeys, weight: torch.Tensor, queries: torch.Tensor
+    ) -> torch.Tensor:
+        """(B, H*T, N): ``(V W_h^T q[b, h, t]) . coef``, one product per prompt."""
+        small = key_rows(weight, queries) @ keys.vecs.transpose(1, 2)  # (B, H*T, R)
+        return torch.bmm(small.to(self.dtype), keys.coef)
+
+    def token_to_image(
         self,
         side: ImageSide,
         keys: SymbolicKeys,
-        weight: torch.Tensor,
-        queries: torch.Tensor,
+        attn: Attention,
+        queries: Queries,
         name: str,
     ) -> torch.Tensor:
-        """(B, H, T, N): ``queries[b, h, t] . (W_h (keys_i + P_i) + b_h)`` (the bias only
-        for blocks whose positional projection carries it).
+        """Attention of the tokens to the (symbolic) image keys; returns out_proj output."""
+        logits = self.token_scores(side, keys, attn, queries, f"{name}.k")
+        probs = torch.softmax(logits, dim=-1)  # (H, B*T, N)
+        out = self.weighted_values(side, keys, attn, probs, f"{name}.v")
+        return self.linear(attn.out_proj, out + attn.v_proj.bias)
 
-        The image part is one product per head for all prompts; the low-rank part one
-        product per prompt; ``s`` scales both, the positional part is added after."""
-        b, num_heads, t, dh = queries.shape
-        q_heads = heads_first(queries.to(self.dtype))  # (H, B*T, dh)
-        image = prompts_first(q_heads @ side.block(name).view(num_heads, dh, -1), b)
-        if keys.rank == 0:  # layer 0: s is 1 and the block holds W (K + P) (+ b)
-            return image
-        # (V W^T) . q per prompt: the low-rank part's scores are (B, H*T, R) @ (R, N).
-        projected = (keys.vecs @ weight.T).view(b, keys.rank, num_heads, dh)
-        small = torch.einsum("brhd,bhtd->bhtr", projected, queries.float())
-        out = torch.bmm(small.reshape(b, num_heads * t, -1).to(self.dtype), keys.coef)
-        out = out.view(b, num_heads, t, -1).add_(image)
-        positional = prompts_first(q_heads @ side.pe_block(name).view(num_heads, dh, -1), b)
-        return torch.addcmul(positional, out, keys.scale_cast[:, None])
+    def token_scores(
+        self,
+        side: ImageSide,
+        keys: SymbolicKeys,
+        attn: Attention,
+        queries: Queries,
+        name: str,
+    ) -> torch.Tensor:
+        """(H, B*T, N), heads first: ``s * (q . W_h L K + low rank) + q . W_h P`` (k = W
+        (keys + P) + b; the bias is the same for every position: softmax drops it). The
+        image and positional parts are one product per head for all prompts; the softmax
+        and the values' image part read this layout as it is."""
+        q = queries.heads
+        b, num_heads, t, dh = q.shape
+        q_heads = heads_first(q.to(self.dtype))  # (H, B*T, dh)
+        image = side.block(name).view(num_heads, dh, -1)
+        if keys.rank == 0:  # layer 0: s is 1 and the block holds W (K + P)
+            return q_heads @ image
+        low_rank = queries.low_rank
+        if low_rank is None:
+            low_rank = self.low_rank_scores(keys, attn.k_proj.weight, q)
+        low_rank = low_rank.view(b, num_heads, t, image.shape[-1])
+        # Each product is consumed at once: the next one's output reuses its memory, warm.
+        low_rank.add_(prompts_first(q_heads @ image, b))
+        logits = q_heads @ side.pe_block(name).view(num_heads, dh, -1)
+        prompts_first(logits, b).addcmul_(low_rank, keys.scale_cast[:, None])
+        return logits
 
     def weighted_values(
         self,
         side: ImageSide,
         keys: SymbolicKeys,
-        weight: torch.Tensor,
+        attn: Attention,
         probs: torch.Tensor,
         name: str,
     ) -> torch.Tensor:
-        """(B, T, H*dh): ``sum_i probs[b, h, t, i] * W_h keys_i`` (without the bias, which
-        the probabilities, summing to 1, pass through unchanged)."""
-        b, num_heads, t, n = probs.shape
-        if keys.scale is not None:  # probs is this call's own: scaled in place
-            probs = probs.mul_(keys.scale_cast[:, None])
+        """(B, T, H*dh): ``sum_i probs[h, b*T + t, i] * W_h keys_i`` for heads-first
+        probabilities (without the bias, which the probabilities, summing to 1, pass
+        through unchanged). The image part reads them as they are, the low-rank part a
+        prompts-first copy."""
+        num_heads, bt, n = probs.shape
+        b = keys.coef.shape[0]
+        t = bt // b
+        if keys.scale is not None:  # probs is the caller's own: scaled in place
+            prompts_first(probs, b).mul_(keys.scale_cast[:, None])
         shared = side.block(name).view(num_heads, -1, n).transpose(1, 2)  # (H, N, dh)
-        out = prompts_first(heads_first(probs) @ shared, b).float()  # (B, H, T, dh)
+        out = prompts_first(probs @ shared, b).float()  # (B, H, T, dh)
         if keys.rank:
-            mixed = torch.bmm(probs.reshape(b, num_heads * t, n), keys.coef.transpose(1, 2))
-            projected = (keys.vecs @ weight.T).view(b, keys.rank, num_heads, -1)
-            mixed = mixed.view(b, num_heads, t, -1).float()
-            out = out + torch.einsum("bhtr,brhd->bhtd", mixed, projected)
+            by_prompt = prompts_first(probs, b).reshape(b, num_heads * t, n)
+            mixed = torch.bmm(by_prompt, keys.coef.transpose(1, 2)).float()  # (B, H*T, R)
+            # sum_r mixed_r W_h V_r = W_h (mixed @ V): the projection after the mixing.
+            mixed = (mixed @ keys.vecs).view(b, num_heads, t, -1)
+            per_head = attn.v_proj.weight.view(num_heads, out.shape[-1], -1)
+            out = out + torch.einsum("bhtc,hdc->bhtd", mixed, per_head)
         return merge_heads(out)
+
+    def image_to_token(
+        self,
+        side: ImageSide,
+        keys: SymbolicKeys,
+        attn: Attention,
+        queries: torch.Tensor,
+        query_pe: torch.Tensor,
+        name: str,
+    ) -> SymbolicKeys:
+        """Attention of the image positions to the tokens, added to the keys as rows."""
+        num_heads = attn.num_heads
+        k = self.linear(attn.k_proj, queries + query_pe)
+        b, t, c = k.shape
+        k = (k * (1.0 / math.sqrt(c // num_heads))).view(b, t, num_heads, -1).transpose(1, 2)
+        v = self.linear(attn.v_proj, queries).view(b, t, num_heads, -1).transpose(1, 2)
+        logits = self.image_scores(side, keys, attn, k, name)  # (H, B, T, N)
+        probs = torch.softmax(logits, dim=2).transpose(0, 1)  # over the tokens
+        return self.append_family(keys, probs, v, attn)
+
+    def image_scores(
+        self, side: ImageSide, keys: SymbolicKeys, attn: Attention, k: torch.Tensor, name: str
+    ) -> torch.Tensor:
+        """(H, B, T, N), heads first: scores of the image positions against the tokens'
+        keys ``k`` (B, H, T, dh). At layer 0 the block holds W (K + P) + b; after, the
+        low-rank part reads all rows (the beta row too: over the tokens its term is not a
+        constant)."""
+        b, num_heads, t, dh = k.shape
+        k_heads = heads_first(k.to(self.dtype))
+        image = side.block(f"{name}.q").view(num_heads, dh, -1)
+        n = image.shape[-1]
+        if keys.rank == 0:
+            return (k_heads @ image).view(num_heads, b, t, n)
+        low_rank = self.low_rank_scores(keys, attn.q_proj.weight, k).view(b, num_heads, t, n)
+        low_rank.add_(prompts_first(k_heads @ image, b))
+        logits = k_heads @ side.pe_block(f"{name}.q").view(num_heads, dh, -1)
+        prompts_first(logits, b).addcmul_(low_rank, keys.scale_cast[:, None])
+        return logits.view(num_heads, b, t, n)
 
     def append_family(
         self, keys: SymbolicKeys, probs: torch.Tensor, values: torch.Tensor, attn: Attention
@@ -427,19 +585,18 @@ class FastMaskDecoder:
         Per head the probabilities sum to 1, so ``H * (T - 1)`` rows carry the family: the
         last token's vector, and the bias, have the coefficient 1 (1/s in the keys' frame)
         and join the row that already has it. The coefficients move to a new buffer with
-        room for the rows the LayerNorm after the attention adds, so that every batched
+        room for the row the LayerNorm after the attention adds, so that every batched
         product reads one contiguous tensor."""
         b, num_heads, t, n = probs.shape
         start, rows = keys.rank, num_heads * (t - 1)
         new_ones_row = keys.ones_row is None  # a row of 1/s = 1 (before any LayerNorm)
-        total = start + rows + new_ones_row + 2
+        total = start + rows + new_ones_row + 1
         coef = keys.coef.new_empty((b, total, n))
         coef[:, :start] = keys.coef[:, :start]
         target = coef[:, start : start + rows].view(b, num_heads, t - 1, n)
-        if keys.scale is None:
-            target.copy_(probs[:, :, : t - 1])
-        else:
-            torch.div(probs[:, :, : t - 1], keys.scale_cast[:, None], out=target)
+        target.copy_(probs[:, :, : t - 1])
+        if keys.scale is not None:
+            target.div_(keys.scale_cast[:, None])
         coef[:, start + rows :].zero_()
         out_weight = attn.out_proj.weight  # (C, H*dh)
         wo = out_weight.reshape(out_weight.shape[0], num_heads, -1)
@@ -469,127 +626,121 @@ class FastMaskDecoder:
         )
 
     def layer_norm(
-        self, side: ImageSide, keys: SymbolicKeys, norm: torch.nn.LayerNorm
-    ) -> SymbolicKeys:
+        self,
+        side: ImageSide,
+        keys: SymbolicKeys,
+        norm: nn.LayerNorm,
+        ahead: Queries,
+        ahead_weight: torch.Tensor,
+    ) -> tuple[SymbolicKeys, Queries]:
         """LayerNorm of symbolic keys: moments from the Gram matrix of the centred vectors,
-        the result symbolic (s rescaled, two rows added: -mean/s for gamma, 1/s' for beta).
+        the result symbolic (s rescaled, the vectors centred and scaled by gamma, one row
+        added: beta, coefficient 1/s').
 
-        With centred vectors ``V~`` and keys ``K~``, per position
+        With centred vectors ``V~`` and keys ``K~ = M L K``, per position
         ``C var / s^2 = |K~|^2 + 2 sum_r coef_r (V~_r . K~) + coef^T (V~ V~^T) coef``:
         |K~|^2 and the cross terms (through each family's head structure) come from the image
-        side, the quadratic form is one (R + 1, R) @ (R, N) product per prompt whose extra
-        row gives the mean."""
-        coef, rank = keys.coef, keys.rank
-        b, rows, n = coef.shape
+        side. The quadratic form is split at the newest family (rows a before it, b from
+        it): ``c_a . (G_aa c_a + 2 G_ab c_b) + c_b . (G_bb c_b)``, a quarter fewer products
+        than the full form. The attention after the LayerNorm (queries ``ahead`` of the
+        projection ``ahead_weight``) reads the same coefficient rows: its low-rank scores
+        join the first product and are returned with its queries."""
+        coef, rank, dtype = keys.coef, keys.rank, self.dtype
+        b, rows, _ = coef.shape  # rows: rank and the reserved (zero) row
         channels = keys.vecs.shape[-1]
         layer = keys.layer
-        vec_mean = keys.vecs.mean(-1)  # (B, R)
-        centred = keys.vecs - vec_mean[..., None]
-        gram = torch.cat([centred @ centred.transpose(1, 2), vec_mean[:, None]], dim=1)
-        # Zero columns for the reserved rows: the product reads the whole buffer.
-        gram = torch.nn.functional.pad(gram, (0, rows - rank))
-        quad = torch.bmm(gram.to(self.dtype), coef)  # (B, R + 1, N)
-        mean_over_s = quad[:, rank : rank + 1].float()  # (B, 1, N)
+        centred = keys.vecs - keys.vecs.mean(-1, keepdim=True)
+        gram = centred @ centred.transpose(1, 2)  # (B, R, R)
+        vecs = centred * norm.weight  # the vectors after this LayerNorm
+        split = keys.families[-1].start or rank
+        first = gram[:, :split]
+        if split < rank:
+            first = torch.cat([first[:, :, :split], 2 * first[:, :, split:]], dim=2)
+        # The next scores' rows: (V' W_h^T q) over the rows before this LayerNorm's.
+        small = key_rows(ahead_weight, ahead.heads) @ vecs.transpose(1, 2)
+        left = F.pad(torch.cat([first, small], dim=1), (0, rows - rank))
+        product = torch.bmm(left.to(dtype), coef)  # (B, split + H*T, N)
+        quads = [product[:, :split]]
+        if split < rank:
+            quads.append(torch.bmm(gram[:, split:, split:].to(dtype), coef[:, split:rank]))
+
+        def quad(start: int, stop: int) -> torch.Tensor:
+            """Rows [start, stop) of the quadratic form's products (never across blocks)."""
+            return (
+                quads[0][:, start:stop]
+                if stop <= split
+                else quads[1][:, start - split : stop - split]
+            )
+
         for family in keys.families:  # + 2 (V~_r . K~_i), through the heads
-            _, num_heads, t, _ = family.values.shape
             block = side.block(f"layer{layer}.norm4.cross.{family.name}")
-            block = block.view(num_heads, -1, n)
-            values = family.values.to(self.dtype)
-            last = values[:, :, t - 1 :]
-            cross = prompts_first(heads_first(values[:, :, : t - 1] - last) @ block, b)
-            span = quad[:, family.start : family.start + num_heads * (t - 1)]
-            span.view(b, num_heads, t - 1, n).add_(cross, alpha=2)
-            anchor = prompts_first(heads_first(last) @ block, b).sum(1)  # (B, 1, N)
-            quad[:, family.anchor : family.anchor + 1].add_(anchor, alpha=2)
+            self.add_cross_terms(quad, family, block)
         const = side.block(f"layer{layer}.norm4.cross.const")
         at = 0
         for start, stop in keys.const_rows:  # the block's rows are the runs' rows in order
-            quad[:, start:stop].add_(const[at : at + stop - start], alpha=2)
+            quad(start, stop).add_(const[at : at + stop - start], alpha=2)
             at += stop - start
         # Summed with fp32 accumulation (the reduction's own, for bf16 too).
-        form = quad[:, :rank].mul_(coef[:, :rank]).sum(1).float()  # (B, N)
-        k_mean, k_sumsq = side.norm_stats(layer)
-        var = (k_sumsq + form) / channels
+        form = quads[0].mul_(coef[:, :split]).sum(1)
+        if split < rank:
+            form = form + quads[1].mul_(coef[:, split:rank]).sum(1)
+        var = (side.norm_stats(layer) + form.float()) / channels
         if keys.scale is not None:
             var = var * keys.scale[:, 0].pow(2)
         inv_std = torch.rsqrt(var + norm.eps)[:, None]  # (B, 1, N)
         scale = inv_std if keys.scale is None else keys.scale * inv_std
-        # Rows by slices, not integer indices: an exported program keeps the rank symbolic.
-        coef[:, rank : rank + 1] = -(mean_over_s + k_mean)
-        coef[:, rank + 1 : rank + 2] = scale.reciprocal()
-        gamma, beta = norm.weight, norm.bias
-        vecs = torch.cat([keys.vecs * gamma, gamma.expand(b, 1, -1), beta.expand(b, 1, -1)], dim=1)
+        # The reserved row by a slice, not an integer index: an exported program keeps the
+        # rank symbolic.
+        coef[:, rank : rank + 1] = scale.reciprocal()
+        vecs = torch.cat([vecs, norm.bias.expand(b, 1, -1)], dim=1)
         runs = list(keys.const_rows)
-        if runs and runs[-1][1] == rank:  # the new rows continue the last run
-            runs[-1] = (runs[-1][0], rank + 2)
+        if runs and runs[-1][1] == rank:  # the new row continues the last run
+            runs[-1] = (runs[-1][0], rank + 1)
         else:
-            runs.append((rank, rank + 2))
-        return SymbolicKeys(
+            runs.append((rank, rank + 1))
+        normed = SymbolicKeys(
             scale,
             coef,
-            rank + 2,
+            rank + 1,
             vecs,
             layer + 1,
             keys.families,
             runs,
-            rank + 1,
-            scale.to(self.dtype),
+            rank,
+            scale.to(dtype),
         )
+        return normed, Queries(ahead.heads, product[:, split:])
 
-    # ------------------------------------------------------------------ attention pieces
-    def token_to_image(
+    def add_cross_terms(
         self,
-        side: ImageSide,
-        keys: SymbolicKeys,
-        attn: Attention,
-        queries_with_pe: torch.Tensor,
-        name: str,
-    ) -> torch.Tensor:
-        """Attention of the tokens to the (symbolic) image keys; returns out_proj output."""
-        num_heads = attn.num_heads
-        q = attn.q_proj(queries_with_pe)  # (B, T, H*dh)
-        b, t, c = q.shape
-        # The softmax scale goes into the queries (T rows) rather than the scores (4096).
-        q = (q * (1.0 / math.sqrt(c // num_heads))).view(b, t, num_heads, -1).transpose(1, 2)
-        # k = Wk (keys + P) + bk; the bias is the same for every position: softmax drops it.
-        logits = self.scores(side, keys, attn.k_proj.weight, q, f"{name}.k")
-        probs = torch.softmax(logits, dim=-1)  # (B, H, T, N)
-        out = self.weighted_values(side, keys, attn.v_proj.weight, probs, f"{name}.v")
-        return attn.out_proj(out + attn.v_proj.bias)
-
-    def image_to_token(
-        self,
-        side: ImageSide,
-        keys: SymbolicKeys,
-        attn: Attention,
-        queries: torch.Tensor,
-        query_pe: torch.Tensor,
-        name: str,
-    ) -> SymbolicKeys:
-        """Attention of the image positions to the tokens, added to the keys as rows."""
-        num_heads = attn.num_heads
-        k = attn.k_proj(queries + query_pe)
-        b, t, c = k.shape
-        k = (k * (1.0 / math.sqrt(c // num_heads))).view(b, t, num_heads, -1).transpose(1, 2)
-        v = attn.v_proj(queries).view(b, t, num_heads, -1).transpose(1, 2)  # (B, H, T, dh)
-        logits = self.scores(side, keys, attn.q_proj.weight, k, f"{name}.q")
-        probs = torch.softmax(logits, dim=2)  # over the tokens
-        return self.append_family(keys, probs, v, attn)
+        quad: Callable[[int, int], torch.Tensor],
+        family: FamilyRows,
+        block: torch.Tensor,
+    ) -> None:
+        """Adds ``2 (V~_r . K~_i)`` to the rows of ``family`` and its anchor row, ``quad(start,
+        stop)`` giving the rows: per head, the differences' rows and the last token's (for
+        the anchor) against ``block`` (H*dh, N), in one product."""
+        b, num_heads, t, _ = family.values.shape
+        values, n = family.values, block.shape[-1]
+        last = values[:, :, t - 1 :]
+        both = heads_first(torch.cat([values[:, :, : t - 1] - last, last], 2).to(self.dtype))
+        cross = prompts_first(both @ block.view(num_heads, -1, n), b)  # (B, H, T, N)
+        span = quad(family.start, family.start + num_heads * (t - 1))
+        span.view(b, num_heads, t - 1, n).add_(cross[:, :, : t - 1], alpha=2)
+        anchor = cross[:, :, t - 1].sum(1, keepdim=True)  # (B, 1, N)
+        quad(family.anchor, family.anchor + 1).add_(anchor, alpha=2)
 
     # ------------------------------------------------------------------ the decoder
-    def transformer_forward(
-        self, side: ImageSide, tokens: torch.Tensor, read_tokens: list[int]
-    ) -> tuple[torch.Tensor, SymbolicKeys]:
-        """The two-way transformer: the final states (B, len(read_tokens), C) of the tokens
-        that are read afterwards, and the symbolic image keys."""
-        queries, query_pe, keys = self.transformer_layers(side, tokens)
-        return self.final_attention(side, keys, queries, query_pe, read_tokens), keys
-
     def transformer_layers(
-        self, side: ImageSide, tokens: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, SymbolicKeys]:
+        self, side: ImageSide, tokens: torch.Tensor, final_tokens: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, SymbolicKeys, Queries]:
         """The transformer's blocks: token states, their positional encoding (the tokens
-        themselves) and the symbolic image keys."""
+        themselves), the symbolic image keys, and the final attention's queries of the
+        tokens ``final_tokens`` (with their low-rank scores).
+
+        The attention after each LayerNorm of the keys has queries that depend on the
+        tokens only (the next block's self-attention, or the final attention's), so they
+        are computed before it, and their low-rank scores share its product."""
         b, _, channels = tokens.shape
         n = side.tensors["proj"].shape[-1]
         keys = SymbolicKeys(
@@ -602,12 +753,30 @@ class FastMaskDecoder:
             const_rows=[],
             ones_row=None,
         )
-        queries, query_pe = tokens, tokens
-        for index, layer in enumerate(self.transformer.layers):
-            queries, keys = self.block_forward(
-                side, keys, layer, queries, query_pe, f"layer{index}"
+        layers = self.transformer.layers
+        query_pe = tokens
+        queries = self.self_attention(layers[0], tokens, query_pe)
+        attn = layers[0].cross_attn_token_to_image
+        ahead = Queries(self.image_queries(attn, queries + query_pe))
+        for index, layer in enumerate(layers):
+            name = f"layer{index}"
+            attn_out = self.token_to_image(
+                side, keys, layer.cross_attn_token_to_image, ahead, f"{name}.t2i"
             )
-        return queries, query_pe, keys
+            queries = layer.norm2(queries + attn_out)
+            queries = layer.norm3(queries + self.mlp(layer.mlp, queries))
+            attn = layer.cross_attn_image_to_token
+            keys = self.image_to_token(side, keys, attn, queries, query_pe, f"{name}.i2t")
+            if index + 1 < len(layers):
+                queries = self.self_attention(layers[index + 1], queries, query_pe)
+                attn = layers[index + 1].cross_attn_token_to_image
+                states = queries + query_pe
+            else:
+                attn = self.transformer.final_attn_token_to_image
+                states = _tokens_at(queries + query_pe, final_tokens)
+            ahead = Queries(self.image_queries(attn, states))
+            keys, ahead = self.layer_norm(side, keys, layer.norm4, ahead, attn.k_proj.weight)
+        return queries, query_pe, keys, ahead
 
     def final_attention(
         self,
@@ -616,39 +785,29 @@ class FastMaskDecoder:
         queries: torch.Tensor,
         query_pe: torch.Tensor,
         read_tokens: list[int],
+        final_queries: Queries | None = None,
     ) -> torch.Tensor:
         """The last token-to-image attention, for the tokens read afterwards only (the IoU
         token, the mask tokens that are returned): each token attends on its own, so the
-        others' would be dead work. (B, len(read_tokens), C)."""
+        others' would be dead work. ``final_queries``: theirs from
+        :meth:`transformer_layers`, else computed here. (B, len(read_tokens), C)."""
         final = self.transformer.final_attn_token_to_image
-        q_out, pe_out = _tokens_at(queries, read_tokens), _tokens_at(query_pe, read_tokens)
-        attn_out = self.token_to_image(side, keys, final, q_out + pe_out, "final")
+        q_out = _tokens_at(queries, read_tokens)
+        if final_queries is None:
+            final_queries = Queries(
+                self.image_queries(final, q_out + _tokens_at(query_pe, read_tokens))
+            )
+        attn_out = self.token_to_image(side, keys, final, final_queries, "final")
         return self.transformer.norm_final_attn(q_out + attn_out)
 
-    def block_forward(
-        self,
-        side: ImageSide,
-        keys: SymbolicKeys,
-        layer: TwoWayAttentionBlock,
-        queries: torch.Tensor,
-        query_pe: torch.Tensor,
-        name: str,
+    def transformer_forward(
+        self, side: ImageSide, tokens: torch.Tensor, read_tokens: list[int]
     ) -> tuple[torch.Tensor, SymbolicKeys]:
-        if layer.skip_first_layer_pe:
-            queries = layer.self_attn(queries, queries, queries)
-        else:
-            q = queries + query_pe
-            queries = queries + layer.self_attn(q, q, queries)
-        queries = layer.norm1(queries)
-        attn_out = self.token_to_image(
-            side, keys, layer.cross_attn_token_to_image, queries + query_pe, f"{name}.t2i"
-        )
-        queries = layer.norm2(queries + attn_out)
-        queries = layer.norm3(queries + layer.mlp(queries))
-        attn = layer.cross_attn_image_to_token
-        keys = self.image_to_token(side, keys, attn, queries, query_pe, f"{name}.i2t")
-        keys = self.layer_norm(side, keys, layer.norm4)
-        return queries, keys
+        """The two-way transformer: the final states (B, len(read_tokens), C) of the tokens
+        that are read afterwards, and the symbolic image keys."""
+        queries, query_pe, keys, final = self.transformer_layers(side, tokens, read_tokens)
+        hs = self.final_attention(side, keys, queries, query_pe, read_tokens, final)
+        return hs, keys
 
     def hypernetwork(self, mask_tokens_out: torch.Tensor, mask_indices: list[int]) -> torch.Tensor:
         """(B, M, c_out): the hypernetwork MLP of each mask token ``mask_indices[j]`` applied
@@ -677,9 +836,9 @@ class FastMaskDecoder:
         w1 = dc1.weight.permute(2, 3, 1, 0).reshape(4 * c_mid, c_in)
         s1, s0 = side.tensors["s1"], side.tensors["s0"]
         b = keys.coef.shape[0]
-        shared = side.tensors["up"]  # (N, 4 * c_mid): dc1 of g K, channels last
+        shared = side.tensors["up"]  # (N, 4 * c_mid): dc1 of L K, channels last
         n = shared.shape[0]
-        # dc1(keys) + bias + feat_s1 = s1 + s * (W g K + coef^T (vecs W^T)).
+        # dc1(keys) + bias + feat_s1 = s1 + s * (W L K + coef^T (vecs W^T)).
         low_rank = (keys.vecs @ w1.T).to(dtype)
         x = torch.baddbmm(shared.expand(b, -1, -1), keys.coef.transpose(1, 2), low_rank)
         x = torch.addcmul(s1, x, keys.scale.to(dtype).transpose(1, 2))
@@ -728,9 +887,10 @@ class FastMaskDecoder:
         ``keep(iou) -> index``, then the mask tokens' final attention and hypernetworks for
         the kept prompts only (AMG keeps few). Returns IoU (B, 4), the index, and the kept
         prompts' hypernetwork outputs and final keys."""
-        queries, query_pe, keys = self.transformer_layers(side, self.tokens(sparse_embeddings))
+        tokens = self.tokens(sparse_embeddings)
+        queries, query_pe, keys, final = self.transformer_layers(side, tokens, [1])
         iou = self.decoder.iou_prediction_head(
-            self.final_attention(side, keys, queries, query_pe, [1])[:, 0]
+            self.final_attention(side, keys, queries, query_pe, [1], final)[:, 0]
         )
         rows = keep(iou)
         if rows.numel() == 0:  # nothing survives (the index's size is known on the host)

@@ -45,6 +45,10 @@ MAX_POINTS = 64
 # program makes all but "pe" (the model constant, added by the loader).
 SIDE_LAYOUT = ("proj", "up", "pe", "stats", "s1", "s0")
 PER_IMAGE = tuple(name for name in SIDE_LAYOUT if name != "pe")
+# What the programs' tensors mean (the side's blocks and statistics, the final keys' rows),
+# recorded in the manifest: programs of another interface run eagerly instead. 2: keys
+# with a linear map of K (each LayerNorm adds one row), one statistic per LayerNorm.
+INTERFACE = 2
 
 
 def side_leaves(side: ImageSide) -> list[torch.Tensor]:
@@ -206,6 +210,7 @@ def export_decoder_programs(
         "device": image_embed.device.type,
         "target": compile_target(image_embed.device),
         "dtype": str(fast.dtype).removeprefix("torch."),
+        "interface": INTERFACE,
     }
 
 
@@ -292,10 +297,17 @@ def load_fast_decoder(
 ) -> FastMaskDecoder:
     """The exported programs on ``device``, or, if they were compiled for another CPU or
     GPU (Inductor targets the exporting CPU's instruction set, or the exporting GPU's
-    architecture), the eager fast decoder with the same dtype."""
+    architecture) or for another version of the decoder's interfaces (:data:`INTERFACE`),
+    the eager fast decoder with the same dtype."""
     here = compile_target(device)
+    why = None
     if entry.get("target") != here:
+        why = f"programs compiled for {entry.get('target')!r}, not {here!r}"
+    elif entry.get("interface", 1) != INTERFACE:
+        version = entry.get("interface", 1)
+        why = f"programs of decoder interface {version}, not {INTERFACE}: export again"
+    if why is not None:
         eager = FastMaskDecoder(decoder, getattr(torch, entry["dtype"]))
-        eager.source = f"eager (programs compiled for {entry.get('target')!r}, not {here!r})"
+        eager.source = f"eager ({why})"
         return eager
     return CompiledFastDecoder(decoder, directory, entry, device)
