@@ -21,7 +21,8 @@ _EXPORTS = {
     "MaskGenerator": "sam2serve.engine.amg",
     "Prediction": "sam2serve.engine.predictor",
     "Predictor": "sam2serve.engine.predictor",
-    "PromptError": "sam2serve.engine.predictor",
+    "Prompt": "sam2serve.engine.prompts",
+    "PromptError": "sam2serve.engine.prompts",
     "load_image": "sam2serve.engine.image",
     "load_model": "sam2serve.checkpoint",
 }
@@ -34,6 +35,7 @@ __all__ = [
     "MaskGenerator",
     "Prediction",
     "Predictor",
+    "Prompt",
     "PromptError",
     "load_image",
     "load_model",
@@ -43,7 +45,8 @@ if TYPE_CHECKING:
     from sam2serve.checkpoint import CheckpointError, load_model
     from sam2serve.engine.amg import AMGParams, MaskGenerator
     from sam2serve.engine.image import ImageError, load_image
-    from sam2serve.engine.predictor import Embedding, Prediction, Predictor, PromptError
+    from sam2serve.engine.predictor import Embedding, Prediction, Predictor
+    from sam2serve.engine.prompts import Prompt, PromptError
 
 
 def __getattr__(name: str) -> Any:

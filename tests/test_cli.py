@@ -4,6 +4,7 @@ plus the error paths a user can hit (one clear line, the right exit status, no t
 
 from __future__ import annotations
 
+import argparse
 import base64
 import contextlib
 import dataclasses
@@ -724,3 +725,28 @@ def test_random_weights_keep_a_threshold_the_user_gave(image_dir, tmp_path):
     assert "amg keeps every mask (--stability-score-thresh 0;" in stderr
     params = load_result(tmp_path / "coffee_masks.json")["params"]
     assert (params["pred_iou_thresh"], params["stability_score_thresh"]) == (0.3, 0.0)
+
+
+def test_readme_run_synopsis_is_the_parsers():
+    """README's `sam2serve run` synopsis names every flag of the command and every choice
+    of its choice flags, as the parser has them (docs drift otherwise)."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    synopsis = readme.split("### `sam2serve run`", 1)[1].split("```", 2)[1]
+    parser = cli.build_parser()
+    run = next(
+        action.choices["run"]
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    for action in run._actions:
+        flags = [f for f in action.option_strings if f.startswith("--") and f != "--help"]
+        if not flags:
+            continue
+        named = [f for f in flags if re.search(re.escape(f) + r"\b", synopsis)]
+        bool_form = f"--[no-]{flags[0][2:]}" in synopsis
+        assert named or bool_form, f"README's run synopsis lacks {flags[0]}"
+        if action.choices is not None and not isinstance(action.choices, dict):
+            choices = "{" + ",".join(map(str, action.choices)) + "}"
+            assert choices in synopsis, f"README's run synopsis: {flags[0]} {choices}"

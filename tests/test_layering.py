@@ -74,6 +74,7 @@ def test_no_package_imports_a_layer_above_it():
         "sam2serve.config",
         "sam2serve.engine.amg_params",
         "sam2serve.engine.formats",
+        "sam2serve.engine.prompts",
         "sam2serve.runtime.modes",
         "sam2serve.runtime.backends",
         "sam2serve.runtime.spec",

@@ -56,6 +56,7 @@ class _EngineRunner:
         from sam2serve.engine.amg import AMGParams
         from sam2serve.runtime.build import build_predictor
         from sam2serve.runtime.modes import get_mode
+        from sam2serve.runtime.process import configure_process
         from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 
         self.tasks = tasks
@@ -64,6 +65,7 @@ class _EngineRunner:
             spec["mode"], model=spec["model"], device=spec["device"], threads=spec.get("threads")
         )
         self.mode = get_mode(runtime.mode)
+        configure_process(runtime)  # a worker's process runs this one spec
         if spec["artifacts"] is not None:
             weights = WeightsSource(artifacts=spec["artifacts"])
         else:
@@ -213,12 +215,14 @@ class _VideoEngineTracker:
     """Our VideoPredictor in one of the video modes (:mod:`sam2serve.runtime.video`)."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
+        from sam2serve.runtime.process import configure_process
         from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
         from sam2serve.runtime.video import build_video_predictor
 
         runtime = RuntimeSpec.from_label(
             spec["mode"], model=spec["model"], device=spec["device"], threads=spec.get("threads")
         )
+        configure_process(runtime)  # a worker's process runs this one spec
         self.predictor = build_video_predictor(
             runtime, WeightsSource(checkpoint=spec["checkpoint"])
         )
@@ -230,14 +234,9 @@ class _VideoEngineTracker:
         return self.predictor.init_state(read_frames(frames_dir).frames)
 
     def prompt(self, state: Any, obj_id: int, prompt: dict[str, Any]) -> None:
-        self.predictor.add_points(
-            state,
-            0,
-            obj_id,
-            prompt["points"] or None,
-            prompt["labels"] or None,
-            box=prompt["box"],
-        )
+        from sam2serve.engine.prompts import Prompt
+
+        self.predictor.add_prompt(state, 0, obj_id, Prompt.from_json(prompt))
 
     def propagate(self, state: Any) -> Any:  # (frame index, object ids, (N, 1, H, W) logits)
         for out in self.predictor.propagate(state):

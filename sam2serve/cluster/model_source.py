@@ -67,9 +67,11 @@ def fetch_model(args: ReplicaArgs) -> ModelSource:
 
 
 def load_replica_model(args: ReplicaArgs, threads: int | None = None) -> LoadedModel:
-    """The replica's Predictor, not yet warm. ``threads``: torch threads when ``args``
-    names none (a replica passes the CPUs Ray reserved for it)."""
+    """The replica's Predictor, not yet warm, its process set up for it (threads, TF32:
+    a replica's process runs this one model, and loads it once). ``threads``: torch threads
+    when ``args`` names none (a replica passes the CPUs Ray reserved for it)."""
     from sam2serve.runtime.build import build_predictor
+    from sam2serve.runtime.process import configure_process
     from sam2serve.runtime.spec import WeightsSource
 
     clock = time.perf_counter()
@@ -81,6 +83,7 @@ def load_replica_model(args: ReplicaArgs, threads: int | None = None) -> LoadedM
     else:
         weights = WeightsSource(checkpoint=source.local_path)
         spec = args.runtime_spec(threads)
+    configure_process(spec)
     predictor = build_predictor(spec, weights)
     stages = {"fetch_model": fetched - clock, "load_model": time.perf_counter() - fetched}
     return LoadedModel(predictor, source, stages)

@@ -14,7 +14,6 @@ What can only be found by decoding an image (a corrupt file) fails that image al
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import warnings
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from sam2serve.commands.common import SAMPLES_ARG, ItemFailure, UsageError
+from sam2serve.engine.prompts import Prompt, PromptError, prompts_from_json
 from sam2serve.samples import SAMPLE_NAMES, load_sample
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
@@ -200,16 +200,9 @@ def check_coco_file(path: Path) -> None:
 
 # --------------------------------------------------------------------------- prompts
 
-# One prompt of an image: a point [x, y] (a foreground click, as in the original format),
-# or an object {"points": [[x, y], ...], "labels": [1, 0, ...], "box": [x0, y0, x1, y1]},
-# normalised with all three keys (labels default to 1, box to None); engine.tasks takes both.
-Prompt = list[float] | dict[str, Any]
+# The prompts of an image: engine.prompts reads each (a point [x, y], or an object
+# {"points": [[x, y], ...], "labels": [1, 0, ...], "box": [x0, y0, x1, y1]}) and checks it.
 Prompts = list[Prompt]
-PROMPT_KEYS = ("points", "labels", "box")
-_EXPECTED_ENTRY = (
-    'a list of [x, y] points or of objects {"points": [[x, y], ...], "labels": [1, 0, ...], '
-    '"box": [x0, y0, x1, y1]}'
-)
 
 
 def load_prompts(path: Path) -> dict[str, Prompts]:
@@ -233,84 +226,11 @@ def load_prompts(path: Path) -> dict[str, Prompts]:
         )
     prompts: dict[str, Prompts] = {}
     for key, entry in data.items():
-        where = f"--prompts file {str(path)!r}, image {key!r}"
-        if not isinstance(entry, list):
-            raise UsageError(f"{where}: expected {_EXPECTED_ENTRY}, got {entry!r:.80}")
-        prompts[key] = [_parse_prompt(prompt, where, i) for i, prompt in enumerate(entry)]
+        try:
+            prompts[key] = prompts_from_json(entry)
+        except PromptError as exc:
+            raise UsageError(exc.at(f"--prompts file {str(path)!r}, image {key!r}")) from None
     return prompts
-
-
-def _parse_prompt(prompt: Any, where: str, index: int) -> Prompt:
-    if isinstance(prompt, dict):
-        return parse_object_prompt(prompt, f"{where}, object {index}")
-    if isinstance(prompt, list):
-        return _parse_point(prompt, f"{where}, point {index}")
-    raise UsageError(
-        f"{where}, prompt {index}: expected [x, y] or an object with points, labels and a "
-        f"box, got {prompt!r:.80}"
-    )
-
-
-def parse_object_prompt(prompt: dict[str, Any], where: str) -> dict[str, Any]:
-    unknown = sorted(set(prompt) - set(PROMPT_KEYS))
-    if unknown:
-        raise UsageError(
-            f"{where}: unknown key {unknown[0]!r}; an object has {', '.join(PROMPT_KEYS)}"
-        )
-    points = prompt.get("points", [])
-    if not isinstance(points, list):
-        raise UsageError(f"{where}: points must be a list of [x, y], got {points!r:.80}")
-    points = [_parse_point(point, f"{where}, points[{j}]") for j, point in enumerate(points)]
-    labels = prompt.get("labels")
-    if labels is None:
-        labels = [1] * len(points)
-    elif not isinstance(labels, list) or len(labels) != len(points):
-        raise UsageError(
-            f"{where}: labels must be a list of one label per point ({len(points)}), "
-            f"got {labels!r:.80}"
-        )
-    for j, label in enumerate(labels):
-        if isinstance(label, bool) or label not in (0, 1):
-            raise UsageError(
-                f"{where}, labels[{j}]: a label is 1 (foreground) or 0 (background), "
-                f"got {label!r:.40}"
-            )
-    box = prompt.get("box")
-    if box is not None:
-        box = _parse_box(box, where)
-    if not points and box is None:
-        raise UsageError(f"{where}: an object needs points or a box (or both), got {prompt!r:.80}")
-    return {"points": points, "labels": [int(label) for label in labels], "box": box}
-
-
-def _finite_numbers(value: Any, count: int) -> bool:
-    """``value`` is a JSON list of ``count`` finite numbers (booleans are not numbers)."""
-    return (
-        isinstance(value, list)
-        and len(value) == count
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-        and all(math.isfinite(v) for v in value)
-    )
-
-
-def _parse_box(box: Any, where: str) -> list[float]:
-    if not _finite_numbers(box, 4):
-        raise UsageError(
-            f"{where}: box must be [x0, y0, x1, y1] with four finite numbers, got {box!r:.80}"
-        )
-    x0, y0, x1, y1 = (float(v) for v in box)
-    if x1 <= x0 or y1 <= y0:
-        raise UsageError(
-            f"{where}: box {box!r:.80} is empty: it needs x1 > x0 and y1 > y0 "
-            "([x0, y0, x1, y1], top-left then bottom-right)"
-        )
-    return [x0, y0, x1, y1]
-
-
-def _parse_point(point: Any, where: str) -> list[float]:
-    if not _finite_numbers(point, 2):
-        raise UsageError(f"{where}: expected [x, y] with two finite numbers, got {point!r:.80}")
-    return [float(point[0]), float(point[1])]
 
 
 def match_prompts(
@@ -347,29 +267,15 @@ def _check_inside(entry: Prompts, item: ImageInput, path: Path) -> None:
     if size is None:
         return
     height, width = size
-    hint = "(are the prompts for another image?)"
     for index, prompt in enumerate(entry):
-        if isinstance(prompt, list):
-            x, y = prompt
-            if not (0 <= x <= width and 0 <= y <= height):
-                raise UsageError(
-                    f"--prompts file {str(path)!r}: point [{x:g}, {y:g}] of image "
-                    f"{item.name!r} lies outside its {width}x{height} pixels {hint}"
-                )
-            continue
-        where = f"--prompts file {str(path)!r}: image {item.name!r}, object {index}"
-        for j, (x, y) in enumerate(prompt["points"]):
-            if not (0 <= x <= width and 0 <= y <= height):
-                raise UsageError(
-                    f"{where}, points[{j}]: [{x:g}, {y:g}] lies outside its {width}x{height} "
-                    f"pixels {hint}"
-                )
-        box = prompt["box"]
-        if box is not None and not (
-            0 <= box[0] and 0 <= box[1] and box[2] <= width and box[3] <= height
-        ):
-            shown = ", ".join(f"{v:g}" for v in box)
-            raise UsageError(
-                f"{where}: box [{shown}] is not inside its {width}x{height} pixels (accepted: "
-                f"0 <= x0 < x1 <= {width}, 0 <= y0 < y1 <= {height}) {hint}"
+        try:
+            prompt.check_inside(width, height)
+        except PromptError as exc:
+            where = f"--prompts file {str(path)!r}: image {item.name!r}"
+            # A bare click is one point: its entry names it, "points[0]" would not help.
+            message = (
+                f"{where}, point {index}: {exc.problem}"
+                if prompt.bare_click
+                else exc.at(f"{where}, object {index}")
             )
+            raise UsageError(f"{message} (are the prompts for another image?)") from None

@@ -207,10 +207,10 @@ def labelstudio_command(args: argparse.Namespace) -> int:
     import uvicorn
 
     from sam2serve.labelstudio.app import create_labelstudio_app
-    from sam2serve.runtime.threads import apply_threads
+    from sam2serve.runtime.process import configure_process
     from sam2serve.server.http_server import uvicorn_config
 
-    apply_threads(spec.threads)
+    configure_process(spec)  # once, before the app builds its predictor
     loading = model_flags.load_errors_as_usage(settings.checkpoint, settings.model)
     with loading, serve.store_errors_as_usage():
         app = create_labelstudio_app(settings, options)

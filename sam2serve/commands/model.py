@@ -127,10 +127,10 @@ def build(args: argparse.Namespace, spec: RuntimeSpec) -> Predictor:
     turns a checkpoint that cannot be found or read into random weights, loudly."""
     from sam2serve.checkpoint import CheckpointError, load_model
     from sam2serve.runtime.build import build_predictor
-    from sam2serve.runtime.threads import apply_threads
+    from sam2serve.runtime.process import configure_process
 
     check_device(spec.device)
-    apply_threads(spec.threads)  # before any parallel work, loading included
+    configure_process(spec)  # the command's process runs this one spec; before any loading
     weights = weights_source(args)
     start = time.perf_counter()
     if weights.artifacts is not None:

@@ -269,11 +269,11 @@ def serve_command(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from sam2serve.runtime.threads import apply_threads
+    from sam2serve.runtime.process import configure_process
     from sam2serve.server.app import create_app
     from sam2serve.server.http_server import uvicorn_config
 
-    apply_threads(spec.threads)
+    configure_process(spec)  # once, before the app builds its predictors
     loading = model_flags.load_errors_as_usage(settings.checkpoint, settings.model)
     with loading, store_errors_as_usage():
         app = create_app(settings)

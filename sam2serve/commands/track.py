@@ -34,8 +34,8 @@ from sam2serve.commands.common import (
     info_line,
     positive_int,
 )
-from sam2serve.commands.inputs import parse_object_prompt
 from sam2serve.commands.run_outputs import json_safe, prepare_out_dir
+from sam2serve.engine.prompts import Prompt, PromptError
 from sam2serve.runtime.modes import VIDEO_MODES, get_video_mode
 from sam2serve.runtime.spec import RuntimeSpec
 
@@ -138,15 +138,12 @@ def add_arguments(parser: CommandParser) -> None:
 
 
 @dataclass(frozen=True)
-class ObjectPrompt:
+class FramePrompt:
+    """An object's prompt on one frame."""
+
     frame: int
     obj_id: int
-    points: list[list[float]]
-    labels: list[int]
-    box: list[float] | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"points": self.points, "labels": self.labels, "box": self.box}
+    prompt: Prompt
 
 
 def track_command(args: argparse.Namespace) -> int:
@@ -171,14 +168,7 @@ def track_command(args: argparse.Namespace) -> int:
     predictor, weights = _load_predictor(args, spec)
     state = predictor.init_state(frames)
     for prompt in sorted(prompts, key=lambda p: (p.frame, p.obj_id)):
-        predictor.add_points(
-            state,
-            prompt.frame,
-            prompt.obj_id,
-            prompt.points or None,
-            prompt.labels or None,
-            box=prompt.box,
-        )
+        predictor.add_prompt(state, prompt.frame, prompt.obj_id, prompt.prompt)
     header = {
         "video": source,
         "frames": len(frames),
@@ -187,7 +177,7 @@ def track_command(args: argparse.Namespace) -> int:
         "fps": fps,
         "objects": sorted(state.obj_ids),
         "prompts": {
-            str(p.frame): {str(q.obj_id): q.as_dict() for q in prompts if q.frame == p.frame}
+            str(p.frame): {str(q.obj_id): q.prompt.as_json() for q in prompts if q.frame == p.frame}
             for p in prompts
         },
         "model": args.model,
@@ -208,7 +198,7 @@ def track_command(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- prompts
 
 
-def load_video_prompts(path: Path) -> list[ObjectPrompt]:
+def load_video_prompts(path: Path) -> list[FramePrompt]:
     """The --prompts file: {frame: {object id: {points, labels, box}}}, every value checked
     (the message names the frame, the object and the bad value)."""
     try:
@@ -235,10 +225,11 @@ def load_video_prompts(path: Path) -> list[ObjectPrompt]:
                     f"{where}, object {obj_key!r}: expected "
                     f'{{"points": [[x, y], ...], "labels": [...], "box": [...]}}, got {entry!r:.80}'
                 )
-            parsed = parse_object_prompt(entry, f"{where}, object {obj_key!r}")
-            prompts.append(
-                ObjectPrompt(frame, obj_id, parsed["points"], parsed["labels"], parsed["box"])
-            )
+            try:
+                prompt = Prompt.from_json(entry)
+            except PromptError as exc:
+                raise UsageError(exc.at(f"{where}, object {obj_key!r}")) from None
+            prompts.append(FramePrompt(frame, obj_id, prompt))
     return prompts
 
 
@@ -249,7 +240,7 @@ def _index(key: str, what: str, where: str) -> int:
 
 
 def check_prompts(
-    prompts: list[ObjectPrompt], num_frames: int, size: tuple[int, int], path: Path | None
+    prompts: list[FramePrompt], num_frames: int, size: tuple[int, int], path: Path | None
 ) -> None:
     """Every prompt on a frame of the video and inside it."""
     height, width = size
@@ -260,18 +251,15 @@ def check_prompts(
                 f"{where}: frame {prompt.frame} is past the video's last frame "
                 f"({num_frames} frames: 0 to {num_frames - 1})"
             )
-        coordinates = [*prompt.points]
-        if prompt.box is not None:
-            coordinates += [prompt.box[:2], prompt.box[2:]]
-        for x, y in coordinates:
-            if not (0 <= x <= width and 0 <= y <= height):
-                raise UsageError(
-                    f"{where}, frame {prompt.frame}, object {prompt.obj_id}: [{x:g}, {y:g}] "
-                    f"is outside the {width}x{height} frame"
-                )
+        try:
+            prompt.prompt.check_inside(width, height, "frame")
+        except PromptError as exc:
+            raise UsageError(
+                exc.at(f"{where}, frame {prompt.frame}, object {prompt.obj_id}")
+            ) from None
 
 
-def sample_prompts(frames: list[Any]) -> list[ObjectPrompt]:
+def sample_prompts(frames: list[Any]) -> list[FramePrompt]:
     """The sample clip's prompts: a click at the centre of the disc and a box around the
     square, on frame 0, from the clip's true masks."""
     from sam2serve.samples import sample_clip, sample_clip_prompts
@@ -279,7 +267,7 @@ def sample_prompts(frames: list[Any]) -> list[ObjectPrompt]:
     height, width = frames[0].shape[:2]
     _, truth = sample_clip(len(frames), (height, width))
     return [
-        ObjectPrompt(0, obj_id, prompt["points"], prompt["labels"], prompt["box"])
+        FramePrompt(0, obj_id, Prompt.from_json(prompt))
         for obj_id, prompt in sample_clip_prompts(truth).items()
     ]
 
@@ -315,9 +303,11 @@ def video_spec(args: argparse.Namespace) -> RuntimeSpec:
 
 
 def _load_predictor(args: argparse.Namespace, spec: RuntimeSpec) -> tuple[Any, dict[str, Any]]:
+    from sam2serve.runtime.process import configure_process
     from sam2serve.runtime.video import build_video_predictor
 
     model_flags.check_device(args.device)
+    configure_process(spec)  # the command's process runs this one spec; before any loading
     start = time.perf_counter()
     with model_flags.load_errors_as_usage(args.checkpoint, args.model):
         predictor = build_video_predictor(spec, model_flags.weights_source(args))

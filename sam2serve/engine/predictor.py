@@ -21,11 +21,12 @@ import torch
 import torch.nn.functional as F
 
 from sam2serve.engine.image import load_image, preprocess
+from sam2serve.engine.prompts import BOX_CORNER_LABELS, VALID_LABELS, PromptError
+from sam2serve.engine.tf32 import tf32_policy
 from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder, ImageSide
 from sam2serve.modeling.sam2 import ImageFeatures, SAM2Image
 
 LOW_RES_CLAMP = 32.0
-VALID_LABELS = (-1, 0, 1, 2, 3)
 # Prompts per decoder call: every prompt carries its own (4096 x 256) image keys after the
 # first attention layer, ~25 MB of activations each in fp32, so chunks bound the memory.
 DEFAULT_PROMPT_CHUNK = 64
@@ -41,10 +42,6 @@ DECODERS = ("reference", "fast")
 FAST_DECODER_MIN_PROMPTS = 1
 MULTIMASK_TOKENS = [1, 2, 3]
 ALL_MASK_TOKENS = [0, 1, 2, 3]
-
-
-class PromptError(ValueError):
-    """A prompt the model cannot take; the message names the bad value."""
 
 
 class PromptDecoder(Protocol):
@@ -187,6 +184,13 @@ class Predictor:
     embedding (:meth:`encode`) or on the first decode of an image with at least
     ``fast_min_prompts`` prompts, then kept in the embedding; ``"reference"`` runs the
     module as Meta wrote it (batched, features broadcast).
+
+    Everything that decides how it runs is given here, once: the image path
+    (``image_encoder``), the decoders (``fast_decoder``, ``prompt_decoder``), ``runtime``
+    (the ``sam2serve.runtime`` RuntimeSpec it was built for, carried for the surfaces that
+    report it; None for a Predictor built by hand) and ``allow_tf32``: whether its CUDA
+    fp32 work may run in TF32 where the process allows it; False (every mode but furious)
+    keeps TF32 off for its calls whatever the process allows (:mod:`sam2serve.engine.tf32`).
     """
 
     def __init__(
@@ -201,6 +205,9 @@ class Predictor:
         fast_decoder: FastMaskDecoder | None = None,
         mask_bytes_budget: int = DEFAULT_MASK_BYTES_BUDGET,
         prompt_decoder: PromptDecoder | None = None,
+        *,
+        runtime: Any = None,
+        allow_tf32: bool = False,
     ) -> None:
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
@@ -227,9 +234,8 @@ class Predictor:
         if mask_bytes_budget < 1:
             raise ValueError(f"mask_bytes_budget must be >= 1, got {mask_bytes_budget}")
         self.mask_bytes_budget = mask_bytes_budget
-        # How it runs (a sam2serve.runtime RuntimeSpec), set by the runtime's constructor;
-        # None for a Predictor built by hand.
-        self.runtime: Any = None
+        self.runtime = runtime
+        self.allow_tf32 = allow_tf32
 
     @property
     def device(self) -> torch.device:
@@ -251,6 +257,7 @@ class Predictor:
         return self.encode_preprocessed(batch, [a.shape[:2] for a in arrays])
 
     @torch.inference_mode()
+    @tf32_policy
     def encode_preprocessed(
         self, batch: torch.Tensor, original_sizes: Sequence[tuple[int, int]]
     ) -> Embedding:
@@ -339,6 +346,7 @@ class Predictor:
         return logits, iou
 
     @torch.inference_mode()
+    @tf32_policy
     def decode_low_res_filtered(
         self,
         embedding: Embedding | DecoderContext,
@@ -522,8 +530,9 @@ class Predictor:
                     f"got {tuple(box.shape)}"
                 )
             corners = self.to_input_frame(box.reshape(-1, 2, 2), size, normalize_coords)
-            # Labels 2 and 3 (a box's corners), made on the device: no host copy (a sync).
-            corner_labels = torch.arange(2, 4, dtype=torch.int32, device=device)
+            # A box's corner labels, made on the device: no host copy (a sync).
+            first, last = BOX_CORNER_LABELS
+            corner_labels = torch.arange(first, last + 1, dtype=torch.int32, device=device)
             corner_labels = corner_labels.expand(corners.shape[0], 2)
             if coords is None:
                 coords, labels = corners, corner_labels

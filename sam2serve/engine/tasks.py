@@ -7,12 +7,12 @@ returns records whose ``segmentation`` is COCO RLE (``{"size": [h, w], "counts":
 - ``sps(predictor, image, prompt)``: single point segmentation, the best of 3 masks;
 - ``mps(predictor, image, prompts)``: every prompt on its own, the best of 3 each.
 
-A prompt is a click ``[x, y]`` (a foreground point: the experiment's prompts) or an
-object ``{"points": [[x, y], ...], "labels": [1, 0, ...], "box": [x0, y0, x1, y1]}``
-(labels default to 1, the box is optional, so is every point when there is a box). The
-prompts of one image are decoded together: box corners (labels 2 and 3) first, then the
-clicks, each prompt padded to the longest with SAM's "not a point" label -1, as the
-service's /v1/segment does; a list of plain clicks needs no padding.
+A prompt is a :class:`~sam2serve.engine.prompts.Prompt` or its JSON form: a click
+``[x, y]`` (a foreground point: the experiment's prompts) or an object ``{"points": [[x,
+y], ...], "labels": [1, 0, ...], "box": [x0, y0, x1, y1]}`` (labels default to 1, the box is
+optional, so is every point when there is a box). The prompts of one image are decoded
+together, as :func:`~sam2serve.engine.prompts.prompt_arrays` lays them out (box corners
+first, each prompt padded with SAM's "not a point"), as the service's /v1/segment does.
 
 Point records hold ``segmentation``, ``area``, ``bbox`` (XYWH as Meta writes it),
 ``predicted_iou`` and ``point_coords`` (the prompt's clicks); an object's records add
@@ -51,6 +51,7 @@ from sam2serve.engine.amg import AMGParams, MaskGenerator, RleEncoder
 from sam2serve.engine.image import ImageSource, load_image, preprocess
 from sam2serve.engine.masks import batched_mask_to_box, box_xyxy_to_xywh
 from sam2serve.engine.predictor import Embedding, Predictor
+from sam2serve.engine.prompts import Prompt, as_prompt, prompt_arrays
 from sam2serve.engine.rle import (
     Rle,
     area_from_rle,
@@ -73,7 +74,6 @@ __all__ = [
     "encode",
     "mask_generator",
     "mps",
-    "prompt_arrays",
     "prompt_point",
     "prompt_points",
     "records_to_rle",
@@ -84,12 +84,8 @@ TASKS = ("amg", "sps", "mps")
 # Stages of one image, in pipeline order.
 STAGES = ("decode", "preprocess", "encode", "decode_masks", "postprocess", "rle")
 Record = dict[str, Any]
-Point = Sequence[float]
-# A click [x, y], or an object {"points": [[x, y], ...], "labels": [...], "box": [...]}.
-Prompt = Point | Mapping[str, Any]
-# SAM's label for a padding point, which the prompt encoder embeds as "not a point".
-PADDING_LABEL = -1
-BOX_CORNER_LABELS = (2, 3)
+# A Prompt, or its JSON form: a click [x, y] or an object {"points", "labels", "box"}.
+PromptLike = Prompt | Sequence[float] | Mapping[str, Any]
 
 
 class TaskFlags(Protocol):
@@ -295,44 +291,6 @@ def amg(
 # --------------------------------------------------------------------------- sps / mps
 
 
-def _as_object(prompt: Prompt) -> tuple[list[list[float]], list[int], list[float] | None]:
-    """(clicks, labels, box) of a prompt; a bare [x, y] is one foreground click."""
-    if isinstance(prompt, Mapping):
-        points = [[float(x), float(y)] for x, y in prompt.get("points") or []]
-        labels = prompt.get("labels")
-        labels = [1] * len(points) if labels is None else [int(label) for label in labels]
-        if len(labels) != len(points):
-            raise ValueError(f"{len(points)} points but {len(labels)} labels in {prompt!r:.80}")
-        box = prompt.get("box")
-        box = None if box is None else [float(v) for v in box]
-        if not points and box is None:
-            raise ValueError(f"a prompt needs points or a box, got {prompt!r:.80}")
-        return points, labels, box
-    point = [float(v) for v in prompt]
-    if len(point) != 2:
-        raise ValueError(f"a point is [x, y], got {list(prompt)!r:.80}")
-    return [point], [1], None
-
-
-def prompt_arrays(prompts: Sequence[Prompt]) -> tuple[np.ndarray, np.ndarray]:
-    """(B, N, 2) float32 coords in image pixels and (B, N) int32 labels: each prompt's box
-    corners (labels 2, 3) then its clicks, padded to the longest prompt with label -1."""
-    sequences = []
-    for prompt in prompts:
-        points, labels, box = _as_object(prompt)
-        if box is not None:
-            points = [box[:2], box[2:], *points]
-            labels = [*BOX_CORNER_LABELS, *labels]
-        sequences.append((points, labels))
-    longest = max(len(labels) for _, labels in sequences)
-    coords = np.zeros((len(sequences), longest, 2), dtype=np.float32)
-    all_labels = np.full((len(sequences), longest), PADDING_LABEL, dtype=np.int32)
-    for row, (points, labels) in enumerate(sequences):
-        coords[row, : len(points)] = points
-        all_labels[row, : len(labels)] = labels
-    return coords, all_labels
-
-
 def _prompt_tensors(
     prompts: Sequence[Prompt], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -341,11 +299,16 @@ def _prompt_tensors(
 
 
 def _prompt_fields(prompt: Prompt) -> dict[str, Any]:
-    """What a record says about its prompt: the clicks (and an object's labels and box)."""
-    points, labels, box = _as_object(prompt)
-    if not isinstance(prompt, Mapping):
-        return {"point_coords": points}
-    return {"point_coords": points, "point_labels": labels, "box": box}
+    """What a record says about its prompt: the clicks (and an object's labels and box); a
+    bare click keeps the original record."""
+    fields = prompt.as_json()
+    if prompt.bare_click:
+        return {"point_coords": fields["points"]}
+    return {
+        "point_coords": fields["points"],
+        "point_labels": fields["labels"],
+        "box": fields["box"],
+    }
 
 
 def _best_masks_batched(
@@ -432,7 +395,7 @@ def _point_records(
 def sps(
     predictor: Predictor,
     image: ImageSource,
-    prompt: Prompt,
+    prompt: PromptLike,
     *,
     flags: TaskFlags = DEFAULT_FLAGS,
     timer: StageTimer | None = None,
@@ -440,15 +403,16 @@ def sps(
 ) -> list[Record]:
     """Single point segmentation: one record, the best of 3 masks for ``prompt`` (a click
     [x, y] in image pixels, or an object with clicks, labels and a box)."""
+    checked = as_prompt(prompt)
     pixels = decode(image, timer)
-    return _point_records(predictor, pixels, [prompt], flags, timer, embedding)
+    return _point_records(predictor, pixels, [checked], flags, timer, embedding)
 
 
 @torch.inference_mode()
 def mps(
     predictor: Predictor,
     image: ImageSource,
-    prompts: Sequence[Prompt],
+    prompts: Sequence[PromptLike],
     *,
     flags: TaskFlags = DEFAULT_FLAGS,
     timer: StageTimer | None = None,
@@ -456,8 +420,9 @@ def mps(
 ) -> list[Record]:
     """Multi point segmentation: one record per prompt (a click or an object), all of
     them decoded together."""
+    checked = [as_prompt(prompt) for prompt in prompts]
     pixels = decode(image, timer)
-    return _point_records(predictor, pixels, list(prompts), flags, timer, embedding)
+    return _point_records(predictor, pixels, checked, flags, timer, embedding)
 
 
 # --------------------------------------------------------------------------- prompts

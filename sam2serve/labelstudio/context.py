@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sam2serve.engine.prompts import BACKGROUND, FOREGROUND, Prompt
 from sam2serve.labelstudio.protocol import Context, ContextRegion
 from sam2serve.server.errors import ApiError
-from sam2serve.server.schemas import ObjectPrompt, Point
 
 KEYPOINT_TYPES = ("keypointlabels", "keypoint")
 BOX_TYPES = ("rectanglelabels", "rectangle")
@@ -53,17 +53,15 @@ class ClickPrompt:
         """One click and no box: ambiguous, so SAM's best of three masks answers it."""
         return len(self.points) == 1 and self.box is None
 
-    def in_pixels(self, width: int, height: int) -> ObjectPrompt:
-        """The prompt on a ``width`` x ``height`` image, as the service's ObjectPrompt."""
-        points = [
-            Point(x=p.x / 100 * width, y=p.y / 100 * height, label=1 if p.positive else 0)
-            for p in self.points
-        ]
+    def in_pixels(self, width: int, height: int) -> Prompt:
+        """The prompt on a ``width`` x ``height`` image, as the engine's Prompt."""
+        points = [(p.x / 100 * width, p.y / 100 * height) for p in self.points]
+        labels = [FOREGROUND if p.positive else BACKGROUND for p in self.points]
         box = None
         if self.box is not None:
             b = self.box
             box = [b.x0 / 100 * width, b.y0 / 100 * height, b.x1 / 100 * width, b.y1 / 100 * height]
-        return ObjectPrompt(points=points, box=box)
+        return Prompt(points, labels, box)
 
 
 def prompt_from_context(context: Context) -> ClickPrompt | None:

@@ -33,6 +33,7 @@ from typing import Any
 
 from sam2serve.engine.amg import MaskGenerator
 from sam2serve.engine.amg_params import AMGParams
+from sam2serve.engine.prompts import FOREGROUND, Prompt
 from sam2serve.engine.rle import Rle, rle_to_mask
 from sam2serve.labelstudio.brush import mask_to_brush_rle
 from sam2serve.labelstudio.context import ClickPrompt, prompt_from_context
@@ -56,7 +57,6 @@ from sam2serve.labelstudio.protocol import (
 from sam2serve.server.batching import JobContext
 from sam2serve.server.errors import ApiError
 from sam2serve.server.prompts import DecodedMasks, decode_objects
-from sam2serve.server.schemas import ObjectPrompt, Point
 from sam2serve.server.service import ImageState, RequestClock, Service
 
 log = logging.getLogger("sam2serve.labelstudio")
@@ -223,7 +223,7 @@ class LabelStudioBackend:
             assert prompt is not None
             obj, multimask = prompt.in_pixels(width, height), prompt.single_click
         elif mode == "center":
-            obj, multimask = ObjectPrompt(points=[Point(x=width / 2, y=height / 2)]), True
+            obj, multimask = Prompt(((width / 2, height / 2),), (FOREGROUND,)), True
         else:
             return []
         rle, score = await _best_mask(service, image, obj, multimask, clock)
@@ -259,13 +259,13 @@ class _RegionMaker:
 
 
 async def _best_mask(
-    service: Service, image: ImageState, obj: ObjectPrompt, multimask: bool, clock: RequestClock
+    service: Service, image: ImageState, obj: Prompt, multimask: bool, clock: RequestClock
 ) -> tuple[Rle, float]:
     """The prompt's mask (the best-scored of SAM's three for a single click)."""
 
     def run(context: JobContext) -> DecodedMasks:
         return decode_objects(
-            service.predictor, image.embedding, [obj], [None], multimask, check=context.check
+            service.predictor, image.embedding, [obj], multimask, check=context.check
         )
 
     decoded = await service.run_job("decode", run, clock)

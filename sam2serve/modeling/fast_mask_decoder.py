@@ -684,7 +684,11 @@ class FastMaskDecoder:
         x = torch.baddbmm(shared.expand(b, -1, -1), keys.coef.transpose(1, 2), low_rank)
         x = torch.addcmul(s1, x, keys.scale.to(dtype).transpose(1, 2))
         x = x.view(b, n * 4, c_mid)
-        x = torch.nn.functional.layer_norm(x, (c_mid,), ln1.weight, ln1.bias, ln1.eps)
+        # The affine parameters in x's dtype: CUDA's layer_norm refuses bf16 input with
+        # fp32 weights (CPU's accepts the mix).
+        x = torch.nn.functional.layer_norm(
+            x, (c_mid,), ln1.weight.to(dtype), ln1.bias.to(dtype), ln1.eps
+        )
         x = gelu_(x, act1)
         # dc2 as (c_mid -> (sub-pixel, c_out)), with its bias and feat_s0 as the addend.
         w2 = dc2.weight.permute(0, 2, 3, 1).reshape(c_mid, 4 * c_out).to(dtype)

@@ -2,9 +2,10 @@
 into a Predictor, through the spec's backend.
 
 What every backend shares lives here too: :func:`predictor_for` (a Predictor running a
-loaded model the spec's way, given an image path and fast decoder from elsewhere or not),
-the mode's dtypes per device, and the device-wide numerics policy (TF32 pinned off unless
-the mode allows it).
+loaded model the spec's way, given an image path and fast decoder from elsewhere or not, its
+spec and its TF32 policy, all at construction) and the mode's dtypes per device. Building
+changes nothing process-wide: threads and TF32 are the entry point's
+(:func:`sam2serve.runtime.process.configure_process`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.runtime.modes import get_mode
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
-from sam2serve.runtime.threads import apply_threads
 
 
 def build_predictor(
@@ -43,15 +43,16 @@ def build_predictor(
         )
     if not backend.needs_artifacts:  # artifacts carry the dtype they were exported in
         spec = resolve_dtype(spec)
-    apply_threads(spec.threads)
-    set_numerics(spec)
     implementation = backend.load()
     if model is None:
         predictor = implementation.build(spec, weights)
     else:
         predictor = implementation.build_from_model(spec, model)
     if predictor.runtime is None:
-        predictor.runtime = spec
+        raise TypeError(
+            f"backend {backend.name!r} built a Predictor without its RuntimeSpec: build it "
+            "with sam2serve.runtime.build.predictor_for"
+        )
     return predictor
 
 
@@ -78,15 +79,6 @@ def load_spec_model(
         seed=weights.seed,
         device=spec.device,
     )
-
-
-def set_numerics(spec: RuntimeSpec) -> None:
-    """TF32 on CUDA only where the mode allows it: "exact" tolerances set on the CPU hold
-    on an H100 only with fp32 matmuls."""
-    if spec.device_type == "cuda" and torch.cuda.is_available():
-        allow = get_mode(spec.mode).allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = allow
-        torch.backends.cudnn.allow_tf32 = allow
 
 
 def native_reduced_dtype(device: torch.device | str) -> str:
@@ -168,7 +160,7 @@ def predictor_for(
     mode = get_mode(spec.mode)
     spec = resolve_dtype(spec)
     assert spec.prompt_chunk is not None  # resolved by RuntimeSpec
-    predictor = Predictor(
+    return Predictor(
         model,
         decoder=mode.decoder if prompt_decoder is None else "reference",
         prompt_chunk=spec.prompt_chunk,
@@ -176,6 +168,6 @@ def predictor_for(
         decoder_dtype=decoder_dtype(spec),
         fast_decoder=fast_decoder,
         prompt_decoder=prompt_decoder,
+        runtime=spec,
+        allow_tf32=mode.allow_tf32,
     )
-    predictor.runtime = spec
-    return predictor

@@ -9,7 +9,8 @@ The modes' video meaning is declared in :mod:`sam2serve.runtime.modes`
   for tracking yet: see the modes' module).
 - ``furious``: the image encoder in the spec's reduced dtype the way the image path runs
   it (:func:`~sam2serve.runtime.build.encoder_precision`: bf16 weights on the CPU,
-  autocast on CUDA) and memory attention under autocast to it; TF32 on CUDA. The dtype is
+  autocast on CUDA) and memory attention under autocast to it; TF32 on CUDA where the
+  process allows it (the other modes keep it off for their calls). The dtype is
   resolved as for images (:func:`~sam2serve.runtime.build.resolve_dtype`): on a CPU
   without native bf16 it is float32, and furious tracks exactly as baseline does.
 
@@ -24,15 +25,9 @@ import torch
 from sam2serve.checkpoint import load_video_model
 from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.modeling.sam2_video import SAM2Video
-from sam2serve.runtime.build import (
-    encoder_precision,
-    load_spec_model,
-    resolve_dtype,
-    set_numerics,
-)
+from sam2serve.runtime.build import encoder_precision, load_spec_model, resolve_dtype
 from sam2serve.runtime.modes import get_mode, get_video_mode
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
-from sam2serve.runtime.threads import apply_threads
 
 __all__ = ["VIDEO_BACKEND", "build_video_predictor", "check_video_spec", "video_predictor_for"]
 
@@ -52,14 +47,13 @@ def build_video_predictor(
     spec: RuntimeSpec, weights: WeightsSource | None = None, *, feature_cache_frames: int = 2
 ) -> VideoPredictor:
     """The VideoPredictor ``spec`` describes, with ``weights`` (default: the official
-    checkpoint from the cache); threads and the device's numerics set as for images."""
+    checkpoint from the cache). Nothing process-wide is set here: threads and TF32 are the
+    entry point's (:func:`sam2serve.runtime.process.configure_process`)."""
     check_video_spec(spec)
     weights = weights or WeightsSource()
     if weights.artifacts is not None:
         raise ValueError("video tracking loads a checkpoint or random weights, not artifacts")
     spec = resolve_dtype(spec)
-    apply_threads(spec.threads)
-    set_numerics(spec)
     model = load_spec_model(spec, weights, load_video_model)
     assert isinstance(model, SAM2Video)
     return video_predictor_for(model, spec, feature_cache_frames=feature_cache_frames)
@@ -74,12 +68,13 @@ def video_predictor_for(
     spec = resolve_dtype(spec)
     assert spec.dtype is not None
     reduced = getattr(torch, spec.dtype)
-    attention = reduced if get_mode(spec.mode).reduced_precision_memory_attention else None
-    predictor = VideoPredictor(
+    mode = get_mode(spec.mode)
+    attention = reduced if mode.reduced_precision_memory_attention else None
+    return VideoPredictor(
         model,
         feature_cache_frames=feature_cache_frames,
         encoder_autocast_dtype=encoder_precision(model, spec),
         memory_attention_dtype=None if attention == torch.float32 else attention,
+        runtime=spec,
+        allow_tf32=mode.allow_tf32,
     )
-    predictor.runtime = spec
-    return predictor

@@ -1,21 +1,22 @@
 """From a request's prompts to the engine: limits, bounds, and the decoder inputs.
 
-For /v1/segment: the prompt counts (checked before any image work), every point and box
-inside the image, and the objects decoded in as few decoder calls as the engine allows.
-For /v1/amg: the AMG parameters, and the number of clicks they would decode.
+For /v1/segment: the prompt counts (checked before any image work), the objects as the
+engine's :class:`~sam2serve.engine.prompts.Prompt` values, every point and box inside the
+image (or a video's frame), and the objects decoded in as few decoder calls as the engine
+allows. For /v1/amg: the AMG parameters, and the number of clicks they would decode.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from sam2serve.engine.amg import AMGParamError, AMGParams
 from sam2serve.engine.masks import batched_mask_to_box, box_xyxy_to_xywh
 from sam2serve.engine.predictor import LOW_RES_CLAMP, Embedding, Predictor
+from sam2serve.engine.prompts import Prompt, PromptError, prompt_arrays
 from sam2serve.engine.rle import Rle, masks_to_rle
 from sam2serve.server import schemas
 from sam2serve.server.errors import ApiError
@@ -51,82 +52,56 @@ def check_prompt_counts(request: schemas.SegmentRequest, settings: ServerSetting
             )
 
 
-def check_prompt_bounds(request: schemas.SegmentRequest, size: tuple[int, int]) -> None:
-    """Every point and box inside the image; the message names the object and the value."""
+def check_inside(
+    prompt: Prompt, size: tuple[int, int], where: str | None = None, what: str = "image"
+) -> None:
+    """422 unless every point and the box of ``prompt`` lie inside an image (or ``what``)
+    of ``size`` (height, width); the message names the point or box (after ``where``, the
+    prompt's place in the request), its value and what is accepted."""
     height, width = size
-    for i, obj in enumerate(request.objects):
-        for j, point in enumerate(obj.points):
-            if point.x > width or point.y > height:
-                raise ApiError(
-                    422,
-                    "invalid_request",
-                    f"objects[{i}].points[{j}]: ({point.x:g}, {point.y:g}) lies outside the "
-                    f"{width}x{height} image; accepted: 0 <= x <= {width}, 0 <= y <= {height}",
-                )
-        if obj.box is not None:
-            x0, y0, x1, y1 = obj.box
-            if min(x0, y0) < 0 or x1 > width or y1 > height:
-                raise ApiError(
-                    422,
-                    "invalid_request",
-                    f"objects[{i}].box: {obj.box} is not inside the {width}x{height} image; "
-                    f"accepted: 0 <= x0 <= x1 <= {width}, 0 <= y0 <= y1 <= {height}",
-                )
+    try:
+        prompt.check_inside(width, height, what)
+    except PromptError as exc:
+        message = str(exc) if where is None else exc.at(where, ".")
+        raise ApiError(422, "invalid_request", message) from None
 
 
-def padded_prompts(objects: list[schemas.ObjectPrompt]) -> tuple[np.ndarray, np.ndarray]:
-    """(B, N, 2) coords and (B, N) labels: box corners (labels 2, 3) then the clicks, each
-    object padded to the longest with SAM's "not a point" label -1."""
-    sequences = []
-    for obj in objects:
-        coords: list[tuple[float, float]] = []
-        labels: list[int] = []
-        if obj.box is not None:
-            x0, y0, x1, y1 = obj.box
-            coords += [(x0, y0), (x1, y1)]
-            labels += [2, 3]
-        coords += [(p.x, p.y) for p in obj.points]
-        labels += [p.label for p in obj.points]
-        sequences.append((coords, labels))
-    longest = max(len(labels) for _, labels in sequences)
-    all_coords = np.zeros((len(objects), longest, 2), dtype=np.float32)
-    all_labels = np.full((len(objects), longest), -1, dtype=np.int32)
-    for b, (coords, labels) in enumerate(sequences):
-        all_coords[b, : len(coords)] = coords
-        all_labels[b, : len(labels)] = labels
-    return all_coords, all_labels
+def check_objects_inside(prompts: Sequence[Prompt], size: tuple[int, int]) -> None:
+    """Every object's points and box inside the image; the message names the object."""
+    for i, prompt in enumerate(prompts):
+        check_inside(prompt, size, f"objects[{i}]")
 
 
 def decode_objects(
     predictor: Predictor,
     embedding: Embedding,
-    objects: list[schemas.ObjectPrompt],
-    mask_inputs: list[torch.Tensor | None],
+    prompts: Sequence[Prompt],
     multimask_output: bool,
     check: Callable[[], None] = lambda: None,
     best_only: bool = False,
 ) -> DecodedMasks:
     """Masks for every object: one decoder call for all of them (two when only some
-    objects carry a previous mask: the decoder takes a mask for all prompts or none).
-    ``best_only``: keep each object's highest-scoring candidate, before any upsampling.
+    carry a previous mask, ``Prompt.mask_input``: the decoder takes a mask for all prompts
+    or none). ``best_only``: keep each object's highest-scoring candidate, before any
+    upsampling.
 
     The full-size masks are made, encoded as RLE and dropped chunk by chunk (the
     predictor's mask byte budget), so memory does not grow with objects x image size;
     ``check()`` runs between chunks (it raises when the client has gone)."""
     groups = [
-        [i for i, m in enumerate(mask_inputs) if m is None],
-        [i for i, m in enumerate(mask_inputs) if m is not None],
+        [i for i, p in enumerate(prompts) if p.mask_input is None],
+        [i for i, p in enumerate(prompts) if p.mask_input is not None],
     ]
-    n = len(objects)
+    n = len(prompts)
     rles: list[list[Rle]] = [[] for _ in range(n)]
     scores: list[list[float]] = [[] for _ in range(n)]
     boxes: list[list[list[float]]] = [[] for _ in range(n)]
     low_res: list[torch.Tensor] = [torch.empty(0)] * n
     for group in (g for g in groups if g):
-        coords, labels = padded_prompts([objects[i] for i in group])
+        coords, labels = prompt_arrays([prompts[i] for i in group])
         masks_in = None
-        if mask_inputs[group[0]] is not None:
-            masks_in = torch.stack([mask_inputs[i] for i in group])  # (B, 1, 256, 256)
+        if prompts[group[0]].mask_input is not None:
+            masks_in = torch.stack([prompts[i].mask_input for i in group])  # (B, 1, 256, 256)
         logits, iou = predictor.predict_low_res(
             embedding,
             point_coords=coords,

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from sam2serve.engine import formats
 from sam2serve.engine.amg_params import PARAM_SPECS, AMGParams, ParamSpec
+from sam2serve.engine.prompts import Prompt
 from sam2serve.server.errors import IMAGE_ID_PATTERN, MASK_ID_PATTERN
 from sam2serve.server.settings import MAX_OBJECTS, MAX_POINTS_PER_OBJECT
 
@@ -114,19 +115,11 @@ class ObjectPrompt(_Strict):
     )
 
     @model_validator(mode="after")
-    def _has_prompt(self) -> ObjectPrompt:
-        if not self.points and self.box is None:
-            raise ValueError("give at least one point or a box for each object")
-        check_box_order(self.box)
+    def _is_a_prompt(self) -> ObjectPrompt:
+        # The engine's checks (points or a box, the box's corners in order): a PromptError
+        # is a ValueError, which pydantic reports at the object.
+        Prompt.from_api(self)
         return self
-
-
-def check_box_order(box: list[float] | None) -> None:
-    """ValueError unless ``box`` (if any) is [x0, y0, x1, y1] with x0 <= x1, y0 <= y1."""
-    if box is not None:
-        x0, y0, x1, y1 = box
-        if x0 > x1 or y0 > y1:
-            raise ValueError(f"box must be [x0, y0, x1, y1] with x0 <= x1 and y0 <= y1, got {box}")
 
 
 class SegmentRequest(_Strict):

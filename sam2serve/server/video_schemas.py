@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
+from sam2serve.engine.prompts import Prompt
 from sam2serve.server.schemas import (
     MASK_FORMAT_DOC,
     SEGMENTATION_DOC,
@@ -19,7 +20,6 @@ from sam2serve.server.schemas import (
     Point,
     Segmentation,
     _Strict,
-    check_box_order,
 )
 from sam2serve.server.settings import MAX_POINTS_PER_OBJECT
 
@@ -75,7 +75,8 @@ class VideoPromptRequest(_Strict):
             raise ValueError("give either points and/or a box, or a mask - not both")
         if self.mask is None and not clicks:
             raise ValueError("give at least one point, a box or a mask")
-        check_box_order(self.box)
+        if clicks:
+            Prompt.from_api(self)  # the engine's checks, as for an image's object
         return self
 
 

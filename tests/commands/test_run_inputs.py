@@ -18,6 +18,7 @@ from PIL import Image
 from sam2serve import cli
 from sam2serve.commands import inputs, model
 from sam2serve.commands.common import EXIT_USAGE
+from sam2serve.engine.prompts import Prompt
 
 
 @pytest.fixture
@@ -82,7 +83,10 @@ def test_the_word_sample_gets_a_hint(no_model, tmp_path):
         ("{not json", "not valid JSON"),
         ('{"grey.png": [[1, true]]}', "point 0"),
         ('{"grey.png": [[10, 10]], "cat.jpg": [[1, 1]]}', "'cat.jpg'"),
-        ('{"grey.png": [[41, 10]]}', "point [41, 10] of image 'grey.png' lies outside its 40x30"),
+        (
+            '{"grey.png": [[41, 10]]}',
+            "image 'grey.png', point 0: [41, 10] lies outside the 40x30 image",
+        ),
         ('{"grey": [[10, -1]]}', "lies outside"),
     ],
 )
@@ -112,7 +116,7 @@ def test_exif_rotation_is_taken_into_account(no_model, tmp_path):
     code, stderr = run_cli(
         "run", "--task", "sps", path, "--out", tmp_path / "o", "--prompts", prompts
     )
-    assert code == EXIT_USAGE and "outside its 30x40" in one_error(stderr)
+    assert code == EXIT_USAGE and "outside the 30x40 image" in one_error(stderr)
 
 
 def test_amg_flag_values_are_checked_before_the_model_loads(no_model, photo_dir, tmp_path):
@@ -176,14 +180,14 @@ def test_prompts_take_objects_with_boxes_and_negative_points(photo_dir, tmp_path
     )
     images = inputs.expand_images([str(photo_dir)])
     prompts = inputs.match_prompts(inputs.load_prompts(path), images, path)
-    assert prompts == {
-        "grey.png": [
-            [3.0, 4.0],
-            {"points": [[10.0, 10.0], [20.0, 5.0]], "labels": [1, 0], "box": None},
-            {"points": [], "labels": [], "box": [1.0, 2.0, 30.0, 25.0]},
-            {"points": [[5.0, 5.0]], "labels": [1], "box": [0.0, 0.0, 40.0, 30.0]},
-        ]
-    }
+    assert list(prompts) == ["grey.png"]
+    click, *objects = prompts["grey.png"]
+    assert click.bare_click and click == Prompt(((3.0, 4.0),), (1,))
+    assert [(o.as_json(), o.bare_click) for o in objects] == [
+        ({"points": [[10.0, 10.0], [20.0, 5.0]], "labels": [1, 0], "box": None}, False),
+        ({"points": [], "labels": [], "box": [1.0, 2.0, 30.0, 25.0]}, False),
+        ({"points": [[5.0, 5.0]], "labels": [1], "box": [0.0, 0.0, 40.0, 30.0]}, False),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -195,10 +199,10 @@ def test_prompts_take_objects_with_boxes_and_negative_points(photo_dir, tmp_path
         ([{"box": [10, 5, 10, 20]}], "object 0: box [10, 5, 10, 20] is empty: it needs x1 > x0 and y1 > y0"),
         ([{"box": [10, 5, 20]}], "object 0: box must be [x0, y0, x1, y1] with four finite numbers, got [10, 5, 20]"),
         ([{"points": [[1, "a"]]}], "object 0, points[0]: expected [x, y]"),
-        ([{}], "object 0: an object needs points or a box"),
+        ([{}], "object 0: an object needs at least one point or a box"),
         ([{"point": [[1, 2]]}], "object 0: unknown key 'point'; an object has points, labels, box"),
-        ([{"points": [[1, 2]]}, {"points": [[41, 2]]}], "image 'grey.png', object 1, points[0]: [41, 2] lies outside its 40x30"),
-        ([{"box": [5, 5, 40, 31]}], "object 0: box [5, 5, 40, 31] is not inside its 40x30 pixels"),
+        ([{"points": [[1, 2]]}, {"points": [[41, 2]]}], "image 'grey.png', object 1, points[0]: [41, 2] lies outside the 40x30 image; accepted: 0 <= x <= 40"),
+        ([{"box": [5, 5, 40, 31]}], "object 0, box: [5, 5, 40, 31] is not inside the 40x30 image; accepted: 0 <= x0 <= x1 <= 40"),
         (["x"], "prompt 0: expected [x, y] or an object"),
     ],
 )  # fmt: skip

@@ -61,7 +61,10 @@ def write_prompts(path: Path, data: object) -> Path:
         ({"0": {"1": {"box": [5, 5, 1, 1]}}}, "is empty"),
         ({"0": {"1": {"points": [[1, 2]], "labels": [3]}}}, "a label is 1"),
         ({"7": {"1": {"points": [[1, 2]]}}}, "frame 7 is past the video's last frame"),
-        ({"0": {"1": {"points": [[500, 2]]}}}, "[500, 2] is outside the 96x64 frame"),
+        (
+            {"0": {"1": {"points": [[500, 2]]}}},
+            "frame 0, object 1, points[0]: [500, 2] lies outside the 96x64 frame",
+        ),
     ],
 )
 def test_bad_prompts_are_usage_errors(no_model, frame_dir, tmp_path, data, expected):

@@ -5,7 +5,10 @@ GPU (tests/conftest.py), run by scripts/gpu-check.sh where it does."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
+import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -61,15 +64,39 @@ def meta_masks(meta, photo, prompts) -> torch.Tensor:
     return torch.as_tensor(masks) > 0
 
 
+@contextlib.contextmanager
+def process_tf32(allowed: bool) -> Iterator[None]:
+    """The process's TF32 switches as an entry point sets them (runtime.process)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 @pytest.mark.parametrize("mode", ["baseline", "fast"])
 def test_lossless_modes_match_meta_on_cuda(meta, photo, prompts, mode, tiny_checkpoint):
-    """TF32 is pinned off for these modes, so the fp32 tolerances of the CPU hold."""
+    """These modes keep TF32 off for their calls, even in a process that allows it (a
+    furious one), so the fp32 tolerances of the CPU hold."""
     predictor = ours(mode, tiny_checkpoint)
-    assert predictor.device.type == "cuda" and not torch.backends.cuda.matmul.allow_tf32
-    out = predictor.predict(predictor.encode(photo), **prompts).masks.cpu()
-    reference = meta_masks(meta, photo, prompts)
+    assert predictor.device.type == "cuda" and not predictor.allow_tf32
+    with process_tf32(True):
+        out = predictor.predict(predictor.encode(photo), **prompts).masks.cpu()
+    with process_tf32(False):
+        reference = meta_masks(meta, photo, prompts)
     ious = [mask_iou(a, b) for a, b in zip(out.flatten(0, 1), reference.flatten(0, 1))]
     assert min(ious) >= 0.995, ious
+
+
+def test_fast_answers_alike_whatever_the_process_allows(photo, prompts, tiny_checkpoint):
+    """TF32 would move fp32 logits by ~1e-3: fast's calls turn it off themselves."""
+    fast = ours("fast", tiny_checkpoint)
+    answers = []
+    for allowed in (False, True):
+        with process_tf32(allowed):
+            answers.append(fast.predict(fast.encode(photo), **prompts).low_res_logits)
+    torch.testing.assert_close(answers[1], answers[0], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["eager", "compile"])
@@ -79,8 +106,9 @@ def test_furious_is_bf16_autocast_close_to_baseline(photo, prompts, backend, tin
     # Autocast keeps the weights fp32 (Meta's way), unlike the CPU's bf16 weights.
     assert furious.model.image_encoder.neck.convs[0].conv.weight.dtype == torch.float32
     assert furious.runtime.dtype == ("bfloat16" if torch.cuda.is_bf16_supported() else "float16")
-    a = fast.predict(fast.encode(photo), **prompts).masks
-    b = furious.predict(furious.encode(photo), **prompts).masks
+    with process_tf32(True):  # a furious process; fast still computes in fp32
+        a = fast.predict(fast.encode(photo), **prompts).masks
+        b = furious.predict(furious.encode(photo), **prompts).masks
     ious = [mask_iou(x, y) for x, y in zip(a.flatten(0, 1), b.flatten(0, 1))]
     assert float(np.mean(ious)) >= 0.97, ious
 
@@ -113,7 +141,10 @@ def count_syncs(work) -> int:
             work()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchronizing" in str(w.message) for w in caught)
+    syncs = [str(w.message) for w in caught if "synchronizing" in str(w.message)]
+    for message in syncs:
+        print("sync:", message[:160])
+    return len(syncs)
 
 
 def test_no_host_sync_inside_the_decode_loop(photo, tiny_checkpoint):
@@ -129,11 +160,16 @@ def test_no_host_sync_inside_the_decode_loop(photo, tiny_checkpoint):
         frame = predictor.to_input_frame(coords, embedding.original_size, True)
         predictor.decode_low_res(context, frame, labels, None, True)
 
-    decode(64)  # warm-up
+    # Warm-ups of both sizes first: a first call of a size may sync (the allocator,
+    # cuBLAS' plans). The allocator may sync now and then on either size (on an H100: 2
+    # for one chunk, 1 for four), so the test asks for what a per-chunk sync would break:
+    # three more chunks, fewer than three more syncs.
+    for n in (predictor.prompt_chunk, 4 * predictor.prompt_chunk):
+        decode(n)
     one_chunk = count_syncs(lambda: decode(predictor.prompt_chunk))
     four_chunks = count_syncs(lambda: decode(4 * predictor.prompt_chunk))
     print(f"host syncs: {one_chunk} for one chunk, {four_chunks} for four")
-    assert four_chunks == one_chunk
+    assert four_chunks - one_chunk < 3
 
 
 def test_amg_syncs_a_few_times_per_batch(photo, tiny_checkpoint):
@@ -167,7 +203,11 @@ def test_service_on_cuda(tiny_checkpoint):
     Image.fromarray(data.coffee()).save(buffer, format="PNG")
     image = base64.b64encode(buffer.getvalue()).decode()
     with TestClient(create_app(settings)) as client:
-        ready = client.get("/readyz").json()
+        deadline = time.monotonic() + 120
+        while (answer := client.get("/readyz")).status_code != 200:  # warming up
+            assert time.monotonic() < deadline, answer.text
+            time.sleep(0.2)
+        ready = answer.json()
         assert ready["device"].startswith("cuda") and ready["backend"] == "eager"
         body = {"image": image, "objects": [{"points": [{"x": 100, "y": 100}]}]}
         answer = client.post("/v1/segment", json=body)

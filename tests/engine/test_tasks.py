@@ -232,17 +232,6 @@ def assert_record_is(record: dict, mask: np.ndarray, score: float) -> None:
     assert record["predicted_iou"] == pytest.approx(score, abs=1e-4)
 
 
-def test_prompt_arrays_put_box_corners_first_and_pad_with_minus_one():
-    coords, labels = tasks.prompt_arrays([[5, 6], OBJECTS[1], {"box": [1, 2, 3, 4]}])
-    assert coords.dtype == np.float32 and labels.dtype == np.int32
-    np.testing.assert_array_equal(
-        coords, [[[5, 6], [0, 0], [0, 0]], [[120, 60], [330, 260], [200, 150]], [[1, 2], [3, 4], [0, 0]]]
-    )  # fmt: skip
-    np.testing.assert_array_equal(labels, [[1, -1, -1], [2, 3, 0], [2, 3, -1]])
-    coords, labels = tasks.prompt_arrays([[5, 6], [7, 8]])  # clicks alone: no padding
-    assert coords.shape == (2, 1, 2) and labels.tolist() == [[1], [1]]
-
-
 def test_sps_with_an_object_is_the_predictors_box_and_labels(predictor, image, embedding):
     """Each object alone against Predictor.predict given the box as ``boxes`` (which puts
     the corners first itself) and the clicks with their labels."""
@@ -277,7 +266,7 @@ def test_point_records_keep_their_form(predictor, image, embedding):
     plain, obj = tasks.mps(predictor, image, [POINTS[0], OBJECTS[2]], embedding=embedding)
     assert set(plain) == {"segmentation", "area", "bbox", "predicted_iou", "point_coords"}
     assert set(obj) == set(plain) | {"point_labels", "box"}
-    with pytest.raises(ValueError, match="needs points or a box"):
+    with pytest.raises(ValueError, match="needs at least one point or a box"):
         tasks.mps(predictor, image, [{"points": []}], embedding=embedding)
 
 

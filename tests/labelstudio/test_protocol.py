@@ -66,8 +66,8 @@ def test_clicks_and_box_in_percent_become_pixels():
     )
     assert prompt is not None
     obj = prompt.in_pixels(width=200, height=100)
-    assert [(p.x, p.y, p.label) for p in obj.points] == [(50, 50, 1), (150, 10, 0)]
-    assert obj.box == pytest.approx([20, 20, 80, 60])
+    assert obj.points == ((50, 50), (150, 10)) and obj.labels == (1, 0)
+    assert obj.box == pytest.approx((20, 20, 80, 60))
     assert prompt.label == "Cat" and prompt.image_name == "image"
     assert not prompt.single_click
 
@@ -82,12 +82,12 @@ def test_a_single_click_is_ambiguous_and_positive_by_default():
 def test_the_last_box_counts():
     prompt = prompt_from_context(context(rectangle(0, 0, 10, 10), rectangle(50, 50, 10, 20)))
     assert prompt is not None
-    assert prompt.in_pixels(100, 100).box == pytest.approx([50, 50, 60, 70])
+    assert prompt.in_pixels(100, 100).box == pytest.approx((50, 50, 60, 70))
 
 
 def test_rounding_past_100_percent_is_clamped():
     prompt = prompt_from_context(context(keypoint(100.0004, 0)))
-    assert prompt is not None and prompt.in_pixels(10, 10).points[0].x == 10
+    assert prompt is not None and prompt.in_pixels(10, 10).points[0][0] == 10
 
 
 def test_no_regions_no_prompt():
@@ -130,4 +130,4 @@ def test_smart_tool_regions_carry_labels_and_negatives():
     region["value"] = {"x": 40, "y": 60, "width": 0.5, "labels": ["Cat"]}
     prompt = prompt_from_context(context(region))
     assert prompt is not None and prompt.label == "Cat"
-    assert prompt.in_pixels(10, 10).points[0].label == 0
+    assert prompt.in_pixels(10, 10).labels[0] == 0

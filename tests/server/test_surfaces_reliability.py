@@ -173,6 +173,22 @@ def measured(
     return status, answer, growth, probe.worst_s
 
 
+def confirmed_stall(live: SpawnedServer, request: Callable[[], Answer], stall: float) -> float:
+    """A /healthz stall over the limit, measured again with the same (refused) request up to
+    twice: a handler that blocks the event loop stalls every time, a pause of a busy
+    machine (2 cores shared with the test process and the suite's other servers) does not.
+    The least of the measurements."""
+    for _ in range(2):
+        if stall <= MAX_STALL_S:
+            break
+        live.collect_garbage(SETTLE_S)
+        with StallProbe(live.url) as probe:
+            request()
+            time.sleep(0.05)
+        stall = min(stall, probe.worst_s)
+    return stall
+
+
 def close_sessions(live: SpawnedServer, ids: list[str]) -> None:
     for session_id in ids:
         send(live, "DELETE", f"/v1/videos/{session_id}")
@@ -247,6 +263,8 @@ def test_hostile_video_upload_is_refused_before_decoding(case: Upload, server):
         close_sessions(live, [json.loads(answer.body)["session_id"]])
     check_refusal(answer, status, case.statuses)
     assert growth <= REFUSED_GROWTH, f"peak RSS grew {growth / MiB:.0f} MiB"
+    upload = lambda: send(live, "POST", "/v1/videos", body, content_type)
+    stall = stall if status == 201 else confirmed_stall(live, upload, stall)
     assert stall <= MAX_STALL_S, f"/healthz stalled {stall:.2f} s"
 
 
@@ -343,12 +361,11 @@ PROMPT_CASES: list[tuple[str, Any, frozenset[int]]] = [
 )
 def test_hostile_video_prompt_is_refused(body, statuses, server, session):
     live = server.ensure()
-    status, answer, growth, stall = measured(
-        live, TALLIES["video prompts"], lambda: prompt(live, session, body)
-    )
+    request = lambda: prompt(live, session, body)
+    status, answer, growth, stall = measured(live, TALLIES["video prompts"], request)
     check_refusal(answer, status, statuses)
     assert growth <= REFUSED_GROWTH, f"peak RSS grew {growth / MiB:.0f} MiB"
-    assert stall <= MAX_STALL_S, f"/healthz stalled {stall:.2f} s"
+    assert confirmed_stall(live, request, stall) <= MAX_STALL_S, f"/healthz stalled {stall:.2f} s"
 
 
 def test_points_are_counted_per_object_across_calls(server, session):

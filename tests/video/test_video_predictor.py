@@ -52,8 +52,11 @@ def test_frames_are_checked(predictor):
         ({"frame_idx": 0}, "give points"),
         ({"frame_idx": 0, "points": [1, 1], "labels": [1]}, r"points must have shape \(P, 2\)"),
         ({"frame_idx": 0, "points": [[1, 1]], "labels": [1, 0]}, r"labels must have shape \(1,\)"),
-        ({"frame_idx": 0, "points": [[1, 1]], "labels": [2]}, r"must be 1 \(positive\) or 0"),
-        ({"frame_idx": 0, "box": [1, 2, 3]}, r"box must be \(x0, y0, x1, y1\)"),
+        (
+            {"frame_idx": 0, "points": [[1, 1]], "labels": [2]},
+            r"labels\[0\]: a label is 1 \(foreground\) or 0",
+        ),
+        ({"frame_idx": 0, "box": [1, 2, 3]}, r"box must be \[x0, y0, x1, y1\], got shape \(3,\)"),
         (
             {"frame_idx": 0, "box": [1, 2, 3, 4], "clear_old_points": False},
             "a box must come before",

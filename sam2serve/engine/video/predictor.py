@@ -19,6 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sam2serve.engine.prompts import Prompt, PromptError, prompt_arrays
+from sam2serve.engine.tf32 import tf32_policy
 from sam2serve.engine.video.frames import check_frames, preprocess_frame
 from sam2serve.engine.video.memory import MemorySelection, gather_memories, select_memories
 from sam2serve.engine.video.state import (
@@ -61,6 +63,8 @@ class VideoPredictor:
         storage_device: str | torch.device = "cpu",
         encoder_autocast_dtype: torch.dtype | None = None,
         memory_attention_dtype: torch.dtype | None = None,
+        runtime: Any = None,
+        allow_tf32: bool = False,
     ) -> None:
         """``feature_cache_frames``: frames whose encoder features each state keeps (LRU;
         Meta keeps 1). ``storage_device``: where memories and masks are stored ("cpu"
@@ -68,8 +72,11 @@ class VideoPredictor:
         ``encoder_autocast_dtype`` / ``memory_attention_dtype``: run the image encoder /
         the memory attention under autocast to that dtype (None: the encoder in its
         weights' dtype, the attention in float32); what they give the heads, the heads,
-        the memory encoder and everything stored are as without them. Set from a mode by
-        ``sam2serve.runtime.video``."""
+        the memory encoder and everything stored are as without them. ``runtime``: the
+        RuntimeSpec it was built for (None when built by hand); ``allow_tf32``: whether its
+        CUDA fp32 work may run in TF32 where the process allows it (False keeps TF32 off
+        for its calls: :mod:`sam2serve.engine.tf32`). Set from a mode by
+        ``sam2serve.runtime.video``, when it is built."""
         if feature_cache_frames < 1:
             raise ValueError(f"feature_cache_frames must be at least 1, got {feature_cache_frames}")
         self.model = model
@@ -79,8 +86,8 @@ class VideoPredictor:
         self.memory_dtype = getattr(torch, self.config.memory_dtype_name)
         self.encoder_autocast_dtype = encoder_autocast_dtype
         self.memory_attention_dtype = memory_attention_dtype
-        # How it runs (a sam2serve.runtime RuntimeSpec), set by the runtime's constructor.
-        self.runtime: Any = None
+        self.runtime = runtime
+        self.allow_tf32 = allow_tf32
 
     @property
     def device(self) -> torch.device:
@@ -106,6 +113,7 @@ class VideoPredictor:
         state.objects.clear()
 
     @torch.inference_mode()
+    @tf32_policy
     def frame_features(self, state: VideoState, frame_idx: int) -> FrameFeatures:
         features = state.features.get(frame_idx)
         if features is None:
@@ -133,23 +141,55 @@ class VideoPredictor:
     ) -> FrameMasks:
         """Clicks (points (P, 2) x, y in video pixels; labels 1 positive / 0 negative)
         and/or a box (x0, y0, x1, y1) for ``obj_id`` on ``frame_idx`` (Meta's
-        add_new_points_or_box). ``normalize_coords=False``: coordinates already in [0, 1].
+        add_new_points_or_box): :meth:`add_prompt` with these arrays as a Prompt."""
+        try:
+            prompt = Prompt.from_arrays(points, labels, box)
+        except PromptError as exc:
+            raise VideoPromptError(str(exc)) from None
+        return self.add_prompt(
+            state,
+            frame_idx,
+            obj_id,
+            prompt,
+            clear_old_points=clear_old_points,
+            normalize_coords=normalize_coords,
+        )
+
+    @torch.inference_mode()
+    def add_prompt(
+        self,
+        state: VideoState,
+        frame_idx: int,
+        obj_id: int,
+        prompt: Prompt,
+        *,
+        clear_old_points: bool = True,
+        normalize_coords: bool = True,
+    ) -> FrameMasks:
+        """``prompt`` (clicks and/or a box, in video pixels; ``normalize_coords=False``:
+        already in [0, 1]) for ``obj_id`` on ``frame_idx``; with ``clear_old_points=False``
+        its clicks join the object's earlier clicks on that frame (a box must come first).
         Returns all objects' masks on that frame."""
         self._check_frame(state, frame_idx)
-        coords, point_labels = self._points_tensor(points, labels, box, clear_old_points)
+        if prompt.box is not None and not clear_old_points:
+            raise VideoPromptError(
+                "a box must come before any click on its frame: pass clear_old_points=True"
+            )
+        coords_array, labels_array = prompt_arrays([prompt])  # (1, P, 2), (1, P)
+        coords = torch.from_numpy(coords_array)
         if normalize_coords:
             coords = coords / torch.tensor([state.width, state.height], dtype=torch.float32)
         coords = (coords * self.model.image_size).to(state.device)
-        point_labels = point_labels.to(state.device)
+        point_labels = torch.from_numpy(labels_array).to(state.device)
         track = self._track_for(state, obj_id)
         previous = None if clear_old_points else track.point_inputs.get(frame_idx)
         if previous is not None:
             coords = torch.cat([previous.coords, coords], dim=1)
             point_labels = torch.cat([previous.labels, point_labels], dim=1)
-        prompt = PointPrompt(coords, point_labels)
-        track.point_inputs[frame_idx] = prompt
+        point_prompt = PointPrompt(coords, point_labels)
+        track.point_inputs[frame_idx] = point_prompt
         track.mask_inputs.pop(frame_idx, None)
-        return self._prompt_frame(state, track, frame_idx, points=prompt, mask=None)
+        return self._prompt_frame(state, track, frame_idx, points=point_prompt, mask=None)
 
     @torch.inference_mode()
     def add_mask(
@@ -314,6 +354,7 @@ class VideoPredictor:
         stacked = torch.cat([m for m in masks if m is not None])
         return FrameMasks(frame_idx, state.obj_ids, self._to_video_size(state, stacked))
 
+    @tf32_policy
     def _preflight(self, state: VideoState) -> None:
         """Encode the memories of prompts added since the last propagation and move them
         into the objects' outputs (Meta's propagate_in_video_preflight)."""
@@ -351,6 +392,7 @@ class VideoPredictor:
 
     # -- one frame --------------------------------------------------------------------------
 
+    @tf32_policy
     def _track_frame(
         self,
         state: VideoState,
@@ -458,48 +500,3 @@ class VideoPredictor:
                 f"frame index {frame_idx!r} is out of range: the video has "
                 f"{state.num_frames} frames (0..{state.num_frames - 1})"
             )
-
-    def _points_tensor(
-        self,
-        points: np.ndarray | Sequence[Sequence[float]] | None,
-        labels: np.ndarray | Sequence[int] | None,
-        box: np.ndarray | Sequence[float] | None,
-        clear_old_points: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(1, P, 2) float32 coords and (1, P) int32 labels, box corners first."""
-        if (points is None) != (labels is None):
-            raise VideoPromptError("points and labels must be given together")
-        if points is None and box is None:
-            raise VideoPromptError("give points (with labels) or a box")
-        coords = torch.zeros((0, 2), dtype=torch.float32)
-        point_labels = torch.zeros((0,), dtype=torch.int32)
-        if points is not None:
-            coords = torch.as_tensor(np.asarray(points, dtype=np.float32))
-            point_labels = torch.as_tensor(np.asarray(labels, dtype=np.int32))
-            if coords.dim() != 2 or coords.shape[1] != 2:
-                raise VideoPromptError(f"points must have shape (P, 2), got {tuple(coords.shape)}")
-            if point_labels.shape != (coords.shape[0],):
-                raise VideoPromptError(
-                    f"labels must have shape ({coords.shape[0]},) to match the points, "
-                    f"got {tuple(point_labels.shape)}"
-                )
-            bad = sorted(set(point_labels.tolist()) - {0, 1})
-            if bad:
-                raise VideoPromptError(
-                    f"point labels must be 1 (positive) or 0 (negative), got {bad}"
-                )
-        coords, point_labels = coords[None], point_labels[None]
-        if box is not None:
-            if not clear_old_points:
-                raise VideoPromptError(
-                    "a box must come before any click on its frame: pass clear_old_points=True"
-                )
-            box_t = torch.as_tensor(np.asarray(box, dtype=np.float32))
-            if box_t.numel() != 4:
-                raise VideoPromptError(
-                    f"box must be (x0, y0, x1, y1), got shape {tuple(box_t.shape)}"
-                )
-            coords = torch.cat([box_t.reshape(1, 2, 2), coords], dim=1)
-            corner_labels = torch.tensor([[2, 3]], dtype=torch.int32)
-            point_labels = torch.cat([corner_labels, point_labels], dim=1)
-        return coords, point_labels

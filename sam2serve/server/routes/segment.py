@@ -12,7 +12,7 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import Response
 
-from sam2serve.engine.predictor import PromptError
+from sam2serve.engine.prompts import Prompt, PromptError
 from sam2serve.engine.rle import area_from_rle
 from sam2serve.server import schemas
 from sam2serve.server.batching import JobContext
@@ -20,7 +20,7 @@ from sam2serve.server.dependencies import PredictorDep, ServiceDep, SettingsDep
 from sam2serve.server.errors import ApiError
 from sam2serve.server.prompts import (
     DecodedMasks,
-    check_prompt_bounds,
+    check_objects_inside,
     check_prompt_counts,
     decode_objects,
 )
@@ -50,24 +50,26 @@ async def segment(
     clock = RequestClock()
     body, data = await read_body(request, schemas.SegmentRequest, service)
     check_prompt_counts(body, settings)
+    prompts = [Prompt.from_api(obj) for obj in body.objects]  # valid: the schema checked
 
     async def work() -> Response:
         image = await service.resolve_image(
-            data, body.image_id, clock, check_size=lambda size: check_prompt_bounds(body, size)
+            data, body.image_id, clock, check_size=lambda size: check_objects_inside(prompts, size)
         )
-        mask_inputs = [
-            None
+        refined = [
+            prompt
             if obj.mask_id is None
-            else service.stored_mask(obj.mask_id, image.key, f"objects[{i}].mask_id")
-            for i, obj in enumerate(body.objects)
+            else prompt.with_mask(
+                service.stored_mask(obj.mask_id, image.key, f"objects[{i}].mask_id")
+            )
+            for i, (prompt, obj) in enumerate(zip(prompts, body.objects, strict=True))
         ]
 
         def run(context: JobContext) -> DecodedMasks:
             return decode_objects(
                 predictor,
                 image.embedding,
-                body.objects,
-                mask_inputs,
+                refined,
                 body.multimask_output,
                 check=context.check,
                 best_only=body.best_mask_only,

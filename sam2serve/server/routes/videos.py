@@ -36,6 +36,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from sam2serve.engine.prompts import Prompt
 from sam2serve.engine.rle import checked_counts
 from sam2serve.engine.video.outputs import ObjectMask, object_masks
 from sam2serve.engine.video.predictor import VideoPromptError
@@ -59,6 +60,7 @@ from sam2serve.server.decode_budget import (
 from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError, ClientGone, error_body
 from sam2serve.server.event_stream import EVENT_STREAM, EventStream
+from sam2serve.server.prompts import check_inside
 from sam2serve.server.routes.common import (
     client_address,
     format_segmentations,
@@ -220,7 +222,9 @@ async def add_prompt(
     session = videos.get(session_id)
     state = session.state
     _check_frame(body.frame_idx, state.num_frames, "frame_idx")
-    _check_inside(body, state.width, state.height)
+    prompt = None if body.mask is not None else Prompt.from_api(body)
+    if prompt is not None:
+        check_inside(prompt, (state.height, state.width), what="frame")
     _check_clicks(body, 0, service.settings.max_points_per_object)
     mask, reservation = None, Reservation(None, 0)
     if body.mask is not None:
@@ -235,18 +239,14 @@ async def add_prompt(
 
             def run(context: JobContext) -> list[ObjectMask]:
                 predictor = videos.predictor
-                if mask is not None:
+                if prompt is None:
                     frame = predictor.add_mask(state, body.frame_idx, body.obj_id, mask)
                 else:
-                    points = [[p.x, p.y] for p in body.points] or None
-                    labels = [p.label for p in body.points] or None
-                    frame = predictor.add_points(
+                    frame = predictor.add_prompt(
                         state,
                         body.frame_idx,
                         body.obj_id,
-                        points,
-                        labels,
-                        box=body.box,
+                        prompt,
                         clear_old_points=body.clear_old_points,
                     )
                 return object_masks(frame)
@@ -276,25 +276,6 @@ def _check_frame(frame_idx: int, num_frames: int, field: str) -> None:
             "invalid_request",
             f"{field}: {frame_idx} is past the video's last frame (it has {num_frames} "
             f"frames: 0 to {num_frames - 1})",
-        )
-
-
-def _check_inside(body: vs.VideoPromptRequest, width: int, height: int) -> None:
-    """Every click and the box inside the frame (the schema keeps them >= 0)."""
-    for i, point in enumerate(body.points):
-        if point.x > width or point.y > height:
-            raise ApiError(
-                422,
-                "invalid_request",
-                f"points[{i}]: ({point.x:g}, {point.y:g}) is outside the {width}x{height} "
-                f"frame; accepted: 0 <= x <= {width}, 0 <= y <= {height}",
-            )
-    if body.box is not None and (body.box[2] > width or body.box[3] > height):
-        raise ApiError(
-            422,
-            "invalid_request",
-            f"box: {body.box} reaches outside the {width}x{height} frame; accepted: "
-            f"0 <= x0 <= x1 <= {width}, 0 <= y0 <= y1 <= {height}",
         )
 
 
