@@ -74,7 +74,6 @@ class HeadsOutput:
     """What the SAM heads give one frame for B objects."""
 
     low_res_masks: torch.Tensor  # (B, 1, 256, 256) logits, NO_OBJ_SCORE if absent
-    high_res_masks: torch.Tensor  # (B, 1, 1024, 1024) logits
     obj_ptr: torch.Tensor  # (B, C)
     object_score_logits: torch.Tensor  # (B, 1)
 
@@ -263,7 +262,7 @@ class SAM2Video(SAM2Image):
         )
         low_res, token = self.choose_output(logits, iou, tokens, multimask_output)
         low_res, obj_ptr = self.gate_output(low_res, token, object_score)
-        return HeadsOutput(low_res, self.upscale(low_res), obj_ptr, object_score)
+        return HeadsOutput(low_res, obj_ptr, object_score)
 
     def choose_output(
         self, logits: torch.Tensor, iou: torch.Tensor, tokens: torch.Tensor, multimask_output: bool
@@ -327,19 +326,22 @@ class SAM2Video(SAM2Image):
         appearing = (masks.flatten(1) > 0.0).any(dim=1, keepdim=True).float()
         object_score = MASK_SCALE * appearing + MASK_BIAS
         obj_ptr = self._gate_pointer(heads.obj_ptr, appearing)
-        return HeadsOutput(low_res, high_res, obj_ptr, object_score)
+        return HeadsOutput(low_res, obj_ptr, object_score)
 
     # -- memory encoding ----------------------------------------------------------------------
 
     def encode_memory(
         self,
         frame: FrameFeatures,
-        high_res_masks: torch.Tensor,
+        low_res_masks: torch.Tensor,
         object_score_logits: torch.Tensor,
         from_points: bool,
     ) -> torch.Tensor:
-        """B objects' masks (B, 1, 1024, 1024 logits) on a frame -> memories (B, mem_dim,
-        64, 64). Masks straight from clicks are binarized; others go through a sigmoid."""
+        """B objects' masks (B, 1, 256, 256 logits) on a frame -> memories (B, mem_dim,
+        64, 64), from the masks upscaled to 1024 x 1024 (Meta encodes its high-res masks,
+        which are these upscaled). Masks straight from clicks are binarized; others go
+        through a sigmoid."""
+        high_res_masks = self.upscale(low_res_masks)
         if from_points and self.video_config.binarize_mask_from_pts_for_mem_enc:
             mask = (high_res_masks > 0).float()
         else:

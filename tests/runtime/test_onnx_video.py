@@ -22,11 +22,12 @@ pytest.importorskip("onnxruntime")
 from sam2serve.checkpoint import load_video_model, random_state_dict
 from sam2serve.config import get_config
 from sam2serve.engine.video import VideoPredictor
+from sam2serve.engine.video.predictor import VideoPromptError
 from sam2serve.modeling.sam2_video import FrameFeatures, SAM2Video, SpatialMemory
 from sam2serve.modeling.sine_encoding import grid_sine_encoding
 from sam2serve.runtime.build import build_predictor
 from sam2serve.runtime.export import sha256_file
-from sam2serve.runtime.onnx_export import check_onnx_manifest, export_onnx
+from sam2serve.runtime.onnx_export import OnnxArtifactError, check_onnx_manifest, export_onnx
 from sam2serve.runtime.onnx_video import (
     FRAME_ENCODER_ONNX,
     MEMORY_ATTENTION_ONNX,
@@ -34,7 +35,9 @@ from sam2serve.runtime.onnx_video import (
     VIDEO_GRAPHS,
     signatures,
 )
+from sam2serve.runtime.ort_video import OrtVideoModel
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+from sam2serve.runtime.video import build_video_predictor
 from sam2serve.samples import sample_clip, sample_clip_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,12 +155,59 @@ def assert_tracks_alike(loop: np.ndarray, engine: np.ndarray) -> None:
             assert iou >= MIN_IOU, f"frame {frame_idx} object {row}: IoU {iou:.4f}"
 
 
-def test_plain_loop_tracks_as_the_engine(exported, checkpoint, tmp_path):
-    paths, frames, prompts = write_clip(tmp_path, NUM_FRAMES)
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory) -> tuple[list[str], list[np.ndarray], dict]:
+    return write_clip(tmp_path_factory.mktemp("clip"), NUM_FRAMES)
+
+
+@pytest.fixture(scope="module")
+def engine_tracked(checkpoint, clip) -> np.ndarray:
+    _, frames, prompts = clip
+    return engine_logits(checkpoint, frames, prompts)
+
+
+def test_plain_loop_tracks_as_the_engine(exported, clip, engine_tracked, tmp_path):
+    paths, _, prompts = clip
     stdout = run_loop(exported, paths, prompts, tmp_path / "masks.npz")
     assert re.search(rf"{NUM_FRAMES} frames in [\d.]+ s", stdout), stdout
     loop = np.load(tmp_path / "masks.npz")["logits"]
-    assert_tracks_alike(loop, engine_logits(checkpoint, frames, prompts))
+    assert_tracks_alike(loop, engine_tracked)
+
+
+def test_onnxruntime_backend_tracks_as_the_engine(exported, clip, engine_tracked):
+    """build_video_predictor with backend onnxruntime and the export as artifacts: the
+    VideoPredictor with its model calls in ORT, the same tracks as eager."""
+    _, frames, prompts = clip
+    spec = RuntimeSpec(model="tiny", mode="fast", backend="onnxruntime")
+    predictor = build_video_predictor(spec, WeightsSource(artifacts=str(exported)))
+    assert isinstance(predictor.model, OrtVideoModel)
+    assert predictor.runtime.backend == "onnxruntime"
+    state = predictor.init_state(frames)
+    predictor.add_points(state, 0, 1, points=prompts[1]["points"], labels=[1])
+    predictor.add_points(state, 0, 2, box=prompts[2]["box"])
+    tracked = np.stack([out.mask_logits.numpy() for out in predictor.propagate(state)])
+    assert_tracks_alike(tracked, engine_tracked)
+    # Mask prompts have no graph: refused, named.
+    with pytest.raises(VideoPromptError, match="mask prompts have no ONNX graph"):
+        predictor.add_mask(state, 1, 3, np.ones(FRAME_SIZE, bool))
+
+
+def test_onnxruntime_tracking_needs_the_video_graphs(exported, tmp_path):
+    """An export without --video, no artifacts, artifacts with eager: each refused, named."""
+    image_only = tmp_path / "image-only"
+    image_only.mkdir()
+    manifest = json.loads((exported / "manifest.json").read_text())
+    for name in manifest["files"]:
+        (image_only / name).symlink_to(exported / name)
+    (image_only / "manifest.json").write_text(json.dumps({**manifest, "video": None}))
+    spec = RuntimeSpec(model="tiny", mode="fast", backend="onnxruntime")
+    with pytest.raises(OnnxArtifactError, match="has no video graphs: export it with --video"):
+        build_video_predictor(spec, WeightsSource(artifacts=str(image_only)))
+    with pytest.raises(ValueError, match="give their directory as the artifacts"):
+        build_video_predictor(spec, WeightsSource(random_weights=True))
+    eager = RuntimeSpec(model="tiny", mode="fast")
+    with pytest.raises(ValueError, match="eager tracking loads a checkpoint"):
+        build_video_predictor(eager, WeightsSource(artifacts=str(exported)))
 
 
 @pytest.mark.extended
