@@ -174,20 +174,31 @@ def test_plain_loop_tracks_as_the_engine(exported, clip, engine_tracked, tmp_pat
     assert_tracks_alike(loop, engine_tracked)
 
 
+def onnx_video_predictor(exported: Path) -> VideoPredictor:
+    spec = RuntimeSpec(model="tiny", mode="fast", backend="onnxruntime")
+    predictor = build_video_predictor(spec, WeightsSource(artifacts=str(exported)))
+    assert isinstance(predictor.model, OrtVideoModel)
+    assert predictor.runtime is not None and predictor.runtime.backend == "onnxruntime"
+    return predictor
+
+
+def backend_logits(exported: Path, frames: list[np.ndarray], prompts: dict) -> np.ndarray:
+    """engine_logits with backend onnxruntime."""
+    predictor = onnx_video_predictor(exported)
+    state = predictor.init_state(frames)
+    predictor.add_points(state, 0, 1, points=prompts[1]["points"], labels=[1])
+    predictor.add_points(state, 0, 2, box=prompts[2]["box"])
+    return np.stack([out.mask_logits.numpy() for out in predictor.propagate(state)])
+
+
 def test_onnxruntime_backend_tracks_as_the_engine(exported, clip, engine_tracked):
     """build_video_predictor with backend onnxruntime and the export as artifacts: the
     VideoPredictor with its model calls in ORT, the same tracks as eager."""
     _, frames, prompts = clip
-    spec = RuntimeSpec(model="tiny", mode="fast", backend="onnxruntime")
-    predictor = build_video_predictor(spec, WeightsSource(artifacts=str(exported)))
-    assert isinstance(predictor.model, OrtVideoModel)
-    assert predictor.runtime.backend == "onnxruntime"
-    state = predictor.init_state(frames)
-    predictor.add_points(state, 0, 1, points=prompts[1]["points"], labels=[1])
-    predictor.add_points(state, 0, 2, box=prompts[2]["box"])
-    tracked = np.stack([out.mask_logits.numpy() for out in predictor.propagate(state)])
-    assert_tracks_alike(tracked, engine_tracked)
+    assert_tracks_alike(backend_logits(exported, frames, prompts), engine_tracked)
     # Mask prompts have no graph: refused, named.
+    predictor = onnx_video_predictor(exported)
+    state = predictor.init_state(frames)
     with pytest.raises(VideoPromptError, match="mask prompts have no ONNX graph"):
         predictor.add_mask(state, 1, 3, np.ones(FRAME_SIZE, bool))
 
@@ -216,11 +227,14 @@ def test_plain_loop_tracks_as_the_engine_through_a_full_memory_window(
     exported, checkpoint, tmp_path
 ):
     """Nine frames: from frame 7 on the bank holds the prompted frame and the 6 frames
-    before (num_maskmem 7), frame 8's no longer frame 1's; 8 pointers by then."""
+    before (num_maskmem 7), frame 8's no longer frame 1's; 8 pointers by then. The loop
+    and backend onnxruntime both."""
     paths, frames, prompts = write_clip(tmp_path, 9)
     run_loop(exported, paths, prompts, tmp_path / "masks.npz")
     loop = np.load(tmp_path / "masks.npz")["logits"]
-    assert_tracks_alike(loop, engine_logits(checkpoint, frames, prompts))
+    engine = engine_logits(checkpoint, frames, prompts)
+    assert_tracks_alike(loop, engine)
+    assert_tracks_alike(backend_logits(exported, frames, prompts), engine)
 
 
 def test_docs_show_the_loop_that_is_tested():
