@@ -56,7 +56,10 @@ calibration.
 With --format onnx (modes {" and ".join(ONNX_MODES)}): image_encoder.onnx and
 prompt_decoder.onnx in the interface annotation tools running SAM 2 through ONNX Runtime
 consume (docs/onnx.md), int8-quantised encoder with --mode int8; run them with
-'{PROG} run --backend onnxruntime --artifacts DIR' or plain onnxruntime.
+'{PROG} run --backend onnxruntime --artifacts DIR' or plain onnxruntime. With --video
+as well, the video path's graphs too (frame encoder, memory attention, video decoder,
+memory encoder, with the tracking rules in the manifest): a plain onnxruntime + numpy
+tracking loop runs them (docs/video.md, "ONNX").
 
 {EXIT_STATUS_HELP}
 """
@@ -64,6 +67,7 @@ consume (docs/onnx.md), int8-quantised encoder with --mode int8; run them with
 EPILOG = f"""\
 example:
   {PROG} export --model tiny --mode furious --checkpoint sam2.1_hiera_tiny.pt --out art/
+  {PROG} export --format onnx --video --model tiny --checkpoint sam2.1_hiera_tiny.pt --out onnx/
 """
 
 
@@ -99,6 +103,13 @@ def add_arguments(parser: CommandParser) -> None:
         "default fast)",
     )
     parser.add_argument(
+        "--video",
+        action="store_true",
+        help="with --format onnx (mode fast): also write the video path's graphs "
+        "(frame_encoder, memory_attention, video_decoder, memory_encoder .onnx) and the "
+        "tracking rules, for tracking with ONNX Runtime (docs/video.md)",
+    )
+    parser.add_argument(
         "--decoder",
         choices=EXPORT_DECODERS,
         default="aoti",
@@ -117,6 +128,8 @@ def export_command(args: argparse.Namespace) -> int:
 
     if args.format == ONNX_EXPORT:
         return export_onnx_command(args)
+    if args.video:
+        raise UsageError("--video exports ONNX graphs: use it with --format onnx")
     args.mode = args.mode or DEFAULT_EXPORT_MODE
     device_type = args.device.split(":", 1)[0]
     backend = args.format or ("openvino" if device_type == "cpu" else "aoti")
@@ -160,11 +173,17 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def export_onnx_command(args: argparse.Namespace) -> int:
-    """--format onnx: the two ONNX graphs (CPU export; they run on any provider)."""
+    """--format onnx: the ONNX graphs, the video path's too with --video (CPU export;
+    they run on any provider)."""
     mode = args.mode or ONNX_MODES[0]
     if mode not in ONNX_MODES:
         raise UsageError(
             f"--format onnx exports the {' and '.join(ONNX_MODES)} modes, not --mode {mode}"
+        )
+    if args.video and mode != "fast":
+        raise UsageError(
+            f"--video exports the video graphs in mode fast (tracking has no {mode} path), "
+            f"not --mode {mode}"
         )
     if args.device != "cpu":
         raise UsageError(
@@ -186,10 +205,14 @@ def export_onnx_command(args: argparse.Namespace) -> int:
             checkpoint=args.checkpoint,
             random_weights=args.random_weights,
             seed=args.seed,
+            video=args.video,
             command=command_line(args),
             progress=info_line,
         ),
-        lambda manifest: f"ONNX opset {manifest['opset']}",
+        lambda manifest: (
+            f"ONNX opset {manifest['opset']}"
+            + (", with the video graphs" if manifest.get("video") is not None else "")
+        ),
     )
 
 

@@ -36,6 +36,7 @@ from sam2serve.commands.common import (
 )
 from sam2serve.commands.run_outputs import json_safe, prepare_out_dir
 from sam2serve.engine.prompts import Prompt, PromptError
+from sam2serve.runtime.backends import ONNX_VIDEO_BACKEND, VIDEO_BACKEND, VIDEO_BACKENDS
 from sam2serve.runtime.modes import VIDEO_MODES, get_video_mode
 from sam2serve.runtime.spec import RuntimeSpec
 
@@ -76,6 +77,10 @@ run and serve) computes what baseline computes, furious is reduced precision onl
 device runs it natively (on a CPU without native bf16 it is float32: the same masks).
 {PROG} bench --task video measures them.
 
+--backend onnxruntime (mode fast) tracks with the ONNX graphs of '{PROG} export --format
+onnx --video' in --artifacts DIR, run by ONNX Runtime (mask prompts have no graph); it is
+the default when --artifacts is given.
+
 stderr: a progress bar, then frames/s and per-frame latency p50/p90 of the propagation
 
 {EXIT_STATUS_HELP}
@@ -87,6 +92,7 @@ examples:
   {PROG} track clip.mp4 --prompts prompts.json --out tracked/ --checkpoint sam2.1_hiera_tiny.pt
   {PROG} track frames/ --prompts prompts.json --out tracked/ --model large --device cuda \\
       --mode furious
+  {PROG} track clip.mp4 --prompts prompts.json --out tracked/ --artifacts onnx-tiny-video/
 """
 
 
@@ -134,7 +140,16 @@ def add_arguments(parser: CommandParser) -> None:
     add_mode_flag(model, DEFAULT_MODE, VIDEO_MODES, video=True)
     add_device_flag(model)
     add_threads_flag(model)
-    add_weights_flags(model, artifacts=False)
+    model.add_argument(
+        "--backend",
+        choices=VIDEO_BACKENDS,
+        default=None,
+        help=f"what runs the model: {VIDEO_BACKEND} (PyTorch, every mode) or "
+        f"{ONNX_VIDEO_BACKEND} (mode fast: the video graphs of '{PROG} export --format onnx "
+        f"--video' in --artifacts) (default: {ONNX_VIDEO_BACKEND} with --artifacts, else "
+        f"{VIDEO_BACKEND})",
+    )
+    add_weights_flags(model)
 
 
 @dataclass(frozen=True)
@@ -291,12 +306,28 @@ def _read_video(args: argparse.Namespace, sample: bool) -> tuple[list, list[str]
 
 
 def video_spec(args: argparse.Namespace) -> RuntimeSpec:
-    """The RuntimeSpec of --model, --mode, --device and --threads (torch-free; --mode's
-    choices are the video modes, whose backend is eager)."""
+    """The RuntimeSpec of --model, --mode, --backend, --device and --threads (torch-free;
+    --mode's choices are the video modes); --artifacts go with backend onnxruntime."""
+    artifacts = getattr(args, "artifacts", None) is not None
+    backend = getattr(args, "backend", None) or (ONNX_VIDEO_BACKEND if artifacts else VIDEO_BACKEND)
+    if backend == ONNX_VIDEO_BACKEND and not artifacts:
+        raise UsageError(
+            f"--backend {ONNX_VIDEO_BACKEND} tracks with the graphs of '{PROG} export --format "
+            "onnx --video': give their directory as --artifacts DIR"
+        )
+    if backend != ONNX_VIDEO_BACKEND and artifacts:
+        raise UsageError(
+            f"--artifacts: tracking from an export is --backend {ONNX_VIDEO_BACKEND}'s (ONNX "
+            f"graphs of '{PROG} export --format onnx --video'), not --backend {backend}'s"
+        )
     try:
         get_video_mode(args.mode)
         return RuntimeSpec(
-            model=args.model, mode=args.mode, device=args.device, threads=args.threads
+            model=args.model,
+            mode=args.mode,
+            backend=backend,
+            device=args.device,
+            threads=args.threads,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -7,11 +7,16 @@ key comes from (the key frequencies are the query's, repeated once per memory fr
 Object-pointer tokens have no spatial position; they are appended after the spatial keys
 and left unrotated (``num_k_exclude_rope``).
 
-Complex arithmetic (as in Meta's code) keeps the rounding identical to Meta's.
+Complex arithmetic (as in Meta's code) keeps the rounding identical to Meta's. ONNX has
+no complex type, so an ONNX export rotates with the rotations' real and imaginary parts
+(:func:`rotate_real`): the same products and sums as the complex multiplication, in the
+same order, so the same numbers; eager keeps the complex form, which torch runs several
+times faster.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -36,11 +41,35 @@ def axial_frequencies(
     return torch.cat([rot_x, rot_y], dim=-1)
 
 
+@functools.lru_cache(maxsize=16)
+def grid_rotations(
+    head_dim: int, tokens: int, theta: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rotations of a square grid of ``tokens`` cells: complex (tokens, head_dim / 2),
+    then its real and imaginary parts. A constant (it depends on nothing but the shape),
+    cached and shared by every attention layer: an ONNX export that registers these very
+    tensors as buffers holds them once, as initializers, and finds them computed (the
+    complex ones cannot be traced)."""
+    side = int(math.sqrt(tokens))
+    freqs = axial_frequencies(head_dim, side, side, theta).to(device)
+    return freqs, freqs.real.contiguous(), freqs.imag.contiguous()
+
+
 def rotate(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """Rotate (B, heads, N, D) by freqs (N, D/2) complex; consecutive channel pairs are the
+    """Rotate (..., N, D) by freqs (N, D/2) complex; consecutive channel pairs are the
     real and imaginary parts."""
     as_complex = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    return torch.view_as_real(as_complex * freqs).flatten(3).type_as(x)
+    return torch.view_as_real(as_complex * freqs).flatten(-2).type_as(x)
+
+
+def rotate_real(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """:func:`rotate` in real arithmetic, ``cos`` / ``sin`` (N, D/2) the rotations' real and
+    imaginary parts: (a + bi)(c + di) = (ac - bd) + (ad + bc)i, each product rounded and
+    then summed, as torch's complex multiplication does, so the result is bit-identical."""
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    real, imag = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack([real * cos - imag * sin, real * sin + imag * cos], dim=-1)
+    return rotated.flatten(-2).type_as(x)
 
 
 class RoPEAttention(nn.Module):
@@ -69,17 +98,18 @@ class RoPEAttention(nn.Module):
         self.rope_theta = rope_theta
         # Cross-attention to memories: several frames of keys share the query grid.
         self.repeat_keys = repeat_keys
-        self._freqs: dict[tuple[int, torch.device], torch.Tensor] = {}
 
-    def frequencies(self, tokens: int, device: torch.device) -> torch.Tensor:
-        """Rotations of a square grid of ``tokens`` cells, cached per size and device
-        (a constant, not state: it depends on nothing but the shape)."""
-        key = (tokens, device)
-        if key not in self._freqs:
-            side = int(math.sqrt(tokens))
-            freqs = axial_frequencies(self.head_dim, side, side, self.rope_theta)
-            self._freqs[key] = freqs.to(device)
-        return self._freqs[key]
+    def frequencies(self, tokens: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """:func:`grid_rotations` of a square grid of ``tokens`` cells (an ONNX trace sees
+        the size as a tensor: the grid is fixed, so it becomes the constant it is)."""
+        return grid_rotations(self.head_dim, int(tokens), self.rope_theta, device)
+
+    def _rotate(self, x: torch.Tensor, grid_tokens: int) -> torch.Tensor:
+        """x (..., grid_tokens, D) rotated by the grid's positions."""
+        freqs, cos, sin = self.frequencies(grid_tokens, x.device)
+        if torch.onnx.is_in_onnx_export():
+            return rotate_real(x, cos, sin)
+        return rotate(x, freqs)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
@@ -93,16 +123,18 @@ class RoPEAttention(nn.Module):
         q = self._heads(self.q_proj(q))
         k = self._heads(self.k_proj(k))
         v = self._heads(self.v_proj(v))
-        freqs = self.frequencies(q.shape[-2], q.device)
+        grid = q.shape[-2]
         num_rope = k.shape[-2] - num_k_exclude_rope
-        if num_rope != q.shape[-2] and not self.repeat_keys:
+        if num_rope != grid and not self.repeat_keys:
             raise ValueError("keys on another grid than the queries need repeat_keys=True")
-        q = rotate(q, freqs)
+        q = self._rotate(q, grid)
         if num_rope > 0:
-            repeats = num_rope // q.shape[-2]
-            # One copy of the query grid's rotations per memory frame.
-            k_freqs = freqs.unsqueeze(0).expand(repeats, -1, -1).flatten(0, 1)
-            k = torch.cat([rotate(k[:, :, :num_rope], k_freqs), k[:, :, num_rope:]], dim=2)
+            b, heads, _, d = k.shape
+            # Memory frames as their own axis, each rotated by the query grid's positions
+            # (broadcast: the frame count stays a dynamic axis in an ONNX export).
+            frames = k[:, :, :num_rope].reshape(b, heads, -1, grid, d)
+            rotated = self._rotate(frames, grid).reshape(b, heads, num_rope, d)
+            k = torch.cat([rotated, k[:, :, num_rope:]], dim=2)
         out = F.scaled_dot_product_attention(q, k, v)
         b, heads, n, d = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, n, heads * d))

@@ -74,7 +74,6 @@ class HeadsOutput:
     """What the SAM heads give one frame for B objects."""
 
     low_res_masks: torch.Tensor  # (B, 1, 256, 256) logits, NO_OBJ_SCORE if absent
-    high_res_masks: torch.Tensor  # (B, 1, 1024, 1024) logits
     obj_ptr: torch.Tensor  # (B, C)
     object_score_logits: torch.Tensor  # (B, 1)
 
@@ -140,50 +139,78 @@ class SAM2Video(SAM2Image):
         bank.
 
         ``memory_pos`` (1, mem_dim, 64, 64) is the memory encoder's (constant) position
-        encoding. Memory tokens come in the given order, then the object-pointer tokens.
+        encoding. Memory tokens come in the given order, then the object-pointer tokens;
+        ``batch`` objects' (the memories' and pointers' batch).
         ``autocast_dtype``: the attention layers run under autocast to it (furious mode:
         they are most of a tracked frame's work); the result is float32 either way.
         """
-        _, c, h, w = frame.vision_feats.shape
-        tokens, token_pos = [], []
-        spatial_pos = memory_pos.flatten(2).transpose(1, 2)  # (1, HW, mem_dim)
-        for memory in memories:
-            tokens.append(memory.features.float().flatten(2).transpose(1, 2))
-            tpos = self.maskmem_tpos_enc[memory.tpos_index].reshape(1, 1, -1)
-            token_pos.append((spatial_pos + tpos).expand(batch, -1, -1))
+        device = frame.vision_feats.device
+        features = torch.stack([memory.features for memory in memories], dim=1)
+        tpos_index = torch.tensor([memory.tpos_index for memory in memories], device=device)
+        tokens, token_pos = self.memory_tokens(features, tpos_index, memory_pos)
         num_ptr_tokens = 0
         if pointers is not None and pointers.distances:
-            ptr_tokens, ptr_pos = self._pointer_tokens(pointers, batch, c)
-            tokens.append(ptr_tokens)
-            token_pos.append(ptr_pos)
+            distances = torch.tensor(pointers.distances, device=device)
+            ptr_tokens, ptr_pos = self.pointer_tokens(
+                pointers.pointers.permute(1, 0, 2), distances / pointers.max_distance
+            )
+            tokens = torch.cat([tokens, ptr_tokens], dim=1)
+            token_pos = torch.cat([token_pos, ptr_pos], dim=1)
             num_ptr_tokens = ptr_tokens.shape[1]
-        memory = torch.cat(tokens, dim=1)
-        memory_pos_all = torch.cat(token_pos, dim=1)
-        curr = frame.vision_feats.flatten(2).transpose(1, 2).expand(batch, -1, -1)
-        curr_pos = frame.vision_pos.flatten(2).transpose(1, 2).expand(batch, -1, -1)
-        with torch.autocast(
-            curr.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
-        ):
-            out = self.memory_attention(curr, curr_pos, memory, memory_pos_all, num_ptr_tokens)
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            out = self.attend_memory(
+                frame.vision_feats, frame.vision_pos, tokens, token_pos, num_ptr_tokens
+            )
         if autocast_dtype == torch.float16:
             raise_on_overflow([out], "memory attention")
-        return out.float().transpose(1, 2).reshape(batch, c, h, w)
+        return out.float()
 
-    def _pointer_tokens(
-        self, pointers: ObjectPointers, batch: int, hidden: int
+    def memory_tokens(
+        self, features: torch.Tensor, tpos_index: torch.Tensor, memory_pos: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Object pointers (N, B, C) -> (B, N * C / mem_dim, mem_dim) tokens: each pointer
-        is split into C / mem_dim tokens sharing its temporal encoding."""
-        device = pointers.pointers.device
-        distances = torch.tensor(pointers.distances, device=device)
-        pos = temporal_sine_encoding(distances / pointers.max_distance, hidden)
-        pos = self.obj_ptr_tpos_proj(pos)  # (N, mem_dim)
-        n = pointers.pointers.shape[0]
-        split = hidden // self.mem_dim
-        tokens = pointers.pointers.reshape(n, batch, split, self.mem_dim)
-        tokens = tokens.permute(1, 0, 2, 3).reshape(batch, n * split, self.mem_dim)
-        pos = pos.repeat_interleave(split, dim=0).unsqueeze(0).expand(batch, -1, -1)
+        """Spatial memories (B, N, mem_dim, H, W) of N frames, any float dtype, and their
+        slots in the temporal embedding (N,) -> tokens and their positions, both
+        (B, N * H * W, mem_dim) float32, frame by frame: each position is the memories'
+        spatial encoding ``memory_pos`` (1, mem_dim, H, W) plus its frame's maskmem_tpos_enc.
+        """
+        b, _, c = features.shape[:3]
+        tokens = features.float().flatten(3).transpose(2, 3).reshape(b, -1, c)
+        spatial_pos = memory_pos.flatten(2).transpose(1, 2)  # (1, HW, mem_dim)
+        tpos = self.maskmem_tpos_enc[tpos_index].reshape(-1, 1, c)  # (N, 1, mem_dim)
+        pos = (spatial_pos + tpos).reshape(1, -1, c).expand(b, -1, -1)
         return tokens, pos
+
+    def pointer_tokens(
+        self, pointers: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Object pointers (B, N, C) of N frames and their temporal positions (N,) (signed
+        frame distance / the largest distance) -> (B, N * C / mem_dim, mem_dim) tokens and
+        positions: each pointer is split into C / mem_dim tokens sharing its encoding."""
+        b, n, hidden = pointers.shape
+        pos = temporal_sine_encoding(positions, hidden)
+        pos = self.obj_ptr_tpos_proj(pos)  # (N, mem_dim)
+        split = hidden // self.mem_dim
+        tokens = pointers.reshape(b, n * split, self.mem_dim)
+        pos = pos.unsqueeze(1).expand(-1, split, -1).reshape(1, -1, self.mem_dim)
+        return tokens, pos.expand(b, -1, -1)
+
+    def attend_memory(
+        self,
+        vision_feats: torch.Tensor,
+        vision_pos: torch.Tensor,
+        memory: torch.Tensor,
+        memory_pos: torch.Tensor,
+        num_ptr_tokens: int,
+    ) -> torch.Tensor:
+        """A frame's features (1, C, H, W) with their sine encoding (1, C, H, W) attended to
+        B objects' memory tokens and positions (B, M, mem_dim), whose last ``num_ptr_tokens``
+        are object pointers (no rotary position) -> (B, C, H, W)."""
+        batch = memory.shape[0]
+        _, c, h, w = vision_feats.shape
+        curr = vision_feats.flatten(2).transpose(1, 2).expand(batch, -1, -1)
+        curr_pos = vision_pos.flatten(2).transpose(1, 2).expand(batch, -1, -1)
+        out = self.memory_attention(curr, curr_pos, memory, memory_pos, num_ptr_tokens)
+        return out.transpose(1, 2).reshape(batch, c, h, w)
 
     # -- SAM heads ----------------------------------------------------------------------------
 
@@ -233,22 +260,36 @@ class SAM2Video(SAM2Image):
         logits, iou, tokens, object_score = decode_with_tokens(
             decoder, pix_feat, encoder.dense_positional_encoding(), sparse, dense, high_res_feats
         )
-        rows = torch.arange(b, device=pix_feat.device)
+        low_res, token = self.choose_output(logits, iou, tokens, multimask_output)
+        low_res, obj_ptr = self.gate_output(low_res, token, object_score)
+        return HeadsOutput(low_res, obj_ptr, object_score)
+
+    def choose_output(
+        self, logits: torch.Tensor, iou: torch.Tensor, tokens: torch.Tensor, multimask_output: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder's four masks (B, 4, 256, 256), their IoU (B, 4) and mask tokens
+        (B, 4, C) -> the frame's mask (B, 1, 256, 256) and the token its pointer comes from
+        (B, C): the best of the three candidates with ``multimask_output``, else dynamic
+        multimask's choice with the single-mask token."""
         if multimask_output:
-            best = iou[:, 1:].argmax(dim=-1)
-            low_res = logits[:, 1:][rows, best].unsqueeze(1)
-            token = tokens[:, 1:][rows, best]
-        else:
-            # Dynamic multimask picks the mask; the pointer always comes from the
-            # single-mask token (what tracking saw in training).
-            low_res, _ = decoder.select_single_mask(logits, iou)
-            token = tokens[:, 0]
+            best = iou[:, 1:].argmax(dim=-1, keepdim=True)  # (B, 1)
+            low_res = logits[:, 1:].gather(1, best[:, :, None, None].expand_as(logits[:, :1]))
+            token = tokens[:, 1:].gather(1, best[:, :, None].expand_as(tokens[:, :1]))[:, 0]
+            return low_res, token
+        # Dynamic multimask picks the mask; the pointer always comes from the single-mask
+        # token (what tracking saw in training).
+        low_res, _ = self.sam_mask_decoder.select_single_mask(logits, iou)
+        return low_res, tokens[:, 0]
+
+    def gate_output(
+        self, low_res: torch.Tensor, token: torch.Tensor, object_score: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the object score says absent: mask logits NO_OBJ_SCORE and the learned
+        no-object pointer; elsewhere the mask and the projected token."""
         appearing = object_score > 0
         low_res = torch.where(appearing[:, None, None], low_res, NO_OBJ_SCORE).float()
-        high_res = self.upscale(low_res)
-        obj_ptr = self.obj_ptr_proj(token)
-        obj_ptr = self._gate_pointer(obj_ptr, appearing.float())
-        return HeadsOutput(low_res, high_res, obj_ptr, object_score)
+        obj_ptr = self._gate_pointer(self.obj_ptr_proj(token), appearing.float())
+        return low_res, obj_ptr
 
     def upscale(self, low_res: torch.Tensor) -> torch.Tensor:
         size = (self.image_size, self.image_size)
@@ -285,26 +326,36 @@ class SAM2Video(SAM2Image):
         appearing = (masks.flatten(1) > 0.0).any(dim=1, keepdim=True).float()
         object_score = MASK_SCALE * appearing + MASK_BIAS
         obj_ptr = self._gate_pointer(heads.obj_ptr, appearing)
-        return HeadsOutput(low_res, high_res, obj_ptr, object_score)
+        return HeadsOutput(low_res, obj_ptr, object_score)
 
     # -- memory encoding ----------------------------------------------------------------------
 
     def encode_memory(
         self,
         frame: FrameFeatures,
-        high_res_masks: torch.Tensor,
+        low_res_masks: torch.Tensor,
         object_score_logits: torch.Tensor,
         from_points: bool,
     ) -> torch.Tensor:
-        """B objects' masks (B, 1, 1024, 1024 logits) on a frame -> memories (B, mem_dim,
-        64, 64). Masks straight from clicks are binarized; others go through a sigmoid."""
-        video = self.video_config
-        if from_points and video.binarize_mask_from_pts_for_mem_enc:
+        """B objects' masks (B, 1, 256, 256 logits) on a frame -> memories (B, mem_dim,
+        64, 64), from the masks upscaled to 1024 x 1024 (Meta encodes its high-res masks,
+        which are these upscaled). Masks straight from clicks are binarized; others go
+        through a sigmoid."""
+        high_res_masks = self.upscale(low_res_masks)
+        if from_points and self.video_config.binarize_mask_from_pts_for_mem_enc:
             mask = (high_res_masks > 0).float()
         else:
             mask = torch.sigmoid(high_res_masks)
+        return self.encode_mask(frame.vision_feats, mask, object_score_logits)
+
+    def encode_mask(
+        self, vision_feats: torch.Tensor, mask: torch.Tensor, object_score_logits: torch.Tensor
+    ) -> torch.Tensor:
+        """B masks in [0, 1] (B, 1, 1024, 1024) on a frame of features (1, C, 64, 64) ->
+        memories (B, mem_dim, 64, 64), the no-object embedding added where absent."""
+        video = self.video_config
         mask = mask * video.sigmoid_scale_for_mem_enc + video.sigmoid_bias_for_mem_enc
-        pix_feat = frame.vision_feats.expand(high_res_masks.shape[0], -1, -1, -1)
+        pix_feat = vision_feats.expand(mask.shape[0], -1, -1, -1)
         features = self.memory_encoder(pix_feat, mask)
         absent = 1 - (object_score_logits > 0).float()
         embed = self.no_obj_embed_spatial[..., None, None].expand(*features.shape)

@@ -21,7 +21,9 @@
 - ``heads.pt``: the prompt encoder's and mask decoder's weights (the Predictor's prompt
   checks and mask-only prompts run them eagerly);
 - ``manifest.json``: format ``onnx``, model, mode, precision, runtime versions, the input
-  and output names and shapes of each graph, sha256 of every file, weights, command.
+  and output names and shapes of each graph, sha256 of every file, weights, command;
+- with ``video=True``, the video path's four graphs too (:mod:`sam2serve.runtime.onnx_video`),
+  described in the manifest's ``video`` (null without them).
 
 The graphs are made by the TorchScript-based exporter (``torch.onnx.export(...,
 dynamo=False)``): the decoder's output size comes from the *values* of ``orig_im_size``,
@@ -43,9 +45,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sam2serve.checkpoint import load_model
+from sam2serve.checkpoint import load_model, load_video_model
 from sam2serve.config import IMAGE_SIZE
+from sam2serve.modeling.prompt_encoder import PromptEncoder
 from sam2serve.modeling.sam2 import SAM2Image
+from sam2serve.modeling.sam2_video import SAM2Video
 from sam2serve.runtime.artifacts_kind import ONNX_FORMAT
 from sam2serve.runtime.backends import ONNX_MODES
 from sam2serve.runtime.calibration import calibration_inputs
@@ -138,11 +142,7 @@ class OnnxPromptDecoder(nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         encoder = self.prompt_encoder
         sparse = encoder.embed_points(point_coords, point_labels)
-        # has_mask_input is 0 or 1, so the blend is exactly one of the two embeddings.
-        has_mask = has_mask_input.reshape(-1, 1, 1, 1)
-        dense = has_mask * encoder.embed_masks(mask_input) + (1 - has_mask) * (
-            encoder.no_mask_embed.weight.reshape(1, -1, 1, 1)
-        )
+        dense = dense_embedding(encoder, mask_input, has_mask_input)
         logits, iou, _ = self.mask_decoder.predict_all_masks(
             image_embed,
             encoder.dense_positional_encoding(),
@@ -159,7 +159,19 @@ class OnnxPromptDecoder(nn.Module):
         return masks, iou, logits.clamp(-LOW_RES_CLAMP, LOW_RES_CLAMP)
 
 
-def _export(
+def dense_embedding(
+    encoder: PromptEncoder, mask_input: torch.Tensor, has_mask_input: torch.Tensor
+) -> torch.Tensor:
+    """The prompt encoder's dense embedding (M, C, 64, 64): of ``mask_input`` where
+    ``has_mask_input`` is 1, "no mask" where 0 (0 or 1, so the blend is exactly one of the
+    two embeddings)."""
+    has_mask = has_mask_input.reshape(-1, 1, 1, 1)
+    return has_mask * encoder.embed_masks(mask_input) + (1 - has_mask) * (
+        encoder.no_mask_embed.weight.reshape(1, -1, 1, 1)
+    )
+
+
+def export_graph(
     module: nn.Module,
     args: tuple[torch.Tensor, ...],
     path: Path,
@@ -168,8 +180,8 @@ def _export(
     dynamic_axes: dict[str, dict[int, str]],
 ) -> None:
     with warnings.catch_warnings():
-        # The trace sees Hiera's padding checks and the decoder's shapes as constants:
-        # right for the fixed 1024 x 1024 input.
+        # The trace sees Hiera's padding checks, the decoder's shapes and the rotary
+        # encoding's grid as constants: right for the fixed 1024 x 1024 input.
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module.eval(),
@@ -212,18 +224,27 @@ def export_onnx(
     seed: int = 0,
     quantization_method: str = "dynamic",
     calibration: int = 8,
+    video: bool = False,
     command: str | None = None,
     progress: Callable[[str], None] = lambda step: None,
 ) -> dict:
     """Export the model of ``size`` for ``mode`` (fast or int8) as ONNX into ``out``;
-    returns the manifest. Mode int8 quantises the encoder (:func:`quantize_encoder`)."""
+    returns the manifest. Mode int8 quantises the encoder (:func:`quantize_encoder`).
+    ``video`` (mode fast): also the video path's graphs (:mod:`sam2serve.runtime.onnx_video`),
+    from the video model with the same weights; the manifest's ``video`` describes them."""
     require_onnx()
     if mode not in ONNX_MODES:
         raise OnnxArtifactError(
             f"the ONNX export is for the {' and '.join(ONNX_MODES)} modes, got {mode!r}"
         )
+    if video and mode != "fast":
+        raise OnnxArtifactError(
+            f"the video graphs are exported in mode fast (tracking has no {mode} path), "
+            f"not {mode!r}"
+        )
     get_mode(mode)
-    model = load_model(size, checkpoint, random_weights=random_weights, seed=seed, device="cpu")
+    load = load_video_model if video else load_model
+    model = load(size, checkpoint, random_weights=random_weights, seed=seed, device="cpu")
     model.eval()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -233,7 +254,9 @@ def export_onnx(
     with torch.inference_mode():
         features = OnnxImageEncoder(model)(image)
     progress("image encoder: torch.onnx.export")
-    _export(OnnxImageEncoder(model), (image,), out / ENCODER_ONNX, ("image",), ENCODER_OUTPUTS, {})
+    export_graph(
+        OnnxImageEncoder(model), (image,), out / ENCODER_ONNX, ("image",), ENCODER_OUTPUTS, {}
+    )
     quantization = None
     if mode == "int8":
         progress(f"image encoder: int8 quantisation ({quantization_method})")
@@ -241,7 +264,7 @@ def export_onnx(
     progress("prompt decoders: torch.onnx.export")
     examples = _decoder_examples(features, side)
     orig_im_size = torch.tensor([side, side], dtype=torch.int64)
-    _export(
+    export_graph(
         OnnxPromptDecoder(model, full_size=True),
         (*examples, orig_im_size),
         out / DECODER_ONNX,
@@ -249,7 +272,7 @@ def export_onnx(
         DECODER_OUTPUTS,
         {**_PROMPT_AXES, "masks": {0: "num_prompts", 2: "height", 3: "width"}},
     )
-    _export(
+    export_graph(
         OnnxPromptDecoder(model, full_size=False),
         examples,
         out / LOW_RES_DECODER_ONNX,
@@ -257,9 +280,17 @@ def export_onnx(
         LOW_RES_OUTPUTS,
         _PROMPT_AXES,
     )
-    heads = {k: v for k, v in model.state_dict().items() if not k.startswith("image_encoder.")}
+    image_heads = SAM2Image(model.config, with_image_encoder=False).state_dict()
+    heads = {k: v for k, v in model.state_dict().items() if k in image_heads}
     torch.save(heads, out / HEADS)
-    files = (ENCODER_ONNX, DECODER_ONNX, LOW_RES_DECODER_ONNX, HEADS)
+    files = [ENCODER_ONNX, DECODER_ONNX, LOW_RES_DECODER_ONNX, HEADS]
+    video_section = None
+    if video:
+        from sam2serve.runtime.onnx_video import VIDEO_GRAPHS, export_video_graphs
+
+        assert isinstance(model, SAM2Video)
+        video_section = export_video_graphs(model, out, progress)
+        files += VIDEO_GRAPHS
     embed, s0, s1 = (tuple(t.shape[1:]) for t in features)
     decoder_inputs = {
         "image_embed": [1, *embed],
@@ -307,6 +338,7 @@ def export_onnx(
             },
         },
         "quantization": quantization,
+        "video": video_section,
         "weights": model.weights_info.as_dict(),
         "files": {name: sha256_file(out / name) for name in files},
         "export_seconds": round(time.perf_counter() - started, 1),

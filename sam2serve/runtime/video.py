@@ -14,8 +14,10 @@ The modes' video meaning is declared in :mod:`sam2serve.runtime.modes`
   resolved as for images (:func:`~sam2serve.runtime.build.resolve_dtype`): on a CPU
   without native bf16 it is float32, and furious tracks exactly as baseline does.
 
-Tracking runs on the eager backend only: the exported and compiled backends cover the
-image path.
+Backends: eager (every mode above), and ``onnxruntime`` (mode fast, from the artifacts of
+``sam2serve export --format onnx --video``: the predictor's model calls run by the video
+graphs, :mod:`sam2serve.runtime.ort_video`). The other exported and compiled backends cover
+the image path only.
 """
 
 from __future__ import annotations
@@ -25,21 +27,28 @@ import torch
 from sam2serve.checkpoint import load_video_model
 from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.modeling.sam2_video import SAM2Video
+from sam2serve.runtime.backends import ONNX_VIDEO_BACKEND, VIDEO_BACKEND, VIDEO_BACKENDS
 from sam2serve.runtime.build import encoder_precision, load_spec_model, resolve_dtype
 from sam2serve.runtime.modes import get_mode, get_video_mode
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 
-__all__ = ["VIDEO_BACKEND", "build_video_predictor", "check_video_spec", "video_predictor_for"]
-
-VIDEO_BACKEND = "eager"
+__all__ = [
+    "ONNX_VIDEO_BACKEND",
+    "VIDEO_BACKEND",
+    "VIDEO_BACKENDS",
+    "build_video_predictor",
+    "check_video_spec",
+    "video_predictor_for",
+]
 
 
 def check_video_spec(spec: RuntimeSpec) -> None:
     """A ValueError naming what the tracker cannot run."""
     get_video_mode(spec.mode)
-    if spec.backend != VIDEO_BACKEND:
+    if spec.backend not in VIDEO_BACKENDS:
         raise ValueError(
-            f"video tracking runs on backend {VIDEO_BACKEND!r} only, not {spec.backend!r}"
+            f"video tracking runs on backend {' or '.join(map(repr, VIDEO_BACKENDS))}, "
+            f"not {spec.backend!r}"
         )
 
 
@@ -51,8 +60,22 @@ def build_video_predictor(
     entry point's (:func:`sam2serve.runtime.process.configure_process`)."""
     check_video_spec(spec)
     weights = weights or WeightsSource()
+    if spec.backend == ONNX_VIDEO_BACKEND:
+        if weights.artifacts is None:
+            raise ValueError(
+                "backend onnxruntime tracks with the graphs of 'sam2serve export --format onnx "
+                "--video': give their directory as the artifacts"
+            )
+        from sam2serve.runtime.ort_video import load_onnx_video_predictor
+
+        return load_onnx_video_predictor(
+            weights.artifacts, spec, feature_cache_frames=feature_cache_frames
+        )
     if weights.artifacts is not None:
-        raise ValueError("video tracking loads a checkpoint or random weights, not artifacts")
+        raise ValueError(
+            "eager tracking loads a checkpoint or random weights, not artifacts (backend "
+            "onnxruntime tracks with an ONNX export's video graphs)"
+        )
     spec = resolve_dtype(spec)
     model = load_spec_model(spec, weights, load_video_model)
     assert isinstance(model, SAM2Video)
@@ -63,8 +86,12 @@ def video_predictor_for(
     model: SAM2Video, spec: RuntimeSpec, *, feature_cache_frames: int = 2
 ) -> VideoPredictor:
     """A VideoPredictor running ``model`` the way ``spec``'s mode says (it may convert the
-    model in place: furious on a bf16 CPU casts its image encoder)."""
+    model in place: furious on a bf16 CPU casts its image encoder); eager only."""
     check_video_spec(spec)
+    if spec.backend != VIDEO_BACKEND:
+        raise ValueError(
+            f"a loaded model tracks on backend {VIDEO_BACKEND!r}, not {spec.backend!r}"
+        )
     spec = resolve_dtype(spec)
     assert spec.dtype is not None
     reduced = getattr(torch, spec.dtype)

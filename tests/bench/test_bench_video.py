@@ -122,6 +122,7 @@ def test_the_reference_row_is_metas_tracker_on_the_same_weights(bench):
     [
         (["--modes", "baseline,int8"], "--task video cannot run mode(s) int8"),
         (["--modes", "fast+openvino"], "cannot run mode(s) fast+openvino"),
+        (["--modes", "fast+onnxruntime"], "cannot run mode(s) fast+onnxruntime"),
         (["--objects", "1,0"], "--objects must list object counts of at least 1"),
         (["--frames", "1"], "--frames must be an integer >= 2, got 1"),
         (["--video", "no/such/clip.mp4"], "--video 'no/such/clip.mp4' is neither"),

@@ -83,6 +83,18 @@ def test_bad_sources_and_flags_are_usage_errors(no_model, frame_dir, tmp_path):
         (("track", frame_dir, "--prompts", prompts, "--overlay", "x.png"), "must end in .mp4"),
         (("track", frame_dir, "--prompts", tmp_path / "missing.json"), "not found"),
         (("track", frame_dir, "--prompts", prompts, "--max-frames", "2"), "more than the limit"),
+        (
+            ("track", frame_dir, "--prompts", prompts, "--backend", "onnxruntime"),
+            "give their directory as --artifacts DIR",
+        ),
+        (
+            ("track", frame_dir, "--prompts", prompts, "--backend", "eager", "--artifacts", out),
+            "not --backend eager's",
+        ),
+        (
+            ("track", frame_dir, "--prompts", prompts, "--artifacts", out, "--mode", "furious"),
+            "backend 'onnxruntime' runs the fast and int8 modes, not 'furious'",
+        ),
     ]
     for argv, expected in cases:
         code, stderr = run_cli(*argv, "--out", out)

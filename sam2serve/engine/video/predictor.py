@@ -366,10 +366,9 @@ class VideoPredictor:
                 for frame_idx, out in pending.items():
                     if out.maskmem_features is None:
                         frame = self.frame_features(state, frame_idx)
-                        high_res = self.model.upscale(out.pred_masks.to(state.device))
                         memory = self.model.encode_memory(
                             frame,
-                            high_res,
+                            out.pred_masks.to(state.device),
                             out.object_score_logits.to(state.device),
                             from_points=True,
                         )
@@ -446,7 +445,7 @@ class VideoPredictor:
         memory = None
         if run_memory_encoder:
             memory = model.encode_memory(
-                frame, heads.high_res_masks, heads.object_score_logits, points is not None
+                frame, heads.low_res_masks, heads.object_score_logits, points is not None
             )
             memory = self._store(memory.to(self.memory_dtype))
         pred_masks = self._store(heads.low_res_masks)
