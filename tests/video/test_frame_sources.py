@@ -1,0 +1,159 @@
+"""Frame sources and retention: a video file decoded on demand gives the frames a full
+decode gives (in any order of reading, seeking back included) while holding a small
+window; live frames hold the newest few; and bounded retention keeps the tracked state
+from growing with the clip (counted structurally: retained per-frame entries), through the
+predictor's real propagation loop with the network stubbed out (the network's cost is
+seconds a frame on CPU; what is counted here is bookkeeping)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sam2serve.checkpoint import load_video_model
+from sam2serve.engine.video import VideoPredictor, VideoPromptError
+from sam2serve.engine.video.frames import FrameError
+from sam2serve.engine.video.retention import memory_window, retained_entries
+from sam2serve.engine.video.sources import FrameGone, LiveFrames, VideoFileFrames
+from sam2serve.engine.video.state import FrameOutput
+from sam2serve.engine.video_io import decode_video, write_video
+
+pytest.importorskip("av")
+
+
+def moving_square(num_frames: int, size=(48, 64)) -> list[np.ndarray]:
+    frames = []
+    for i in range(num_frames):
+        frame = np.full((*size, 3), 40, np.uint8)
+        x = (3 * i) % (size[1] - 16)
+        frame[10:26, x : x + 16] = (200, 60 + i % 100, 30)
+        frames.append(frame)
+    return frames
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    path = tmp_path_factory.mktemp("clip") / "clip.mp4"
+    write_video(path, moving_square(90), fps=30)
+    return path
+
+
+def test_a_file_source_decodes_what_a_full_decode_does_in_any_order(clip):
+    full = decode_video(str(clip), "clip").frames
+    source = VideoFileFrames(clip, window=3)
+    assert len(source) == len(full) == 90
+    assert (source.height, source.width) == full[0].shape[:2]
+    order = [0, 1, 2, 50, 51, 10, 89, 3, 3, 88, 0]
+    for i in order:
+        np.testing.assert_array_equal(source.frame(i), full[i], err_msg=f"frame {i}")
+        assert source.held_frames() <= 3
+    assert source.seeks >= 2  # frames before the window were found by seeking, not held
+    with pytest.raises(FrameError, match="out of range"):
+        source.frame(90)
+    source.close()
+
+
+def test_a_live_source_holds_its_newest_frames():
+    live = LiveFrames(48, 64, keep=3)
+    frames = moving_square(5)
+    assert [live.append(f) for f in frames] == [0, 1, 2, 3, 4]
+    assert len(live) == 5 and not live.final and live.held_frames() == 3
+    np.testing.assert_array_equal(live.frame(4), frames[4])
+    with pytest.raises(FrameGone, match="frame 1 is gone"):
+        live.frame(1)
+    with pytest.raises(FrameError, match="32x48; this live video's frames are 64x48"):
+        live.append(np.zeros((48, 32, 3), np.uint8))
+    with pytest.raises(FrameError, match="uint8"):
+        live.append(np.zeros((48, 64, 3), np.float32))
+    assert len(live) == 5  # a refused frame takes no index
+    live.end()
+    assert live.final
+    with pytest.raises(FrameError, match="ended"):
+        live.append(frames[0])
+
+
+class StubNetworkPredictor(VideoPredictor):
+    """The real predictor's bookkeeping (prompts, memory selection, propagation, retention)
+    over a network stub: every frame's "output" is a constant of the right kind."""
+
+    def frame_features(self, state, frame_idx):
+        state.source.frame(frame_idx)  # the frame is read as the real one would
+        self.reads.append(frame_idx)
+
+    def _track_frame(self, state, tracks, frame_idx, **kwargs):
+        self.frame_features(state, frame_idx)
+        batch = len(tracks)
+        low_res = torch.full((batch, 1, 4, 4), 1.0)
+        outputs = [
+            FrameOutput(low_res[i : i + 1], torch.zeros(1, 8), torch.ones(1, 1), torch.zeros(1))
+            for i in range(batch)
+        ]
+        return outputs, low_res
+
+
+@pytest.fixture(scope="module")
+def stub():
+    predictor = StubNetworkPredictor(load_video_model("tiny", random_weights=True, seed=0))
+    predictor.reads = []
+    return predictor
+
+
+def tracked_entries(stub, source, retention: str) -> tuple[int, list[int]]:
+    state = stub.init_state(source, retention=retention)
+    stub.add_points(state, 0, 1, [[20, 20]], [1])
+    stub.add_points(state, 0, 2, [[40, 20]], [1])
+    order = [frame.frame_idx for frame in stub.propagate(state)]
+    return retained_entries(state), order
+
+
+def test_bounded_retention_does_not_grow_with_the_clip(stub):
+    window = memory_window(stub.config)
+    short, order_short = tracked_entries(stub, moving_square(3 * window), "bounded")
+    long, order_long = tracked_entries(stub, moving_square(10 * window), "bounded")
+    assert order_short == list(range(3 * window)) and order_long == list(range(10 * window))
+    assert short == long  # the same entries whatever the length
+    exact_short, _ = tracked_entries(stub, moving_square(3 * window), "exact")
+    exact_long, _ = tracked_entries(stub, moving_square(10 * window), "exact")
+    assert exact_long - exact_short == 2 * 2 * 7 * window  # 2 objects x (output + mark)
+
+
+def test_a_long_file_in_bounded_mode_holds_a_window_of_frames(stub, clip):
+    source = VideoFileFrames(clip, window=2)
+    stub.reads.clear()
+    entries, order = tracked_entries(stub, source, "bounded")
+    assert order == list(range(90))
+    assert source.held_frames() <= 2
+    assert source.decoded_frames == 90  # one sequential decode, no frame twice
+    assert entries == tracked_entries(stub, moving_square(40), "bounded")[0]
+
+
+def test_a_correction_on_a_dropped_frame_is_refused(stub):
+    state = stub.init_state(moving_square(60), retention="bounded")
+    stub.add_points(state, 0, 1, [[20, 20]], [1])
+    for _ in stub.propagate(state):
+        pass
+    with pytest.raises(VideoPromptError, match="retention 'bounded'"):
+        stub.add_points(state, 30, 1, [[20, 20]], [1])
+    stub.add_points(state, 58, 1, [[20, 20]], [1])  # a recent frame is kept: answered
+    stub.add_points(state, 30, 2, [[20, 20]], [1])  # a new object there: not a correction
+
+
+def test_live_tracking_answers_each_frame_in_order(stub):
+    live = LiveFrames(48, 64, keep=4)
+    state = stub.init_state(live, retention="bounded")
+    answers = []
+    for i, frame in enumerate(moving_square(50)):
+        index = live.append(frame)
+        if i == 2:
+            stub.add_points(state, index, 7, [[20, 20]], [1])
+            stub.commit_prompts(state)
+        answers.append(stub.track_next(state, index))
+    assert [a.frame_idx for a in answers] == list(range(50))
+    assert [a.obj_ids for a in answers[:2]] == [[], []]
+    assert all(a.obj_ids == [7] for a in answers[2:])
+    # Cached features, and one object's prompted frame (output + mark) and the output and
+    # mark of each frame of the window behind the newest.
+    window = memory_window(stub.config)
+    assert retained_entries(state) == stub.feature_cache_frames + 2 + 2 * (window - 1)
+    assert live.held_frames() == 4
