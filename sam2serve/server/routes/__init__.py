@@ -7,6 +7,7 @@
 - coco.py: POST /v1/coco (masks a client holds -> a COCO file, by the engine's writer)
 - images.py: GET /v1/images, /v1/images/file (the server's image folder, serve --images)
 - videos.py: /v1/videos (video tracking sessions: upload, prompts, streamed propagation)
+- video_live.py: POST /v1/videos/live and WebSocket /v1/videos/{id}/live (live frames)
 - page.py: GET / and /page/<asset> (the annotation page: HTML, ES modules, CSS; open, like
   /docs, while the API it calls keeps its key)
 - common.py: what the /v1 routes share (router policy, OpenAPI pieces, request steps)
@@ -29,6 +30,7 @@ from sam2serve.server.routes import (
     images,
     page,
     segment,
+    video_live,
     videos,
 )
 
@@ -40,6 +42,8 @@ ROUTERS: tuple[APIRouter, ...] = (
     coco.router,
     images.router,
     videos.router,
+    video_live.router,
+    video_live.ws_router,
     health.router,
     page.router,
 )
