@@ -157,3 +157,45 @@ def test_live_tracking_answers_each_frame_in_order(stub):
     window = memory_window(stub.config)
     assert retained_entries(state) == stub.feature_cache_frames + 2 + 2 * (window - 1)
     assert live.held_frames() == 4
+
+
+class SelectionRecorder(StubNetworkPredictor):
+    """Records the memory bank each tracked frame reads (frame -> selection)."""
+
+    def _track_frame(self, state, tracks, frame_idx, **kwargs):
+        if kwargs.get("selection") is not None:
+            self.selections[frame_idx] = kwargs["selection"]
+        return super()._track_frame(state, tracks, frame_idx, **kwargs)
+
+
+def selections(recorder, retention: str, passes) -> list[dict]:
+    state = recorder.init_state(moving_square(70), retention=retention)
+    recorder.add_points(state, 30, 1, [[20, 20]], [1])
+    recorder.add_points(state, 50, 1, [[30, 20]], [1])
+    out = []
+    for start, reverse in passes:
+        recorder.selections = {}
+        for _ in recorder.propagate(state, start_frame_idx=start, reverse=reverse):
+            pass
+        out.append(recorder.selections)
+    return out
+
+
+def test_one_pass_reads_the_same_memories_in_both_modes():
+    """Bounded mode drops only what no later frame of the pass reads: every frame's memory
+    bank (the frames it reads) is the exact mode's, so the network computes the same."""
+    recorder = SelectionRecorder(load_video_model("tiny", random_weights=True, seed=0))
+    recorder.reads = []
+    forward = [(30, False)]
+    assert selections(recorder, "bounded", forward) == selections(recorder, "exact", forward)
+    reverse = [(50, True)]
+    assert selections(recorder, "bounded", reverse) == selections(recorder, "exact", reverse)
+    # A reverse pass after a forward one: its first frames would read the forward pass's
+    # memories just after the start, which bounded mode dropped (docs/video.md).
+    both = [(30, False), (30, True)]
+    exact, bounded = selections(recorder, "exact", both), selections(recorder, "bounded", both)
+    assert exact[0] == bounded[0]
+    # The frames within pointer reach of the dropped ones (the prompted frame 30 itself and
+    # everything past the window read the same bank).
+    differing = sorted(t for t in exact[1] if exact[1][t] != bounded[1][t])
+    assert differing == list(range(30 - memory_window(recorder.config) + 2, 30))
