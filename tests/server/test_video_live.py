@@ -218,6 +218,11 @@ def test_frames_at_a_fixed_rate_are_all_answered_in_order_with_latency(server, s
     assert [a["frame_idx"] for a in answers] == list(range(24))
     assert all(a["latency_ms"] > 0 and a["track_ms"] >= 0 for a in answers)
     assert all(a["latency_ms"] >= a["track_ms"] for a in answers)
+    latency = np.array([a["latency_ms"] for a in answers])
+    print(
+        f"\nlive, 24 frames at 20/s (stub network): latency p50 {np.percentile(latency, 50):.1f}"
+        f" ms, p90 {np.percentile(latency, 90):.1f} ms, max {latency.max():.1f} ms"
+    )
     assert prompt_answer["type"] == "prompt", prompt_answer
     assert prompt_answer["frame_idx"] == 2
     expected = engine_answers(stub, sent, 2, prompt)

@@ -245,6 +245,11 @@ class _Connection:
                     await self._prompt(item)
             except ApiError as exc:
                 await self.error(exc.code, exc.message, getattr(item, "seq", None))
+            except Exception:  # a bug: logged, answered, and the stream goes on
+                log.exception("a live video step failed")
+                await self.error(
+                    "internal_error", "this message failed", getattr(item, "seq", None)
+                )
             finally:
                 self.pending -= 1
 
