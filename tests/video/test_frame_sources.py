@@ -199,3 +199,32 @@ def test_one_pass_reads_the_same_memories_in_both_modes():
     # everything past the window read the same bank).
     differing = sorted(t for t in exact[1] if exact[1][t] != bounded[1][t])
     assert differing == list(range(30 - memory_window(recorder.config) + 2, 30))
+
+
+@pytest.mark.extended
+def test_live_tracking_computes_what_propagation_does():
+    """The real network (tiny, seeded random weights): frames appended one at a time and
+    tracked with track_next give, bit for bit, the masks propagate gives over the same
+    frames (a video still growing in both: the memory's pointer horizon is a long clip's)."""
+    from sam2serve.samples import sample_clip
+
+    predictor = VideoPredictor(load_video_model("tiny", random_weights=True, seed=1))
+    frames, _ = sample_clip(3, (64, 96))
+    live = LiveFrames(64, 96, keep=3)
+    state = predictor.init_state(live, retention="bounded")
+    got = []
+    for i, frame in enumerate(frames):
+        index = live.append(frame)
+        if i == 0:
+            predictor.add_points(state, index, 1, [[30, 30]], [1])
+            predictor.commit_prompts(state)
+        got.append(predictor.track_next(state, index).mask_logits)
+    held = LiveFrames(64, 96, keep=3)
+    for frame in frames:
+        held.append(frame)
+    offline = predictor.init_state(held)
+    predictor.add_points(offline, 0, 1, [[30, 30]], [1])
+    want = [frame.mask_logits for frame in predictor.propagate(offline)]
+    assert len(got) == len(want) == 3
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"frame {i}")
