@@ -36,6 +36,7 @@ from sam2serve.commands.common import (
 )
 from sam2serve.commands.run_outputs import json_safe, prepare_out_dir
 from sam2serve.engine.prompts import Prompt, PromptError
+from sam2serve.engine.video.retention import RETENTION_MODES
 from sam2serve.runtime.backends import ONNX_VIDEO_BACKEND, VIDEO_BACKEND, VIDEO_BACKENDS
 from sam2serve.runtime.modes import VIDEO_MODES, get_video_mode
 from sam2serve.runtime.spec import RuntimeSpec
@@ -132,8 +133,17 @@ def add_arguments(parser: CommandParser) -> None:
         type=positive_int,
         default=DEFAULT_MAX_FRAMES,
         metavar="N",
-        help="refuse videos with more frames (every frame is held in memory as pixels) "
-        "(default: %(default)s)",
+        help="refuse videos with more frames (a folder's frames are held in memory as "
+        "pixels; a video file's are decoded as they are needed) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--retention",
+        choices=RETENTION_MODES,
+        default="exact",
+        help="what the tracker keeps of tracked frames: exact (every frame's memory, "
+        "Meta's: 0.75 MiB per object and frame) or bounded (only what the memory reads "
+        "next: memory stays flat on long clips; the reverse pass of a run whose first "
+        "prompt is not on frame 0 can differ, docs/video.md) (default: %(default)s)",
     )
     model = parser.add_argument_group("model")
     add_model_flag(model)
@@ -178,17 +188,19 @@ def track_command(args: argparse.Namespace) -> int:
     frames, names, fps, source = _read_video(args, sample)
     if prompts is None:
         prompts = sample_prompts(frames)
-    check_prompts(prompts, len(frames), frames[0].shape[:2], args.prompts)
+    height, width = frames.height, frames.width
+    check_prompts(prompts, len(frames), (height, width), args.prompts)
 
     predictor, weights = _load_predictor(args, spec)
-    state = predictor.init_state(frames)
+    state = predictor.init_state(frames, retention=args.retention)
     for prompt in sorted(prompts, key=lambda p: (p.frame, p.obj_id)):
         predictor.add_prompt(state, prompt.frame, prompt.obj_id, prompt.prompt)
     header = {
         "video": source,
         "frames": len(frames),
-        "width": int(frames[0].shape[1]),
-        "height": int(frames[0].shape[0]),
+        "width": int(width),
+        "height": int(height),
+        "retention": args.retention,
         "fps": fps,
         "objects": sorted(state.obj_ids),
         "prompts": {
@@ -201,7 +213,7 @@ def track_command(args: argparse.Namespace) -> int:
         "weights": weights,
     }
     first = min(prompt.frame for prompt in prompts)
-    results = _propagate(predictor, state, first, names, out_dir)
+    results = _propagate(predictor, state, first, names, out_dir, args.overlay is not None)
     header["timings"] = results.summary()
     (out_dir / SUMMARY_NAME).write_text(json.dumps(json_safe(header), indent=2) + "\n")
     if args.overlay is not None:
@@ -290,19 +302,34 @@ def sample_prompts(frames: list[Any]) -> list[FramePrompt]:
 # --------------------------------------------------------------------------- video and model
 
 
-def _read_video(args: argparse.Namespace, sample: bool) -> tuple[list, list[str], float, str]:
+def _read_video(args: argparse.Namespace, sample: bool) -> tuple[Any, Any, float, str]:
+    """The frames as a FrameSource (a video file's decoded on demand, a small window held;
+    a folder's or the sample's held), a name per frame, the fps and what to call it."""
+    from sam2serve.engine.video.sources import ArrayFrames, VideoFileFrames
+
     if sample:
         from sam2serve.samples import sample_clip
 
         frames, _ = sample_clip(SAMPLE_FRAMES)
-        return frames, [str(i) for i in range(len(frames))], 5.0, "sample clip (synthetic)"
+        names = [str(i) for i in range(len(frames))]
+        return ArrayFrames(frames), names, 5.0, "sample clip (synthetic)"
     from sam2serve.engine.video_io import VideoError, read_frames
 
     try:
+        if Path(args.video).is_file():
+            source = VideoFileFrames(args.video, max_frames=args.max_frames)
+            return source, _IndexNames(), source.fps or 10.0, str(args.video)
         video = read_frames(args.video, max_frames=args.max_frames)
     except VideoError as exc:
         raise UsageError(str(exc)) from None
-    return video.frames, video.names, video.fps or 10.0, video.source
+    return ArrayFrames(video.frames), video.names, video.fps or 10.0, video.source
+
+
+class _IndexNames:
+    """A video file's frame names: their indices (no list as long as the video)."""
+
+    def __getitem__(self, index: int) -> str:
+        return str(index)
 
 
 def video_spec(args: argparse.Namespace) -> RuntimeSpec:
@@ -358,7 +385,8 @@ def _load_predictor(args: argparse.Namespace, spec: RuntimeSpec) -> tuple[Any, d
 
 @dataclass
 class TrackResults:
-    records: dict[int, list[dict[str, Any]]]  # frame index -> one record per object
+    records: dict[int, list[dict[str, Any]]]  # frame index -> its records (for --overlay)
+    frames_written: int
     seconds: list[float]  # per propagated frame (decode + memory + RLE + write)
     wall: float
 
@@ -376,12 +404,15 @@ class TrackResults:
 
 
 def _propagate(
-    predictor: Any, state: Any, first: int, names: list[str], out_dir: Path
+    predictor: Any, state: Any, first: int, names: Any, out_dir: Path, keep_records: bool
 ) -> TrackResults:
+    """Each frame's file written as it is computed; the records kept only for the overlay
+    (``keep_records``), else a frame count."""
     from tqdm import tqdm
 
     passes = [(first, False)] + ([(first, True)] if first > 0 else [])
     records: dict[int, list[dict[str, Any]]] = {}
+    written = 0
     seconds: list[float] = []
     progress = tqdm(
         total=state.num_frames,
@@ -395,17 +426,20 @@ def _propagate(
         frames = predictor.propagate(state, start_frame_idx=start_frame, reverse=reverse)
         tick = time.perf_counter()
         for result in frames:
-            if result.frame_idx not in records:
-                records[result.frame_idx] = _write_frame(result, names, out_dir)
+            if not (reverse and result.frame_idx == start_frame):  # written going forward
+                written_records = _write_frame(result, names, out_dir)
+                if keep_records:
+                    records[result.frame_idx] = written_records
+                written += 1
                 progress.update(1)
             now = time.perf_counter()
             seconds.append(now - tick)
             tick = now
     progress.close()
-    return TrackResults(records, seconds, time.perf_counter() - start)
+    return TrackResults(records, written, seconds, time.perf_counter() - start)
 
 
-def _write_frame(result: Any, names: list[str], out_dir: Path) -> list[dict[str, Any]]:
+def _write_frame(result: Any, names: Any, out_dir: Path) -> list[dict[str, Any]]:
     from sam2serve.engine.rle import rle_to_coco
     from sam2serve.engine.video.outputs import object_masks
 
@@ -466,7 +500,7 @@ def _print_summary(results: TrackResults, out_dir: Path, overlay: Path | None) -
     summary = results.summary()
     fps = summary["frames_per_second"]
     info_line(
-        f"tracked {len(results.records)} frames in {summary['seconds']:.1f} s "
+        f"tracked {results.frames_written} frames in {summary['seconds']:.1f} s "
         f"({fps if fps is not None and math.isfinite(fps) else 0:.2f} frames/s; per frame "
         f"p50 {summary['frame_ms_p50']} ms, p90 {summary['frame_ms_p90']} ms) -> {out_dir}"
         + (f"; overlay {overlay}" if overlay is not None else "")

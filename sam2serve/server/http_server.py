@@ -67,6 +67,9 @@ class HeaderTimeoutH11(H11Protocol):
             self.transport.close()
 
 
+_WS_FRAMING_SLACK = 1024
+
+
 def uvicorn_config(
     app: Any, settings: ServerSettings, host: str, port: int, **options: Any
 ) -> uvicorn.Config:
@@ -81,5 +84,9 @@ def uvicorn_config(
         http=protocol,
         limit_concurrency=settings.max_connections,
         timeout_keep_alive=5,
+        # Live video connections: a message past the frame limit closes the connection
+        # (1009) before it is buffered; at most two messages wait unread.
+        ws_max_size=settings.max_live_frame_bytes + _WS_FRAMING_SLACK,
+        ws_max_queue=2,
         **options,
     )

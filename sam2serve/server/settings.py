@@ -305,6 +305,40 @@ class ServerSettings:
         low_open=True,
         group=VIDEO,
     )
+    # ---- live video sessions (POST /v1/videos/live, WebSocket /v1/videos/{id}/live)
+    max_live_frame_bytes: int = option(
+        8 * MiB,
+        help="largest message on a live video connection (a frame: raw RGB or an image "
+        "file); a larger one closes the connection (1009)",
+        flag="--max-live-frame-mib",
+        metavar="MIB",
+        scale=MiB,
+        low=1,
+        group=VIDEO,
+    )
+    live_frames_kept: int = option(
+        8,
+        help="newest frames a live session holds (a prompt may name one of them)",
+        metavar="N",
+        low=2,
+        group=VIDEO,
+    )
+    max_live_pending: int = option(
+        4,
+        help="frames and prompts a live connection may have sent and not yet had answered; "
+        "one more is refused ('too_fast'), the connection stays",
+        metavar="N",
+        low=1,
+        group=VIDEO,
+    )
+    max_live_prompted_frames: int = option(
+        16,
+        help="frames per object a live session keeps prompts on (each a conditioning "
+        "memory held for good); a prompt on one more frame is refused",
+        metavar="N",
+        low=1,
+        group=VIDEO,
+    )
 
     # ---- start-up
     # Run one encode and one decode before /readyz reports ready.

@@ -138,6 +138,11 @@ class VideoSessionOut(BaseModel):
     frames_bytes: int = Field(description="Memory the decoded frames hold.")
     tracking_bytes: int = Field(description="Memory the objects' memories and masks hold.")
     busy: bool = Field(description="A prompt or a propagation is running on it now.")
+    live: bool = Field(
+        False,
+        description="A live session: its frames come over /v1/videos/{session_id}/live and "
+        "only the newest are held (num_frames: received so far).",
+    )
     expires_in_s: float = Field(description="Seconds until it is closed if left idle.")
     model: str
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sam2serve.engine.video.predictor import VideoPredictor
+from sam2serve.engine.video.sources import LiveFrames
 from sam2serve.engine.video.state import VideoState, object_frame_bytes
 from sam2serve.engine.video_io import VideoFrames
 from sam2serve.server.errors import ApiError
@@ -62,6 +63,18 @@ class VideoSession:
     last_used: float  # monotonic
     client: str = ""  # who created it (their address): the per-client limit counts by it
     busy_with: str | None = None  # the operation running on it, if any
+    # Frames whose tracking state an object may hold at most: None, every frame of the
+    # video (retention exact); a live session's bound (retention bounded).
+    tracked_frames: int | None = None
+
+    @property
+    def live(self) -> bool:
+        return isinstance(self.state.source, LiveFrames)
+
+    @property
+    def frames_counted(self) -> int:
+        """Frames the byte limit counts each object's tracking state for."""
+        return self.state.num_frames if self.tracked_frames is None else self.tracked_frames
 
     def describe(self, limits: SessionLimits, now: float) -> dict[str, object]:
         return {
@@ -75,6 +88,7 @@ class VideoSession:
             "frames_bytes": self.frames_bytes,
             "tracking_bytes": self.state.memory_bytes(),
             "busy": self.busy_with is not None,
+            "live": self.live,
             "expires_in_s": round(max(0.0, limits.idle_s - (now - self.last_used)), 3),
         }
 
@@ -157,7 +171,7 @@ class VideoSessions:
             )
         self._check_bytes(
             session.frames_bytes,
-            session.state.num_frames,
+            session.frames_counted,
             objects=len(objects) + 1,
             what=f"obj_id {obj_id}",
         )
@@ -193,6 +207,30 @@ class VideoSessions:
             created=time.time(),
             last_used=now,
             client=client,
+        )
+        self._sessions[session.session_id] = session
+        return session
+
+    def create_live(
+        self, source: LiveFrames, fps: float | None, client: str, tracked_frames: int
+    ) -> VideoSession:
+        """A new live session of ``client`` for frames that will come (``source``, empty),
+        tracking with bounded retention: each object holds at most ``tracked_frames``
+        frames' state, so the byte limit counts that many, not the video's length."""
+        self.check_room(client)
+        frames_bytes = source.keep * source.height * source.width * _BYTES_PER_PIXEL
+        self._check_bytes(frames_bytes, tracked_frames, objects=1, what="the live video")
+        now = self.clock()
+        session = VideoSession(
+            session_id=new_session_id(),
+            state=self.predictor.init_state(source, retention="bounded"),
+            source="live",
+            fps=fps,
+            frames_bytes=frames_bytes,
+            created=time.time(),
+            last_used=now,
+            client=client,
+            tracked_frames=tracked_frames,
         )
         self._sessions[session.session_id] = session
         return session
@@ -250,6 +288,35 @@ class VideoSessions:
     def held_bytes(self) -> int:
         """Frames and tracking memory of every session (the metric)."""
         return sum(s.frames_bytes + s.state.memory_bytes() for s in self._sessions.values())
+
+    def check_live_prompt(
+        self, session: VideoSession, obj_id: int, frame_idx: int, max_prompted_frames: int
+    ) -> None:
+        """On a live session, 422 unless ``frame_idx`` is still held and ``obj_id`` stays
+        within ``max_prompted_frames`` prompted frames (each a memory kept for good)."""
+        if not session.live:
+            return
+        source = session.state.source
+        assert isinstance(source, LiveFrames)
+        if not source.oldest_held <= frame_idx < len(source):
+            held = f"{source.oldest_held}..{len(source) - 1}" if len(source) else "none yet"
+            raise ApiError(
+                422,
+                "frame_not_held",
+                f"frame_idx {frame_idx}: a live session holds its newest {source.keep} frames "
+                f"(live_frames_kept); held now: {held}",
+            )
+        track = session.state.objects.get(obj_id)
+        prompted = set() if track is None else {*track.point_inputs, *track.mask_inputs}
+        if frame_idx not in prompted and len(prompted) >= max_prompted_frames:
+            raise ApiError(
+                422,
+                "too_many_prompted_frames",
+                f"obj_id {obj_id} already has prompts on {len(prompted)} frames, the limit "
+                f"for a live session (max_live_prompted_frames {max_prompted_frames}): "
+                "each is a memory kept while the session lives; correct on one of them, or "
+                "track a new object",
+            )
 
     def clicks_on(self, session: VideoSession, obj_id: int, frame_idx: int) -> int:
         """The clicks ``obj_id`` already has on ``frame_idx`` (box corners not counted):

@@ -198,3 +198,54 @@ def test_mode_runs_the_tracker_that_way_and_is_recorded(tmp_path):
     assert runtime["mode"] == "furious" and runtime["backend"] == "eager"
     assert runtime["dtype"] == native_reduced_dtype("cpu")
     assert f"mode furious, {runtime['dtype']}" in stderr
+
+
+def test_a_video_file_is_decoded_on_demand_with_bounded_retention(monkeypatch, tmp_path):
+    """A video file is read through VideoFileFrames (a few decoded frames held, never the
+    whole clip), forward and back from the prompted frame, every frame written once. The
+    network is stubbed (its cost is seconds a frame here; the masks are checked above)."""
+    import torch
+
+    from sam2serve.checkpoint import load_video_model
+    from sam2serve.engine.video.predictor import VideoPredictor
+    from sam2serve.engine.video.sources import VideoFileFrames
+    from sam2serve.engine.video.state import FrameOutput
+    from sam2serve.engine.video_io import write_video
+
+    class StubNetwork(VideoPredictor):
+        def init_state(self, frames, **kwargs):
+            self.source = frames
+            return super().init_state(frames, **kwargs)
+
+        def frame_features(self, state, frame_idx):
+            state.source.frame(frame_idx)
+            self.held.append(state.source.held_frames())
+
+        def _track_frame(self, state, tracks, frame_idx, **kwargs):
+            self.frame_features(state, frame_idx)
+            low_res = torch.ones(len(tracks), 1, 4, 4)
+            outs = [
+                FrameOutput(low_res[i : i + 1], torch.zeros(1, 8), torch.ones(1, 1), torch.zeros(1))
+                for i in range(len(tracks))
+            ]
+            return outs, low_res
+
+    stub = StubNetwork(load_video_model("tiny", random_weights=True, seed=0))
+    stub.runtime = type("Runtime", (), {"as_dict": lambda self: {"stub": True}})()
+    stub.held = []
+    monkeypatch.setattr(track, "_load_predictor", lambda args, spec: (stub, {"random": True}))
+    clip = tmp_path / "clip.mp4"
+    write_video(clip, sample_clip(num_frames=30, size=SIZE)[0], fps=10)
+    prompts = write_prompts(tmp_path / "p.json", {"12": {"1": {"points": [[30, 30]]}}})
+    out = tmp_path / "out"
+    code, stderr = run_cli(
+        "track", clip, "--prompts", prompts, "--out", out, "--retention", "bounded"
+    )
+    assert code == EXIT_OK, stderr
+    assert isinstance(stub.source, VideoFileFrames)
+    assert max(stub.held) <= stub.source.window < 30
+    files = sorted(out.glob("frame_*.json"))
+    assert [f.name for f in files] == [f"frame_{i:05d}.json" for i in range(30)]
+    summary = json.loads((out / track.SUMMARY_NAME).read_text())
+    assert summary["frames"] == 30 and summary["retention"] == "bounded"
+    assert "tracked 30 frames" in stderr

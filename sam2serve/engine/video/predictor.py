@@ -21,8 +21,10 @@ import torch.nn.functional as F
 
 from sam2serve.engine.prompts import Prompt, PromptError, prompt_arrays
 from sam2serve.engine.tf32 import tf32_policy
-from sam2serve.engine.video.frames import check_frames, preprocess_frame
+from sam2serve.engine.video.frames import preprocess_frame
 from sam2serve.engine.video.memory import MemorySelection, gather_memories, select_memories
+from sam2serve.engine.video.retention import Retention
+from sam2serve.engine.video.sources import FrameSource, as_source
 from sam2serve.engine.video.state import (
     FeatureCache,
     FrameOutput,
@@ -95,29 +97,36 @@ class VideoPredictor:
 
     # -- state ------------------------------------------------------------------------------
 
-    def init_state(self, frames: Sequence[np.ndarray]) -> VideoState:
+    def init_state(
+        self, frames: FrameSource | Sequence[np.ndarray], *, retention: str = "exact"
+    ) -> VideoState:
         """A new state for ``frames``: uint8 (H, W, 3) arrays of one size (kept, not
-        copied; features are computed when a frame is first needed)."""
-        height, width = check_frames(frames)
+        copied) or a FrameSource (a file decoded on demand, live frames); features are
+        computed when a frame is first needed. ``retention``: "exact" keeps every tracked
+        frame's output (Meta's), "bounded" only what the memory reads next
+        (:mod:`sam2serve.engine.video.retention`)."""
+        source = as_source(frames)
         return VideoState(
-            frames=list(frames),
-            height=height,
-            width=width,
+            source=source,
+            height=source.height,
+            width=source.width,
             device=self.device,
             storage_device=self.storage_device,
             features=FeatureCache(self.feature_cache_frames),
+            retention=Retention(retention),
         )
 
     def reset(self, state: VideoState) -> None:
         """Forget every object, prompt and result (the frames and features stay)."""
         state.objects.clear()
+        state.retention.forget()
 
     @torch.inference_mode()
     @tf32_policy
     def frame_features(self, state: VideoState, frame_idx: int) -> FrameFeatures:
         features = state.features.get(frame_idx)
         if features is None:
-            image = preprocess_frame(state.frames[frame_idx], self.model.image_size)
+            image = preprocess_frame(state.source.frame(frame_idx), self.model.image_size)
             features = self.model.encode_frames(
                 image.unsqueeze(0).to(state.device), self.encoder_autocast_dtype
             )
@@ -225,6 +234,15 @@ class VideoPredictor:
         """Run ``track``'s new prompt on ``frame_idx`` (clicks or a mask) and keep the output
         as a temporary conditioning (or correction) output until propagation. Clicks also
         see the object's previous mask on that frame, as Meta feeds it back."""
+        if frame_idx not in track.frames_tracked and state.retention.was_dropped(
+            track.obj_id, frame_idx
+        ):
+            raise VideoPromptError(
+                f"obj_id {track.obj_id} was tracked on frame {frame_idx}, and this state keeps "
+                "only what the memory reads next (retention 'bounded'): that frame's output "
+                "was dropped, so a correction there cannot be answered as Meta's predictor "
+                "would; prompt a recent frame, or track with retention 'exact'"
+            )
         is_init_cond = frame_idx not in track.frames_tracked
         reverse = False if is_init_cond else track.frames_tracked[frame_idx]
         is_cond = is_init_cond or self.config.add_all_frames_to_correct_as_cond
@@ -285,6 +303,7 @@ class VideoPredictor:
         for frame_idx in prompted:
             self.clear_prompts(state, frame_idx, obj_id, need_output=False)
         del state.objects[obj_id]
+        state.retention.forget(obj_id)
         updated = []
         for frame_idx in prompted:
             is_cond = any(frame_idx in t.temp_cond_outputs for t in state.objects.values())
@@ -329,7 +348,7 @@ class VideoPredictor:
                 masks[i] = track.cond_outputs[frame_idx].pred_masks.to(state.device)
             else:
                 selection = select_memories(
-                    track, frame_idx, reverse, state.num_frames, self.config
+                    track, frame_idx, reverse, self._horizon(state), self.config
                 )
                 groups.setdefault(selection, []).append(i)
         for selection, members in groups.items():
@@ -351,8 +370,30 @@ class VideoPredictor:
                 masks[i] = low_res[row : row + 1]
         for track in tracks:
             track.frames_tracked[frame_idx] = reverse
+        state.retention.after_frame(state, frame_idx, reverse, self.config)
         stacked = torch.cat([m for m in masks if m is not None])
         return FrameMasks(frame_idx, state.obj_ids, self._to_video_size(state, stacked))
+
+    # -- live --------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def commit_prompts(self, state: VideoState) -> None:
+        """Encode the memories of the prompts added since the last propagation now (what
+        ``propagate`` does first): a live state calls it after a prompt, while the
+        prompted frame is still held."""
+        self._preflight(state)
+
+    @torch.inference_mode()
+    def track_next(self, state: VideoState, frame_idx: int) -> FrameMasks:
+        """Track every object on ``frame_idx`` forward from what the state holds (a live
+        frame just appended): its masks, as ``propagate`` would yield them. With no object
+        yet, no masks (N = 0)."""
+        self._check_frame(state, frame_idx)
+        if not state.objects:
+            empty = torch.zeros((0, 1, state.height, state.width), dtype=torch.float32)
+            return FrameMasks(frame_idx, [], empty)
+        self._preflight(state)
+        return self._propagate_frame(state, frame_idx, reverse=False)
 
     @tf32_policy
     def _preflight(self, state: VideoState) -> None:
@@ -422,7 +463,7 @@ class VideoPredictor:
             else:
                 if selection is None:
                     selection = select_memories(
-                        tracks[0], frame_idx, reverse, state.num_frames, self.config
+                        tracks[0], frame_idx, reverse, self._horizon(state), self.config
                     )
                 memories, pointers = gather_memories(tracks, selection, state.device)
                 pix_feat = model.condition_on_memory(
@@ -461,6 +502,13 @@ class VideoPredictor:
         return outputs, heads.low_res_masks
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _horizon(self, state: VideoState) -> int:
+        """The frame count the memory selection sees: the video's, or for a video still
+        growing (live) any count past the pointer reach, as a long clip's."""
+        if state.source.final:
+            return state.num_frames
+        return max(state.num_frames, self.config.max_obj_ptrs_in_encoder)
 
     def _store(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.storage_device, non_blocking=True)

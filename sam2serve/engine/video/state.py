@@ -1,6 +1,8 @@
 """The inference state of one video: a value the caller owns (one per video/session).
 
-It holds the frames, a small LRU cache of frame features, and per object its prompts and
+It holds the frames (a :class:`~sam2serve.engine.video.sources.FrameSource`: arrays, a
+file decoded on demand, or live frames), a retention policy (what it keeps of tracked
+frames: :mod:`sam2serve.engine.video.retention`), a small LRU cache of frame features, and per object its prompts and
 outputs. Nothing about a video lives on the predictor, so one predictor serves any number
 of videos (one at a time per state: a state is not safe to mutate from two threads).
 
@@ -15,9 +17,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
+from sam2serve.engine.video.retention import Retention
+from sam2serve.engine.video.sources import FrameSource
 from sam2serve.modeling.sam2_video import FrameFeatures, SAM2Video
 
 
@@ -96,17 +99,23 @@ class FeatureCache:
 class VideoState:
     """Everything about one video's tracking session; created by VideoPredictor.init_state."""
 
-    frames: list[np.ndarray]  # uint8 (H, W, 3), the caller's arrays (not copied)
+    source: FrameSource  # the frames, uint8 (H, W, 3), read when their features are needed
     height: int
     width: int
     device: torch.device  # where the model computes
     storage_device: torch.device  # where memories and masks are kept
     features: FeatureCache
     objects: dict[int, ObjectTrack] = field(default_factory=dict)  # insertion order
+    retention: Retention = field(default_factory=Retention)
+
+    @property
+    def frames(self) -> FrameSource:
+        """The frames (``frames[i]``, ``len(frames)``, iteration): the source."""
+        return self.source
 
     @property
     def num_frames(self) -> int:
-        return len(self.frames)
+        return len(self.source)
 
     @property
     def obj_ids(self) -> list[int]:

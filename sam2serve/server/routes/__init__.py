@@ -9,6 +9,7 @@
 - videos.py: /v1/videos (video tracking sessions: upload, prompts, streamed propagation)
 - video_frames.py: GET /v1/videos/{id}/frames/{i} (a session's frame as a JPEG, for the page)
 - video_export.py: POST /v1/video-export (a video's masks a client holds -> COCO, YouTube-VIS)
+- video_live.py: POST /v1/videos/live and WebSocket /v1/videos/{id}/live (live frames)
 - page.py: GET / and /page/<asset> (the annotation page: HTML, ES modules, CSS; open, like
   /docs, while the API it calls keeps its key)
 - common.py: what the /v1 routes share (router policy, OpenAPI pieces, request steps)
@@ -33,6 +34,7 @@ from sam2serve.server.routes import (
     segment,
     video_export,
     video_frames,
+    video_live,
     videos,
 )
 
@@ -46,6 +48,8 @@ ROUTERS: tuple[APIRouter, ...] = (
     videos.router,
     video_frames.router,
     video_export.router,
+    video_live.router,
+    video_live.ws_router,
     health.router,
     page.router,
 )

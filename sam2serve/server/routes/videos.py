@@ -233,6 +233,9 @@ async def add_prompt(
     async def work() -> Response:
         with videos.using(session, "prompt"):
             videos.check_new_object(session, body.obj_id)
+            videos.check_live_prompt(
+                session, body.obj_id, body.frame_idx, service.settings.max_live_prompted_frames
+            )
             if not body.clear_old_points:
                 earlier = videos.clicks_on(session, body.obj_id, body.frame_idx)
                 _check_clicks(body, earlier, service.settings.max_points_per_object)
@@ -378,6 +381,13 @@ async def propagate(
     state = session.state
     if body.start_frame_idx is not None:
         _check_frame(body.start_frame_idx, state.num_frames, "start_frame_idx")
+    if session.live:
+        raise ApiError(
+            409,
+            "live_session",
+            "a live session tracks each frame as it arrives over "
+            f"/v1/videos/{session.session_id}/live; it has no stored video to propagate through",
+        )
     if not state.objects:
         raise ApiError(
             422,

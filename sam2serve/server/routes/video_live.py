@@ -1,0 +1,430 @@
+"""Live video: a session that starts empty and tracks each frame as it arrives.
+
+- POST /v1/videos/live ``{"width": W, "height": H, "fps": optional}``: 201 with the
+  session (no frames yet; ``live`` true). Its tracking keeps only what SAM 2's memory
+  reads next (retention "bounded"), and the newest ``live_frames_kept`` frames.
+- WebSocket /v1/videos/{session_id}/live: the client sends each frame as a binary
+  message (raw RGB, W*H*3 bytes, row-major; or an image file: JPEG, PNG, ...) and
+  prompts as text messages (``{"type": "prompt", "frame_idx", "obj_id", "points",
+  "labels", "box", "clear_old_points"}``, as POST .../prompts without masks). The server
+  answers, in the order they came, every frame (``{"type": "frame", "seq", "frame_idx",
+  "objects", "received_ms", "latency_ms", "track_ms"}``) and prompt (``{"type": "prompt",
+  ...}``), and refuses one it cannot take with ``{"type": "error", "seq"?, "code",
+  "message"}`` (the connection stays): a frame of the wrong size, bytes that are no
+  image, one sent while ``max_live_pending`` are waiting (``too_fast``). A message over
+  ``max_live_frame_bytes`` closes the connection (1009), as does ``{"type": "end"}``
+  (1000) once everything sent before it is answered, and video_idle_s without a message.
+
+One connection per session at a time (the session is busy while it is open; a second is
+closed with 1013 after an error message). Every model step runs on the app's model worker
+as an interactive job, one at a time per connection. docs/video.md has a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request, WebSocket
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from sam2serve.engine.prompts import Prompt
+from sam2serve.engine.video.outputs import ObjectMask, object_masks
+from sam2serve.engine.video.predictor import VideoPromptError
+from sam2serve.engine.video.retention import memory_window
+from sam2serve.engine.video.sources import LiveFrames
+from sam2serve.server import video_schemas as vs
+from sam2serve.server.dependencies import ServiceDep
+from sam2serve.server.errors import ApiError
+from sam2serve.server.prompts import check_inside
+from sam2serve.server.routes.common import client_address, json_response, read_body, v1_router
+from sam2serve.server.routes.videos import VideosDep, _objects_out, _session_out
+from sam2serve.server.service import RequestClock, Service
+from sam2serve.server.session_ids import SESSION_HEADER
+from sam2serve.server.video_sessions import VideoSession, VideoSessions
+
+log = logging.getLogger("sam2serve.server")
+
+router = v1_router()
+# The WebSocket route checks the API key itself (the HTTP security dependencies read a
+# Request); it is a route of the same /v1 prefix.
+ws_router = APIRouter(prefix="/v1")
+
+# WebSocket close codes (RFC 6455 7.4.1).
+CLOSE_NORMAL = 1000
+CLOSE_POLICY = 1008
+CLOSE_TRY_LATER = 1013
+
+
+class LiveVideoRequest(BaseModel):
+    """A live video's frame size (and rate, for the record)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    width: int = Field(ge=1, le=16384, description="Frame width in pixels.")
+    height: int = Field(ge=1, le=16384, description="Frame height in pixels.")
+    fps: float | None = Field(None, gt=0, le=1000, description="The stream's frame rate.")
+
+
+class LivePromptMessage(vs.VideoPromptRequest):
+    """A prompt on a live connection: POST .../prompts' body (no mask) with a type."""
+
+    type: str = Field("prompt", pattern="^prompt$")
+
+
+@router.post(
+    "/videos/live",
+    status_code=201,
+    response_model=vs.VideoSessionOut,
+    summary="Create an empty live session: frames come over its WebSocket",
+)
+async def create_live_session(request: Request, service: ServiceDep, videos: VideosDep) -> Response:
+    body, _ = await read_body(request, LiveVideoRequest, service)
+    settings = service.settings
+    if body.width * body.height > settings.max_pixels:
+        raise ApiError(
+            413,
+            "image_too_large",
+            f"frames of {body.width}x{body.height} exceed the {settings.max_pixels:,}-pixel "
+            "limit (max_pixels)",
+        )
+    source = LiveFrames(body.height, body.width, keep=settings.live_frames_kept)
+    tracked = memory_window(videos.predictor.config) + settings.max_live_prompted_frames
+    session = videos.create_live(source, body.fps, client_address(request), tracked)
+    answer = json_response(_session_out(session, videos, service), status=201)
+    answer.headers[SESSION_HEADER] = session.session_id
+    return answer
+
+
+@dataclass
+class _Frame:
+    seq: int
+    data: bytes
+    received: float  # perf_counter
+
+
+@dataclass
+class _PromptItem:
+    body: LivePromptMessage
+    received: float
+
+
+_END = object()
+
+
+class _Connection:
+    """One live connection: reads messages, answers them in order, within the limits."""
+
+    def __init__(self, websocket: WebSocket, service: Service, videos: VideoSessions, session):
+        self.ws = websocket
+        self.service = service
+        self.settings = service.settings
+        self.videos = videos
+        self.session: VideoSession = session
+        self.source: LiveFrames = session.state.source
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.pending = 0
+        self.send_lock = asyncio.Lock()
+        self.open = True
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if not self.open:
+            return
+        async with self.send_lock:
+            try:
+                await self.ws.send_text(json.dumps(message))
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                self.open = False
+
+    async def error(self, code: str, message: str, seq: int | None = None) -> None:
+        body: dict[str, Any] = {"type": "error", "code": code, "message": message}
+        if seq is not None:
+            body["seq"] = seq
+        await self.send(body)
+
+    # -- reading ------------------------------------------------------------------------
+
+    async def read(self) -> str:
+        """Read until the client leaves, ends or idles; why it stopped."""
+        seq = 0
+        while True:
+            try:
+                message = await asyncio.wait_for(
+                    self.ws.receive(), timeout=self.settings.video_idle_s
+                )
+            except TimeoutError:
+                return "idle"
+            if message["type"] == "websocket.disconnect":
+                return "disconnect"
+            self.videos.get(self.session.session_id)  # touched: in use
+            data, text = message.get("bytes"), message.get("text")
+            if data is not None:
+                this, seq = seq, seq + 1
+                if len(data) > self.settings.max_live_frame_bytes:
+                    await self.error(
+                        "frame_too_large",
+                        f"message of {len(data):,} bytes; at most "
+                        f"{self.settings.max_live_frame_bytes:,} (max_live_frame_bytes)",
+                        this,
+                    )
+                elif self._room(this):
+                    self.pending += 1
+                    self.queue.put_nowait(_Frame(this, data, time.perf_counter()))
+                else:
+                    await self._too_fast(this)
+            elif text is not None and await self._text(text) == "end":
+                return "end"
+
+    def _room(self, seq: int | None) -> bool:
+        return self.pending < self.settings.max_live_pending
+
+    async def _too_fast(self, seq: int | None) -> None:
+        await self.error(
+            "too_fast",
+            f"{self.pending} messages are waiting to be answered, the limit "
+            f"(max_live_pending {self.settings.max_live_pending}): this one is not taken; "
+            "send frames no faster than they are answered",
+            seq,
+        )
+
+    async def _text(self, text: str) -> str | None:
+        if len(text) > 64 * 1024:
+            await self.error("invalid_message", "a text message is at most 64 KiB of JSON")
+            return None
+        try:
+            payload = json.loads(text)
+        except ValueError:
+            await self.error("invalid_message", "a text message must be JSON")
+            return None
+        kind = payload.get("type") if isinstance(payload, dict) else None
+        if kind == "end":
+            return "end"
+        if kind != "prompt":
+            await self.error(
+                "invalid_message", 'a text message is {"type": "prompt", ...} or {"type": "end"}'
+            )
+            return None
+        try:
+            body = LivePromptMessage.model_validate(payload)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "message"
+            await self.error("invalid_request", f"{where}: {first['msg']}")
+            return None
+        if body.mask is not None:
+            await self.error("invalid_request", "mask: a live prompt is clicks and/or a box")
+            return None
+        if not self._room(None):
+            await self._too_fast(None)
+            return None
+        self.pending += 1
+        self.queue.put_nowait(_PromptItem(body, time.perf_counter()))
+        return None
+
+    # -- answering ----------------------------------------------------------------------
+
+    async def answer(self) -> None:
+        """Answer every queued message in order, until the end marker."""
+        while True:
+            item = await self.queue.get()
+            if item is _END:
+                return
+            try:
+                if isinstance(item, _Frame):
+                    await self._frame(item)
+                else:
+                    await self._prompt(item)
+            except ApiError as exc:
+                await self.error(exc.code, exc.message, getattr(item, "seq", None))
+            except Exception:  # a bug: logged, answered, and the stream goes on
+                log.exception("a live video step failed")
+                await self.error(
+                    "internal_error", "this message failed", getattr(item, "seq", None)
+                )
+            finally:
+                self.pending -= 1
+
+    async def _frame(self, item: _Frame) -> None:
+        pixels, reservation = await self._pixels(item)
+        state = self.session.state
+        predictor = self.videos.predictor
+
+        def run(_context: Any) -> tuple[int, list[ObjectMask], float]:
+            started = time.perf_counter()
+            index = self.source.append(pixels)
+            frame = predictor.track_next(state, index)
+            return index, object_masks(frame), time.perf_counter() - started
+
+        with reservation:
+            index, records, seconds = await self.service.run_job("video_live", run, RequestClock())
+        objects = await _objects_out(records, "coco_rle", self.service)
+        await self.send(
+            {
+                "type": "frame",
+                "seq": item.seq,
+                "frame_idx": index,
+                "objects": [obj.model_dump() for obj in objects],
+                "track_ms": round(seconds * 1000, 3),
+                "latency_ms": round((time.perf_counter() - item.received) * 1000, 3),
+            }
+        )
+
+    async def _pixels(self, item: _Frame) -> tuple[np.ndarray, Any]:
+        """The frame's pixels: raw RGB of the session's size, or an image file of it."""
+        height, width = self.source.height, self.source.width
+        if len(item.data) == height * width * 3:
+            pixels = np.frombuffer(item.data, np.uint8).reshape(height, width, 3)
+            return pixels, contextlib.nullcontext()
+        pixels, reservation = await self.service.decode(item.data)
+        if pixels.shape[:2] != (height, width):
+            reservation.release()
+            raise ApiError(
+                422,
+                "wrong_size",
+                f"frame {item.seq}: {pixels.shape[1]}x{pixels.shape[0]}; this live video's "
+                f"frames are {width}x{height} (raw RGB: {width * height * 3:,} bytes)",
+            )
+        return pixels, reservation
+
+    async def _prompt(self, item: _PromptItem) -> None:
+        body, session = item.body, self.session
+        state, predictor = session.state, self.videos.predictor
+        prompt = Prompt.from_api(body)
+        check_inside(prompt, (state.height, state.width), what="frame")
+        limit = self.settings.max_points_per_object
+        if len(body.points) > limit:
+            raise ApiError(
+                422,
+                "too_many_prompts",
+                f"points: {len(body.points)} clicks; at most {limit} (max_points_per_object)",
+            )
+        self.videos.check_new_object(session, body.obj_id)
+        self.videos.check_live_prompt(
+            session, body.obj_id, body.frame_idx, self.settings.max_live_prompted_frames
+        )
+        if not body.clear_old_points:
+            total = self.videos.clicks_on(session, body.obj_id, body.frame_idx) + len(body.points)
+            if total > limit:
+                raise ApiError(
+                    422, "too_many_prompts", f"points: {total} clicks on the frame; at most {limit}"
+                )
+
+        def run(_context: Any) -> list[ObjectMask]:
+            frame = predictor.add_prompt(
+                state, body.frame_idx, body.obj_id, prompt, clear_old_points=body.clear_old_points
+            )
+            predictor.commit_prompts(state)  # its memory, while the frame is held
+            return object_masks(frame)
+
+        try:
+            records = await self.service.run_job("video_live", run, RequestClock())
+        except VideoPromptError as exc:
+            raise ApiError(422, "invalid_request", str(exc)) from None
+        objects = await _objects_out(records, body.mask_format, self.service)
+        await self.send(
+            {
+                "type": "prompt",
+                "frame_idx": body.frame_idx,
+                "objects": [obj.model_dump() for obj in objects],
+                "latency_ms": round((time.perf_counter() - item.received) * 1000, 3),
+            }
+        )
+
+
+@ws_router.websocket("/videos/{session_id}/live")
+async def live_connection(websocket: WebSocket, session_id: str) -> None:
+    service: Service = websocket.app.state.service
+    settings = service.settings
+    if not _allowed(websocket, settings):
+        await websocket.close(code=CLOSE_POLICY)  # before accepting: an HTTP 403
+        return
+    await websocket.accept()
+    refusal = _refusal(service, session_id)
+    if refusal is not None:
+        code, message, close_code = refusal
+        await websocket.send_text(json.dumps({"type": "error", "code": code, "message": message}))
+        await websocket.close(code=close_code)
+        return
+    videos = service.videos
+    assert videos is not None
+    session = videos.get(session_id)
+    try:
+        holding = videos.using(session, "live")
+        holding.__enter__()
+    except ApiError as exc:
+        await websocket.send_text(
+            json.dumps({"type": "error", "code": exc.code, "message": exc.message})
+        )
+        await websocket.close(code=CLOSE_TRY_LATER)
+        return
+    connection = _Connection(websocket, service, videos, session)
+    answering = asyncio.create_task(connection.answer())
+    reason = "disconnect"
+    try:
+        reason = await connection.read()
+    finally:
+        if reason == "disconnect":
+            connection.open = False
+        # Messages already taken are answered (a client that left gets none); then the
+        # session is free again.
+        connection.queue.put_nowait(_END)
+        with contextlib.suppress(Exception):
+            await answering
+        holding.__exit__(None, None, None)
+    if reason == "idle":
+        await connection.error(
+            "idle", f"no message for {settings.video_idle_s:g} s (video_idle_s): closing"
+        )
+    if websocket.client_state is WebSocketState.CONNECTED and reason != "disconnect":
+        with contextlib.suppress(Exception):
+            await websocket.close(code=CLOSE_NORMAL)
+
+
+def _allowed(websocket: WebSocket, settings: Any) -> bool:
+    """The API key (when the server has one) and, from a browser, an allowed origin: the
+    server's own or one of cors_origins (a page elsewhere may not drive a session)."""
+    expected = settings.api_key
+    if expected is not None:
+        given = websocket.headers.get("x-api-key")
+        authorization = websocket.headers.get("authorization", "")
+        if given is None and authorization.lower().startswith("bearer "):
+            given = authorization[7:]
+        if given is None or not secrets.compare_digest(given.encode(), expected.encode()):
+            return False
+    origin = websocket.headers.get("origin")
+    if origin is None:
+        return True
+    host = websocket.headers.get("host", "")
+    own = {f"http://{host}", f"https://{host}"}
+    return origin in own or origin in set(settings.cors_origins or ())
+
+
+def _refusal(service: Service, session_id: str) -> tuple[str, str, int] | None:
+    if service.videos is None:
+        return "video_disabled", "start the server with --video for live sessions", CLOSE_POLICY
+    try:
+        session = service.videos.get(session_id, touch=False)
+    except ApiError as exc:
+        return exc.code, exc.message, CLOSE_POLICY
+    if not session.live:
+        return (
+            "not_live",
+            (
+                "this session was created from a video; live frames go to a session made "
+                "by POST /v1/videos/live"
+            ),
+            CLOSE_POLICY,
+        )
+    return None
+
+
+__all__ = ["LiveVideoRequest", "router", "ws_router"]
