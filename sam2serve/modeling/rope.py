@@ -51,8 +51,11 @@ def grid_rotations(
     tensors as buffers holds them once, as initializers, and finds them computed (the
     complex ones cannot be traced)."""
     side = int(math.sqrt(tokens))
-    freqs = axial_frequencies(head_dim, side, side, theta).to(device)
-    return freqs, freqs.real.contiguous(), freqs.imag.contiguous()
+    # Made as normal tensors even when the first call comes in inference mode: the cache
+    # outlives the call, and an export traced later cannot save inference tensors.
+    with torch.inference_mode(False):
+        freqs = axial_frequencies(head_dim, side, side, theta).to(device)
+        return freqs, freqs.real.contiguous(), freqs.imag.contiguous()
 
 
 def rotate(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:

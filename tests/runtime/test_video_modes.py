@@ -27,7 +27,7 @@ def test_the_tracker_runs_the_float_modes_on_eager_only():
         get_video_mode("int8")
     with pytest.raises(ValueError, match="not 'int8'"):
         check_video_spec(RuntimeSpec(mode="int8"))  # its default backend is openvino
-    with pytest.raises(ValueError, match="backend 'eager' only, not 'compile'"):
+    with pytest.raises(ValueError, match="backend 'eager' or 'onnxruntime', not 'compile'"):
         check_video_spec(RuntimeSpec(mode="fast", backend="compile"))
 
 

@@ -67,6 +67,7 @@ def test_every_documented_endpoint_is_a_route_of_a_router(keyed):
         "/v1/images",
         "/v1/images/file",
         "/v1/videos",
+        "/v1/videos/live",
         "/v1/videos/{session_id}",
         "/v1/videos/{session_id}/prompts",
         "/v1/videos/{session_id}/propagate",
