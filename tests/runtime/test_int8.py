@@ -77,6 +77,7 @@ def fp32_model():
     return load_model("tiny", random_weights=True, seed=SEED)
 
 
+@pytest.mark.extended  # quantises the encoder once for the module (over a minute)
 def test_the_manifest_records_int8_and_its_calibration(int8_artifacts):
     out, _ = int8_artifacts
     manifest = json.loads((out / "manifest.json").read_text())
@@ -89,6 +90,7 @@ def test_the_manifest_records_int8_and_its_calibration(int8_artifacts):
     assert "FakeQuantize" in xml or "FakeConvert" in xml or "i8" in xml
 
 
+@pytest.mark.extended  # quantises the encoder once for the module (over a minute)
 def test_int8_embeddings_are_close_to_fp32(int8_artifacts, fp32_model):
     from sam2serve.runtime.export import load_artifacts
 
@@ -112,6 +114,7 @@ def test_int8_embeddings_are_close_to_fp32(int8_artifacts, fp32_model):
         assert 0 < relative_error(got_s, want_s) < EMBED_REL_ERROR
 
 
+@pytest.mark.extended  # quantises the encoder once for the module (over a minute)
 def test_run_from_int8_artifacts(int8_artifacts, photo, tmp_path):
     out, _ = int8_artifacts
     prompts = tmp_path / "prompts.json"
