@@ -418,6 +418,17 @@ def quantize_encoder(path: Path, method: str = "dynamic", calibration: int = 8) 
     return {**done, "tool": "onnxruntime.quantization"}
 
 
+def open_onnx_export(directory: str | Path, size: str | None, mode: str | None) -> dict:
+    """The manifest of the ONNX export in ``directory``, once onnxruntime is importable and
+    every mismatch with the request is ruled out (:func:`check_onnx_manifest`)."""
+    from sam2serve.runtime.export import read_manifest
+
+    require_onnx()
+    manifest = read_manifest(Path(directory), expected_format="onnx")
+    check_onnx_manifest(manifest, Path(directory), size, mode)
+    return manifest
+
+
 def check_onnx_manifest(
     manifest: dict, directory: Path, size: str | None, mode: str | None
 ) -> None:

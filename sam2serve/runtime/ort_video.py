@@ -203,18 +203,14 @@ def load_onnx_video_predictor(
 ) -> VideoPredictor:
     """A VideoPredictor running the video graphs in ``directory`` (an export with
     ``--video``), after the manifest is checked (every mismatch named)."""
-    from sam2serve.runtime.export import read_manifest
     from sam2serve.runtime.onnx_export import (
         OnnxArtifactError,
-        check_onnx_manifest,
-        require_onnx,
+        open_onnx_export,
     )
     from sam2serve.runtime.onnx_video import VIDEO_GRAPHS
 
-    require_onnx()
     directory = Path(directory)
-    manifest = read_manifest(directory, expected_format="onnx")
-    check_onnx_manifest(manifest, directory, spec.model, spec.mode)
+    manifest = open_onnx_export(directory, spec.model, spec.mode)
     if manifest.get("video") is None:
         raise OnnxArtifactError(
             f"ONNX export in {str(directory)!r} has no video graphs: export it with --video "

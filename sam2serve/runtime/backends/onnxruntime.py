@@ -122,19 +122,15 @@ def load_onnx_predictor(directory: str | Path, spec: RuntimeSpec) -> Predictor:
     from sam2serve.checkpoint import WeightsInfo
     from sam2serve.config import get_config
     from sam2serve.runtime.build import predictor_for
-    from sam2serve.runtime.export import read_manifest
     from sam2serve.runtime.onnx_export import (
         ENCODER_ONNX,
         HEADS,
         LOW_RES_DECODER_ONNX,
-        check_onnx_manifest,
-        require_onnx,
+        open_onnx_export,
     )
 
-    require_onnx()
     directory = Path(directory)
-    manifest = read_manifest(directory, expected_format="onnx")
-    check_onnx_manifest(manifest, directory, spec.model, spec.mode)
+    manifest = open_onnx_export(directory, spec.model, spec.mode)
     device = torch.device(spec.device)
     model = SAM2Image(get_config(manifest["model"]), with_image_encoder=False)
     heads = torch.load(directory / HEADS, weights_only=True, map_location=device)
