@@ -108,6 +108,15 @@ class VideoConfig:
     # Meta's compile_image_encoder is False for SAM 2.1 (compilation is the runtime's job).
     compile_image_encoder: bool = False
 
+    def use_multimask(self, is_init_cond_frame: bool, num_points: int) -> bool:
+        """Three mask candidates for 0 or 1 click (SAM 2.1: on first and tracked frames
+        alike)."""
+        return (
+            self.multimask_output_in_sam
+            and (is_init_cond_frame or self.multimask_output_for_tracking)
+            and self.multimask_min_pt_num <= num_points <= self.multimask_max_pt_num
+        )
+
 
 @dataclass(frozen=True)
 class ModelConfig:

@@ -215,13 +215,7 @@ class SAM2Video(SAM2Image):
     # -- SAM heads ----------------------------------------------------------------------------
 
     def use_multimask(self, is_init_cond_frame: bool, num_points: int) -> bool:
-        """Three candidates for 0 or 1 click (SAM 2.1: on first and tracked frames alike)."""
-        video = self.video_config
-        return (
-            video.multimask_output_in_sam
-            and (is_init_cond_frame or video.multimask_output_for_tracking)
-            and video.multimask_min_pt_num <= num_points <= video.multimask_max_pt_num
-        )
+        return self.video_config.use_multimask(is_init_cond_frame, num_points)
 
     def forward_heads(
         self,

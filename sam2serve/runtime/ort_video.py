@@ -92,12 +92,7 @@ class OrtVideoModel:
         return torch.empty(0)
 
     def use_multimask(self, is_init_cond_frame: bool, num_points: int) -> bool:
-        video = self.video_config
-        return (
-            video.multimask_output_in_sam
-            and (is_init_cond_frame or video.multimask_output_for_tracking)
-            and video.multimask_min_pt_num <= num_points <= video.multimask_max_pt_num
-        )
+        return self.video_config.use_multimask(is_init_cond_frame, num_points)
 
     def condition_on_memory(
         self,
