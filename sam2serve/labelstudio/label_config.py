@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 BRUSH = "brushlabels"
@@ -99,14 +100,22 @@ class LabelConfig:
     controls: tuple[ControlTag, ...]
     videos: dict[str, VideoTag] = field(default_factory=dict)  # Video tag name -> tag
 
-    def video_rectangle_for(self, video_name: str | None = None) -> ControlTag:
-        """The VideoRectangle tag on ``video_name`` (any Video when None)."""
+    def _control(
+        self, kind: str, tags: Mapping[str, object], name: str | None
+    ) -> ControlTag | None:
+        """The first control of ``kind`` labelling a tag of ``tags`` (``name`` if given)."""
         for control in self.controls:
-            if control.kind == VIDEO_RECTANGLE and any(
-                target in self.videos and (video_name is None or target == video_name)
-                for target in control.to_names
+            if control.kind == kind and any(
+                target in tags and (name is None or target == name) for target in control.to_names
             ):
                 return control
+        return None
+
+    def video_rectangle_for(self, video_name: str | None = None) -> ControlTag:
+        """The VideoRectangle tag on ``video_name`` (any Video when None)."""
+        control = self._control(VIDEO_RECTANGLE, self.videos, video_name)
+        if control is not None:
+            return control
         where = "a Video" if video_name is None else f"the Video named {video_name!r}"
         raise LabelConfigError(
             f"label_config: no VideoRectangle tag with toName {where}; the backend tracks "
@@ -120,14 +129,9 @@ class LabelConfig:
 
     def brush_for(self, image_name: str | None = None) -> ControlTag:
         """The BrushLabels tag that labels ``image_name`` (any Image when None)."""
-        for control in self.controls:
-            if control.kind != BRUSH:
-                continue
-            if any(
-                target in self.images and (image_name is None or target == image_name)
-                for target in control.to_names
-            ):
-                return control
+        control = self._control(BRUSH, self.images, image_name)
+        if control is not None:
+            return control
         where = "an Image" if image_name is None else f"the Image named {image_name!r}"
         raise LabelConfigError(
             f"label_config: no BrushLabels tag with toName {where}; the backend answers "
