@@ -44,7 +44,7 @@ SAM20_URL_BASE = "https://dl.fbaipublicfiles.com/segment_anything_2/072824"
 # A download gives up after this long in all (retries included); a stall (no byte) is
 # retried after READ_TIMEOUT_S.
 DOWNLOAD_DEADLINE_S = 3600.0
-READ_TIMEOUT_S = 30.0
+READ_TIMEOUT_S = 20.0
 
 # Video/memory parameters of Meta's SAM2Base that the image path never uses.
 VIDEO_KEY_PREFIXES = (

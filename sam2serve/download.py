@@ -182,11 +182,12 @@ def _download(
 ) -> None:
     attempts = 0
     wait = BACKOFF_S
+    sizes: set[int] = set()  # the file sizes the server declared in this call
     while True:
         attempts += 1
         before = part.stat().st_size
         try:
-            _attempt(url, part, out, end, read_timeout_s, progress, label)
+            _attempt(url, part, out, end, read_timeout_s, progress, label, sizes)
             return
         except _Retry as exc:
             reason = str(exc)
@@ -217,8 +218,10 @@ def _attempt(
     read_timeout_s: float,
     progress: bool,
     label: str,
+    sizes: set[int],
 ) -> None:
-    """One request: append the missing bytes to ``part`` (or rewrite it whole)."""
+    """One request: append the missing bytes to ``part`` (or rewrite it whole). ``sizes``:
+    the sizes declared before; a resumed answer of another size starts the file again."""
     have = part.stat().st_size
     request = urllib.request.Request(url, headers={"User-Agent": "sam2serve"})
     if have:
@@ -245,11 +248,17 @@ def _attempt(
             if start != have:
                 _truncate(out)
                 raise _Retry(f"the server resumed at byte {start}, not {have}: started again")
+            if total is not None and sizes and total not in sizes:
+                sizes.add(total)
+                _truncate(out)
+                raise _Retry(f"the file's size changed on the server (now {total} bytes)")
         else:  # 200: the whole file (the server ignored the range, or there was no part)
             _truncate(out)
             have = 0
             length = response.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
+        if total is not None:
+            sizes.add(total)
         _receive(response, out, have, total, end, progress, label)
     got = part.stat().st_size
     if total is not None and got < total:

@@ -53,6 +53,9 @@ class Behaviour:
     cut_at: int = 0
     # Answer 200 with the whole file even to a Range request.
     ignore_range: bool = False
+    # After the first N answers (faults included), serve this file instead (it changed).
+    later_body: bytes | None = None
+    later_after: int = 0
     requests: list[dict[str, str | None]] = field(default_factory=list)
 
 
@@ -72,7 +75,11 @@ class CheckpointServer:
             def do_GET(self) -> None:
                 outer.answer(self)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: object, client_address: object) -> None:
+                pass  # a client that hangs up mid-answer (it saw a new size) is no error
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url_base = f"http://127.0.0.1:{self.httpd.server_address[1]}/files"
 
@@ -97,6 +104,8 @@ class CheckpointServer:
             handler.send_error(item.fail_status)
             return
         body, start = item.body, 0
+        if item.later_body is not None and index > item.later_after:
+            body = item.later_body
         match = re.fullmatch(r"bytes=(\d+)-", handler.headers.get("Range") or "")
         if match is not None and not item.ignore_range:
             start = int(match.group(1))

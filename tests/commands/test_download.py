@@ -135,6 +135,18 @@ def test_a_part_longer_than_the_file_is_started_again(server, tiny_bytes, tmp_pa
     assert (folder / TINY).read_bytes() == tiny_bytes
 
 
+def test_a_file_that_changed_size_on_the_server_is_started_again(server, tiny_bytes, tmp_path):
+    """Resumed bytes of another file would make a file of two halves: the size the server
+    declares changed, so the download starts again from byte 0."""
+    cut = len(tiny_bytes) // 2
+    server.files[TINY] = Behaviour(
+        tiny_bytes + b"old", cut_first=1, cut_at=cut, later_body=tiny_bytes, later_after=1
+    )
+    assert run_main("download")[0] == EXIT_OK
+    assert [r["range"] for r in server.files[TINY].requests] == [None, f"bytes={cut}-", None]
+    assert (tmp_path / "cache" / "checkpoints" / TINY).read_bytes() == tiny_bytes
+
+
 def test_errors_are_retried_then_the_deadline_gives_up(server, tiny_bytes, tmp_path):
     server.files[TINY] = Behaviour(tiny_bytes, fail_first=3)
     code, stderr = run_main("download")
