@@ -142,12 +142,14 @@ def fetch_checkpoint(
     deadline_s: float = DOWNLOAD_DEADLINE_S,
     progress: bool = True,
     retry_unreached: bool = True,
+    replace: bool = False,
 ) -> Path:
     """Download Meta's file of ``size`` (SAM 2.1's, or SAM 2.0's) into the cache's
     checkpoints folder: resumed, retried until ``deadline_s``, its size checked against
     the server's, and renamed into place only if :func:`verify_checkpoint` accepts it.
     DownloadError (network, size) or CheckpointError (not the model's checkpoint; nothing
-    is kept)."""
+    is kept). A file that another process put in place meanwhile is kept, unless
+    ``replace``."""
     name = checkpoint_file(size, sam21)
     url = checkpoint_url(name, url_base)
     dest = cache_dir() / name
@@ -171,6 +173,7 @@ def fetch_checkpoint(
         verify=verify,
         progress=progress,
         retry_unreached=retry_unreached,
+        replace=replace,
     )
     # Meta publishes no checksums for these files: the digest is printed so a user can
     # compare it with a copy they trust.

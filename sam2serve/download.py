@@ -86,8 +86,12 @@ def fetch(
     progress: bool = True,
     label: str | None = None,
     retry_unreached: bool = True,
+    replace: bool = False,
 ) -> Path:
     """Download ``url`` to ``dest`` (see the module's docstring); returns ``dest``.
+
+    A ``dest`` that exists once the part is locked (another process renamed its download
+    into place) is returned as it is, unless ``replace``.
 
     ``retry_unreached=False``: when the first attempt reaches no server (offline, refused,
     unknown host), fail at once rather than retry until the deadline (a download that
@@ -102,9 +106,9 @@ def fetch(
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = part_path(dest)
     end = time.monotonic() + deadline_s
-    out, waited = _open_locked(part, end, url, deadline_s)
+    out = _open_locked(part, end, url, deadline_s)
     with out:
-        if waited and dest.is_file():  # another process fetched it while this one waited
+        if not replace and dest.is_file():  # another process fetched it meanwhile
             if not part.stat().st_size:
                 part.unlink()  # the empty part this process opened
             return dest
@@ -140,14 +144,13 @@ def fetch(
     return dest
 
 
-def _open_locked(part: Path, end: float, url: str, deadline_s: float) -> tuple[BinaryIO, bool]:
-    """``part`` opened for appending and locked for this process (waiting until ``end`` at
-    most), and whether another process held it first."""
+def _open_locked(part: Path, end: float, url: str, deadline_s: float) -> BinaryIO:
+    """``part`` opened for appending and locked for this process, waiting until ``end``
+    at most while another process holds it."""
     try:
         import fcntl
     except ImportError:  # not POSIX: one process at a time is the user's business
-        return part.open("ab"), False
-    waited = False
+        return part.open("ab")
     while True:
         out = part.open("ab")
         try:
@@ -159,13 +162,12 @@ def _open_locked(part: Path, end: float, url: str, deadline_s: float) -> tuple[B
                     f"{url}: another process is still downloading into {str(part)!r} after "
                     f"{deadline_s:g} s"
                 ) from None
-            waited = True
             time.sleep(LOCK_POLL_S)
             continue
         # The holder may have renamed or deleted the part meanwhile: lock the file that
         # is at the path now.
         if part.exists() and os.fstat(out.fileno()).st_ino == part.stat().st_ino:
-            return out, waited
+            return out
         out.close()
 
 

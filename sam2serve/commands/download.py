@@ -172,7 +172,8 @@ def download_one(size: str, sam21: bool, url_base: str | None, timeout: float, f
     url = checkpoint_url(name, url_base)
     info_line(f"{size}: {url} -> {str(dest)!r}")
     try:
-        fetch_checkpoint(size, sam21=sam21, url_base=url_base, deadline_s=timeout)
+        # replace: a file there now is one that did not load, or --force
+        fetch_checkpoint(size, sam21=sam21, url_base=url_base, deadline_s=timeout, replace=True)
     except (DownloadError, CheckpointError) as exc:
         error_line(str(exc))
         return False

@@ -302,3 +302,45 @@ def test_cluster_configs_take_the_hugging_face_ids():
     assert args.model == "base_plus"
     with pytest.raises(ConfigError, match=r"args\.model: 'facebook/sam2-hiera-tiny' is not a"):
         ReplicaArgs.from_dict({"model": "facebook/sam2-hiera-tiny", "mode": "fast"})
+
+
+# --------------------------------------------------------------------------- one writer
+
+
+def test_a_second_writer_waits_and_takes_the_first_ones_file(server, tiny_bytes, tmp_path):
+    """Replicas starting together: while another process holds the part, fetch waits;
+    when that one has renamed its file into place, fetch returns it without a request."""
+    import fcntl
+    import threading
+
+    server.files[TINY] = Behaviour(tiny_bytes)
+    dest = tmp_path / "out" / TINY
+    dest.parent.mkdir()
+    part = dest.with_name(f"{TINY}.part")
+    holder = part.open("ab")
+    fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+    result: list[object] = []
+    url = f"{server.url_base}/{TINY}"
+    thread = threading.Thread(
+        target=lambda: result.append(fetch(url, dest, deadline_s=60, progress=False))
+    )
+    thread.start()
+    holder.write(tiny_bytes)
+    holder.flush()
+    part.replace(dest)  # the other process's rename, under its lock
+    holder.close()  # releases the lock
+    thread.join(60)
+    assert result == [dest] and dest.read_bytes() == tiny_bytes
+    assert server.files[TINY].requests == [] and not part.exists()
+
+
+def test_a_writer_that_never_finishes_is_reported(server, tmp_path):
+    import fcntl
+
+    dest = tmp_path / "out" / TINY
+    dest.parent.mkdir()
+    part = dest.with_name(f"{TINY}.part")
+    with part.open("ab") as holder:
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(DownloadError, match="another process is still downloading into"):
+            fetch(f"{server.url_base}/{TINY}", dest, deadline_s=0.3, progress=False)
