@@ -26,6 +26,19 @@ DEFAULT_TIMEOUT_S = 3600.0
 URL_BASE_ENV = "SAM2SERVE_CHECKPOINT_URL_BASE"
 SAM20_IDS = tuple(name.replace("sam2.1-", "sam2-") for name in HF_MODEL_IDS)
 
+
+def _wrapped(names: tuple[str, ...]) -> str:
+    import textwrap
+
+    return textwrap.fill(
+        ", ".join(names),
+        width=90,
+        initial_indent="  ",
+        subsequent_indent="  ",
+        break_on_hyphens=False,
+    )
+
+
 DESCRIPTION = f"""\
 Download Meta's official checkpoint files into the cache's checkpoints folder
 ($SAM2SERVE_CACHE/checkpoints, else ~/.cache/sam2serve/checkpoints), where every command
@@ -40,9 +53,10 @@ keys; SAM 2.0's files: the image model's). Only then is it renamed into place; a
 fails is deleted. A file already in the folder that loads is reported and skipped.
 
 --model takes a size, {ALL} (the four SAM 2.1 files), or a Hugging Face id:
-{", ".join(HF_MODEL_IDS)}, or SAM 2.0's {", ".join(SAM20_IDS)} (SAM 2.0's files
-sam2_hiera_*.pt: commands use them with --checkpoint, or from the cache when no SAM 2.1
-file of the size is there).
+{_wrapped(HF_MODEL_IDS)}
+or SAM 2.0's (files sam2_hiera_*.pt, which commands use with --checkpoint, or from the
+cache when no SAM 2.1 file of the size is there):
+{_wrapped(SAM20_IDS)}
 
 Examples:
   {PROG} download                                   # tiny, SAM 2.1
