@@ -208,6 +208,13 @@ def _download(
             )
         if part.stat().st_size > before:
             wait = BACKOFF_S  # it moved: the link works, only this connection broke
+        if progress:
+            from tqdm import tqdm
+
+            tqdm.write(
+                f"sam2serve: {label}: {reason}; attempt {attempts + 1} in {min(wait, left):.2g} s",
+                file=sys.stderr,
+            )
         time.sleep(min(wait, left))
         wait = min(wait * 2, BACKOFF_MAX_S)
 
