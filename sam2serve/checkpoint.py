@@ -31,7 +31,7 @@ import torch
 
 from sam2serve.cache import CACHE_ENV, cache_path
 from sam2serve.config import ModelConfig, get_config
-from sam2serve.download import DownloadError, fetch, sha256_of
+from sam2serve.download import fetch, sha256_of
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.modeling.sam2_video import SAM2Video
 
@@ -109,7 +109,7 @@ def resolve_checkpoint(cfg: ModelConfig, checkpoint: str | Path | None) -> Path:
     else:
         try:
             return fetch_checkpoint(cfg.name, retry_unreached=False)
-        except DownloadError as exc:
+        except OSError as exc:  # a DownloadError, or a cache folder that cannot be written
             reason = f"the download failed ({exc})"
     raise CheckpointError(
         f"no checkpoint for model {cfg.name!r} in {str(directory)!r} and {reason}: fetch "

@@ -122,6 +122,16 @@ def test_failed_download_is_a_clear_error(tmp_path, monkeypatch):
     assert not list(tmp_path.rglob("*.pt*")), "no partial file may be left behind"
 
 
+def test_a_cache_that_cannot_be_written_is_a_clear_error(tmp_path, monkeypatch):
+    root = tmp_path / "a-file"
+    root.write_text("not a folder")
+    monkeypatch.setenv(ckpt.CACHE_ENV, str(root))
+    monkeypatch.delenv(ckpt.OFFLINE_ENV, raising=False)
+    monkeypatch.setenv(ckpt.URL_BASE_ENV, "http://127.0.0.1:9/mirror")
+    with pytest.raises(CheckpointError, match=r"the download failed \(\[Errno 20\] Not a direct"):
+        load_model("tiny")
+
+
 def test_first_use_downloads_checks_and_loads(tmp_path, monkeypatch):
     """The first use fetches the file through the downloader (here from a loopback
     server), renames it into the cache and loads exactly its tensors."""
