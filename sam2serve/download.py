@@ -125,6 +125,7 @@ def fetch(
                 retry_unreached,
             )
         except BaseException:
+            out.flush()  # what arrived before a Ctrl-C is kept to resume
             if part.exists() and not part.stat().st_size:
                 part.unlink()  # nothing to resume: leave nothing behind
             raise

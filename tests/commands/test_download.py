@@ -344,3 +344,39 @@ def test_a_writer_that_never_finishes_is_reported(server, tmp_path):
         fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
         with pytest.raises(DownloadError, match="another process is still downloading into"):
             fetch(f"{server.url_base}/{TINY}", dest, deadline_s=0.3, progress=False)
+
+
+def test_ctrl_c_exits_130_and_the_next_run_resumes(server, tiny_bytes, tmp_path, monkeypatch):
+    server.files[TINY] = Behaviour(tiny_bytes)
+    monkeypatch.setattr(downloader, "CHUNK", 4096)
+    checked_urlopen = downloader.urllib.request.urlopen  # the loopback check above
+
+    def interrupted_after_one_chunk(request, *args, **kwargs):
+        response = checked_urlopen(request, *args, **kwargs)
+        read, calls = response.read, []
+
+        def read_once(amount=None):
+            calls.append(amount)
+            if len(calls) > 1:
+                raise KeyboardInterrupt
+            return read(amount)
+
+        response.read = read_once
+        return response
+
+    monkeypatch.setattr(downloader.urllib.request, "urlopen", interrupted_after_one_chunk)
+    code, stderr = run_main("download")
+    assert code == 130 and "interrupted" in stderr
+    part = tmp_path / "cache" / "checkpoints" / f"{TINY}.part"
+    assert part.read_bytes() == tiny_bytes[:4096]
+    monkeypatch.setattr(downloader.urllib.request, "urlopen", checked_urlopen)
+    assert run_main("download")[0] == EXIT_OK
+    assert server.files[TINY].requests[-1] == {"range": "bytes=4096-"}
+    assert cache_files(tmp_path) == [TINY]
+
+
+def test_the_command_and_the_library_read_the_same_mirror_variable():
+    from sam2serve import checkpoint
+    from sam2serve.commands import download
+
+    assert download.URL_BASE_ENV == checkpoint.URL_BASE_ENV
