@@ -103,6 +103,8 @@ def fetch(
     """
     if deadline_s <= 0:
         raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
+    if not url.startswith(("http://", "https://")):
+        raise DownloadError(f"{url}: not an http:// or https:// URL")
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = part_path(dest)
     end = time.monotonic() + deadline_s

@@ -122,6 +122,14 @@ def test_failed_download_is_a_clear_error(tmp_path, monkeypatch):
     assert not list(tmp_path.rglob("*.pt*")), "no partial file may be left behind"
 
 
+def test_a_mirror_that_is_not_a_url_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(ckpt.CACHE_ENV, str(tmp_path))
+    monkeypatch.delenv(ckpt.OFFLINE_ENV, raising=False)
+    monkeypatch.setenv(ckpt.URL_BASE_ENV, "mirror.example/sam2")
+    with pytest.raises(CheckpointError, match="mirror.example/sam2/sam2.1_hiera_tiny.pt: not an"):
+        load_model("tiny")
+
+
 def test_a_cache_that_cannot_be_written_is_a_clear_error(tmp_path, monkeypatch):
     root = tmp_path / "a-file"
     root.write_text("not a folder")
