@@ -101,10 +101,11 @@ def video_stream(container: Any, name: str) -> Any:
         raise VideoError(f"{name!r} has no video stream")
     stream = container.streams.video[0]
     if stream.codec_context is None:
-        codec = getattr(getattr(stream, "codec", None), "name", None) or "unknown"
+        codec = getattr(getattr(stream, "codec", None), "name", None)
+        named = f"its video codec {codec!r}" if codec else "a video stream of no codec it knows"
         raise VideoFormatError(
-            f"{name!r}: FFmpeg has no decoder for its video codec ({codec}); send MP4 "
-            "(H.264), WebM (VP8/VP9) or another common codec"
+            f"{name!r}: FFmpeg has no decoder for {named} (a codec not supported, or a file "
+            "cut short); send MP4 (H.264), WebM (VP8/VP9) or another common codec"
         )
     return stream
 
