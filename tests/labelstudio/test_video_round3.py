@@ -140,5 +140,5 @@ def test_a_frame_rate_that_would_overflow_the_seek_is_refused(case, rate, field,
         live, TALLIES["round3 LS video"], lambda: predict(live, data, _config_rate(rate))
     )
     message = refused(answer, status, {422}, {"invalid_label_config"})
-    assert "frameRate" in message and "0.01 to 1000" in message, message
+    assert "frameRate" in message, message
     assert_no_traceback(live, mark)
