@@ -59,7 +59,9 @@ async def read_frame(
         raise ApiError(
             422,
             "invalid_request",
-            f"frame_idx {frame_idx}: the session has frames 0 to {len(frames) - 1}",
+            f"frame_idx {frame_idx}: the session has frames 0 to {len(frames) - 1}"
+            if len(frames)
+            else f"frame_idx {frame_idx}: the live session has no frames yet",
         )
     try:
         frame = frames[frame_idx]
