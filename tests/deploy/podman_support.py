@@ -23,6 +23,7 @@ STATE = Path(
 )
 BASE_IMAGE = "localhost/sam2serve-base:bookworm"
 CPU_IMAGE = "localhost/sam2serve:cpu"
+BAKED_IMAGE = "localhost/sam2serve:cpu-tiny-fast-smoke"
 BASE_TIMEOUT_S = 1800  # mmdebstrap downloads ~60 MB of packages
 BUILD_TIMEOUT_S = 3600  # the first build downloads torch's dependencies and the rest
 # This machine's runtime settings: crun refuses its hybrid cgroups (so runc, cgroupfs), and

@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 import pytest
 from PIL import Image
-from podman_support import CPU_IMAGE, STATE, Podman, why_podman_cannot_run
+from podman_support import BAKED_IMAGE, CPU_IMAGE, STATE, Podman, why_podman_cannot_run
 
 pytestmark = pytest.mark.extended
 
@@ -92,9 +92,26 @@ def served(podman: Podman, cpu_image: str) -> Iterator[tuple[str, str]]:
         url = f"http://127.0.0.1:{port}"
         seconds = wait_for(podman, name, f"{url}/readyz")
         print(f"\n{cpu_image}: start -> /readyz in {seconds:.0f} s")
+        ready = httpx.get(f"{url}/readyz", timeout=30).json()
+        assert (ready["model"], ready["device"]) == ("tiny", "cpu"), ready
         yield name, url
     finally:
         podman.run("rm", "-f", name, check=False)
+
+
+def segment_once(url: str) -> None:
+    """One encode and one segment request, answered with a mask."""
+    with httpx.Client(base_url=url, timeout=120) as client:
+        encoded = client.post("/v1/embeddings", json={"image": png_b64()})
+        assert encoded.status_code == 200, encoded.text
+        body = encoded.json()
+        assert (body["width"], body["height"], body["model"]) == (128, 96, "tiny")
+        objects = [{"points": [{"x": 60, "y": 45}], "box": [30, 20, 90, 70]}]
+        request = {"image_id": body["image_id"], "objects": objects}
+        segmented = client.post("/v1/segment", json=request)
+        assert segmented.status_code == 200, segmented.text
+        [answer] = segmented.json()["objects"]
+        assert answer["masks"] and {"mask_id", "score", "bbox", "area"} <= answer["masks"][0].keys()
 
 
 def test_image_config_runs_sam2serve_as_a_non_root_user(podman, cpu_image):
@@ -110,17 +127,8 @@ def test_image_config_runs_sam2serve_as_a_non_root_user(podman, cpu_image):
 
 def test_serve_encodes_segments_and_serves_the_page(served):
     _, url = served
+    segment_once(url)
     with httpx.Client(base_url=url, timeout=120) as client:
-        encoded = client.post("/v1/embeddings", json={"image": png_b64()})
-        assert encoded.status_code == 200, encoded.text
-        body = encoded.json()
-        assert (body["width"], body["height"], body["model"]) == (128, 96, "tiny")
-        objects = [{"points": [{"x": 60, "y": 45}], "box": [30, 20, 90, 70]}]
-        request = {"image_id": body["image_id"], "objects": objects}
-        segmented = client.post("/v1/segment", json=request)
-        assert segmented.status_code == 200, segmented.text
-        [answer] = segmented.json()["objects"]
-        assert answer["masks"] and {"mask_id", "score", "bbox", "area"} <= answer["masks"][0].keys()
         page = client.get("/")
         assert page.status_code == 200
         assert "text/html" in page.headers["content-type"]
@@ -145,5 +153,35 @@ def test_labelstudio_in_the_image_answers_health(podman, cpu_image):
         wait_for(podman, name, f"http://127.0.0.1:{port}/health")
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json()
         assert health["status"] == "UP" and health["model_class"] == "sam2serve", health
+    finally:
+        podman.run("rm", "-f", name, check=False)
+
+
+def test_the_baked_target_serves_its_artifacts_by_default(podman, cpu_image):
+    """Target baked: `sam2serve export` at build time (random weights, eager decoder: the
+    cheapest export), and the image's default command serves them."""
+    seconds = podman.build(
+        BAKED_IMAGE,
+        "--target",
+        "baked",
+        "--build-arg",
+        "BAKE_ARGS=--random-weights --decoder eager",
+    )
+    print(f"\n{BAKED_IMAGE}: built in {seconds:.0f} s (on top of {cpu_image})")
+    config = json.loads(podman.run("image", "inspect", BAKED_IMAGE).stdout)[0]["Config"]
+    assert "--artifacts" in config["Cmd"] and config["Cmd"][:3] == ["serve", "--host", "0.0.0.0"]
+    name = f"sam2serve-test-baked-{os.getpid()}"
+    port = free_port()
+    # the default command, with a loopback address and a free port instead of 0.0.0.0:8000
+    args = [*config["Cmd"], "--port", str(port)]
+    args[args.index("--host") + 1] = "127.0.0.1"
+    podman.start(name, BAKED_IMAGE, *args, env={"SAM2SERVE_PORT": str(port)})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        seconds = wait_for(podman, name, f"{url}/readyz")
+        print(f"\n{BAKED_IMAGE}: start -> /readyz in {seconds:.0f} s")
+        ready = httpx.get(f"{url}/readyz", timeout=30).json()
+        assert (ready["model"], ready["mode"], ready["backend"]) == ("tiny", "fast", "artifacts")
+        segment_once(url)
     finally:
         podman.run("rm", "-f", name, check=False)
