@@ -124,7 +124,8 @@ class Podman:
             hooks: list[str] = []
             ca = host_ca_bundle()
             if ca is not None:
-                hooks = [f'--customize-hook=cp {ca} "$1{HOST_CA_BUNDLE}"']
+                target = f'"$1{HOST_CA_BUNDLE}"'
+                hooks = [f"--customize-hook=mkdir -p $(dirname {target}) && cp {ca} {target}"]
             subprocess.run(
                 ["mmdebstrap", "--variant=minbase", *hooks, "bookworm", str(partial)],
                 check=True,
