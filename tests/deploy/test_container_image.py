@@ -122,7 +122,9 @@ def test_image_config_runs_sam2serve_as_a_non_root_user(podman, cpu_image):
     assert config["User"].split(":")[0] == USER_ID
     assert CACHE_DIR in config["Volumes"]
     assert f"SAM2SERVE_CACHE={CACHE_DIR}" in config["Env"]
-    assert "/readyz" in " ".join(config["Healthcheck"]["Test"])
+    # podman's inspect holds the health check beside Config, docker's inside it
+    healthcheck = inspected.get("Healthcheck") or config["Healthcheck"]
+    assert "/readyz" in " ".join(healthcheck["Test"])
 
 
 def test_serve_encodes_segments_and_serves_the_page(served):
