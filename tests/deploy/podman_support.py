@@ -82,6 +82,7 @@ class Podman:
     def run(
         self, *args: str, timeout: float = 120, check: bool = True, log: Path | None = None
     ) -> subprocess.CompletedProcess:
+        __tracebackhide__ = True  # a failure shows podman's output, not this function
         env = {**os.environ, "CONTAINERS_CONF": str(self.conf)}
         if log is None:
             done = subprocess.run(
@@ -121,13 +122,22 @@ class Podman:
         tarball = self.state / "base.tar"
         if not tarball.exists():
             partial = self.state / "base.tar.partial"
+            if partial.is_dir():
+                shutil.rmtree(partial)
             hooks: list[str] = []
             ca = host_ca_bundle()
             if ca is not None:
                 target = f'"$1{HOST_CA_BUNDLE}"'
                 hooks = [f"--customize-hook=mkdir -p $(dirname {target}) && cp {ca} {target}"]
             subprocess.run(
-                ["mmdebstrap", "--variant=minbase", *hooks, "bookworm", str(partial)],
+                [
+                    "mmdebstrap",
+                    "--variant=minbase",
+                    "--format=tar",
+                    *hooks,
+                    "bookworm",
+                    str(partial),
+                ],
                 check=True,
                 capture_output=True,
                 timeout=BASE_TIMEOUT_S,
