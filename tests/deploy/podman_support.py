@@ -129,7 +129,11 @@ class Podman:
             if ca is not None:
                 target = f'"$1{HOST_CA_BUNDLE}"'
                 hooks = [f"--customize-hook=mkdir -p $(dirname {target}) && cp {ca} {target}"]
-            subprocess.run(
+            # its chroot (with /proc mounted) outside /tmp, where tree walks could keep
+            # the mount busy at clean-up
+            scratch = self.state / "tmp"
+            scratch.mkdir(exist_ok=True)
+            made = subprocess.run(
                 [
                     "mmdebstrap",
                     "--variant=minbase",
@@ -138,10 +142,14 @@ class Podman:
                     "bookworm",
                     str(partial),
                 ],
-                check=True,
+                check=False,
                 capture_output=True,
+                text=True,
                 timeout=BASE_TIMEOUT_S,
+                env={**os.environ, "TMPDIR": str(scratch)},
             )
+            if made.returncode != 0:
+                raise AssertionError(f"mmdebstrap exited {made.returncode}:\n{made.stderr[-3000:]}")
             partial.rename(tarball)
         changes = []
         if host_ca_bundle() is not None:
