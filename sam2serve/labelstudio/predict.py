@@ -74,6 +74,17 @@ log = logging.getLogger("sam2serve.labelstudio")
 MAX_SETUP_PROJECTS = 1024
 
 
+def check_task_count(tasks: int, limit: int) -> None:
+    """413 ``too_many_tasks`` past ``max_predict_tasks``."""
+    if tasks > limit:
+        raise ApiError(
+            413,
+            "too_many_tasks",
+            f"tasks: {tasks} tasks in one request; at most {limit} (max_predict_tasks, "
+            "--max-predict-tasks): ask for predictions in smaller batches",
+        )
+
+
 class LabelStudioBackend:
     """Answers Label Studio's ML backend calls with the service's model."""
 
@@ -143,15 +154,7 @@ class LabelStudioBackend:
 
     # ------------------------------------------------------------------ /predict
     async def predict(self, body: PredictRequest, service: Service, client: str) -> PredictResponse:
-        limit = service.settings.max_predict_tasks
-        if len(body.tasks) > limit:
-            raise ApiError(
-                413,
-                "too_many_tasks",
-                f"tasks: {len(body.tasks)} tasks in one request; at most {limit} "
-                "(max_predict_tasks, --max-predict-tasks): ask for predictions in smaller "
-                "batches",
-            )
+        check_task_count(len(body.tasks), service.settings.max_predict_tasks)
         config = await asyncio.to_thread(_config, body.label_config)
         context = body.params.context
         version = self.model_version(service)

@@ -181,11 +181,8 @@ class VideoSessions:
             objects=len(objects) + 1,
             what=f"obj_id {obj_id}",
         )
-        self._check_total(
-            self.counted_bytes(session) + session.frames_counted * self.object_frame_bytes,
-            f"obj_id {obj_id}",
-            session,
-        )
+        tracking = (len(objects) + 1) * session.frames_counted * self.object_frame_bytes
+        self._check_total(session.frames_bytes + tracking, f"obj_id {obj_id}", session)
 
     def counted_bytes(self, session: VideoSession) -> int:
         """What the limits count a session as holding: its frames, and its objects (at
