@@ -169,20 +169,21 @@ def test_a_closed_session_gives_its_memory_back(server):
     live = server.ensure()
     _warm(live)
     tally = TALLIES["video sessions memory"]
-    before = resident(live)
     answer = upload(live, BOMB)
     tally.add(answer.status)
     sid = session_id(answer)
     prompted = prompt(live, sid)
     tally.add(prompted.status)
     assert prompted.status == 200, prompted.text[:300]
-    held = resident(live) - before
+    held = resident(live)
     close(live, [sid])
-    kept = resident(live) - before
-    print(f"\nheld {held / MiB:.0f} MiB while open, {kept / MiB:.0f} MiB after closing")
+    freed = held - resident(live)
+    kept = BOMB_FRAMES_BYTES - freed  # what of the frames' size is still resident
+    print(
+        f"\n{freed / MiB:.0f} MiB given back on closing ({BOMB_FRAMES_BYTES / MiB:.0f} MiB of frames)"
+    )
     tally.add(200, max(0, kept))
-    assert held >= BOMB_FRAMES_BYTES // 2, f"the session held only {held / MiB:.0f} MiB"
-    assert kept <= KEPT_AFTER_CLOSE, f"{kept / MiB:.0f} MiB still held after the close"
+    assert kept <= KEPT_AFTER_CLOSE, f"only {freed / MiB:.0f} MiB given back after the close"
     clean_log(live)
 
 
@@ -290,7 +291,7 @@ def test_a_rebinding_page_is_refused_on_every_route(server):
     live = server.ensure()
     _rebinding_refused(live, {})
     port = port_of(live.url)
-    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "127.0.0.1", None):
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "127.0.0.1"):
         answer = request_with_host(live.url, "GET", "/healthz", host)
         TALLIES["hosts"].add(answer.status)
         assert answer.status == 200, (host, answer.status, answer.text[:200])
