@@ -264,11 +264,3 @@ def test_a_rebinding_page_is_refused_by_the_backend(with_key, backend):
     own = request_with_host(live.url, "GET", "/health", f"127.0.0.1:{port}", headers=headers)
     tally.add(own.status)
     assert own.status == 200, own.text[:300]
-
-
-def test_backend_log_is_clean(backend):
-    """Run last: nothing of the module left a traceback in the backend's log."""
-    live = backend.ensure()
-    live.collect_garbage()
-    assert not backend.restarts, backend.restarts
-    clean_log(live.log())
