@@ -198,7 +198,9 @@ class LabelStudioBackend:
         with self._bulk_slot(mode, service, client):
             await _each(list(enumerate(body.tasks)), one, self.options.max_concurrent_tasks)
         refused.log(len(body.tasks), client)
-        return PredictResponse(results=[p for p in predictions if p], model_version=version)
+        return PredictResponse(
+            results=[p for p in predictions if p is not None], model_version=version
+        )
 
     async def _predict_video(
         self,
