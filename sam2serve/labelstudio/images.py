@@ -169,7 +169,8 @@ class ImageFetcher:
                 "(--fetch-timeout)"
             ) from None
         except FetchRefused as refused:
-            log.info("fetch refused by the policy: %s (for %s)", refused.url[:300], url[:300])
+            # debug: /predict logs one line per request for its refused tasks
+            log.debug("fetch refused by the policy: %s (for %s)", refused.url[:300], url[:300])
             via = "" if refused.url == url else f" (redirected to {_shown(refused.url)})"
             raise _unavailable(
                 f"{where}: {_shown(url)}{via} is not fetched: the backend fetches from the "

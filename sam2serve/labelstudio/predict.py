@@ -20,8 +20,11 @@ Two kinds of request:
   without keyframes gets empty predictions (there is nothing to track).
 
 A request for one task fails with its error (a 4xx naming the task and the reason); in a
-request for several tasks (Label Studio pre-annotating a project), a task that fails is
-logged and gets an empty prediction, so one broken image does not lose the others.
+request for several tasks (Label Studio pre-annotating a project), a task that fails gets
+an empty prediction, so one broken image does not lose the others, and the request logs
+one line counting its failed tasks per reason. A request holds at most
+``max_predict_tasks`` tasks (413 past it), worked on ``max_concurrent_tasks`` at a time,
+yielding to the event loop between tasks, so /health and clicks stay answered meanwhile.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import contextlib
 import functools
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sam2serve.engine.amg import MaskGenerator
@@ -68,6 +72,17 @@ from sam2serve.server.service import ImageState, RequestClock, Service
 log = logging.getLogger("sam2serve.labelstudio")
 # Projects whose /setup is remembered (the least recently connected forgotten first).
 MAX_SETUP_PROJECTS = 1024
+
+
+def check_task_count(tasks: int, limit: int) -> None:
+    """413 ``too_many_tasks`` past ``max_predict_tasks``."""
+    if tasks > limit:
+        raise ApiError(
+            413,
+            "too_many_tasks",
+            f"tasks: {tasks} tasks in one request; at most {limit} (max_predict_tasks, "
+            "--max-predict-tasks): ask for predictions in smaller batches",
+        )
 
 
 class LabelStudioBackend:
@@ -139,6 +154,7 @@ class LabelStudioBackend:
 
     # ------------------------------------------------------------------ /predict
     async def predict(self, body: PredictRequest, service: Service, client: str) -> PredictResponse:
+        check_task_count(len(body.tasks), service.settings.max_predict_tasks)
         config = await asyncio.to_thread(_config, body.label_config)
         context = body.params.context
         version = self.model_version(service)
@@ -161,27 +177,30 @@ class LabelStudioBackend:
         else:
             mode = "click" if prompt is not None else self.options.preannotate
         access = self.access_for(body.project)
-        limit = asyncio.Semaphore(self.options.max_concurrent_tasks)
         alone = len(body.tasks) == 1
+        predictions: list[Prediction | None] = [None] * len(body.tasks)
+        refused = _Refusals()
 
-        async def one(index: int, task: Task) -> Prediction:
-            async with limit:
-                try:
-                    regions = await self._task_regions(
-                        task, index, config, prompt, mode, service, access
-                    )
-                except ApiError as exc:
-                    if alone:
-                        raise
-                    log.warning("task %s: no prediction: %s", task.id, exc.message)
-                    regions = []
+        async def one(index: int, task: Task) -> None:
+            try:
+                regions = await self._task_regions(
+                    task, index, config, prompt, mode, service, access
+                )
+            except ApiError as exc:
+                if alone:
+                    raise
+                refused.add(task, exc)
+                regions = []
             scores = [r["score"] for r in regions]
             score = sum(scores) / len(scores) if scores else None
-            return Prediction(result=regions, score=score, model_version=version)
+            predictions[index] = Prediction(result=regions, score=score, model_version=version)
 
         with self._bulk_slot(mode, service, client):
-            predictions = await asyncio.gather(*(one(i, t) for i, t in enumerate(body.tasks)))
-        return PredictResponse(results=list(predictions), model_version=version)
+            await _each(list(enumerate(body.tasks)), one, self.options.max_concurrent_tasks)
+        refused.log(len(body.tasks), client)
+        return PredictResponse(
+            results=[p for p in predictions if p is not None], model_version=version
+        )
 
     async def _predict_video(
         self,
@@ -273,6 +292,55 @@ class LabelStudioBackend:
             return []
         rle, score = await _best_mask(service, image, obj, multimask, clock)
         return [await asyncio.to_thread(draw.region, rle, score)]
+
+
+async def _each(
+    items: list[tuple[int, Task]],
+    work: Callable[[int, Task], Awaitable[None]],
+    concurrency: int,
+) -> None:
+    """``work`` on every item, ``concurrency`` at a time, yielding to the event loop after
+    each: a task refused at once (no await that waits) must not hold the loop for the
+    whole request. Workers pull items in turn; no coroutine per item is made ahead."""
+    pending = iter(items)
+
+    async def worker() -> None:
+        for index, task in pending:
+            await work(index, task)
+            await asyncio.sleep(0)
+
+    workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(items)))]
+    try:
+        await asyncio.gather(*workers)
+    finally:
+        for running in workers:  # one failed (a lone task's error) or the client left
+            running.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+
+
+class _Refusals:
+    """The tasks of one request that got no prediction, logged as one line per request
+    (counts per error code, the first message of each), not one per task."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.first: dict[str, str] = {}
+
+    def add(self, task: Task, exc: ApiError) -> None:
+        self.counts[exc.code] += 1
+        self.first.setdefault(exc.code, f"task {task.id}: {exc.message}"[:300])
+
+    def log(self, tasks: int, client: str) -> None:
+        if not self.counts:
+            return
+        log.warning(
+            "/predict from %s: %d of %d tasks got no prediction (%s); first of each: %s",
+            client[:64],
+            sum(self.counts.values()),
+            tasks,
+            ", ".join(f"{code} {count}" for code, count in self.counts.most_common()),
+            " | ".join(self.first[code] for code, _ in self.counts.most_common()),
+        )
 
 
 class _RegionMaker:

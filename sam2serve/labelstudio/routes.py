@@ -22,7 +22,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from sam2serve.labelstudio.predict import LabelStudioBackend
+from sam2serve.labelstudio.predict import LabelStudioBackend, check_task_count
 from sam2serve.labelstudio.protocol import (
     MAX_NAME_CHARS,
     SETUP_BODY_BYTES,
@@ -120,7 +120,14 @@ async def setup(request: Request, service: ServiceDep, backend: BackendDep) -> R
     openapi_extra=_json_body(PredictRequest),
 )
 async def predict(request: Request, service: ServiceDep, backend: BackendDep) -> Response:
-    body = await parse_json_body(request, PredictRequest, service.settings)
+    limit = service.settings.max_predict_tasks
+
+    def count_tasks(document: Any) -> None:  # before the tasks are validated, one by one
+        tasks = document.get("tasks") if isinstance(document, dict) else None
+        if isinstance(tasks, list):
+            check_task_count(len(tasks), limit)
+
+    body = await parse_json_body(request, PredictRequest, service.settings, count_tasks)
 
     async def work() -> Response:
         return json_response(await backend.predict(body, service, client_address(request)))

@@ -5,7 +5,8 @@ The flow, every bound decided before the step it bounds:
 
 1. the objects (one per region with an enabled keyframe): at most ``max_video_objects``;
 2. the video, fetched by the image fetcher's rules (the fetch policy, Label Studio's token
-   only to Label Studio) within ``max_video_upload_bytes``;
+   only to Label Studio) within ``max_video_upload_bytes``, its bytes counted in the
+   process's decode budget (``max_decoded_bytes_in_flight``) until its frames are decoded;
 3. its frame size from the stream's header (``max_pixels``), then the frames one request
    tracks (``--video-max-frames``, at most ``max_video_frames``) checked against
    ``max_video_session_bytes`` (frames plus every object's tracking memory) and reserved
@@ -21,7 +22,7 @@ Nothing is kept after the answer: the tracking state lives only inside the job.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -36,7 +37,7 @@ from sam2serve.labelstudio.video_context import TrackPrompt
 from sam2serve.labelstudio.video_frames import ClipWindow, decode_window, read_header
 from sam2serve.labelstudio.video_result import tracked_keyframes, video_region
 from sam2serve.server.batching import JobContext
-from sam2serve.server.decode_budget import video_decode_bytes
+from sam2serve.server.decode_budget import Reservation, video_decode_bytes
 from sam2serve.server.errors import ApiError
 from sam2serve.server.service import RequestClock, Service
 
@@ -113,13 +114,38 @@ async def _fetch_and_track(
 ) -> list[dict[str, Any]]:
     """Steps 2 to 5 (the module's docstring) for the objects of one video task."""
     settings = service.settings
-    videos = service.videos
-    assert videos is not None
     source = f"{where}.data.{video.field}"
     limit = ByteLimit(
         settings.max_video_upload_bytes, "video", "max_video_upload_bytes", data_uri=False
     )
-    data = await fetcher.fetch(task.data[video.field], access, source, limit)
+    # The download is held in memory until its frames are decoded: counted in the
+    # process's decode budget from before the first byte (its most), then as it is.
+    download = await service.decoding.reserve(
+        min(limit.max_bytes, service.decoding.limit), f"{source}: the video's download"
+    )
+    with download:
+        fetch = fetcher.fetch(task.data[video.field], access, source, limit)
+        return await _decode_and_track(
+            fetch, download, source, control_name, video, frame_rate, prompts, service, options
+        )
+
+
+async def _decode_and_track(
+    fetch: Awaitable[bytes],
+    download: Reservation,
+    source: str,
+    control_name: str,
+    video: VideoTag,
+    frame_rate: float,
+    prompts: list[TrackPrompt],
+    service: Service,
+    options: LabelStudioOptions,
+) -> list[dict[str, Any]]:
+    settings = service.settings
+    videos = service.videos
+    assert videos is not None
+    data = await fetch  # only this frame holds it: dropped once decoded
+    download.shrink(len(data))
     with _video_errors():
         header = await asyncio.to_thread(read_header, data, source, settings.max_pixels)
     max_frames = min(options.video_max_frames, settings.max_video_frames)
@@ -154,6 +180,7 @@ async def _fetch_and_track(
                 max_pixels=settings.max_pixels,
             )
         del data
+        download.release()
         reservation.shrink(window.nbytes)
         boxes, starts = await _track(service, window, prompts)
     height, width = window.size

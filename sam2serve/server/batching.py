@@ -261,6 +261,10 @@ class ModelWorker:
             if batch is None:
                 return
             self._run_live(batch)
+            # Nothing of the finished jobs may outlive them here: while the worker waits
+            # for the next job, a closed video session's state (its frames) or an image's
+            # pixels must not stay reachable from this frame.
+            del batch
             if self._on_idle is not None and not self.depth:
                 try:
                     self._on_idle()
@@ -269,8 +273,12 @@ class ModelWorker:
 
     def _run_live(self, batch: list[_Job]) -> None:
         live = [job for job in batch if job.future.set_running_or_notify_cancel()]
-        if live:
-            self._run(live)
+        try:
+            if live:
+                self._run(live)
+        finally:
+            for job in batch:  # a JobHandle may outlive its job: let go of what it held
+                job.fn, job.pixels = None, None
 
     def _next_batch(self) -> list[_Job] | None:
         with self._cond:

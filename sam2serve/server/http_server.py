@@ -21,6 +21,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from sam2serve.server.allowed_hosts import AllowedHosts, HostGuard
 from sam2serve.server.settings import ServerSettings
 
 log = logging.getLogger("sam2serve.server")
@@ -73,7 +74,9 @@ _WS_FRAMING_SLACK = 1024
 def uvicorn_config(
     app: Any, settings: ServerSettings, host: str, port: int, **options: Any
 ) -> uvicorn.Config:
-    """The uvicorn config that serves ``app`` with ``settings``' connection limits."""
+    """The uvicorn config that serves ``app`` on ``host`` with ``settings``' connection
+    limits, answering only to the hosts it may be reached by (``allowed_hosts``)."""
+    app = HostGuard(app, AllowedHosts.for_server(host, settings.allowed_hosts))
     protocol = type(
         "HeaderTimeoutH11", (HeaderTimeoutH11,), {"header_timeout_s": settings.header_timeout_s}
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -65,11 +66,15 @@ async def parse_body(
 
 
 async def parse_json_body(
-    request: Request, model: type[ModelT], settings: ServerSettings
+    request: Request,
+    model: type[ModelT],
+    settings: ServerSettings,
+    check: Callable[[Any], None] | None = None,
 ) -> ModelT:
     """The request model of a body that is JSON only (Label Studio's endpoints): the same
     limits as every body (size, JSON items and depth), parsed and validated off the event
-    loop."""
+    loop. ``check``: called with the parsed document before it is validated (validating
+    holds the GIL throughout, so a count past a limit is refused before it)."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if not (media == JSON_MEDIA or media.endswith("+json")):
         raise ApiError(
@@ -81,9 +86,14 @@ async def parse_json_body(
         raw = await request.body()
     except ClientDisconnect:
         raise ClientGone("upload") from None
-    return await asyncio.to_thread(
-        lambda: validate(model, load_json(raw, settings, "the request body"))
-    )
+
+    def parsed() -> ModelT:
+        document = load_json(raw, settings, "the request body")
+        if check is not None:
+            check(document)
+        return validate(model, document)
+
+    return await asyncio.to_thread(parsed)
 
 
 async def _parse_multipart(

@@ -550,4 +550,5 @@ def _limits(settings: ServerSettings) -> SessionLimits:
         max_objects=settings.max_video_objects,
         idle_s=settings.video_idle_s,
         max_per_client=settings.max_video_sessions_per_client,
+        max_total_bytes=settings.max_video_total_bytes,
     )

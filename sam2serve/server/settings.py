@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from sam2serve.options import check_options, option
 from sam2serve.runtime.backend_choice import choose_backend
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+from sam2serve.server.allowed_hosts import check_allowed_hosts, parse_allowed_hosts
 from sam2serve.store.identity import DEFAULT_STORE_DTYPE, STORE_DTYPES
 
 MiB = 1024 * 1024
@@ -137,6 +138,15 @@ class ServerSettings:
         low=1,
         group=LIMITS,
     )
+    # Label Studio's /predict (sam2serve labelstudio): each task is fetched, decoded and
+    # encoded, so a request's work grows with its tasks; more are refused before any.
+    max_predict_tasks: int = option(
+        1000,
+        help="tasks in one Label Studio /predict request (413 above)",
+        metavar="N",
+        low=1,
+        group=LIMITS,
+    )
     request_timeout_s: float = option(
         120.0,
         help="seconds a request may take, queueing included; then 503 with Retry-After",
@@ -247,6 +257,19 @@ class ServerSettings:
     api_key: str | None = None
     # Origins allowed by CORS; empty: no CORS headers at all (browsers refuse cross-origin).
     cors_origins: tuple[str, ...] = ()
+    # Host names a request's Host header may name besides the listening address and the
+    # loopback names (server.allowed_hosts: what stops a DNS-rebinding page); "*": any.
+    allowed_hosts: tuple[str, ...] | None = option(
+        None,
+        help="host names clients reach this server by (a proxy's, a container network's), "
+        "comma-separated; any other Host header gets 403, so a DNS-rebinding page is refused; "
+        "* allows any",
+        type=parse_allowed_hosts,
+        metavar="HOST[,HOST...]",
+        default_text="only the --host address and localhost, 127.0.0.1, [::1]; any IP "
+        "address when --host is 0.0.0.0 or ::",
+        group=CONNECTIONS,
+    )
 
     # ---- the annotation page
     # A folder of images the page may browse (GET /v1/images): its image files, not its
@@ -287,6 +310,18 @@ class ServerSettings:
         help="memory one session may hold: decoded frames plus ~0.75 MiB per "
         "object and frame tracked (413 above)",
         flag="--max-video-session-mib",
+        metavar="MIB",
+        scale=MiB,
+        low=1,
+        group=VIDEO,
+    )
+    # Every session's frames and tracking together (each counted as its own limit counts
+    # it); with it a process holds at most this much in sessions, whatever their number.
+    max_video_total_bytes: int = option(
+        4096 * MiB,
+        help="memory all sessions together may hold (frames plus tracking, counted as "
+        "--max-video-session-mib counts them); a session that does not fit gets 429",
+        flag="--max-video-total-mib",
         metavar="MIB",
         scale=MiB,
         low=1,
@@ -362,6 +397,9 @@ class ServerSettings:
                 f"store_dtype must be one of {', '.join(STORE_DTYPES)}, got {self.store_dtype!r}"
             )
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
+        if self.allowed_hosts is not None:
+            object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
+            check_allowed_hosts(self.allowed_hosts)
 
     def runtime_spec(self) -> RuntimeSpec:
         """How the model runs; ValueError naming a bad model, mode, backend or device."""

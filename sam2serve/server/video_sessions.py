@@ -13,6 +13,9 @@ and touches it. The limits:
 - ``max_video_frames`` frames and ``max_video_session_bytes`` bytes per session (decoded
   frames, plus what tracking every object through every frame would hold): 413;
 - ``max_video_objects`` objects per session: 413;
+- ``max_video_total_bytes`` for every session's bytes together (each counted as the
+  per-session limit counts it): a session or an object that does not fit is 429
+  ``video_memory_full``, so the memory of sessions is bounded whatever their number;
 - ``video_idle_s``: a session no work has used for that long (prompts, propagations,
   edits; reading it with GET does not count) is closed by the reaper, and its id is then
   404 ``session_not_found`` like an id that never existed.
@@ -48,6 +51,8 @@ class SessionLimits:
     max_objects: int
     idle_s: float
     max_per_client: int
+    # Every session's counted bytes together (None: only the per-session limit).
+    max_total_bytes: int | None = None
 
 
 @dataclass(eq=False)
@@ -154,6 +159,7 @@ class VideoSessions:
                 f"{self.limits.max_frames} (max_video_frames): send a shorter clip",
             )
         self._check_bytes(frames_bytes, num_frames, objects=1, what="the video")
+        self._check_total(frames_bytes + num_frames * self.object_frame_bytes, "the video")
         return frames_bytes
 
     def check_new_object(self, session: VideoSession, obj_id: int) -> None:
@@ -175,6 +181,34 @@ class VideoSessions:
             objects=len(objects) + 1,
             what=f"obj_id {obj_id}",
         )
+        tracking = (len(objects) + 1) * session.frames_counted * self.object_frame_bytes
+        self._check_total(session.frames_bytes + tracking, f"obj_id {obj_id}", session)
+
+    def counted_bytes(self, session: VideoSession) -> int:
+        """What the limits count a session as holding: its frames, and its objects (at
+        least one) each tracked through every frame it may hold."""
+        objects = max(1, len(session.state.obj_ids))
+        return session.frames_bytes + objects * session.frames_counted * self.object_frame_bytes
+
+    def _check_total(self, nbytes: int, what: str, session: VideoSession | None = None) -> None:
+        """429 when ``nbytes`` (a new session's, or ``session``'s once grown) would take
+        every session's bytes together past ``max_total_bytes``."""
+        limit = self.limits.max_total_bytes
+        if limit is None:
+            return
+        others = sum(self.counted_bytes(s) for s in self._sessions.values() if s is not session)
+        if others + nbytes > limit:
+            mib = 1024 * 1024
+            raise ApiError(
+                429,
+                "video_memory_full",
+                f"{what}: {nbytes / mib:.1f} MiB beside the {others / mib:.1f} MiB the "
+                f"other sessions hold would pass {limit / mib:.1f} MiB, what this server's "
+                "sessions may hold together (max_video_total_bytes); retry once a session "
+                f"closes or expires (video_idle_s {self.limits.idle_s:g}), or send fewer or "
+                "smaller frames",
+                headers={"Retry-After": str(self._seconds_until_room())},
+            )
 
     def _check_bytes(self, frames_bytes: int, num_frames: int, objects: int, what: str) -> None:
         tracking = objects * num_frames * self.object_frame_bytes
@@ -220,6 +254,7 @@ class VideoSessions:
         self.check_room(client)
         frames_bytes = source.keep * source.height * source.width * _BYTES_PER_PIXEL
         self._check_bytes(frames_bytes, tracked_frames, objects=1, what="the live video")
+        self._check_total(frames_bytes + tracked_frames * self.object_frame_bytes, "the live video")
         now = self.clock()
         session = VideoSession(
             session_id=new_session_id(),

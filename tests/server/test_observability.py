@@ -372,7 +372,7 @@ def send_raw(url: str, head: str, body: bytes) -> socket.socket:
 
 def json_head(path: str, length: int) -> str:
     return (
-        f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {length}\r\n\r\n"
     )
 

@@ -47,6 +47,8 @@ from sam2serve.engine.video.predictor import VideoPromptError
 from sam2serve.engine.video.retention import memory_window
 from sam2serve.engine.video.sources import FrameGone, LiveFrames
 from sam2serve.server import video_schemas as vs
+from sam2serve.server.allowed_hosts import SCOPE_KEY as ALLOWED_HOSTS_KEY
+from sam2serve.server.allowed_hosts import origin_allowed
 from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError
 from sam2serve.server.prompts import check_inside
@@ -432,9 +434,14 @@ def _allowed(websocket: WebSocket, settings: Any) -> bool:
     origin = websocket.headers.get("origin")
     if origin is None:
         return True
-    host = websocket.headers.get("host", "")
-    own = {f"http://{host}", f"https://{host}"}
-    return origin in own or origin in set(settings.cors_origins or ())
+    # The Origin's host must be one the server answers to (allowed_hosts): a rebinding
+    # page's Origin and Host both name the attacker's host, so matching them is not enough.
+    return origin_allowed(
+        origin,
+        websocket.headers.get("host", ""),
+        websocket.scope.get(ALLOWED_HOSTS_KEY),
+        tuple(settings.cors_origins or ()),
+    )
 
 
 def _refusal(service: Service, session_id: str) -> tuple[str, str, int] | None:
