@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from sam2serve.config import MODEL_SIZES
+from sam2serve.options import apply_environment, describe_environment, read_environment
 from sam2serve.runtime.backend_choice import AUTO, AUTO_DESCRIPTION, BACKEND_CHOICES
 from sam2serve.runtime.backends import BACKENDS
 from sam2serve.runtime.modes import DEVICE_TYPES, MODES
@@ -156,13 +158,16 @@ class CommandParser(argparse.ArgumentParser):
     - Errors raise :class:`UsageError` instead of printing usage and exiting.
     - :meth:`defer` adds arguments only when this parser is used: a subcommand whose
       flags need a heavy import costs nothing to the others.
+    - ``environment``: every flag can also be set by its ``SAM2SERVE_...`` variable
+      (sam2serve.options: named in the help; flag > variable > default).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, environment: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         self._deferred: list[Callable[[CommandParser], None]] = []
+        self.environment = environment
 
     def defer(self, add_arguments: Callable[[CommandParser], None]) -> None:
         self._deferred.append(add_arguments)
@@ -170,14 +175,22 @@ class CommandParser(argparse.ArgumentParser):
     def _add_deferred(self) -> None:
         while self._deferred:
             self._deferred.pop(0)(self)
+        if self.environment:
+            describe_environment(self)
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         self._add_deferred()
-        if args is not None:
-            self._check_flags(list(args))
-        return super().parse_known_args(args, namespace)
+        argv = list(sys.argv[1:] if args is None else args)
+        self._check_flags(argv)
+        found = {}
+        if self.environment and not {"-h", "--help"} & set(argv):
+            found = read_environment(self, argv, os.environ)
+        namespace, rest = super().parse_known_args(argv, namespace)
+        if self.environment:
+            apply_environment(namespace, found)
+        return namespace, rest
 
     def format_usage(self) -> str:
         self._add_deferred()
@@ -225,14 +238,17 @@ def add_command(
     handler: Callable[[argparse.Namespace], int],
     add_arguments: Callable[[CommandParser], None],
     epilog: str | None = None,
+    environment: bool = False,
 ) -> CommandParser:
-    """Register subcommand ``name``; its arguments are added when it is used."""
+    """Register subcommand ``name``; its arguments are added when it is used
+    (``environment``: each flag settable by its variable too, see CommandParser)."""
     parser = subcommands.add_parser(
         name,
         help=help,
         description=description,
         epilog=epilog,
         formatter_class=HelpFormatter,
+        environment=environment,
     )
     assert isinstance(parser, CommandParser)
     parser.set_defaults(handler=handler)
