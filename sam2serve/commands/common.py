@@ -102,6 +102,44 @@ class ItemFailure(Exception):
     skipped; the others are still done and the command ends with exit 1."""
 
 
+# Optional packages a command path may import, by top-level module: (what it is, the extra
+# of pyproject.toml that installs it). A missing one is one usage-error line (cli.main).
+EXTRAS = {
+    "ray": ("Ray", "cluster"),
+    "yaml": ("PyYAML", "cluster"),
+    "av": ("PyAV", "video"),
+    "onnx": ("ONNX", "onnx"),
+    "onnxruntime": ("ONNX Runtime", "onnx"),
+    "nncf": ("NNCF", "int8"),
+    "transformers": ("Hugging Face transformers", "bench"),
+}
+
+
+def install_hint(module: str) -> str:
+    """``pip install "sam2serve[EXTRA]"`` for an optional module."""
+    return f'pip install "{PROG}[{EXTRAS[module][1]}]"'
+
+
+def missing_extra(exc: ImportError, command: str) -> str | None:
+    """``COMMAND needs Ray: pip install "sam2serve[cluster]"`` when ``exc`` is the import of
+    an optional package that is not installed; None for any other import error."""
+    module = (exc.name or "").split(".")[0]
+    if module not in EXTRAS:
+        return None
+    return f"{command} needs {EXTRAS[module][0]}: {install_hint(module)}"
+
+
+def require_extra(module: str, command: str) -> None:
+    """Import an optional package before the work that needs it, or say how to install it
+    (a UsageError): for commands that would otherwise find it missing late."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise UsageError(missing_extra(exc, command) or str(exc)) from None
+
+
 # --------------------------------------------------------------------------- output
 
 
