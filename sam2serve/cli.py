@@ -28,14 +28,12 @@ from sam2serve.commands.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_STATUS_HELP,
-    EXIT_USAGE,
     PROG,
     CommandError,
     CommandParser,
     UsageError,
     error_line,
     message,
-    missing_extra,
     package_version,
 )
 from sam2serve.runtime.threads import set_wait_policy
@@ -74,12 +72,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandError as exc:
         error_line(str(exc))
         return exc.exit_code
-    except ImportError as exc:  # an optional package a command path needs
-        text = missing_extra(exc, argv[0] if argv else PROG)
-        if text is None:
-            raise
-        error_line(text)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         message(f"{PROG}: interrupted")
         return EXIT_INTERRUPTED

@@ -129,15 +129,22 @@ def missing_extra(exc: ImportError, command: str) -> str | None:
     return f"{command} needs {EXTRAS[module][0]}: {install_hint(module)}"
 
 
-def require_extra(module: str, command: str) -> None:
-    """Import an optional package before the work that needs it, or say how to install it
-    (a UsageError): for commands that would otherwise find it missing late."""
-    import importlib
+def _extras_as_usage(
+    handler: Callable[[argparse.Namespace], int], command: str
+) -> Callable[[argparse.Namespace], int]:
+    """The handler, with an optional package it finds missing turned into one usage-error
+    line that says how to install it (any other ImportError is a bug: raised as it is)."""
 
-    try:
-        importlib.import_module(module)
-    except ImportError as exc:
-        raise UsageError(missing_extra(exc, command) or str(exc)) from None
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except ImportError as exc:
+            text = missing_extra(exc, command)
+            if text is None:
+                raise
+            raise UsageError(text) from None
+
+    return run
 
 
 # --------------------------------------------------------------------------- output
@@ -289,7 +296,7 @@ def add_command(
         environment=environment,
     )
     assert isinstance(parser, CommandParser)
-    parser.set_defaults(handler=handler)
+    parser.set_defaults(handler=_extras_as_usage(handler, parser.prog.removeprefix(f"{PROG} ")))
     parser.defer(add_arguments)
     return parser
 

@@ -44,17 +44,17 @@ def cases(tmp: Path) -> dict[str, tuple[str, list[str], str]]:
         "cluster up without Ray": (
             "ray",
             ["cluster", "up", "--config", "deploy/serve_tiny.yaml"],
-            'cluster needs Ray: pip install "sam2serve[cluster]"',
+            'cluster up needs Ray: pip install "sam2serve[cluster]"',
         ),
         "cluster status without Ray": (
             "ray",
             ["cluster", "status"],
-            'cluster needs Ray: pip install "sam2serve[cluster]"',
+            'cluster status needs Ray: pip install "sam2serve[cluster]"',
         ),
         "cluster config without PyYAML": (
             "yaml",
             ["cluster", "burst", "--config", "deploy/serve_tiny.yaml"],
-            'cluster needs PyYAML: pip install "sam2serve[cluster]"',
+            'cluster burst needs PyYAML: pip install "sam2serve[cluster]"',
         ),
         "track a video file without PyAV": (
             "av",
