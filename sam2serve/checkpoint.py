@@ -6,9 +6,15 @@ Resolution order for ``load_model(size, checkpoint=...)``:
 2. the cache's ``checkpoints`` directory (:mod:`sam2serve.cache`:
    ``$SAM2SERVE_CACHE/checkpoints``, by default ``~/.cache/sam2serve/checkpoints``) holding
    Meta's file names (``sam2.1_hiera_tiny.pt``, then SAM2.0's ``sam2_hiera_tiny.pt``);
-3. a download of the SAM2.1 file from Meta's published URL into that directory, with a
-   progress bar, its sha256 printed (set ``SAM2SERVE_OFFLINE=1`` to skip the attempt);
-4. otherwise a :class:`CheckpointError` that says where to put the file.
+3. a download of the SAM2.1 file from Meta's published URL (or the mirror
+   ``$SAM2SERVE_CHECKPOINT_URL_BASE``) into that directory by :func:`fetch_checkpoint`, as
+   ``sam2serve download`` does it (set ``SAM2SERVE_OFFLINE=1`` to skip the attempt);
+4. otherwise a :class:`CheckpointError`, one line with the URL, the ``sam2serve download``
+   command and where to put the file.
+
+``fetch_checkpoint`` resumes, retries under a deadline and checks the file
+(:mod:`sam2serve.download`), and renames it into the cache only once
+:func:`verify_checkpoint` accepted it: every official key with its shape, strictly.
 
 ``load_model`` builds the image path and skips the video keys by name;
 ``load_video_model`` builds :class:`SAM2Video` and loads every key of the file, strictly.
@@ -16,12 +22,8 @@ Resolution order for ``load_model(size, checkpoint=...)``:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
-import tempfile
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,12 +31,20 @@ import torch
 
 from sam2serve.cache import CACHE_ENV, cache_path
 from sam2serve.config import ModelConfig, get_config
+from sam2serve.download import fetch, sha256_of
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.modeling.sam2_video import SAM2Video
 
 OFFLINE_ENV = "SAM2SERVE_OFFLINE"
-SAM21_URL = "https://dl.fbaipublicfiles.com/segment_anything_2/092824/{name}"
-DOWNLOAD_TIMEOUT_S = 20.0
+URL_BASE_ENV = "SAM2SERVE_CHECKPOINT_URL_BASE"
+DOWNLOAD_COMMAND = "sam2serve download"
+# Where Meta publishes the files (the URLs of Meta's README and download_ckpts.sh).
+SAM21_URL_BASE = "https://dl.fbaipublicfiles.com/segment_anything_2/092824"
+SAM20_URL_BASE = "https://dl.fbaipublicfiles.com/segment_anything_2/072824"
+# A download gives up after this long in all (retries included); a stall (no byte) is
+# retried after READ_TIMEOUT_S.
+DOWNLOAD_DEADLINE_S = 3600.0
+READ_TIMEOUT_S = 20.0
 
 # Video/memory parameters of Meta's SAM2Base that the image path never uses.
 VIDEO_KEY_PREFIXES = (
@@ -93,46 +103,96 @@ def resolve_checkpoint(cfg: ModelConfig, checkpoint: str | Path | None) -> Path:
         if (directory / name).is_file():
             return directory / name
     primary = cfg.checkpoint_names[0]
-    if os.environ.get(OFFLINE_ENV) != "1":
-        try:
-            return download(SAM21_URL.format(name=primary), directory / primary)
-        except (OSError, urllib.error.URLError) as exc:
-            reason = f"download failed ({exc})"
+    url = checkpoint_url(primary)
+    if os.environ.get(OFFLINE_ENV) == "1":
+        reason = f"downloads are disabled by {OFFLINE_ENV}=1"
     else:
-        reason = f"downloads disabled by {OFFLINE_ENV}=1"
+        try:
+            return fetch_checkpoint(cfg.name, retry_unreached=False)
+        except OSError as exc:  # a DownloadError, or a cache folder that cannot be written
+            reason = f"the download failed ({exc})"
     raise CheckpointError(
-        f"no checkpoint for model {cfg.name!r}: {reason}. Put {primary} (or "
-        f"{', '.join(cfg.checkpoint_names[1:])}) in {directory} (set ${CACHE_ENV} to use "
-        f"another cache root), pass --checkpoint PATH, or use --random-weights for a smoke run"
+        f"no checkpoint for model {cfg.name!r} in {str(directory)!r} and {reason}: fetch "
+        f"{url} with '{DOWNLOAD_COMMAND} --model {cfg.name}' (or put {primary} there; "
+        f"${CACHE_ENV} sets another cache root), pass --checkpoint PATH, or use "
+        "--random-weights for a smoke run"
     )
 
 
-def download(url: str, dest: Path) -> Path:
-    """Download ``url`` to ``dest`` atomically, with a progress bar; its sha256 is printed."""
-    from tqdm import tqdm
+def checkpoint_url(name: str, url_base: str | None = None) -> str:
+    """Where file ``name`` is fetched from: ``url_base`` (else ``$SAM2SERVE_CHECKPOINT_URL_BASE``,
+    else Meta's URL for its version) + ``/`` + ``name``."""
+    base = url_base or os.environ.get(URL_BASE_ENV)
+    if not base:
+        base = SAM20_URL_BASE if name.startswith("sam2_") else SAM21_URL_BASE
+    return f"{base.rstrip('/')}/{name}"
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
-    tmp = Path(tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")[1])
-    try:
-        with (
-            urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response,
-            tmp.open("wb") as out,
-        ):
-            total = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {dest.name}") as bar:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    bar.update(len(chunk))
-        # Meta publishes no checksums for these files: the digest is printed so a user
-        # can compare it with a copy they trust; the file is then checked by loading it
-        # (every expected key, every shape).
-        print(f"sam2serve: sha256 of {dest.name}: {digest.hexdigest()}", file=sys.stderr)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)  # a failed or partial download leaves nothing behind
-    return dest
+
+def checkpoint_file(size: str, sam21: bool = True) -> str:
+    """Meta's file name of a model size: SAM 2.1's, or SAM 2.0's."""
+    names = get_config(size).checkpoint_names
+    return names[0] if sam21 else names[1]
+
+
+def fetch_checkpoint(
+    size: str,
+    *,
+    sam21: bool = True,
+    url_base: str | None = None,
+    deadline_s: float = DOWNLOAD_DEADLINE_S,
+    progress: bool = True,
+    retry_unreached: bool = True,
+    replace: bool = False,
+) -> Path:
+    """Download Meta's file of ``size`` (SAM 2.1's, or SAM 2.0's) into the cache's
+    checkpoints folder: resumed, retried until ``deadline_s``, its size checked against
+    the server's, and renamed into place only if :func:`verify_checkpoint` accepts it.
+    DownloadError (network, size) or CheckpointError (not the model's checkpoint; nothing
+    is kept). A file that another process put in place meanwhile is kept, unless
+    ``replace``."""
+    name = checkpoint_file(size, sam21)
+    url = checkpoint_url(name, url_base)
+    dest = cache_dir() / name
+
+    def verify(path: Path) -> None:
+        try:
+            verify_checkpoint(size, path, video=sam21)
+        except CheckpointError as exc:
+            cause = exc.__cause__
+            why = str(exc) if cause is None else f"cannot read it: {type(cause).__name__}"
+            raise CheckpointError(
+                f"the file downloaded from {url} is not the {size} model's checkpoint "
+                f"({why}); nothing was kept"
+            ) from None
+
+    path = fetch(
+        url,
+        dest,
+        deadline_s=deadline_s,
+        read_timeout_s=READ_TIMEOUT_S,
+        verify=verify,
+        progress=progress,
+        retry_unreached=retry_unreached,
+        replace=replace,
+    )
+    # Meta publishes no checksums for these files: the digest is printed so a user can
+    # compare it with a copy they trust.
+    print(
+        f"sam2serve: {name}: {path.stat().st_size} bytes, sha256 {sha256_of(path)}", file=sys.stderr
+    )
+    return path
+
+
+def verify_checkpoint(size: str, path: Path, video: bool = True) -> None:
+    """A CheckpointError unless ``path`` holds every key of the ``size`` model with its
+    shape and no other: SAM 2.1's video model's keys (an official SAM 2.1 file), or with
+    ``video=False`` the image path's (video keys skipped by name: SAM 2.0's files). The
+    model is built on the meta device: nothing is allocated, nothing copied."""
+    cfg = get_config(size)
+    state = read_state_dict(path, include_video=video)
+    with torch.device("meta"):
+        model = SAM2Video(cfg) if video else SAM2Image(cfg)
+    check_keys(model, state, path)
 
 
 def read_state_dict(path: Path, include_video: bool = False) -> dict[str, torch.Tensor]:
@@ -162,16 +222,22 @@ def check_keys(model: SAM2Image, state: dict[str, torch.Tensor], path: Path) -> 
     )
     problems = []
     if missing:
-        problems.append(f"missing keys: {', '.join(missing)}")
+        problems.append(f"missing keys: {_some(missing)}")
     if unexpected:
-        problems.append(f"unexpected keys: {', '.join(unexpected)}")
+        problems.append(f"unexpected keys: {_some(unexpected)}")
     if wrong_shape:
-        problems.append(f"wrong shapes: {', '.join(wrong_shape)}")
+        problems.append(f"wrong shapes: {_some(wrong_shape)}")
     if problems:
         raise CheckpointError(
             f"checkpoint {str(path)!r} does not fit model {model.config.name!r} "
             f"(is it another size?): " + "; ".join(problems)
         )
+
+
+def _some(names: list[str], shown: int = 8) -> str:
+    """The first names, and how many more (a file of another model misses hundreds)."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def random_state_dict(cfg: ModelConfig, seed: int, video: bool = False) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ from sam2serve.commands import (
     annotate,
     bench,
     cluster,
+    download,
     embed,
     export,
     labelstudio,
@@ -41,14 +42,27 @@ from sam2serve.runtime.threads import set_wait_policy
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # In the order `sam2serve --help` lists them.
-COMMANDS = (run, annotate, track, embed, bench, export, serve, labelstudio, loadtest, cluster)
+COMMANDS = (
+    run,
+    annotate,
+    track,
+    embed,
+    bench,
+    export,
+    download,
+    serve,
+    labelstudio,
+    loadtest,
+    cluster,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         prog=PROG,
         description="Segment Anything 2 on images and videos: batch masks, video tracking, "
-        "benchmark,\nahead-of-time export, HTTP service and its Ray Serve cluster.",
+        "benchmark,\nahead-of-time export, checkpoint download, HTTP service and its Ray Serve "
+        "cluster.",
         epilog=f"'{PROG} COMMAND --help' explains a command and every flag.\n{EXIT_STATUS_HELP}",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}")

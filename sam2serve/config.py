@@ -7,6 +7,7 @@ the image path (Hiera trunk, FPN neck, SAM heads) differs per size; the video me
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 IMAGE_SIZE = 1024
@@ -186,12 +187,42 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
 
 MODEL_SIZES = tuple(MODEL_CONFIGS)
 
+# Meta's Hugging Face ids (the names in Meta's README and model cards):
+# facebook/sam2.1-hiera-{tiny,small,base-plus,large}, and SAM 2.0's facebook/sam2-hiera-*.
+_HF_ID = re.compile(r"^(?:facebook/)?sam2(\.1)?-hiera-(tiny|small|base-plus|large)$")
+HF_MODEL_IDS = tuple(f"facebook/sam2.1-hiera-{size.replace('_', '-')}" for size in MODEL_SIZES)
+ACCEPTED_MODELS = ", ".join((*MODEL_SIZES, *HF_MODEL_IDS))
+
+
+def parse_hf_id(name: str) -> tuple[str, bool] | None:
+    """``(size, is_sam21)`` of a Hugging Face id (any case, ``facebook/`` optional), or
+    None for any other name."""
+    match = _HF_ID.match(name.strip().lower())
+    if match is None:
+        return None
+    return match.group(2).replace("-", "_"), match.group(1) is not None
+
+
+def model_size(name: str) -> str:
+    """The model size a name stands for: a size (``tiny``) or a SAM 2.1 Hugging Face id
+    (``facebook/sam2.1-hiera-tiny``). The one lookup behind every ``--model``; a
+    ValueError names the accepted names (SAM 2.0's ids: what to do instead)."""
+    if name in MODEL_CONFIGS:
+        return name
+    hf = parse_hf_id(name)
+    if hf is None:
+        raise ValueError(f"unknown model {name!r}; expected one of {ACCEPTED_MODELS}")
+    size, is_sam21 = hf
+    if not is_sam21:
+        raise ValueError(
+            f"model {name!r} names SAM 2.0 weights and sam2serve's models are SAM 2.1: use "
+            f"model {size!r} with SAM 2.0's file sam2_hiera_{size}.pt as the checkpoint "
+            f"('sam2serve download --model {name}' fetches it)"
+        )
+    return size
+
 
 def get_config(size: str) -> ModelConfig:
-    """The config of a model size; a clear error names the accepted sizes."""
-    try:
-        return MODEL_CONFIGS[size]
-    except KeyError:
-        raise ValueError(
-            f"unknown model size {size!r}; expected one of {', '.join(MODEL_SIZES)}"
-        ) from None
+    """The config of a model size (or of its Hugging Face id); a clear error names the
+    accepted names."""
+    return MODEL_CONFIGS[model_size(size)]

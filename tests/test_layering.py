@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sam2serve"
 LAYERS = {
     "config": 0,
     "cache": 0,  # the cache root (torch-free)
+    "download": 0,  # one file over HTTP: resumed, retried, checked (torch-free)
     "options": 0,  # settings fields as flags (torch-free)
     "modeling": 1,
     "checkpoint": 2,
@@ -72,6 +73,7 @@ def test_no_package_imports_a_layer_above_it():
     "module",
     [
         "sam2serve.config",
+        "sam2serve.download",
         "sam2serve.engine.amg_params",
         "sam2serve.engine.formats",
         "sam2serve.engine.prompts",

@@ -19,12 +19,13 @@ CLI checks a file before anything heavy is imported.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sam2serve.config import MODEL_SIZES
+from sam2serve.config import ACCEPTED_MODELS, MODEL_SIZES, model_size
 from sam2serve.runtime.backend_choice import BackendChoiceError, choose_backend
 from sam2serve.runtime.backends import BACKENDS, BackendInfo
 from sam2serve.runtime.modes import MODES
@@ -107,6 +108,9 @@ class ReplicaArgs:
         for key in ("model", "mode"):
             if key not in raw:
                 raise ConfigError(f"{where}.{key}: required")
+        if isinstance(raw["model"], str) and raw["model"] not in MODEL_SIZES:
+            with contextlib.suppress(ValueError):  # a Hugging Face id: its size
+                raw = {**raw, "model": model_size(raw["model"])}
         args = cls(**raw)
         args.check(where)
         return args
@@ -143,8 +147,7 @@ class ReplicaArgs:
     def check(self, where: str = "args") -> None:
         if self.model not in MODEL_SIZES:
             raise ConfigError(
-                f"{where}.model: {self.model!r} is not a model size; "
-                f"accepted: {', '.join(MODEL_SIZES)}"
+                f"{where}.model: {self.model!r} is not a model size; accepted: {ACCEPTED_MODELS}"
             )
         backend = self._check_source(where)
         self._check_mode_and_device(backend, where)

@@ -6,7 +6,7 @@
                     predictor, device / checkpoint / artifacts errors as usage errors
 - :mod:`amg_flags`  the AMG flags of ``run`` and ``bench``
 - :mod:`inputs`     ``run``'s images and prompts, checked before the model loads
-- :mod:`run`, :mod:`annotate`, :mod:`bench`, :mod:`export`, :mod:`serve`,
+- :mod:`run`, :mod:`annotate`, :mod:`bench`, :mod:`export`, :mod:`download`, :mod:`serve`,
   :mod:`loadtest`, :mod:`cluster`: one per subcommand, each with ``register(subcommands)``
 
 Every module is torch-free at import; handlers import what they run.

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from sam2serve.config import MODEL_SIZES
+from sam2serve.config import ACCEPTED_MODELS, MODEL_SIZES, model_size
 from sam2serve.options import apply_environment, describe_environment, read_environment
 from sam2serve.runtime.backend_choice import AUTO, AUTO_DESCRIPTION, BACKEND_CHOICES
 from sam2serve.runtime.backends import BACKENDS
@@ -347,9 +347,24 @@ def device_value(value: str) -> str:
 # --------------------------------------------------------------------------- shared flags
 
 
+def model_value(value: str) -> str:
+    """A model size, or a Hugging Face id (``facebook/sam2.1-hiera-tiny``) as its size."""
+    try:
+        return model_size(value)
+    except ValueError as exc:
+        if "unknown model" in str(exc):  # as argparse says it for the other choices
+            exc = ValueError(f"invalid choice: {value!r} (choose from {ACCEPTED_MODELS})")
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_model_flag(parser: argparse._ActionsContainer, default: str = DEFAULT_MODEL) -> None:
     parser.add_argument(
-        "--model", choices=MODEL_SIZES, default=default, help="model size (default: %(default)s)"
+        "--model",
+        type=model_value,
+        choices=MODEL_SIZES,
+        default=default,
+        help="model size, or its Hugging Face id: facebook/sam2.1-hiera-tiny, -small, "
+        "-base-plus, -large (default: %(default)s)",
     )
 
 

@@ -174,7 +174,7 @@ def build(args: argparse.Namespace, spec: RuntimeSpec) -> Predictor:
 
 
 def random_weights_banner(size: str, seed: int | None) -> str:
-    from sam2serve.checkpoint import cache_dir
+    from sam2serve.checkpoint import DOWNLOAD_COMMAND, cache_dir
     from sam2serve.config import get_config
 
     bar = "!" * 78
@@ -183,8 +183,9 @@ def random_weights_banner(size: str, seed: int | None) -> str:
             bar,
             f"!!! RANDOM WEIGHTS (seed {seed}): the {size} model is NOT a trained model.",
             "!!! Every mask is meaningless: use this run only to test the pipeline.",
-            f"!!! For real masks put {get_config(size).checkpoint_names[0]} in {cache_dir()}",
-            '!!! (or pass --checkpoint PATH). Each JSON records "random": true.',
+            f"!!! For real masks run '{DOWNLOAD_COMMAND} --model {size}' (Meta's",
+            f"!!! {get_config(size).checkpoint_names[0]} into {cache_dir()})",
+            '!!! or pass --checkpoint PATH. Each JSON records "random": true.',
             bar,
         ]
     )

@@ -10,7 +10,7 @@ import warnings
 from typing import Any
 
 from sam2serve.checkpoint import load_model
-from sam2serve.config import MODEL_CONFIGS
+from sam2serve.config import MODEL_CONFIGS, parse_hf_id
 from sam2serve.engine.predictor import Predictor
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.runtime.build import build_predictor
@@ -21,8 +21,6 @@ __all__ = ["build_sam2", "default_device", "engine_predictor", "load_predictor",
 # Meta's short size names in config files (sam2.1_hiera_b+.yaml) -> our sizes.
 _CONFIG_SIZES = {"t": "tiny", "s": "small", "b+": "base_plus", "l": "large"}
 _CONFIG_NAME = re.compile(r"sam2(\.1)?_hiera_(t|s|b\+|l)(\.yaml)?$")
-# Meta's Hugging Face ids of SAM 2.1: facebook/sam2.1-hiera-{tiny,small,base-plus,large}.
-_HF_ID = re.compile(r"^(?:facebook/)?sam2(\.1)?-hiera-(tiny|small|base-plus|large)$")
 
 
 def size_of(name: str) -> str:
@@ -32,13 +30,14 @@ def size_of(name: str) -> str:
     from a checkpoint file (``checkpoint=...``), never swapped for SAM 2.1's."""
     if name in MODEL_CONFIGS:
         return name
-    hf = _HF_ID.match(name)
+    hf = parse_hf_id(name)
     if hf is not None:
-        size = hf.group(2).replace("-", "_")
-        if hf.group(1) is None:
+        size, is_sam21 = hf
+        if not is_sam21:
             raise ValueError(
-                f"{name!r} names SAM 2.0 weights, which sam2serve does not download: pass "
-                f"model size {size!r} with checkpoint='sam2_hiera_{size}.pt'"
+                f"{name!r} names SAM 2.0 weights: pass model size {size!r} with "
+                f"checkpoint='sam2_hiera_{size}.pt' ('sam2serve download --model {name}' "
+                "fetches it)"
             )
         return size
     config = _CONFIG_NAME.search(name.replace("\\", "/").rsplit("/", 1)[-1])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -39,6 +40,9 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 ImageSource = str | os.PathLike[str] | bytes | bytearray | memoryview | Image.Image | np.ndarray
 
+# What Pillow's decoders raise on a corrupt or truncated file (UnidentifiedImageError and
+# most others are OSError; some plugins let struct, index and EOF errors through).
+_PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error)
 _ACCEPTED_SOURCES = "a file path, encoded image bytes, a PIL.Image or a numpy array"
 _ACCEPTED_DTYPES = "uint8, uint16, bool, or float with values in [0, 1]"
 _ACCEPTED_SHAPES = "(H, W), (H, W, 1), (H, W, 3) or (H, W, 4)"
@@ -92,13 +96,13 @@ def _decode(stream: IO[bytes], max_pixels: int | None, what: str) -> np.ndarray:
         image = Image.open(stream)  # lazy: reads the header only
     except Image.DecompressionBombError as exc:
         raise ImageError(f"{what} is too large to decode safely: {exc}") from exc
-    except (OSError, SyntaxError, ValueError) as exc:  # UnidentifiedImageError is an OSError
+    except _PIL_ERRORS as exc:  # UnidentifiedImageError is an OSError
         raise ImageError(f"{what} is not a readable image: {exc}") from exc
     with image:
         _check_size(image.size, max_pixels, what)  # before decoding any pixel
         try:
             image.load()
-        except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt data
+        except _PIL_ERRORS as exc:  # truncated or corrupt data
             raise ImageError(f"{what} could not be decoded (truncated or corrupt?): {exc}") from exc
         return _from_pil(image, max_pixels, what)
 
@@ -121,7 +125,7 @@ def _from_pil(image: Image.Image, max_pixels: int | None, what: str) -> np.ndarr
         return _from_array(_pil_to_array(oriented), max_pixels, what)
     except ImageError:
         raise
-    except (OSError, SyntaxError, ValueError) as exc:
+    except _PIL_ERRORS as exc:
         raise ImageError(f"{what} could not be decoded: {exc}") from exc
 
 

@@ -34,6 +34,82 @@ class VideoLimitError(VideoError):
     """A video past a limit: frames, pixels per frame or decoded bytes."""
 
 
+class VideoFormatError(VideoError):
+    """A container or codec this reader does not take (one that shows its streams only
+    after FFmpeg has probed them unbounded, a codec FFmpeg has no decoder for)."""
+
+
+# What PyAV raises on a file it cannot read, besides its own FFmpegError: builtin errors
+# from its Python layer (a metadata string that is not UTF-8, a stream option it cannot
+# apply, a container cut short). MemoryError is not among them: it is the process's.
+_READ_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,  # av.error.ValueError too, and UnicodeDecodeError of metadata
+    EOFError,
+    IndexError,
+    OSError,  # most of av.error.*
+    RuntimeError,
+    StopIteration,
+)
+# PyAV's message for a container (MPEG-TS, MPEG-PS, raw H.264 ...) whose streams appear
+# only once FFmpeg has probed (decoded) them: the per-stream max_pixels cannot apply there.
+_PROBED_STREAMS_MESSAGE = "does not expose its streams before"
+
+
+class reading_video:  # a context manager: ``with reading_video(name):``
+    """Within it, whatever PyAV raises on a bad file is a :class:`VideoError` naming the
+    file (:class:`VideoFormatError` for a container or codec not taken); a VideoError
+    raised inside passes as it is."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, _tb: object
+    ) -> bool:
+        if exc is None or isinstance(exc, VideoError):
+            return False
+        if isinstance(exc, read_errors()):
+            raise video_error(exc, self.name) from None
+        return False
+
+
+def read_errors() -> tuple[type[BaseException], ...]:
+    """What PyAV may raise on a file it cannot read (its FFmpegError and builtin errors)."""
+    av = _import_av("read video files")
+    return (av.error.FFmpegError, *_READ_ERRORS)
+
+
+def video_error(exc: BaseException, name: str) -> VideoError:
+    """The VideoError for what PyAV raised on ``name``."""
+    reason = str(exc)[:200] or type(exc).__name__
+    if _PROBED_STREAMS_MESSAGE in reason:
+        return VideoFormatError(
+            f"{name!r} is a container that shows its streams only after they are decoded "
+            "(MPEG-TS, MPEG-PS or a raw H.264/H.265/MPEG stream): the frame-size limit "
+            "cannot be applied before decoding, so it is not read; remux it to MP4, MKV or "
+            "WebM (ffmpeg -i IN -c copy OUT.mp4)"
+        )
+    return VideoError(f"cannot decode {name!r}: {reason}")
+
+
+def video_stream(container: Any, name: str) -> Any:
+    """The container's first video stream, which FFmpeg can decode."""
+    if not container.streams.video:
+        raise VideoError(f"{name!r} has no video stream")
+    stream = container.streams.video[0]
+    if stream.codec_context is None:
+        codec = getattr(getattr(stream, "codec", None), "name", None)
+        named = f"its video codec {codec!r}" if codec else "a video stream of no codec it knows"
+        raise VideoFormatError(
+            f"{name!r}: FFmpeg has no decoder for {named} (a codec not supported, or a file "
+            "cut short); send MP4 (H.264), WebM (VP8/VP9) or another common codec"
+        )
+    return stream
+
+
 @dataclass(frozen=True)
 class VideoProbe:
     """What a video file declares, read without decoding a frame."""
@@ -133,20 +209,18 @@ def probe_video(
     the frames by counting the stream's packets (demuxing only), stopping past
     ``max_frames``. VideoLimitError past either limit, VideoError if it is no video."""
     av = _import_av("read video files")
-    try:
-        with av.open(source, mode="r", stream_options=_decoder_options(max_pixels)) as container:
-            if not container.streams.video:
-                raise VideoError(f"{name!r} has no video stream")
-            stream = container.streams.video[0]
-            width, height = _declared_size(stream, max_pixels, name)
-            fps = float(stream.average_rate) if stream.average_rate else None
-            frames = 0
-            for packet in container.demux(stream):
-                frames += bool(packet.size)
-                if max_frames is not None and frames > max_frames:
-                    break
-    except av.error.FFmpegError as exc:  # not a video, truncated, unknown codec
-        raise VideoError(f"cannot decode {name!r}: {exc}") from None
+    with (
+        reading_video(name),  # not a video, truncated, unknown codec or container
+        av.open(source, mode="r", stream_options=_decoder_options(max_pixels)) as container,
+    ):
+        stream = video_stream(container, name)
+        width, height = _declared_size(stream, max_pixels, name)
+        fps = float(stream.average_rate) if stream.average_rate else None
+        frames = 0
+        for packet in container.demux(stream):
+            frames += bool(packet.size)
+            if max_frames is not None and frames > max_frames:
+                break
     if frames == 0:
         raise VideoError(f"{name!r} has no frames")
     _check_count(frames, max_frames, name, exact=max_frames is None or frames <= max_frames)
@@ -170,33 +244,31 @@ def decode_video(
         max_frames = probe.frames if max_frames is None else min(max_frames, probe.frames)
     frames: list[np.ndarray] = []
     held = 0
-    try:
-        with av.open(source, mode="r", stream_options=_decoder_options(max_pixels)) as container:
-            if not container.streams.video:
-                raise VideoError(f"{name!r} has no video stream")
-            stream = container.streams.video[0]
-            _declared_size(stream, max_pixels, name)
-            # The decoder refuses frames past the limit before it allocates them.
-            stream.codec_context.options = _decoder_options(max_pixels)[0]
-            fps = float(stream.average_rate) if stream.average_rate else None
-            for frame in container.decode(stream):
-                if max_frames is not None and len(frames) >= max_frames:
-                    raise VideoLimitError(
-                        f"{name!r} has more than {max_frames} frames (the limit; "
-                        "cut the video or raise the limit)"
-                    )
-                _check_pixels(frame.width, frame.height, max_pixels, name)
-                if probe is not None and (frame.width, frame.height) != (probe.width, probe.height):
-                    raise VideoError(
-                        f"{name!r}: frame {len(frames)} is {frame.width}x{frame.height}, its "
-                        f"stream declares {probe.width}x{probe.height}; every frame of a video "
-                        "must have one size"
-                    )
-                held += frame.width * frame.height * 3
-                _check_bytes(held, max_bytes, name)
-                frames.append(np.ascontiguousarray(frame.to_ndarray(format="rgb24")))
-    except av.error.FFmpegError as exc:  # not a video, truncated, unknown codec, too large
-        raise VideoError(f"cannot decode {name!r}: {exc}") from None
+    with (
+        reading_video(name),  # not a video, truncated, unknown codec, too large
+        av.open(source, mode="r", stream_options=_decoder_options(max_pixels)) as container,
+    ):
+        stream = video_stream(container, name)
+        _declared_size(stream, max_pixels, name)
+        # The decoder refuses frames past the limit before it allocates them.
+        stream.codec_context.options = _decoder_options(max_pixels)[0]
+        fps = float(stream.average_rate) if stream.average_rate else None
+        for frame in container.decode(stream):
+            if max_frames is not None and len(frames) >= max_frames:
+                raise VideoLimitError(
+                    f"{name!r} has more than {max_frames} frames (the limit; "
+                    "cut the video or raise the limit)"
+                )
+            _check_pixels(frame.width, frame.height, max_pixels, name)
+            if probe is not None and (frame.width, frame.height) != (probe.width, probe.height):
+                raise VideoError(
+                    f"{name!r}: frame {len(frames)} is {frame.width}x{frame.height}, its "
+                    f"stream declares {probe.width}x{probe.height}; every frame of a video "
+                    "must have one size"
+                )
+            held += frame.width * frame.height * 3
+            _check_bytes(held, max_bytes, name)
+            frames.append(np.ascontiguousarray(frame.to_ndarray(format="rgb24")))
     if not frames:
         raise VideoError(f"{name!r} has no frames")
     names = [str(i) for i in range(len(frames))]

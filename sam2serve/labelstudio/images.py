@@ -336,7 +336,7 @@ async def _resolve(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddre
 def _json_field(body: bytes, name: str) -> object:
     try:
         document = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
     return document.get(name) if isinstance(document, dict) else None
 

@@ -39,7 +39,11 @@ EXAMPLE_CONFIG = """\
 </View>"""
 _HINT = "see docs/labelling.md, 'Label Studio', for a config that works"
 _VIDEO_HINT = "see docs/labelling.md, 'Video', for a config that works"
+# The frame rates taken (Label Studio's frame f is at (f - 1) / rate seconds): within them
+# the seek arithmetic of the highest frame number stays finite and inside FFmpeg's int64.
+MIN_FRAME_RATE = 0.01
 MAX_FRAME_RATE = 1000.0
+_RATES = f"a number from {MIN_FRAME_RATE:g} to {MAX_FRAME_RATE:g}"
 # A video config that works (docs/labelling.md, "Video").
 EXAMPLE_VIDEO_CONFIG = """\
 <View>
@@ -80,15 +84,11 @@ class VideoTag:
         """The frame rate Label Studio numbers this task's frames by."""
         if self.frame_rate_field is not None:
             value = data.get(self.frame_rate_field)
-            try:
-                rate = float(value)  # type: ignore[arg-type]
-            except (TypeError, ValueError):
-                rate = math.nan
-            if not (math.isfinite(rate) and 0 < rate <= MAX_FRAME_RATE):
+            rate = frame_rate(value)
+            if rate is None:
                 raise LabelConfigError(
                     f"the Video tag {self.name!r} takes its frameRate from "
-                    f"${self.frame_rate_field}, which is {str(value)[:40]!r}; expected a "
-                    f"number > 0 and <= {MAX_FRAME_RATE:g}"
+                    f"${self.frame_rate_field}, which is {_shown(value)}; expected {_RATES}"
                 )
             return rate
         return self.frame_rate if self.frame_rate is not None else DEFAULT_FRAME_RATE
@@ -206,25 +206,43 @@ def _video_tag(element: ET.Element, name: str, field_name: str) -> VideoTag:
     raw = raw.strip()
     if raw.startswith("$") and len(raw) > 1:
         return VideoTag(name, field_name, None, raw[1:])
-    try:
-        rate = float(raw)
-    except ValueError:
-        rate = math.nan
-    if not (math.isfinite(rate) and 0 < rate <= MAX_FRAME_RATE):
+    rate = frame_rate(raw)
+    if rate is None:
         raise LabelConfigError(
-            f"label_config: the Video tag {name!r} has frameRate {raw[:40]!r}; expected a "
-            f"number > 0 and <= {MAX_FRAME_RATE:g}, or $FIELD"
+            f"label_config: the Video tag {name!r} has frameRate {_shown(raw)}; expected "
+            f"{_RATES}, or $FIELD"
         )
     return VideoTag(name, field_name, rate)
+
+
+def frame_rate(value: object) -> float | None:
+    """``value`` as a frame rate within MIN_FRAME_RATE..MAX_FRAME_RATE; None otherwise (not
+    a number, NaN, infinite, zero, negative, too small or too large; a bool is no rate)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    if isinstance(value, str) and len(value) > 64:  # float() of a long digit string is slow
+        return None
+    try:
+        rate = float(value)
+    except (ValueError, OverflowError):  # OverflowError: an int too large for a float
+        return None
+    return rate if math.isfinite(rate) and MIN_FRAME_RATE <= rate <= MAX_FRAME_RATE else None
+
+
+def _shown(value: object) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)[:40]
+    return text if len(text) <= 42 else text[:39] + "..."
 
 
 __all__ = [
     "DEFAULT_FRAME_RATE",
     "EXAMPLE_CONFIG",
     "EXAMPLE_VIDEO_CONFIG",
+    "MIN_FRAME_RATE",
     "ControlTag",
     "LabelConfig",
     "LabelConfigError",
     "VideoTag",
+    "frame_rate",
     "parse_label_config",
 ]

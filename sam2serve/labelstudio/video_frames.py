@@ -25,7 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from sam2serve.engine.video_io import VideoError, VideoLimitError
+from sam2serve.engine.video_io import (
+    VideoError,
+    VideoLimitError,
+    read_errors,
+    reading_video,
+    video_error,
+    video_stream,
+)
 
 
 @dataclass(frozen=True)
@@ -74,13 +81,13 @@ def read_header(data: bytes, name: str, max_pixels: int) -> ClipHeader:
     """The video's frame size and rate, nothing decoded; VideoLimitError past
     ``max_pixels``, VideoError when it is no video."""
     av = _av()
-    try:
-        with av.open(io.BytesIO(data), mode="r", stream_options=_options(max_pixels)) as container:
-            stream = _video_stream(container, name)
-            width, height = _declared_size(stream, max_pixels, name)
-            fps = float(stream.average_rate) if stream.average_rate else None
-    except av.error.FFmpegError as exc:
-        raise VideoError(f"cannot decode {name!r}: {exc}") from None
+    with (
+        reading_video(name),
+        av.open(io.BytesIO(data), mode="r", stream_options=_options(max_pixels)) as container,
+    ):
+        stream = video_stream(container, name)
+        width, height = _declared_size(stream, max_pixels, name)
+        fps = float(stream.average_rate) if stream.average_rate else None
     return ClipHeader(width, height, fps)
 
 
@@ -145,7 +152,7 @@ def _decode(data: bytes, plan: _Plan, *, seek: bool) -> ClipWindow:
         with av.open(
             io.BytesIO(data), mode="r", stream_options=_options(plan.max_pixels)
         ) as container:
-            stream = _video_stream(container, name)
+            stream = video_stream(container, name)
             stream.codec_context.options = _options(plan.max_pixels)[0]
             origin = _stream_origin(stream)
             if seek:
@@ -176,10 +183,12 @@ def _decode(data: bytes, plan: _Plan, *, seek: bool) -> ClipWindow:
                 ls_frames.append(round(max(seconds, 0.0) * plan.frame_rate) + 1)
                 if len(frames) >= plan.max_frames:
                     break
-    except av.error.FFmpegError as exc:
+    except VideoError:
+        raise
+    except read_errors() as exc:  # what PyAV raises on a file cut short or corrupt
         if seek:
             raise _SeekFailed from None
-        raise VideoError(f"cannot decode {name!r}: {exc}") from None
+        raise video_error(exc, name) from None
     if not frames:
         if seek:
             raise _SeekFailed
@@ -196,14 +205,8 @@ def _seek(container: Any, stream: Any, seconds: float) -> None:
         raise _SeekFailed
     try:
         container.seek(int(seconds / stream.time_base), stream=stream, backward=True)
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, OverflowError):  # past int64: a start far out
         raise _SeekFailed from None
-
-
-def _video_stream(container: Any, name: str) -> Any:
-    if not container.streams.video:
-        raise VideoError(f"{name!r} has no video stream")
-    return container.streams.video[0]
 
 
 def _declared_size(stream: Any, max_pixels: int, name: str) -> tuple[int, int]:

@@ -27,7 +27,7 @@ from typing import Any
 
 from sam2serve.engine.prompts import Prompt
 from sam2serve.engine.video.outputs import object_masks
-from sam2serve.engine.video_io import VideoError, VideoLimitError
+from sam2serve.engine.video_io import VideoError, VideoFormatError, VideoLimitError
 from sam2serve.labelstudio.images import ByteLimit, ImageFetcher, LabelStudioAccess
 from sam2serve.labelstudio.label_config import LabelConfig, LabelConfigError, VideoTag
 from sam2serve.labelstudio.options import LabelStudioOptions
@@ -210,9 +210,12 @@ async def _track(
 
 @contextmanager
 def _video_errors() -> Iterator[None]:
-    """A video past a limit as 413 ``video_too_large``; one that cannot be read, 422."""
+    """A video past a limit as 413 ``video_too_large``; a container or codec not taken, 415
+    ``unsupported_video``; one that cannot be read, 422."""
     try:
         yield
+    except VideoFormatError as exc:
+        raise ApiError(415, "unsupported_video", str(exc)) from None
     except VideoLimitError as exc:
         raise ApiError(413, "video_too_large", f"{exc} (max_pixels, max_video_frames)") from None
     except VideoError as exc:

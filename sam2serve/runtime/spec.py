@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from sam2serve.config import MODEL_CONFIGS
+from sam2serve.config import model_size
 from sam2serve.runtime.backends import BACKENDS, DEFAULT_BACKEND, get_backend_info
 from sam2serve.runtime.modes import DEVICE_TYPES, get_mode
 
@@ -59,10 +59,8 @@ class RuntimeSpec:
     dtype: str | None = None
 
     def __post_init__(self) -> None:
-        if self.model not in MODEL_CONFIGS:
-            raise ValueError(
-                f"unknown model {self.model!r}; expected one of {', '.join(MODEL_CONFIGS)}"
-            )
+        # A Hugging Face id (facebook/sam2.1-hiera-tiny) becomes its size.
+        object.__setattr__(self, "model", model_size(self.model))
         mode = get_mode(self.mode)
         if self.backend is None:
             object.__setattr__(self, "backend", default_backend(mode.name))

@@ -11,6 +11,7 @@ import base64
 import binascii
 import io
 import re
+import struct
 
 import numpy as np
 from PIL import Image
@@ -36,7 +37,8 @@ def probe_image(data: bytes, max_pixels: int, what: str = "image") -> tuple[int,
             f"{what} is too large to decode safely ({exc}); the limit is "
             f"{max_pixels} pixels (max_pixels)",
         ) from None
-    except (OSError, SyntaxError, ValueError):  # unreadable: load_image says why
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error):
+        # unreadable: load_image says why
         return 0, 0
     if width * height > max_pixels:
         raise ApiError(

@@ -113,6 +113,8 @@ USAGE_ERRORS = [
     (["loadtest", "--url", "http://127.0.0.1:9", "--concurrency", "x"], "--concurrency"),
     (["cluster", "up"], "--config"),
     (["annotate", "nowhere"], "is not a directory"),
+    (["download", "--model", "huge"], "invalid choice: 'huge'"),
+    (["export", "--out", "o", "--model", "facebook/sam2.1-hiera-huge"], "invalid choice"),
 ]  # fmt: skip
 
 

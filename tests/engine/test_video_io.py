@@ -128,3 +128,26 @@ def test_a_probe_reads_size_and_frames_without_decoding(clip, tmp_path):
     bomb.write_bytes(_gif_screen(16000, 16000))  # 60 bytes; 1 GB a frame once composed
     with pytest.raises(VideoLimitError, match="pixel limit"):
         probe_video(str(bomb), "bomb.gif", max_pixels=40_000_000)
+
+
+def test_what_pyav_raises_on_a_bad_file_is_a_video_error_naming_it():
+    """Besides FFmpeg's own errors, PyAV raises builtin ones (a ValueError for a container
+    that shows its streams only after probing, UnicodeDecodeError for metadata that is not
+    UTF-8, a stream without a codec context for a file cut inside its index): each is a
+    VideoError naming the file, and the first and last a VideoFormatError (not taken)."""
+    import io
+    import sys
+    from pathlib import Path
+
+    from sam2serve.engine.video_io import VideoFormatError
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+    from round3_videos import hostile_videos
+
+    for name, (data, codes) in hostile_videos().items():
+        for read in (probe_video, decode_video):
+            with pytest.raises(VideoError) as raised:
+                read(io.BytesIO(data), name, max_pixels=4_000_000)
+            assert name in str(raised.value)
+            if codes == {"unsupported_video"}:
+                assert isinstance(raised.value, VideoFormatError), raised.value

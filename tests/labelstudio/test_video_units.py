@@ -90,7 +90,7 @@ def test_frame_rate_forms(attribute, data, rate):
                 '<View><Video name="v" value="$v" frameRate="0"/>'
                 '<VideoRectangle name="b" toName="v"/></View>'
             ),
-            "number > 0",
+            "number from 0.01 to 1000",
         ),
     ],
 )

@@ -264,7 +264,7 @@ def test_bad_frames_are_refused_and_the_stream_goes_on(server, server_log):
     assert wrong["type"] == "error" and wrong["code"] == "wrong_size", wrong
     assert f"{WIDTH}x{HEIGHT}" in wrong["message"]
     assert broken["type"] == "error" and broken["seq"] == 3, broken
-    assert not_json["code"] == "invalid_message"
+    assert not_json["code"] == "invalid_json"  # the HTTP parser's code
     assert outside["type"] == "error", outside
     assert after["type"] == "frame" and after["frame_idx"] == 1 and after["seq"] == 4
     assert not wait_idle(server, session_id)["busy"]

@@ -228,3 +228,40 @@ def test_live_tracking_computes_what_propagation_does():
     assert len(got) == len(want) == 3
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"frame {i}")
+
+
+def test_a_live_source_read_while_frames_arrive_is_a_held_frame_or_gone():
+    """A reader on another thread (the frames route) while frames are appended: every
+    frame it gets is the one it asked for, or FrameGone; never another frame, never an
+    IndexError."""
+    import threading
+
+    source = LiveFrames(2, 2, keep=2)
+    stop = threading.Event()
+    wrong: list[str] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            newest = len(source) - 1
+            for index in (newest - 2, newest - 1, newest):
+                if index < 0:
+                    continue
+                try:
+                    frame = source.frame(index)
+                except FrameGone:
+                    continue
+                except (IndexError, FrameError) as exc:  # what an unlocked read raised
+                    wrong.append(repr(exc))
+                    continue
+                if int(frame[0, 0, 0]) != index % 256:
+                    wrong.append(f"asked {index}, got {int(frame[0, 0, 0])}")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(20_000):
+            source.append(np.full((2, 2, 3), i % 256, np.uint8))
+    finally:
+        stop.set()
+        reader.join()
+    assert not wrong, wrong[:5]

@@ -113,7 +113,13 @@ class VideoFileFrames(FrameSource):
         max_frames: int | None = None,
         max_pixels: int | None = None,
     ) -> None:
-        from sam2serve.engine.video_io import VideoError, _decoder_options, _import_av, probe_video
+        from sam2serve.engine.video_io import (
+            VideoError,
+            _decoder_options,
+            _import_av,
+            probe_video,
+            reading_video,
+        )
 
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
@@ -125,7 +131,8 @@ class VideoFileFrames(FrameSource):
         self._max_pixels = max_pixels
         probe = probe_video(self._source, self.name, max_frames=max_frames, max_pixels=max_pixels)
         self.width, self.height, self.fps = probe.width, probe.height, probe.fps
-        self._pts = self._frame_timestamps()
+        with reading_video(self.name):
+            self._pts = self._frame_timestamps()
         if self._pts is None:
             self._count = probe.frames
         else:
@@ -147,20 +154,23 @@ class VideoFileFrames(FrameSource):
         return sum(frame.nbytes for frame in self._held.values())
 
     def frame(self, index: int) -> np.ndarray:
+        from sam2serve.engine.video_io import reading_video
+
         index = self._check_index(index)
         with self._lock:
             held = self._held.get(index)
             if held is not None:
                 self._held.move_to_end(index)
                 return held
-            if self._decoded is None or index < self._next:
-                self._restart(index, seek=True)
-            while True:
-                frame = self._decode_next()
-                if self._next - 1 == index:
-                    return frame
-                if self._next - 1 > index:  # a seek that landed past it: from the start
-                    self._restart(index, seek=False)
+            with reading_video(self.name):  # what PyAV raises on a file cut short, as a VideoError
+                if self._decoded is None or index < self._next:
+                    self._restart(index, seek=True)
+                while True:
+                    frame = self._decode_next()
+                    if self._next - 1 == index:
+                        return frame
+                    if self._next - 1 > index:  # a seek that landed past it: from the start
+                        self._restart(index, seek=False)
 
     def close(self) -> None:
         with self._lock:
@@ -218,8 +228,6 @@ class VideoFileFrames(FrameSource):
             frame = next(self._decoded)
         except StopIteration:
             raise VideoError(f"{self.name!r} ended before frame {self._next}") from None
-        except self._av.error.FFmpegError as exc:
-            raise VideoError(f"cannot decode {self.name!r}: {exc}") from None
         if self._next == -1:  # after a seek: the frame's index from its timestamp
             assert self._pts is not None
             if frame.pts is None:
@@ -253,6 +261,9 @@ class LiveFrames(FrameSource):
         self._frames: deque[np.ndarray] = deque(maxlen=keep)
         self._count = 0
         self._ended = False
+        # Frames are appended on the model worker while a request may read one on the
+        # event loop: the count and the held frames change together.
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return self._count
@@ -280,18 +291,21 @@ class LiveFrames(FrameSource):
                 f"frame {self._count} is {frame.shape[1]}x{frame.shape[0]}; this live video's "
                 f"frames are {self.width}x{self.height}"
             )
-        self._frames.append(frame)
-        self._count += 1
-        return self._count - 1
+        with self._lock:
+            self._frames.append(frame)
+            self._count += 1
+            return self._count - 1
 
     def frame(self, index: int) -> np.ndarray:
-        index = self._check_index(index)
-        if index < self.oldest_held:
-            raise FrameGone(
-                f"frame {index} is gone: a live video holds its newest {self.keep} frames "
-                f"({self.oldest_held}..{self._count - 1})"
-            )
-        return self._frames[index - self.oldest_held]
+        with self._lock:
+            index = self._check_index(index)
+            oldest = self.oldest_held
+            if index < oldest:
+                raise FrameGone(
+                    f"frame {index} is gone: a live video holds its newest {self.keep} frames "
+                    f"({oldest}..{self._count - 1})"
+                )
+            return self._frames[index - oldest]
 
     def held_bytes(self) -> int:
         return sum(frame.nbytes for frame in self._frames)

@@ -10,6 +10,7 @@ Reading a frame is allowed while the session is busy (a propagation only reads t
 frames too) and keeps the session from expiring. What one request allocates is the
 encoder's copy of one frame and its JPEG, reserved in the process's decode budget before
 the encoding starts (the frame's pixels are already in memory, within the session limits).
+A live session holds only its newest frames: an older one is 410 ``frame_gone``.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import numpy as np
 from fastapi import Path
 from fastapi.responses import Response
 
+from sam2serve.engine.video.sources import FrameGone
 from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError
 from sam2serve.server.routes.common import v1_router
-from sam2serve.server.routes.videos import VideosDep
+from sam2serve.server.routes.videos import VideosDep, frame_gone
 
 JPEG_QUALITY = 90
 # The encoder's RGB copy of the frame and its output (never larger than the frame).
@@ -41,7 +43,8 @@ router = v1_router()
         200: {
             "description": "The frame as the session decoded it, JPEG-encoded.",
             "content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}},
-        }
+        },
+        410: {"description": "A live session's frame it no longer holds (frame_gone)."},
     },
 )
 async def read_frame(
@@ -56,9 +59,14 @@ async def read_frame(
         raise ApiError(
             422,
             "invalid_request",
-            f"frame_idx {frame_idx}: the session has frames 0 to {len(frames) - 1}",
+            f"frame_idx {frame_idx}: the session has frames 0 to {len(frames) - 1}"
+            if len(frames)
+            else f"frame_idx {frame_idx}: the live session has no frames yet",
         )
-    frame = frames[frame_idx]
+    try:
+        frame = frames[frame_idx]
+    except FrameGone as exc:  # a live session holds its newest frames only
+        raise frame_gone(exc) from None
     reservation = await service.decoding.reserve(ENCODE_COPIES * frame.nbytes, "the frame")
     with reservation:
         data = await asyncio.to_thread(jpeg_bytes, frame)

@@ -10,10 +10,14 @@
   answers, in the order they came, every frame (``{"type": "frame", "seq", "frame_idx",
   "objects", "received_ms", "latency_ms", "track_ms"}``) and prompt (``{"type": "prompt",
   ...}``), and refuses one it cannot take with ``{"type": "error", "seq"?, "code",
-  "message"}`` (the connection stays): a frame of the wrong size, bytes that are no
-  image, one sent while ``max_live_pending`` are waiting (``too_fast``). A message over
+  "message", "error": {"code", "message"}}`` (the connection stays): a frame of the wrong
+  size, bytes that are no image, one sent while ``max_live_pending`` are waiting
+  (``too_fast``), a text message that is not JSON within the body limits
+  (``max_json_items``, ``max_json_depth``: the HTTP API's own parser). A message over
   ``max_live_frame_bytes`` closes the connection (1009), as does ``{"type": "end"}``
   (1000) once everything sent before it is answered, and video_idle_s without a message.
+  Nothing a client sends ends the handler without an answer: a failure the client caused
+  is an error message then a close 1008, one of the server's (a bug, logged) a close 1011.
 
 One connection per session at a time (the session is busy while it is open; a second is
 closed with 1013 after an error message). Every model step runs on the app's model worker
@@ -41,13 +45,14 @@ from sam2serve.engine.prompts import Prompt
 from sam2serve.engine.video.outputs import ObjectMask, object_masks
 from sam2serve.engine.video.predictor import VideoPromptError
 from sam2serve.engine.video.retention import memory_window
-from sam2serve.engine.video.sources import LiveFrames
+from sam2serve.engine.video.sources import FrameGone, LiveFrames
 from sam2serve.server import video_schemas as vs
 from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError
 from sam2serve.server.prompts import check_inside
+from sam2serve.server.request_body import load_json
 from sam2serve.server.routes.common import client_address, json_response, read_body, v1_router
-from sam2serve.server.routes.videos import VideosDep, _objects_out, _session_out
+from sam2serve.server.routes.videos import VideosDep, _objects_out, _session_out, frame_gone
 from sam2serve.server.service import RequestClock, Service
 from sam2serve.server.session_ids import SESSION_HEADER
 from sam2serve.server.video_sessions import VideoSession, VideoSessions
@@ -62,7 +67,11 @@ ws_router = APIRouter(prefix="/v1")
 # WebSocket close codes (RFC 6455 7.4.1).
 CLOSE_NORMAL = 1000
 CLOSE_POLICY = 1008
+CLOSE_SERVER_ERROR = 1011
 CLOSE_TRY_LATER = 1013
+# A text message (a prompt: a few hundred bytes; its clicks are max_points_per_object at
+# most) longer than this is refused unread.
+MAX_TEXT_CHARS = 64 * 1024
 
 
 class LiveVideoRequest(BaseModel):
@@ -146,10 +155,7 @@ class _Connection:
                 self.open = False
 
     async def error(self, code: str, message: str, seq: int | None = None) -> None:
-        body: dict[str, Any] = {"type": "error", "code": code, "message": message}
-        if seq is not None:
-            body["seq"] = seq
-        await self.send(body)
+        await self.send(error_message(code, message, seq))
 
     # -- reading ------------------------------------------------------------------------
 
@@ -197,13 +203,17 @@ class _Connection:
         )
 
     async def _text(self, text: str) -> str | None:
-        if len(text) > 64 * 1024:
-            await self.error("invalid_message", "a text message is at most 64 KiB of JSON")
+        if len(text) > MAX_TEXT_CHARS:
+            await self.error(
+                "message_too_large",
+                f"a text message of {len(text):,} characters; at most {MAX_TEXT_CHARS:,} "
+                "(a prompt is a few hundred)",
+            )
             return None
-        try:
-            payload = json.loads(text)
-        except ValueError:
-            await self.error("invalid_message", "a text message must be JSON")
+        try:  # the HTTP bodies' parser: items and depth bounded, RecursionError caught
+            payload = load_json(text.encode(), self.settings, "the text message")
+        except ApiError as exc:
+            await self.error(exc.code, exc.message)
             return None
         kind = payload.get("type") if isinstance(payload, dict) else None
         if kind == "end":
@@ -245,6 +255,9 @@ class _Connection:
                     await self._prompt(item)
             except ApiError as exc:
                 await self.error(exc.code, exc.message, getattr(item, "seq", None))
+            except FrameGone as exc:  # a prompt's frame dropped while it waited
+                gone = frame_gone(exc)
+                await self.error(gone.code, gone.message, getattr(item, "seq", None))
             except Exception:  # a bug: logged, answered, and the stream goes on
                 log.exception("a live video step failed")
                 await self.error(
@@ -351,7 +364,7 @@ async def live_connection(websocket: WebSocket, session_id: str) -> None:
     refusal = _refusal(service, session_id)
     if refusal is not None:
         code, message, close_code = refusal
-        await websocket.send_text(json.dumps({"type": "error", "code": code, "message": message}))
+        await websocket.send_text(json.dumps(error_message(code, message)))
         await websocket.close(code=close_code)
         return
     videos = service.videos
@@ -361,16 +374,22 @@ async def live_connection(websocket: WebSocket, session_id: str) -> None:
         holding = videos.using(session, "live")
         holding.__enter__()
     except ApiError as exc:
-        await websocket.send_text(
-            json.dumps({"type": "error", "code": exc.code, "message": exc.message})
-        )
+        await websocket.send_text(json.dumps(error_message(exc.code, exc.message)))
         await websocket.close(code=CLOSE_TRY_LATER)
         return
     connection = _Connection(websocket, service, videos, session)
     answering = asyncio.create_task(connection.answer())
-    reason = "disconnect"
+    reason, close_code = "disconnect", CLOSE_NORMAL
     try:
         reason = await connection.read()
+    except ApiError as exc:  # refused while reading (the session gone): said, then closed
+        log.info("live connection to %s refused: %s", session_id[:80], exc.code)
+        await connection.error(exc.code, exc.message)
+        reason, close_code = "refused", CLOSE_POLICY
+    except Exception:  # a bug: logged with its traceback, said, then closed
+        log.exception("a live video connection failed")
+        await connection.error("internal_error", "the connection failed; it has been logged")
+        reason, close_code = "failed", CLOSE_SERVER_ERROR
     finally:
         if reason == "disconnect":
             connection.open = False
@@ -386,7 +405,17 @@ async def live_connection(websocket: WebSocket, session_id: str) -> None:
         )
     if websocket.client_state is WebSocketState.CONNECTED and reason != "disconnect":
         with contextlib.suppress(Exception):
-            await websocket.close(code=CLOSE_NORMAL)
+            await websocket.close(code=close_code)
+
+
+def error_message(code: str, message: str, seq: int | None = None) -> dict[str, Any]:
+    """A refusal on a live connection: its type, seq (of the refused message, when it has
+    one), code and message, and the HTTP API's error shape ``{"error": {code, message}}``."""
+    body: dict[str, Any] = {"type": "error", "code": code, "message": message}
+    if seq is not None:
+        body["seq"] = seq
+    body["error"] = {"code": code, "message": message}
+    return body
 
 
 def _allowed(websocket: WebSocket, settings: Any) -> bool:

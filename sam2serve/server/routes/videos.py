@@ -40,8 +40,10 @@ from sam2serve.engine.prompts import Prompt
 from sam2serve.engine.rle import checked_counts
 from sam2serve.engine.video.outputs import ObjectMask, object_masks
 from sam2serve.engine.video.predictor import VideoPromptError
+from sam2serve.engine.video.sources import FrameGone
 from sam2serve.engine.video_io import (
     VideoError,
+    VideoFormatError,
     VideoFrames,
     VideoLimitError,
     VideoProbe,
@@ -258,6 +260,8 @@ async def add_prompt(
                 records = await service.run_job("video_prompt", run, clock)
             except VideoPromptError as exc:
                 raise ApiError(422, "invalid_request", str(exc)) from None
+            except FrameGone as exc:  # a live frame dropped since the check above
+                raise frame_gone(exc) from None
         objects = await _objects_out(records, body.mask_format, service)
         return json_response(
             vs.VideoPromptResponse(
@@ -270,6 +274,11 @@ async def add_prompt(
 
     with reservation:  # the mask's bytes, until the prompt is done (or abandoned)
         return await guarded(request, work, service)
+
+
+def frame_gone(exc: FrameGone) -> ApiError:
+    """410 for a frame a live session no longer holds (its message says which it holds)."""
+    return ApiError(410, "frame_gone", f"{exc} (live_frames_kept)")
 
 
 def _check_frame(frame_idx: int, num_frames: int, field: str) -> None:
@@ -595,9 +604,12 @@ async def _frame_files_frames(
 
 @contextlib.contextmanager
 def _video_errors() -> Iterator[None]:
-    """VideoLimitError as 413 ``video_too_large``, any other VideoError as 400."""
+    """VideoLimitError as 413 ``video_too_large``, VideoFormatError (a container or codec
+    not taken) as 415 ``unsupported_video``, any other VideoError as 400."""
     try:
         yield
+    except VideoFormatError as exc:
+        raise ApiError(415, "unsupported_video", str(exc)) from None
     except VideoLimitError as exc:
         raise ApiError(
             413, "video_too_large", f"{exc} (max_video_frames, max_pixels, max_video_session_bytes)"

@@ -1,0 +1,198 @@
+"""``sam2serve download``: Meta's checkpoint files into the cache, checked before they land."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from sam2serve.commands.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STATUS_HELP,
+    PROG,
+    CommandParser,
+    UsageError,
+    add_command,
+    error_line,
+    info_line,
+    warning_line,
+)
+from sam2serve.config import HF_MODEL_IDS, MODEL_SIZES, parse_hf_id
+
+ALL = "all"
+DEFAULT_TIMEOUT_S = 3600.0
+# Kept equal to sam2serve.checkpoint's (which imports torch; this module must not).
+URL_BASE_ENV = "SAM2SERVE_CHECKPOINT_URL_BASE"
+SAM20_IDS = tuple(name.replace("sam2.1-", "sam2-") for name in HF_MODEL_IDS)
+
+
+def _wrapped(names: tuple[str, ...]) -> str:
+    import textwrap
+
+    return textwrap.fill(
+        ", ".join(names),
+        width=90,
+        initial_indent="  ",
+        subsequent_indent="  ",
+        break_on_hyphens=False,
+    )
+
+
+DESCRIPTION = f"""\
+Download Meta's official checkpoint files into the cache's checkpoints folder
+($SAM2SERVE_CACHE/checkpoints, else ~/.cache/sam2serve/checkpoints), where every command
+finds them.
+
+Each file is fetched with a progress bar into FILE.part beside it; a download that was cut
+(network, Ctrl-C) resumes from there the next time (an HTTP Range request). Refused or cut
+connections, stalls and 408/429/5xx answers are retried with growing waits until --timeout
+has passed. The bytes must add up to the size the server declared, and the file must load:
+every key of the official model with its shape, and no other (the SAM 2.1 video model's
+keys; SAM 2.0's files: the image model's). Only then is it renamed into place; a file that
+fails is deleted. A file already in the folder that loads is reported and skipped.
+
+--model takes a size, {ALL} (the four SAM 2.1 files), or a Hugging Face id:
+{_wrapped(HF_MODEL_IDS)}
+or SAM 2.0's (files sam2_hiera_*.pt, which commands use with --checkpoint, or from the
+cache when no SAM 2.1 file of the size is there):
+{_wrapped(SAM20_IDS)}
+
+Examples:
+  {PROG} download                                   # tiny, SAM 2.1
+  {PROG} download --model facebook/sam2.1-hiera-large
+  {PROG} download --model {ALL} --url-base https://mirror.example/sam2
+
+{EXIT_STATUS_HELP}
+"""
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    add_command(
+        subcommands,
+        "download",
+        help="official checkpoints into the cache: resumed, retried, checked",
+        description=DESCRIPTION,
+        handler=download_command,
+        add_arguments=add_arguments,
+    )
+
+
+def targets(value: str) -> tuple[tuple[str, bool], ...]:
+    """The files ``--model VALUE`` asks for, as (size, is SAM 2.1)."""
+    if value == ALL:
+        return tuple((size, True) for size in MODEL_SIZES)
+    if value in MODEL_SIZES:
+        return ((value, True),)
+    hf = parse_hf_id(value)
+    if hf is None:
+        accepted = ", ".join((*MODEL_SIZES, ALL, *HF_MODEL_IDS, *SAM20_IDS))
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {accepted})")
+    return (hf,)
+
+
+def url_base_value(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, got {value!r}")
+    return value
+
+
+def seconds_value(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value!r}")
+    return seconds
+
+
+def add_arguments(parser: CommandParser) -> None:
+    parser.add_argument(
+        "--model",
+        type=targets,
+        default=targets("tiny"),
+        metavar="NAME",
+        help=f"tiny, small, base_plus, large, {ALL}, or a Hugging Face id (see above) "
+        "(default: tiny)",
+    )
+    parser.add_argument(
+        "--url-base",
+        type=url_base_value,
+        default=None,
+        metavar="URL",
+        help=f"fetch URL/FILE from a mirror instead of Meta's servers (default: "
+        f"${URL_BASE_ENV} if set, else Meta's URLs)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=seconds_value,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help="give up on a file after this long, retries included (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="download again even if a valid file is there (it is replaced only once the "
+        "new one is checked)",
+    )
+
+
+def download_command(args: argparse.Namespace) -> int:
+    url_base = args.url_base
+    if url_base is None and os.environ.get(URL_BASE_ENV):
+        try:
+            url_base = url_base_value(os.environ[URL_BASE_ENV])
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"${URL_BASE_ENV}: {exc}") from None
+    failed = sum(
+        not download_one(size, sam21, url_base, args.timeout, args.force)
+        for size, sam21 in args.model
+    )
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def download_one(size: str, sam21: bool, url_base: str | None, timeout: float, force: bool) -> bool:
+    """One file, reported on stderr; False if it failed (one error line)."""
+    from sam2serve.checkpoint import (
+        CheckpointError,
+        cache_dir,
+        checkpoint_file,
+        checkpoint_url,
+        fetch_checkpoint,
+        verify_checkpoint,
+    )
+    from sam2serve.download import DownloadError, part_path
+
+    name = checkpoint_file(size, sam21)
+    dest: Path = cache_dir() / name
+    if dest.is_file() and not force:
+        try:
+            verify_checkpoint(size, dest, video=sam21)
+        except CheckpointError as exc:
+            reason = str(exc) if exc.__cause__ is None else type(exc.__cause__).__name__
+            warning_line(
+                f"{str(dest)!r} is not a valid {size} checkpoint ({reason}); downloading it again"
+            )
+        else:
+            info_line(
+                f"{size}: {str(dest)!r} is there and loads ({dest.stat().st_size} bytes); "
+                "skipped (--force downloads it again)"
+            )
+            return True
+    if force:
+        part_path(dest).unlink(missing_ok=True)  # a fresh download, not a resumed one
+    url = checkpoint_url(name, url_base)
+    info_line(f"{size}: {url} -> {str(dest)!r}")
+    try:
+        # replace: a file there now is one that did not load, or --force
+        fetch_checkpoint(size, sam21=sam21, url_base=url_base, deadline_s=timeout, replace=True)
+    except (DownloadError, CheckpointError) as exc:
+        error_line(str(exc))
+        return False
+    except OSError as exc:  # the cache folder cannot be written
+        error_line(f"cannot write {str(dest)!r}: {exc.strerror or exc}")
+        return False
+    info_line(f"{size}: downloaded and checked: {str(dest)!r}")
+    return True
