@@ -8,6 +8,11 @@ help with the field's default), the flags' values are read back by field name
 (:func:`check_options`, called from ``__post_init__``), so a library caller and the command
 line get the same error. This is how vLLM and sglang keep an engine's arguments and its
 flags from drifting; ``engine.amg_params`` does the same for AMG's parameters.
+
+For containers, a command's flags can also be read from the environment
+(:func:`describe_environment`, :func:`read_environment`): each flag's variable is derived
+from the flag (``--max-upload-mib`` -> ``SAM2SERVE_MAX_UPLOAD_MIB``), parsed by the flag's
+own type and choices, and the precedence is flag > environment > default.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from collections.abc import Callable, Iterable
+import textwrap
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +31,12 @@ __all__ = [
     "add_option_groups",
     "add_options",
     "check_options",
+    "describe_environment",
+    "env_var",
     "flag_of",
     "option",
     "option_values",
+    "read_environment",
 ]
 
 OPTION = "option"  # the metadata key
@@ -55,6 +64,10 @@ class Option:
     # flag takes a number of units, the help shows the default in units.
     scale: int | None = None
     group: str | None = None  # the help group the flag is listed in
+    # A flag given once per value (the field is a tuple); its variable takes a comma list.
+    repeatable: bool = False
+    # Flags of the same ``exclusive`` name (in one group) exclude each other.
+    exclusive: str | None = None
 
     def accepted(self, kind: str) -> str:
         """What a value must be, as error messages say it."""
@@ -121,7 +134,14 @@ def add_options(
     container: argparse._ActionsContainer, cls: type, names: Iterable[str] | None = None
 ) -> None:
     """One flag per option field of ``cls`` (``names``: those, in that order)."""
+    exclusive: dict[str, argparse._ActionsContainer] = {}
+    outer = container
     for field, spec in _options(cls, names):
+        container = outer
+        if spec.exclusive is not None:
+            if spec.exclusive not in exclusive:
+                exclusive[spec.exclusive] = outer.add_mutually_exclusive_group()
+            container = exclusive[spec.exclusive]
         flag = flag_of(field)
         default = None if field.default is dataclasses.MISSING else field.default
         bounds = ""
@@ -132,8 +152,15 @@ def add_options(
         ):
             kind = "an integer" if (spec.type or type(default)) is int else "a number"
             bounds = f"; {spec.accepted(kind)}"
-        help_text = f"{spec.help} (default: {_default_text(field, spec)}{bounds})"
-        help_text = help_text.replace("%", "%%")
+        # argparse fills in a plain default, so a parser's set_defaults shows in the help.
+        shown = _default_text(field, spec).replace("%", "%%")
+        if spec.default_text is None and spec.scale is None and not isinstance(default, bool):
+            if isinstance(default, float):
+                shown = "%(default)g"
+            elif isinstance(default, (int, str)):
+                shown = "%(default)s"
+        help_text = f"{spec.help} (default: ".replace("%", "%%") + shown
+        help_text += f"{bounds})".replace("%", "%%")
         if isinstance(default, bool):
             container.add_argument(
                 flag,
@@ -147,6 +174,18 @@ def add_options(
             kind = _in_units(spec.scale)
         else:
             kind = spec.type or (type(default) if default is not None else str)
+        if spec.repeatable:
+            container.add_argument(
+                flag,
+                dest=field.name,
+                action="append",
+                type=spec.type or str,
+                default=list(default or ()),
+                choices=spec.choices,
+                metavar=spec.metavar,
+                help=help_text,
+            )
+            continue
         container.add_argument(
             flag,
             dest=field.name,
@@ -162,13 +201,23 @@ def add_option_groups(
     parser: argparse.ArgumentParser, cls: type, names: Iterable[str] | None = None
 ) -> None:
     """The option fields of ``cls`` as flags in argument groups by their Option's group
-    (groups in the order of their first field; fields without a group on ``parser``)."""
+    (groups in the order of their first field, a group of the parser's with the same title
+    reused; fields without a group on ``parser``)."""
     grouped: dict[str | None, list[str]] = {}
     for field, spec in _options(cls, names):
         grouped.setdefault(spec.group, []).append(field.name)
     for title, fields in grouped.items():
-        container = parser if title is None else parser.add_argument_group(title)
-        add_options(container, cls, fields)
+        add_options(argument_group(parser, title), cls, fields)
+
+
+def argument_group(parser: argparse.ArgumentParser, title: str | None) -> Any:
+    """The parser's argument group of ``title`` (made if it has none; None: the parser)."""
+    if title is None:
+        return parser
+    for group in parser._action_groups:
+        if group.title == title:
+            return group
+    return parser.add_argument_group(title)
 
 
 def option_values(
@@ -186,7 +235,12 @@ class OptionError(ValueError):
         self.field, self.flag, self.requirement, self.value = field, flag, requirement, value
         super().__init__(f"{field} must be {requirement}, got {value!r}")
 
-    def for_flag(self) -> str:
+    def for_flag(self, sources: Mapping[str, tuple[str, str]] | None = None) -> str:
+        """The message naming the flag, or the environment variable and its text where
+        ``sources`` (:func:`read_environment`'s) says the value came from one."""
+        if sources is not None and self.field in sources:
+            variable, text = sources[self.field]
+            return f"${variable} must be {self.requirement}, got {text!r}"
         return f"{self.flag} must be {self.requirement}, got {self.value!r}"
 
 
@@ -218,3 +272,141 @@ def _problem(value: Any, spec: Option) -> str | None:
     if spec.high is not None and value > spec.high:
         return kind
     return None
+
+
+# --------------------------------------------------------------------------- environment
+
+ENV_PREFIX = "SAM2SERVE_"
+ENV_NOTE = (
+    "every flag can also be set by the environment variable its help names ([env VAR]; a "
+    "repeatable flag's variable takes a comma-separated list, a switch's 1/0, true/false, "
+    "yes/no or on/off); a flag given on the command line wins over its variable, the "
+    "variable over the default"
+)
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_VALUED = (argparse._StoreAction, argparse._AppendAction)
+_SWITCHES = (argparse._StoreConstAction, argparse.BooleanOptionalAction)
+
+
+def env_var(flag: str) -> str:
+    """The environment variable of a flag: ``--max-upload-mib`` -> SAM2SERVE_MAX_UPLOAD_MIB."""
+    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+def _env_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The parser's actions a variable can set: flags that take a value, and switches."""
+    return [
+        action
+        for action in parser._actions
+        if isinstance(action, (*_VALUED, *_SWITCHES))
+        and any(s.startswith("--") for s in action.option_strings)
+        and action.dest != argparse.SUPPRESS
+    ]
+
+
+def _action_var(action: argparse.Action) -> str:
+    return env_var(next(s for s in action.option_strings if s.startswith("--")))
+
+
+def describe_environment(parser: argparse.ArgumentParser) -> None:
+    """Name each flag's variable in its help (``[env VAR]``) and the precedence in the
+    epilog; once per parser."""
+    if getattr(parser, "_environment_described", False):
+        return
+    parser._environment_described = True  # type: ignore[attr-defined]
+    for action in _env_actions(parser):
+        tag = f"[env {_action_var(action)}]"
+        action.help = tag if not action.help else f"{action.help} {tag}"
+    note = textwrap.fill(ENV_NOTE, width=92)
+    parser.epilog = note if not parser.epilog else f"{parser.epilog}\n{note}"
+
+
+def _given(action: argparse.Action, argv: Sequence[str]) -> bool:
+    """Whether ``argv`` gives one of the action's flags (before a ``--``)."""
+    for arg in argv:
+        if arg == "--":
+            return False
+        if arg.split("=", 1)[0] in action.option_strings:
+            return True
+    return False
+
+
+def _switch(parser: argparse.ArgumentParser, action: argparse.Action, variable: str, text: str):
+    word = text.strip().lower()
+    if word not in _TRUE + _FALSE:
+        parser.error(
+            f"${variable}={text!r}: expected one of {', '.join(_TRUE)} (on) or "
+            f"{', '.join(_FALSE)} (off)"
+        )
+    on = word in _TRUE
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return on
+    return action.const if on else action.default
+
+
+def _value(parser: argparse.ArgumentParser, action: argparse.Action, variable: str, text: str):
+    """The value of one flag's variable, as the flag's own type and choices read it."""
+    if isinstance(action, _SWITCHES):
+        return _switch(parser, action, variable, text)
+    parts = [p.strip() for p in text.split(",")] if isinstance(action, _VALUED[1]) else [text]
+    values = []
+    for part in parts:
+        try:
+            value = parser._get_value(action, part)
+            parser._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            parser.error(f"${variable}={text!r}: {exc.message}")
+        values.append(value)
+    return values if isinstance(action, _VALUED[1]) else values[0]
+
+
+def read_environment(
+    parser: argparse.ArgumentParser, argv: Sequence[str], environ: Mapping[str, str]
+) -> dict[str, tuple[str, Any]]:
+    """The values the environment gives the flags ``argv`` does not, by destination, as
+    ``{dest: (variable, text, value)}``; call before parsing ``argv``, then
+    :func:`apply_environment` after. A variable set to the empty string counts as unset. A
+    flag given on the command line hides the variables of its own and of the flags it
+    excludes; two variables of flags that exclude each other are an error, as the flags
+    would be. A bad value is ``parser.error`` naming the variable and its text. Flags and
+    groups the environment satisfies are no longer required."""
+    found: dict[str, tuple[str, Any]] = {}
+    exclusive = {
+        id(action): group
+        for group in parser._mutually_exclusive_groups
+        for action in group._group_actions
+    }
+    for action in _env_actions(parser):
+        variable = _action_var(action)
+        text = environ.get(variable, "")
+        group = exclusive.get(id(action))
+        members = group._group_actions if group is not None else [action]
+        if not text or any(_given(member, argv) for member in members):
+            continue
+        value = _value(parser, action, variable, text)
+        if isinstance(action, _SWITCHES) and value == action.default:
+            continue  # a switch turned off: as if unset
+        if group is not None:
+            for other in members:
+                if other.dest in found and other is not action:
+                    parser.error(
+                        f"${found[other.dest][0]} and ${variable} are both set, but "
+                        f"{other.option_strings[0]} and {action.option_strings[0]} exclude "
+                        "each other: unset one"
+                    )
+            group.required = False
+        action.required = False
+        found[action.dest] = (variable, text, value)
+    return found
+
+
+def apply_environment(
+    namespace: argparse.Namespace, found: Mapping[str, tuple[str, Any]]
+) -> argparse.Namespace:
+    """Set the parsed ``namespace``'s values from :func:`read_environment`'s, and record
+    their sources as ``namespace.env_sources`` ({dest: (variable, text)}) for messages."""
+    for dest, (_, _, value) in found.items():
+        setattr(namespace, dest, value)
+    namespace.env_sources = {dest: (var, text) for dest, (var, text, _) in found.items()}
+    return namespace

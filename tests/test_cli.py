@@ -662,9 +662,9 @@ def test_mps_with_objects_and_filters_writes_them_everywhere(image_dir, object_p
 def readme_quick_start() -> list[str]:
     """The arguments of the README's one-line quick start after 'sam2serve'."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
-    [line] = [line for line in readme if line.startswith("pip install torch==2.13.0 -e . && ")]
+    [line] = [line for line in readme if line.startswith("pip install -c constraints.txt -e . && ")]
     install, _, command = line.partition(" && ")
-    assert install == "pip install torch==2.13.0 -e ."
+    assert install == "pip install -c constraints.txt -e ."
     program, *argv = command.split()
     assert program == "sam2serve"
     return argv

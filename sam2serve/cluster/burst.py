@@ -39,6 +39,7 @@ from sam2serve.cluster.protocol import (
     REPLICA_MS_HEADER,
     image_id,
 )
+from sam2serve.options import OptionError, check_options, option
 
 TASKS = ("amg", "sps", "mps")
 ENDPOINT = {"amg": "/v1/amg", "sps": "/v1/segment", "mps": "/v1/segment"}
@@ -48,37 +49,63 @@ class BurstError(ValueError):
     """A bad benchmark setting, named."""
 
 
+def task_list(text: str) -> tuple[str, ...]:
+    """``--tasks``: a comma-separated list of tasks (their names checked by the config)."""
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
 @dataclass(frozen=True)
 class BurstConfig:
     url: str
-    n: int = 16
-    tasks: tuple[str, ...] = TASKS
-    points_per_side: int = 8  # AMG grid: points_per_side**2 clicks
-    mps_points: int = 8  # MPS prompts per image (a grid)
-    max_side: int = 512
-    timeout_s: float = 900.0
+    n: int = option(16, help="images per task", metavar="N", low=1, high=10_000)
+    tasks: tuple[str, ...] = option(
+        TASKS,
+        help="comma-separated tasks, run in this order",
+        type=task_list,
+        metavar="LIST",
+        default_text=",".join(TASKS),
+    )
+    points_per_side: int = option(
+        8, help="AMG grid, N*N clicks per image", metavar="N", low=1, high=64
+    )
+    mps_points: int = option(
+        8, help="MPS prompts per image, on a grid", metavar="N", low=1, high=64
+    )
+    max_side: int = option(
+        512, help="downscale the sample photos to this longer side", metavar="PX", low=32
+    )
+    timeout_s: float = option(
+        900.0,
+        help="client timeout per request",
+        flag="--timeout",
+        metavar="S",
+        low=0,
+        low_open=True,
+    )
     max_attempts: int = 6
-    multiplex: bool = False  # send the image id as Ray Serve's multiplexed model id
-    ray_address: str | None = None  # poll replicas and settle between tasks
+    multiplex: bool = option(False, help="send each image's id as Ray Serve's multiplexed model id")
+    ray_address: str | None = option(
+        None,
+        help="poll replicas over time and wait for min_replicas before each task (e.g. 'auto')",
+        metavar="ADDR",
+        default_text="no polling",
+    )
     app: str | None = None  # the application to watch (default: all)
     min_replicas: int = 1
     settle_timeout_s: float = 240.0
     poll_s: float = 1.0
 
-    def check(self) -> None:
-        if self.n < 1 or self.n > 10_000:
-            raise BurstError(f"--n must be in 1..10000, got {self.n}")
+    def check(self, sources: dict[str, tuple[str, str]] | None = None) -> None:
+        """BurstError naming the flag (or the variable, ``sources``) of a bad setting."""
+        try:
+            check_options(self)
+        except OptionError as exc:
+            raise BurstError(exc.for_flag(sources)) from None
         for task in self.tasks:
             if task not in TASKS:
                 raise BurstError(f"--tasks: unknown task {task!r}; accepted: {', '.join(TASKS)}")
         if not self.tasks:
             raise BurstError("--tasks is empty; give e.g. amg,sps,mps")
-        if not 1 <= self.points_per_side <= 64:
-            raise BurstError(f"--points-per-side must be in 1..64, got {self.points_per_side}")
-        if not 1 <= self.mps_points <= 64:
-            raise BurstError(f"--mps-points must be in 1..64, got {self.mps_points}")
-        if self.max_side < 32:
-            raise BurstError(f"--max-side must be at least 32, got {self.max_side}")
 
 
 @dataclass

@@ -100,6 +100,7 @@ def add_arguments(parser: CommandParser) -> None:
     add_model_flag(parser)
     parser.add_argument(
         "--modes",
+        type=modes_value,
         default=None,
         metavar="LIST",
         help="comma-separated rows, each a mode: "
@@ -157,6 +158,29 @@ def add_arguments(parser: CommandParser) -> None:
         + " (default: %(default)s)",
     )
     add_amg_flags(amg)
+
+
+def modes_value(text: str) -> str:
+    """``--modes``: every row a peer (reference, hf, ...), a mode, or MODE+BACKEND (backend
+    a registered one or auto), checked when the flag is read: a misspelt row is a usage
+    error before anything runs."""
+    from sam2serve.bench.runner import PEERS
+    from sam2serve.runtime.backend_choice import AUTO
+    from sam2serve.runtime.spec import RuntimeSpec
+
+    for row in (m.strip() for m in text.split(",") if m.strip()):
+        if row in PEERS:
+            continue
+        mode, _, backend = row.partition("+")
+        try:
+            RuntimeSpec.from_label(mode if backend == AUTO else row)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(
+                f"unknown row {row!r} ({exc}); expected some of {', '.join((*PEERS, *MODES))}, "
+                f"each mode also as MODE+BACKEND with a backend of {', '.join(BACKENDS)} or "
+                f"{AUTO}"
+            ) from None
+    return text
 
 
 def _default_modes(video: bool) -> str:

@@ -25,8 +25,21 @@ from sam2serve.commands.common import (
     info_line,
     positive_int,
 )
+from sam2serve.options import add_options, option_values
 
 DEFAULT_CONFIG = "deploy/serve_tiny.yaml"
+# BurstConfig's fields that are flags of 'cluster burst' (sam2serve.options); the target
+# (--url | --config, --app, --min-replicas) and the outputs are the command's own.
+BURST_FLAGS = (
+    "n",
+    "tasks",
+    "points_per_side",
+    "mps_points",
+    "max_side",
+    "multiplex",
+    "ray_address",
+    "timeout_s",
+)
 GPU_CONFIG = "deploy/serve_tiny_cuda.yaml"
 
 DESCRIPTION = f"""\
@@ -81,6 +94,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         "GPUs its replicas reserve must be visible to Ray.",
         epilog=UP_EPILOG,
         handler=up_command,
+        environment=True,
         add_arguments=_up_arguments,
     )
     add_command(
@@ -89,6 +103,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         help="applications, deployments and replicas by state",
         description="Applications, deployments and replicas by state, and the replica actors.",
         handler=status_command,
+        environment=True,
         add_arguments=_add_address,
     )
     add_command(
@@ -97,6 +112,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         help="delete the applications; stop the local Ray that 'up' started",
         description="Delete the applications; stop the local Ray that 'cluster up' started.",
         handler=down_command,
+        environment=True,
         add_arguments=_add_address,
     )
     add_command(
@@ -106,6 +122,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         description="",  # the burst module's docstring, set with the arguments
         epilog=BURST_EPILOG,
         handler=burst_command,
+        environment=True,
         add_arguments=_burst_arguments,
     )
 
@@ -158,10 +175,9 @@ def _up_arguments(parser: CommandParser) -> None:
 
 def _burst_arguments(parser: CommandParser) -> None:
     from sam2serve.cluster import burst
-    from sam2serve.cluster.burst import TASKS, BurstConfig
+    from sam2serve.cluster.burst import BurstConfig
 
     parser.description = (burst.__doc__ or "").strip()
-    d = BurstConfig(url="")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="the application's URL, e.g. http://127.0.0.1:8000")
     target.add_argument(
@@ -173,59 +189,12 @@ def _burst_arguments(parser: CommandParser) -> None:
     parser.add_argument(
         "--app", metavar="NAME", help="with --config: which application (default: the first)"
     )
-    parser.add_argument(
-        "--n", type=int, default=d.n, metavar="N", help="images per task (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--tasks",
-        default=",".join(TASKS),
-        metavar="LIST",
-        help="comma-separated tasks, run in this order (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--points-per-side",
-        type=int,
-        default=d.points_per_side,
-        metavar="N",
-        help="AMG grid, N*N clicks per image (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--mps-points",
-        type=int,
-        default=d.mps_points,
-        metavar="N",
-        help="MPS prompts per image, on a grid (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-side",
-        type=int,
-        default=d.max_side,
-        metavar="PX",
-        help="downscale the sample photos to this longer side (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--multiplex",
-        action="store_true",
-        help="send each image's id as Ray Serve's multiplexed model id",
-    )
-    parser.add_argument(
-        "--ray-address",
-        metavar="ADDR",
-        help="poll replicas over time and wait for min_replicas before each task "
-        "(e.g. 'auto'; default: no polling)",
-    )
+    add_options(parser, BurstConfig, BURST_FLAGS)
     parser.add_argument(
         "--min-replicas",
         type=int,
         metavar="N",
         help="replicas to wait for before each task (default: the config's min_replicas, or 1)",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=d.timeout_s,
-        metavar="S",
-        help="client timeout per request (default: %(default)s)",
     )
     parser.add_argument("--out", type=Path, metavar="FILE.md", help="write the Markdown report")
     parser.add_argument("--csv", type=Path, metavar="FILE.csv", help="write every request as CSV")
@@ -304,18 +273,11 @@ def burst_command(args: argparse.Namespace) -> int:
         url, minimum, app, deployment = _burst_target(args)
         config = BurstConfig(
             url=url,
-            n=args.n,
-            tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()),
-            points_per_side=args.points_per_side,
-            mps_points=args.mps_points,
-            max_side=args.max_side,
-            timeout_s=args.timeout,
-            multiplex=args.multiplex,
-            ray_address=args.ray_address,
             app=app,
             min_replicas=minimum,
+            **option_values(args, BurstConfig, BURST_FLAGS),
         )
-        config.check()
+        config.check(getattr(args, "env_sources", None))
     except (ConfigError, BurstError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     try:

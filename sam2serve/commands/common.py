@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from sam2serve.config import ACCEPTED_MODELS, MODEL_SIZES, model_size
+from sam2serve.options import apply_environment, describe_environment, read_environment
 from sam2serve.runtime.backend_choice import AUTO, AUTO_DESCRIPTION, BACKEND_CHOICES
 from sam2serve.runtime.backends import BACKENDS
 from sam2serve.runtime.modes import DEVICE_TYPES, MODES
@@ -100,6 +102,51 @@ class ItemFailure(Exception):
     skipped; the others are still done and the command ends with exit 1."""
 
 
+# Optional packages a command path may import, by top-level module: (what it is, the extra
+# of pyproject.toml that installs it). A missing one is one usage-error line (cli.main).
+EXTRAS = {
+    "ray": ("Ray", "cluster"),
+    "yaml": ("PyYAML", "cluster"),
+    "av": ("PyAV", "video"),
+    "onnx": ("ONNX", "onnx"),
+    "onnxruntime": ("ONNX Runtime", "onnx"),
+    "nncf": ("NNCF", "int8"),
+    "transformers": ("Hugging Face transformers", "bench"),
+}
+
+
+def install_hint(module: str) -> str:
+    """``pip install "sam2serve[EXTRA]"`` for an optional module."""
+    return f'pip install "{PROG}[{EXTRAS[module][1]}]"'
+
+
+def missing_extra(exc: ImportError, command: str) -> str | None:
+    """``COMMAND needs Ray: pip install "sam2serve[cluster]"`` when ``exc`` is the import of
+    an optional package that is not installed; None for any other import error."""
+    module = (exc.name or "").split(".")[0]
+    if module not in EXTRAS:
+        return None
+    return f"{command} needs {EXTRAS[module][0]}: {install_hint(module)}"
+
+
+def _extras_as_usage(
+    handler: Callable[[argparse.Namespace], int], command: str
+) -> Callable[[argparse.Namespace], int]:
+    """The handler, with an optional package it finds missing turned into one usage-error
+    line that says how to install it (any other ImportError is a bug: raised as it is)."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except ImportError as exc:
+            text = missing_extra(exc, command)
+            if text is None:
+                raise
+            raise UsageError(text) from None
+
+    return run
+
+
 # --------------------------------------------------------------------------- output
 
 
@@ -156,13 +203,16 @@ class CommandParser(argparse.ArgumentParser):
     - Errors raise :class:`UsageError` instead of printing usage and exiting.
     - :meth:`defer` adds arguments only when this parser is used: a subcommand whose
       flags need a heavy import costs nothing to the others.
+    - ``environment``: every flag can also be set by its ``SAM2SERVE_...`` variable
+      (sam2serve.options: named in the help; flag > variable > default).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, environment: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         self._deferred: list[Callable[[CommandParser], None]] = []
+        self.environment = environment
 
     def defer(self, add_arguments: Callable[[CommandParser], None]) -> None:
         self._deferred.append(add_arguments)
@@ -170,14 +220,22 @@ class CommandParser(argparse.ArgumentParser):
     def _add_deferred(self) -> None:
         while self._deferred:
             self._deferred.pop(0)(self)
+        if self.environment:
+            describe_environment(self)
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         self._add_deferred()
-        if args is not None:
-            self._check_flags(list(args))
-        return super().parse_known_args(args, namespace)
+        argv = list(sys.argv[1:] if args is None else args)
+        self._check_flags(argv)
+        found = {}
+        if self.environment and not {"-h", "--help"} & set(argv):
+            found = read_environment(self, argv, os.environ)
+        namespace, rest = super().parse_known_args(argv, namespace)
+        if self.environment:
+            apply_environment(namespace, found)
+        return namespace, rest
 
     def format_usage(self) -> str:
         self._add_deferred()
@@ -225,17 +283,20 @@ def add_command(
     handler: Callable[[argparse.Namespace], int],
     add_arguments: Callable[[CommandParser], None],
     epilog: str | None = None,
+    environment: bool = False,
 ) -> CommandParser:
-    """Register subcommand ``name``; its arguments are added when it is used."""
+    """Register subcommand ``name``; its arguments are added when it is used
+    (``environment``: each flag settable by its variable too, see CommandParser)."""
     parser = subcommands.add_parser(
         name,
         help=help,
         description=description,
         epilog=epilog,
         formatter_class=HelpFormatter,
+        environment=environment,
     )
     assert isinstance(parser, CommandParser)
-    parser.set_defaults(handler=handler)
+    parser.set_defaults(handler=_extras_as_usage(handler, parser.prog.removeprefix(f"{PROG} ")))
     parser.defer(add_arguments)
     return parser
 

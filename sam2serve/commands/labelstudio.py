@@ -9,7 +9,9 @@ pre-annotation does. Flags are checked, and the port tried, before the model loa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from sam2serve.commands import model as model_flags
@@ -29,13 +31,32 @@ from sam2serve.commands.common import (
 )
 from sam2serve.labelstudio.options import (
     DEFAULT_KEY_ENV,
-    DEFAULT_PREANNOTATE,
     DEFAULT_URL_ENV,
+    GROUP,
     PREANNOTATE_MODES,
     LabelStudioOptions,
 )
+from sam2serve.options import OPTION, add_option_groups, option, option_values
 
 DEFAULT_PORT = 9090  # Label Studio's ML backends' usual port
+# LabelStudioOptions' flags (url first; api_key is read from --label-studio-key-env's variable).
+FLAGS = tuple(f.name for f in dataclasses.fields(LabelStudioOptions) if OPTION in f.metadata)
+
+
+@dataclass(frozen=True)
+class TokenSource:
+    """Where the Label Studio token is read from: the command's, never a flag's value."""
+
+    label_studio_key_env: str = option(
+        DEFAULT_KEY_ENV,
+        help="environment variable holding a Label Studio token (legacy API token or "
+        "personal access token) that reads those images, sent to --label-studio-url only "
+        "(unset: the project owner's token Label Studio sends when it connects, sent to its "
+        "own address only)",
+        metavar="VAR",
+        group=GROUP,
+    )
+
 
 DESCRIPTION = f"""\
 A Label Studio ML backend: Label Studio sends the annotator's clicks (KeyPointLabels,
@@ -87,6 +108,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         description=DESCRIPTION,
         epilog=EPILOG,
         handler=labelstudio_command,
+        environment=True,
         add_arguments=add_arguments,
     )
 
@@ -94,103 +116,25 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 def add_arguments(parser: CommandParser) -> None:
     serve.add_arguments(parser)
     parser.set_defaults(port=DEFAULT_PORT)
-    group = parser.add_argument_group("Label Studio")
-    group.add_argument(
-        "--label-studio-url",
-        default=None,
-        metavar="URL",
-        help=f"Label Studio's address, for the images of tasks given as its paths "
-        f"(/data/upload/...); images may be fetched from its host (default: "
-        f"${DEFAULT_URL_ENV}, else the address Label Studio sends when it connects, if "
-        "--allow-fetch-host allows it)",
-    )
-    group.add_argument(
-        "--label-studio-key-env",
-        default=DEFAULT_KEY_ENV,
-        metavar="VAR",
-        help="environment variable holding a Label Studio token (legacy API token or "
-        "personal access token) that reads those images, sent to --label-studio-url only "
-        "(default: %(default)s; unset: the project owner's token Label Studio sends when it "
-        "connects, sent to its own address only)",
-    )
-    group.add_argument(
-        "--allow-fetch-host",
-        dest="allow_fetch_hosts",
-        action="append",
-        default=[],
-        metavar="HOST",
-        help="a host task images may be fetched from whatever it resolves to (HOST or "
-        "HOST:PORT), or an address or network (IP, [IPv6]:PORT, CIDR such as 10.0.0.0/8): "
-        "how loopback, private and link-local addresses and other ports than 80 and 443 are "
-        "allowed (repeatable; default: none)",
-    )
-    group.add_argument(
-        "--no-public-fetch",
-        dest="public_fetch",
-        action="store_false",
-        help="fetch task images only from --label-studio-url and --allow-fetch-host hosts "
-        "(default: also from hosts whose addresses are all public, on ports 80 and 443)",
-    )
-    group.add_argument(
-        "--local-root",
-        dest="local_roots",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a folder whose files tasks may name by local path (repeatable; default: none, "
-        "local paths are refused)",
-    )
-    group.add_argument(
-        "--preannotate",
-        choices=tuple(PREANNOTATE_MODES),
-        default=DEFAULT_PREANNOTATE,
-        help="what a task gets when Label Studio asks without a click (see above; default: "
-        "%(default)s)",
-    )
-    group.add_argument(
-        "--fetch-timeout",
-        dest="fetch_timeout_s",
-        type=float,
-        default=LabelStudioOptions().fetch_timeout_s,
-        metavar="S",
-        help="seconds one image download may take in all, redirects and a slow server "
-        "included (default: %(default)g)",
-    )
-    group.add_argument(
-        "--video-max-frames",
-        dest="video_max_frames",
-        type=int,
-        default=LabelStudioOptions().video_max_frames,
-        metavar="N",
-        help="video tasks (with --video): frames one request tracks from the first keyframe "
-        "on, at most --max-video-frames (default: %(default)s)",
-    )
+    add_option_groups(parser, LabelStudioOptions, ("url",))
+    add_option_groups(parser, TokenSource)
+    add_option_groups(parser, LabelStudioOptions, FLAGS[1:])
     parser.set_defaults(flags=flag_of(parser))
 
 
 def options_from(args: argparse.Namespace) -> LabelStudioOptions:
-    """LabelStudioOptions from the flags and environment; a bad value names its source."""
-    url_flag = "--label-studio-url" if args.label_studio_url else f"${DEFAULT_URL_ENV}"
-    values: dict[str, Any] = {
-        "url": args.label_studio_url or os.environ.get(DEFAULT_URL_ENV) or None,
-        "api_key": os.environ.get(args.label_studio_key_env) or None,
-        "local_roots": tuple(args.local_roots),
-        "allow_fetch_hosts": tuple(args.allow_fetch_hosts),
-        "public_fetch": args.public_fetch,
-        "preannotate": args.preannotate,
-        "fetch_timeout_s": args.fetch_timeout_s,
-        "video_max_frames": args.video_max_frames,
-    }
-    sources = {
-        "url": url_flag,
-        "api_key": f"${args.label_studio_key_env}",
-        "local_roots": "--local-root",
-        "allow_fetch_hosts": "--allow-fetch-host",
-        "public_fetch": "--no-public-fetch",
-        "preannotate": "--preannotate",
-        "fetch_timeout_s": "--fetch-timeout",
-        "video_max_frames": "--video-max-frames",
-    }
+    """LabelStudioOptions from the flags and environment; a bad value names its source
+    (the flag, or the variable that gave it)."""
+    values: dict[str, Any] = option_values(args, LabelStudioOptions, FLAGS)
+    sources = {name: args.flags[name] for name in FLAGS}
+    sources.update({dest: f"${variable}" for dest, (variable, _) in serve.sources(args).items()})
+    if values["url"] is None:
+        values["url"] = os.environ.get(DEFAULT_URL_ENV) or None
+        sources["url"] = f"${DEFAULT_URL_ENV}"
+    values["api_key"] = os.environ.get(args.label_studio_key_env) or None
+    sources["api_key"] = f"${args.label_studio_key_env}"
+    for name in ("local_roots", "allow_fetch_hosts"):
+        values[name] = tuple(values[name])
     for name, value in values.items():
         try:
             LabelStudioOptions(**{name: value})
@@ -202,6 +146,7 @@ def options_from(args: argparse.Namespace) -> LabelStudioOptions:
 def labelstudio_command(args: argparse.Namespace) -> int:
     spec = model_flags.runtime_spec(args)
     settings = serve.settings_from(args)
+    serve.listen_from(args)
     options = options_from(args)
     serve.check_store(settings)
     serve.check_address(args.host, args.port)

@@ -15,6 +15,7 @@ import errno
 import os
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from sam2serve.commands import model as model_flags
@@ -36,14 +37,49 @@ from sam2serve.commands.common import (
     info_line,
     warning_line,
 )
-from sam2serve.options import OptionError, add_option_groups
-from sam2serve.server.settings import DEFAULT_API_KEY_ENV, ServerSettings
-from sam2serve.store.identity import STORE_DTYPES
+from sam2serve.options import (
+    OPTION,
+    OptionError,
+    add_option_groups,
+    argument_group,
+    check_options,
+    option,
+)
+from sam2serve.server.settings import ACCESS, DEFAULT_API_KEY_ENV, RUNTIME, ServerSettings
 from sam2serve.store.location import StoreError, check_location
 
 DEFAULTS = ServerSettings()
 SETTINGS_FIELDS = tuple(f.name for f in dataclasses.fields(ServerSettings))
+# ServerSettings' flags after the runtime group's (video, warmup) and Listen's.
+SERVER_FLAGS = tuple(
+    f.name
+    for f in dataclasses.fields(ServerSettings)
+    if OPTION in f.metadata and f.name not in ("video", "warmup")
+)
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where the process listens and how it logs: the command's, not the app's."""
+
+    host: str = option(
+        "127.0.0.1", help="address to listen on (127.0.0.1: this machine only)", group=ACCESS
+    )
+    port: int = option(8000, help="port", metavar="PORT", low=1, high=65535, group=ACCESS)
+    api_key_env: str = option(
+        DEFAULT_API_KEY_ENV,
+        help="environment variable holding the API key; when it is set, /v1/* and /metrics "
+        "need 'Authorization: Bearer KEY' or 'X-API-Key: KEY' (unset: no key needed)",
+        metavar="VAR",
+        group=ACCESS,
+    )
+    log_level: str = option("info", help="uvicorn log level", choices=LOG_LEVELS, group=ACCESS)
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
 
 DESCRIPTION = f"""\
 Serve SAM 2.1 over HTTP (FastAPI + uvicorn): one model, loaded at start.
@@ -87,94 +123,25 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         description=DESCRIPTION,
         epilog=EPILOG,
         handler=serve_command,
+        environment=True,
         add_arguments=add_arguments,
     )
 
 
 def add_arguments(parser: CommandParser) -> None:
+    """The shared model flags (sam2serve.commands.common, as every command's), then the
+    fields of Listen and ServerSettings, in their help groups."""
     d = DEFAULTS
-    model = parser.add_argument_group("model")
+    model = argument_group(parser, RUNTIME)
     add_model_flag(model, d.model)
     add_mode_flag(model, d.mode)
     add_backend_flag(model)
     add_device_flag(model)
     add_threads_flag(model)
     add_weights_flags(model)
-    model.add_argument(
-        "--video",
-        action="store_true",
-        help="also load SAM 2's video model (same size and weights) and serve tracking "
-        "sessions at /v1/videos: upload a video, prompt objects, stream the propagation "
-        "(default: off, images only)",
-    )
-    model.add_argument(
-        "--no-warmup",
-        dest="warmup",
-        action="store_false",
-        help="report ready at once instead of after a warm-up encode + decode",
-    )
-
-    net = parser.add_argument_group("network and access")
-    net.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on (default: %(default)s, this machine only)",
-    )
-    net.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
-    net.add_argument(
-        "--api-key-env",
-        default=DEFAULT_API_KEY_ENV,
-        metavar="VAR",
-        help="environment variable holding the API key; when it is set, /v1/* "
-        "and /metrics need 'Authorization: Bearer KEY' or 'X-API-Key: KEY' "
-        "(default: %(default)s; unset: no key needed)",
-    )
-    net.add_argument(
-        "--cors-origin",
-        dest="cors_origins",
-        action="append",
-        default=[],
-        metavar="ORIGIN",
-        help="allow browser requests from ORIGIN (repeatable; default: none, CORS off)",
-    )
-    net.add_argument(
-        "--log-level",
-        default="info",
-        choices=("critical", "error", "warning", "info", "debug"),
-        help="uvicorn log level (default: %(default)s)",
-    )
-
-    page = parser.add_argument_group("annotation page (GET /)")
-    page.add_argument(
-        "--images",
-        dest="images_dir",
-        default=None,
-        metavar="DIR",
-        help="a folder of images the page may browse and open (its jpg jpeg png webp bmp tif "
-        "tiff files, not its subfolders), through GET /v1/images; a listing is kept until the "
-        "folder changes and reads a capped number of entries (docs/api.md) (default: none)",
-    )
-
-    add_option_groups(parser, ServerSettings)
-
-    store = parser.add_argument_group("embedding store (docs/labelling.md)")
-    store.add_argument(
-        "--store",
-        default=None,
-        metavar="DIR",
-        help=f"a persistent embedding store (a directory or an fsspec URI, e.g. "
-        f"file:///data/emb, s3://bucket/emb with s3fs) behind the memory cache: embeddings "
-        f"come from memory, then the store, then the encoder, and every encode is written to "
-        f"it; fill it ahead of time with '{PROG} embed', share it between replicas "
-        "(default: none)",
-    )
-    store.add_argument(
-        "--store-dtype",
-        choices=STORE_DTYPES,
-        default=DEFAULTS.store_dtype,
-        help="precision of the store's entries; it must match the one 'embed' wrote "
-        "(default: %(default)s)",
-    )
+    add_option_groups(parser, ServerSettings, ("video", "warmup"))
+    add_option_groups(parser, Listen)
+    add_option_groups(parser, ServerSettings, SERVER_FLAGS)
     parser.set_defaults(flags=flag_of(parser))
 
 
@@ -194,12 +161,30 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
         raise UsageError(_named(exc, values, args)) from None
 
 
+def listen_from(args: argparse.Namespace) -> Listen:
+    """Listen from the flags; a bad value is a usage error naming its flag or variable."""
+    try:
+        return Listen(
+            host=args.host, port=args.port, api_key_env=args.api_key_env, log_level=args.log_level
+        )
+    except OptionError as exc:
+        raise UsageError(exc.for_flag(sources(args))) from None
+
+
+def sources(args: argparse.Namespace) -> dict[str, tuple[str, str]]:
+    """The values the environment gave, {dest: (variable, text)} (sam2serve.options)."""
+    return getattr(args, "env_sources", {})
+
+
 def _named(exc: ValueError, values: dict[str, Any], args: argparse.Namespace) -> str:
-    """The message, prefixed with the flag of the one value that fails on its own (a
-    limit's own check names its flag already)."""
+    """The message, prefixed with the flag (or variable) of the one value that fails on
+    its own (a limit's own check names its flag already)."""
     if isinstance(exc, OptionError):
-        return exc.for_flag()
+        return exc.for_flag(sources(args))
     flags = {**args.flags, "api_key": f"${args.api_key_env}"}
+    flags.update(
+        {dest: f"${variable}={text!r}" for dest, (variable, text) in sources(args).items()}
+    )
     for name, value in values.items():
         try:
             ServerSettings(**{name: value})
@@ -258,6 +243,7 @@ def check_store(settings: ServerSettings) -> None:
 def serve_command(args: argparse.Namespace) -> int:
     spec = model_flags.runtime_spec(args)
     settings = settings_from(args)
+    listen_from(args)
     check_store(settings)
     check_address(args.host, args.port)
     if args.host not in LOOPBACK_HOSTS and settings.api_key is None:

@@ -10,12 +10,12 @@ nothing a caller sends (``/setup`` included) changes where the token goes.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sam2serve.labelstudio.fetch_policy import AllowedHost, FetchPolicy
+from sam2serve.options import check_options, option
 
 # What a task gets when Label Studio asks for predictions without an interaction (the
 # "retrieve predictions" action, or a task opened with pre-labelling on).
@@ -32,6 +32,7 @@ DEFAULT_PREANNOTATE = "center"
 DEFAULT_VIDEO_MAX_FRAMES = 100
 DEFAULT_URL_ENV = "LABEL_STUDIO_URL"
 DEFAULT_KEY_ENV = "LABEL_STUDIO_API_KEY"
+GROUP = "Label Studio"  # the help group of 'labelstudio --help' these flags are listed in
 
 
 @dataclass(frozen=True)
@@ -42,31 +43,93 @@ class LabelStudioOptions:
     # (/data/upload/..., /data/local-files/?d=...); its host is allowed to be fetched from.
     # None: the hostname Label Studio sent in /setup for the project, if the operator
     # allowed that host (allow_fetch_hosts).
-    url: str | None = None
+    url: str | None = option(
+        None,
+        help="Label Studio's address, for the images of tasks given as its paths "
+        "(/data/upload/...); images may be fetched from its host",
+        flag="--label-studio-url",
+        metavar="URL",
+        default_text=f"${DEFAULT_URL_ENV}, else the address Label Studio sends when it "
+        "connects, if --allow-fetch-host allows it",
+        group=GROUP,
+    )
     # A Label Studio access token (legacy token or personal access token) to read those
     # files, sent to ``url`` only (never used without it). None: the token /setup sent,
-    # sent to /setup's own (allowed) hostname only.
+    # sent to /setup's own (allowed) hostname only. Read from the variable that
+    # --label-studio-key-env names, never a flag.
     api_key: str | None = None
     # Hosts task images may be fetched from whatever they resolve to (HOST, HOST:PORT), and
     # addresses or networks (IP, [IPv6]:PORT, CIDR): how loopback, private and link-local
     # addresses, and ports other than 80 and 443, are allowed.
-    allow_fetch_hosts: tuple[str, ...] = ()
+    allow_fetch_hosts: tuple[str, ...] = option(
+        (),
+        help="a host task images may be fetched from whatever it resolves to (HOST or "
+        "HOST:PORT), or an address or network (IP, [IPv6]:PORT, CIDR such as 10.0.0.0/8): "
+        "how loopback, private and link-local addresses and other ports than 80 and 443 are "
+        "allowed (repeatable)",
+        flag="--allow-fetch-host",
+        metavar="HOST",
+        repeatable=True,
+        default_text="none",
+        group=GROUP,
+    )
     # Fetch from any other host whose addresses are all public, on ports 80 and 443.
     # False: only from ``url`` and ``allow_fetch_hosts``.
-    public_fetch: bool = True
+    public_fetch: bool = option(
+        True,
+        help="also fetch task images from hosts whose addresses are all public, on ports 80 "
+        "and 443 (--no-public-fetch: only from --label-studio-url and --allow-fetch-host "
+        "hosts)",
+        group=GROUP,
+    )
     # Folders whose files a task may name by local path (absolute, or file://); none: a
     # local path is refused (a remote caller must not read this machine's files).
-    local_roots: tuple[str, ...] = ()
-    preannotate: str = DEFAULT_PREANNOTATE
+    local_roots: tuple[str, ...] = option(
+        (),
+        help="a folder whose files tasks may name by local path (repeatable)",
+        flag="--local-root",
+        metavar="DIR",
+        repeatable=True,
+        default_text="none, local paths are refused",
+        group=GROUP,
+    )
+    preannotate: str = option(
+        DEFAULT_PREANNOTATE,
+        help="what a task gets when Label Studio asks without a click (see above)",
+        choices=tuple(PREANNOTATE_MODES),
+        group=GROUP,
+    )
     # Seconds one image download may take, all of it (redirects and a slow server's last
     # byte included).
-    fetch_timeout_s: float = 30.0
+    fetch_timeout_s: float = option(
+        30.0,
+        help="seconds one image download may take in all, redirects and a slow server included",
+        flag="--fetch-timeout",
+        metavar="S",
+        low=0,
+        low_open=True,
+        group=GROUP,
+    )
     # Tasks of one /predict request worked on at once (fetch, encode, decode); the model
     # worker batches their encodes.
-    max_concurrent_tasks: int = 4
+    max_concurrent_tasks: int = option(
+        4,
+        help="tasks of one /predict request worked on at once (fetch, encode, decode); "
+        "their encodes are batched",
+        metavar="N",
+        low=1,
+        group=GROUP,
+    )
     # Video tasks: the frames one request tracks, from the first keyframe on (also at most
     # the service's max_video_frames; its byte limits apply too).
-    video_max_frames: int = DEFAULT_VIDEO_MAX_FRAMES
+    video_max_frames: int = option(
+        DEFAULT_VIDEO_MAX_FRAMES,
+        help="video tasks (with --video): frames one request tracks from the first keyframe "
+        "on, at most --max-video-frames",
+        metavar="N",
+        low=1,
+        group=GROUP,
+    )
 
     def __post_init__(self) -> None:
         if self.url is not None:
@@ -92,29 +155,7 @@ class LabelStudioOptions:
                 f"preannotate: expected one of {', '.join(PREANNOTATE_MODES)}, got "
                 f"{self.preannotate!r}"
             )
-        if not (
-            isinstance(self.fetch_timeout_s, (int, float))
-            and math.isfinite(self.fetch_timeout_s)
-            and self.fetch_timeout_s > 0
-        ):
-            raise ValueError(f"fetch_timeout_s must be a number > 0, got {self.fetch_timeout_s!r}")
-        if (
-            isinstance(self.max_concurrent_tasks, bool)
-            or not isinstance(self.max_concurrent_tasks, int)
-            or self.max_concurrent_tasks < 1
-        ):
-            raise ValueError(
-                f"max_concurrent_tasks must be an integer >= 1, got {self.max_concurrent_tasks!r}"
-            )
-
-        if (
-            isinstance(self.video_max_frames, bool)
-            or not isinstance(self.video_max_frames, int)
-            or self.video_max_frames < 1
-        ):
-            raise ValueError(
-                f"video_max_frames must be an integer >= 1, got {self.video_max_frames!r}"
-            )
+        check_options(self)
 
     def fetch_policy(self) -> FetchPolicy:
         """The hosts images may be fetched from: the allow-list and Label Studio's own."""

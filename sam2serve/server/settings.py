@@ -31,12 +31,17 @@ DEFAULT_API_KEY_ENV = "SAM2SERVE_API_KEY"
 # lower them.
 MAX_OBJECTS = 1024
 MAX_POINTS_PER_OBJECT = 1024
-# The help groups of 'serve --help' the limit flags are listed in.
+# The help groups of 'serve --help' the flags are listed in.
+RUNTIME = "model and runtime"
+ACCESS = "network and access"
+PAGE = "annotation page (GET /)"
 LIMITS = "limits"
 CONNECTIONS = "connections and slow clients"
 BATCHING = "batching and queue"
 VIDEO = "video tracking sessions (--video; docs/api.md)"
+LIVE = "live video sessions (--video; WebSocket, docs/video.md)"
 CACHES = "caches"
+STORE = "embedding store (docs/labelling.md)"
 
 
 @dataclass(frozen=True)
@@ -248,15 +253,37 @@ class ServerSettings:
     # The persistent embedding store behind the memory cache (a directory or an fsspec URI,
     # shared by replicas and filled ahead of time by 'sam2serve embed'): memory -> store ->
     # encode, every encode written through. None: no store.
-    store: str | None = None
+    store: str | None = option(
+        None,
+        help="a persistent embedding store (a directory or an fsspec URI, e.g. "
+        "file:///data/emb, s3://bucket/emb with s3fs) behind the memory cache: embeddings "
+        "come from memory, then the store, then the encoder, and every encode is written to "
+        "it; fill it ahead of time with 'sam2serve embed', share it between replicas",
+        metavar="DIR",
+        default_text="none",
+        group=STORE,
+    )
     # The precision entries are kept in: float32 (exact) or float16 (half the bytes).
-    store_dtype: str = DEFAULT_STORE_DTYPE
+    store_dtype: str = option(
+        DEFAULT_STORE_DTYPE,
+        help="precision of the store's entries; it must match the one 'embed' wrote",
+        choices=STORE_DTYPES,
+        group=STORE,
+    )
 
     # ---- access
     # When set, /v1/* and /metrics need "Authorization: Bearer KEY" or "X-API-Key: KEY".
     api_key: str | None = None
     # Origins allowed by CORS; empty: no CORS headers at all (browsers refuse cross-origin).
-    cors_origins: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = option(
+        (),
+        help="allow browser requests from ORIGIN (repeatable)",
+        flag="--cors-origin",
+        metavar="ORIGIN",
+        repeatable=True,
+        default_text="none, CORS off",
+        group=ACCESS,
+    )
     # Host names a request's Host header may name besides the listening address and the
     # loopback names (server.allowed_hosts: what stops a DNS-rebinding page); "*": any.
     allowed_hosts: tuple[str, ...] | None = option(
@@ -268,18 +295,33 @@ class ServerSettings:
         metavar="HOST[,HOST...]",
         default_text="only the --host address and localhost, 127.0.0.1, [::1]; any IP "
         "address when --host is 0.0.0.0 or ::",
-        group=CONNECTIONS,
+        group=ACCESS,
     )
 
     # ---- the annotation page
     # A folder of images the page may browse (GET /v1/images): its image files, not its
     # subfolders; None: no folder (those endpoints answer 404 "no_image_folder").
-    images_dir: str | None = None
+    images_dir: str | None = option(
+        None,
+        help="a folder of images the page may browse and open (its jpg jpeg png webp bmp tif "
+        "tiff files, not its subfolders), through GET /v1/images; a listing is kept until the "
+        "folder changes and reads a capped number of entries (docs/api.md)",
+        flag="--images",
+        metavar="DIR",
+        default_text="none",
+        group=PAGE,
+    )
 
     # ---- video tracking sessions (/v1/videos; serve --video)
     # Load SAM 2's video model too (same size and weights as the image model) and serve
     # tracking sessions; off: the /v1/videos endpoints answer 404 "video_disabled".
-    video: bool = False
+    video: bool = option(
+        False,
+        help="also load SAM 2's video model (same size and weights) and serve tracking "
+        "sessions at /v1/videos: upload a video, prompt objects, stream the propagation "
+        "(off: images only)",
+        group=RUNTIME,
+    )
     max_video_sessions: int = option(
         4, help="sessions held at once; one more gets 429", metavar="N", low=1, group=VIDEO
     )
@@ -349,14 +391,14 @@ class ServerSettings:
         metavar="MIB",
         scale=MiB,
         low=1,
-        group=VIDEO,
+        group=LIVE,
     )
     live_frames_kept: int = option(
         8,
         help="newest frames a live session holds (a prompt may name one of them)",
         metavar="N",
         low=2,
-        group=VIDEO,
+        group=LIVE,
     )
     max_live_pending: int = option(
         4,
@@ -364,7 +406,7 @@ class ServerSettings:
         "one more is refused ('too_fast'), the connection stays",
         metavar="N",
         low=1,
-        group=VIDEO,
+        group=LIVE,
     )
     max_live_prompted_frames: int = option(
         16,
@@ -372,12 +414,16 @@ class ServerSettings:
         "memory held for good); a prompt on one more frame is refused",
         metavar="N",
         low=1,
-        group=VIDEO,
+        group=LIVE,
     )
 
     # ---- start-up
     # Run one encode and one decode before /readyz reports ready.
-    warmup: bool = True
+    warmup: bool = option(
+        True,
+        help="report ready after a warm-up encode + decode (--no-warmup: at once)",
+        group=RUNTIME,
+    )
 
     def __post_init__(self) -> None:
         check_options(self)

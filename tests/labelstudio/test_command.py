@@ -32,7 +32,7 @@ def test_help_names_the_endpoints_and_flags():
         "--video-max-frames",
     ):
         assert text in out
-    assert "(default: 9090)" in out
+    assert "(default: 9090;" in out
     code, out, _ = run_cli("--help")
     assert "labelstudio" in out
 
@@ -48,7 +48,7 @@ def test_help_names_the_endpoints_and_flags():
         (["--video-max-frames", "0"], {}, "--video-max-frames: video_max_frames must be"),
         (["--allow-fetch-host", "http://x/"], {}, "--allow-fetch-host: 'http://x/': expected"),
         (["--allow-fetch-host", "host:99999"], {}, "the port is not a number"),
-        (["--port", "70000"], {}, "--port must be in 1..65535"),
+        (["--port", "70000"], {}, "--port must be an integer in [1, 65535], got 70000"),
         (["--max-objects", "0"], {}, "--max-objects"),
         (["--random-weight"], {}, "unknown flag --random-weight; did you mean --random-weights?"),
     ],
