@@ -14,6 +14,7 @@ logs. Usage:
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import resource
@@ -29,6 +30,17 @@ LOGGED_CLI = (
     "import logging, sys; logging.basicConfig(level=logging.INFO, "
     "format='%(name)s: %(message)s'); from sam2serve.cli import main; sys.exit(main())"
 )
+
+
+def summary(logged: str) -> str:
+    """The compile cache's report, short: where the compilation came from and torch's counts."""
+    report = ast.literal_eval(logged)
+    how = "loaded from the cache" if report["loaded"] else "compiled, cache written"
+    return (
+        f"{how}: FX graph {report['fx_graph_hits']} hit / {report['fx_graph_misses']} miss, "
+        f"AOTAutograd {report['aot_autograd_hits']} / {report['aot_autograd_misses']}, "
+        f"{report['kernels_built']} C++ kernels built; first call {report['seconds']} s"
+    )
 
 
 def one_run(args: argparse.Namespace, cache: Path, work: Path) -> dict:
@@ -75,7 +87,7 @@ def one_run(args: argparse.Namespace, cache: Path, work: Path) -> dict:
     return {
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu, 1),
-        "report": report[-1][report[-1].index("{") :] if report else "(no compile-cache line)",
+        "report": summary(report[-1][report[-1].index("{") :]) if report else "(no report)",
     }
 
 
