@@ -230,7 +230,8 @@ class CompileCached:
             log.info("%s: %s", report.source, report.as_dict())
             if not missed:
                 return result
-        destination = self.out or root / entry_name(identity)
+        # A damaged or stale entry is written again where it was found.
+        destination = self.out or entry or root / entry_name(identity)
         if saved is None:
             log.warning("torch.compile left nothing to keep in the compile cache")
             return result
