@@ -14,7 +14,7 @@ made as an *entry*, a directory holding:
   on the CPU (35 kernels for tiny's image path);
 - ``manifest.json``: the entry's identity (what was compiled: model, mode, dtype, device,
   the first call's input shape; with what: torch, Python, the CPU's name or the GPU's name
-  and architecture, Inductor's CPU threads) and the sha256 of both files.
+  and architecture, Inductor's CPU vector ISA and threads) and the sha256 of both files.
 
 A later first call with the same identity extracts ``kernels.tar`` into a fresh private
 directory and loads the artifacts into it (``torch.compiler.load_cache_artifacts``) before
@@ -93,9 +93,13 @@ def compile_identity(
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
-    if device.type == "cpu":  # Inductor's C++ kernels are specialised on it
+    if device.type == "cpu":
+        # Inductor's C++ kernels are specialised on both (CPU names are often generic:
+        # "Intel Xeon Processor" covers AVX2-only and AVX-512 hosts).
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
         from torch._inductor.utils import parallel_num_threads
 
+        identity["isa"] = str(pick_vec_isa())
         identity["threads"] = parallel_num_threads()
     return identity
 
