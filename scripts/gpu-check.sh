@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: the CUDA test suite and a short CUDA benchmark, results in one folder.
 #
-#   scripts/gpu-check.sh [--part tests|bench|compile|blog|blog-compile|all] [OUT_DIR]
+#   scripts/gpu-check.sh [--part tests|bench|compile|blog|blog-compile|coldstart|aoti|all]
+#                        [OUT_DIR]
 #                                                        (default: all, gpu-check/)
 #   scripts/gpu-check.sh --download-wheels                      (on a connected machine)
 #
@@ -18,6 +19,13 @@
 #            SPS and MPS, baseline against furious (eager);
 #   blog-compile  the same with furious+compile (torch.compile compiles the large image
 #            path in every process: minutes).
+#   coldstart  the compile cache: large furious+compile, start -> first answer with an
+#            empty compile cache and then from the cache the first process wrote
+#            (scripts/coldstart.py; the target is <= 10 s from the cache on an H100);
+#            the cuda test test_compile_cache_on_cuda (part tests) checks hits and answers.
+#   aoti     where AOTInductor packages compiled for CUDA crash when loaded: a ladder of
+#            probes from a one-layer package through torch's own loader to tiny's image
+#            path (scripts/aoti_cuda_probe.py; each load in its own process).
 # Artifacts are CPU-only (AOTInductor packages compiled for CUDA crashed when loaded, see
 # runtime/backends), so no +artifacts row runs here. It installs what it needs: with a
 # network, from the package index; without one (a sealed GPU machine), from wheels in
@@ -57,8 +65,9 @@ if [ "${1:-}" = "--part" ]; then
     shift 2
 fi
 case "$PART" in
-    tests|bench|compile|blog|blog-compile|all) ;;
-    *) echo "--part: tests, bench, compile, blog, blog-compile or all, not $PART" >&2; exit 2;;
+    tests|bench|compile|blog|blog-compile|coldstart|aoti|all) ;;
+    *) echo "--part: tests, bench, compile, blog, blog-compile, coldstart, aoti or all, not $PART" >&2
+       exit 2;;
 esac
 OUT=${1:-gpu-check}
 mkdir -p "$OUT"
@@ -131,6 +140,16 @@ if [ "$PART" = blog ] || [ "$PART" = all ]; then
 fi
 if [ "$PART" = blog-compile ] || [ "$PART" = all ]; then
     bench bench_large_cuda_blog_compile all baseline,furious+compile "${BLOG[@]}"
+fi
+if [ "$PART" = coldstart ] || [ "$PART" = all ]; then
+    uptime | tee -a "$OUT/load.txt"
+    timeout 560 python3 scripts/coldstart.py --model large --mode furious --device cuda \
+        --runs 2 --out "$OUT/coldstart_large_cuda.md" 2>&1 | tee "$OUT/coldstart.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+fi
+if [ "$PART" = aoti ] || [ "$PART" = all ]; then
+    timeout 560 python3 scripts/aoti_cuda_probe.py "$OUT/aoti" 2>&1 | tee "$OUT/aoti.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 fi
 set -e
 echo "gpu-check --part $PART: $([ $failed -eq 0 ] && echo passed || echo FAILED); results in $OUT/"

@@ -27,13 +27,15 @@ from sam2serve.runtime.backends import (
     ARTIFACT_DECODERS,
     ARTIFACT_IMAGE_PATH_DEVICES,
     ARTIFACT_IMAGE_PATHS,
+    COMPILE_CACHE_EXPORT,
+    COMPILE_CACHE_MODES,
     ONNX_EXPORT,
     ONNX_MODES,
 )
 from sam2serve.runtime.modes import MODES
 
 EXPORT_IMAGE_PATHS = ARTIFACT_IMAGE_PATHS
-EXPORT_FORMATS = (*ARTIFACT_IMAGE_PATHS, ONNX_EXPORT)
+EXPORT_FORMATS = (*ARTIFACT_IMAGE_PATHS, ONNX_EXPORT, COMPILE_CACHE_EXPORT)
 EXPORT_DECODERS = ARTIFACT_DECODERS
 # Artifacts hold the fast decoder: the modes that run it.
 EXPORT_MODES = tuple(name for name, mode in MODES.items() if mode.decoder == "fast")
@@ -60,6 +62,13 @@ consume (docs/onnx.md), int8-quantised encoder with --mode int8; run them with
 as well, the video path's graphs too (frame encoder, memory attention, video decoder,
 memory encoder, with the tracking rules in the manifest): a plain onnxruntime + numpy
 tracking loop runs them (docs/video.md, "ONNX").
+With --format compile-cache (modes {" and ".join(COMPILE_CACHE_MODES)}, --device cpu or cuda):
+what '--backend compile' compiles at its warm-up (torch's portable compile caches and the
+C++ kernels Inductor built), for this torch, Python and CPU or GPU. Put the directory in
+$SAM2SERVE_CACHE/compile/ (e.g. --out $SAM2SERVE_CACHE/compile/large-furious): '{PROG}
+serve' and '{PROG} run' with --backend compile load a matching one there instead of
+compiling; a mismatch is logged and ignored. They write one there themselves after their
+first compilation when the cache is writable (docs/architecture.md, "Compile cache").
 
 {EXIT_STATUS_HELP}
 """
@@ -68,6 +77,8 @@ EPILOG = f"""\
 example:
   {PROG} export --model tiny --mode furious --checkpoint sam2.1_hiera_tiny.pt --out art/
   {PROG} export --format onnx --video --model tiny --checkpoint sam2.1_hiera_tiny.pt --out onnx/
+  {PROG} export --format compile-cache --model tiny --mode furious --random-weights \\
+      --out $SAM2SERVE_CACHE/compile/tiny-furious
 """
 
 
@@ -100,7 +111,8 @@ def add_arguments(parser: CommandParser) -> None:
         "batch 1), both run by backend artifacts (default: openvino; CPU-only: AOTInductor "
         "packages compiled for CUDA crashed when loaded on a GPU); or onnx: ONNX graphs for "
         "backend onnxruntime and the annotation tools (docs/onnx.md; --mode fast or int8, "
-        "default fast)",
+        "default fast); or compile-cache: backend compile's compilation, loaded from "
+        "$SAM2SERVE_CACHE/compile/ at start-up (--mode fast or furious; cpu or cuda)",
     )
     parser.add_argument(
         "--video",
@@ -128,6 +140,8 @@ def export_command(args: argparse.Namespace) -> int:
 
     if args.format == ONNX_EXPORT:
         return export_onnx_command(args)
+    if args.format == COMPILE_CACHE_EXPORT:
+        return export_compile_cache_command(args)
     if args.video:
         raise UsageError("--video exports ONNX graphs: use it with --format onnx")
     args.mode = args.mode or DEFAULT_EXPORT_MODE
@@ -216,19 +230,56 @@ def export_onnx_command(args: argparse.Namespace) -> int:
     )
 
 
+def export_compile_cache_command(args: argparse.Namespace) -> int:
+    """--format compile-cache: backend compile's compilation, on any device it runs on."""
+    mode = args.mode or DEFAULT_EXPORT_MODE
+    if mode not in COMPILE_CACHE_MODES:
+        raise UsageError(
+            f"--format {COMPILE_CACHE_EXPORT} keeps backend compile's compilation: modes "
+            f"{' and '.join(COMPILE_CACHE_MODES)}, not --mode {mode}"
+        )
+    if args.video:
+        raise UsageError("--video exports ONNX graphs: use it with --format onnx")
+    from sam2serve.runtime.compile_cache import export_compile_cache
+    from sam2serve.runtime.process import configure_process
+    from sam2serve.runtime.spec import RuntimeSpec
+
+    model_flags.check_device(args.device)
+    # Threads and TF32 as 'serve' sets them: the compiled kernels depend on both.
+    configure_process(RuntimeSpec(args.model, mode, "compile", args.device, args.threads))
+    return _write(
+        args,
+        lambda: export_compile_cache(
+            args.model,
+            mode,
+            args.out,
+            device=args.device,
+            checkpoint=args.checkpoint,
+            random_weights=args.random_weights,
+            seed=args.seed,
+            command=command_line(args),
+            progress=info_line,
+        ),
+        lambda manifest: f"torch {manifest['identity']['torch']} on {manifest['target']}",
+        weights_inside=False,
+    )
+
+
 def _write(
     args: argparse.Namespace,
     export: Callable[[], dict[str, Any]],
     target: Callable[[dict[str, Any]], str],
+    weights_inside: bool = True,
 ) -> int:
     """Run ``export``, with checkpoint and --out errors as usage errors, and announce what
-    it wrote (``target`` names what the manifest is for)."""
+    it wrote (``target`` names what the manifest is for; ``weights_inside``: whether the
+    export holds the weights, which random weights are then said of)."""
     try:
         with model_flags.load_errors_as_usage(args.checkpoint, args.model):
             manifest = export()
     except OSError as exc:
         raise UsageError(f"cannot write --out {args.out!r}: {exc.strerror or exc}") from None
-    if args.random_weights:
+    if args.random_weights and weights_inside:
         warning_line("exported RANDOM WEIGHTS - not a trained model")
     info_line(
         f"wrote {args.out} ({manifest['model']}, {manifest['mode']}, {manifest['precision']}, "

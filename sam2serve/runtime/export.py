@@ -378,6 +378,12 @@ def read_manifest(directory: str | Path, expected_format: int | str = FORMAT_VER
             f"{str(path)!r} is {'an ONNX export' if found == 'onnx' else 'not an ONNX export'}"
             f": run it with {runner}"
         )
+    if found == "compile-cache":
+        raise ArtifactError(
+            f"{str(path)!r} is a compile cache ('sam2serve export --format compile-cache'), "
+            "not artifacts: put it in $SAM2SERVE_CACHE/compile/ and run --backend compile, "
+            "which loads it from there"
+        )
     if found != expected_format:
         raise ArtifactError(
             f"{str(path)!r} has format {manifest.get('format')!r}; this "

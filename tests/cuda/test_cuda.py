@@ -225,3 +225,42 @@ def test_coco_rle_on_the_gpu_equals_the_cpu():
     masks[1], masks[2], masks[3, 0, 0] = False, True, True
     on_gpu = masks_to_coco(masks.to(DEVICE))
     assert on_gpu == masks_to_coco(masks)
+
+
+def test_compile_cache_on_cuda(tmp_path):
+    """furious+compile on the GPU: a first process compiles tiny's image path and keeps it
+    in the compile cache; a second loads it (FX-graph and AOTAutograd hits, the Triton
+    kernels bundled in torch's artifacts: nothing compiled) and answers bit for bit the
+    same. The processes' times are printed (pytest -s) for docs/benchmarks.md."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    child = Path(__file__).parents[1] / "runtime" / "compile_cache_child.py"
+    env = {**os.environ, "SAM2SERVE_CACHE": str(tmp_path / "cache")}
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
+    runs = []
+    for name in ("first", "second"):
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, str(child), "image", "--device", DEVICE, "--mode", "furious"]
+            + ["--save", str(tmp_path / f"{name}.pt")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"compile cache, {name} process: {time.monotonic() - started:.1f} s, {report}")
+        runs.append((torch.load(tmp_path / f"{name}.pt", weights_only=True), report))
+    (first, cold), (second, warm) = runs
+    assert cold["loaded"] is False and cold["written"] is True
+    assert warm["loaded"] is True and warm["fx_graph_hits"] > 0
+    assert warm["fx_graph_misses"] == 0 and warm["aot_autograd_misses"] == 0
+    assert warm["kernels_built"] == 0
+    for name, value in first.items():
+        assert torch.equal(value, second[name]), name

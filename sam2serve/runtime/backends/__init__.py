@@ -57,6 +57,10 @@ _OPENVINO_MODES = (*_FAST_MODES, "int8")
 # What 'sam2serve export --format onnx' writes and backend 'onnxruntime' runs: fp32 graphs,
 # or the image encoder quantised to int8.
 ONNX_EXPORT = "onnx"
+# What 'sam2serve export --format compile-cache' writes: backend compile's compilation, for
+# the cache it loads at start-up (sam2serve.runtime.compile_cache).
+COMPILE_CACHE_EXPORT = "compile-cache"
+COMPILE_CACHE_MODES = ("fast", "furious")
 ONNX_MODES = ("fast", "int8")
 # What runs video tracking: eager (every video mode), and onnxruntime (mode fast, from
 # 'sam2serve export --format onnx --video': sam2serve.runtime.ort_video).
