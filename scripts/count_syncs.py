@@ -11,19 +11,22 @@ stage and kind. The tiny model with seeded random weights, small frames.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 from collections import Counter
 
 import numpy as np
 import torch
 
-from sam2serve.checkpoint import load_model, load_video_model
+from sam2serve.checkpoint import random_state_dict
+from sam2serve.config import get_config
 from sam2serve.engine import amg as amg_module
 from sam2serve.engine.amg import MaskGenerator
 from sam2serve.engine.predictor import Predictor
 from sam2serve.engine.video import VideoPredictor
 from sam2serve.engine.video import predictor as video_module
 from sam2serve.engine.video.outputs import object_masks
+from sam2serve.modeling.sam2_video import SAM2Video
 from sam2serve.runtime.sync_guard import SyncGuard
 from sam2serve.samples import sample_clip
 
@@ -37,8 +40,17 @@ def staged(guard: SyncGuard, name: str, fn):
     return run
 
 
-def video_counts(objects: int, frames: int) -> tuple[Counter, int]:
-    model = load_video_model("tiny", random_weights=True, seed=0)
+def tiny(image_size: int) -> SAM2Video:
+    """SAM 2.1 tiny, seeded random weights, at ``image_size`` (the counts do not depend on
+    it: the same code runs; 256 is 16x less work than 1024)."""
+    cfg = dataclasses.replace(get_config("tiny"), image_size=image_size)
+    model = SAM2Video(cfg)
+    model.load_state_dict(random_state_dict(cfg, 0, video=True))
+    return model.eval()
+
+
+def video_counts(objects: int, frames: int, image_size: int) -> tuple[Counter, int]:
+    model = tiny(image_size)
     predictor = VideoPredictor(model)
     clip, _ = sample_clip(frames, (96, 128))
     state = predictor.init_state(clip)
@@ -68,8 +80,8 @@ def video_counts(objects: int, frames: int) -> tuple[Counter, int]:
     return Counter((s.stage or "other", s.kind, s.where) for s in guard.syncs), tracked
 
 
-def image_counts() -> dict[str, Counter]:
-    model = load_model("tiny", random_weights=True, seed=0)
+def image_counts(image_size: int) -> dict[str, Counter]:
+    model = tiny(image_size)
     image = np.random.default_rng(0).integers(0, 255, (96, 128, 3), dtype=np.uint8)
     out = {}
     for decoder in ("reference", "fast"):
@@ -98,13 +110,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objects", type=int, default=3)
     parser.add_argument("--frames", type=int, default=4)
+    parser.add_argument("--image-size", type=int, default=1024)
     args = parser.parse_args()
     torch.manual_seed(0)
-    counts, tracked = video_counts(args.objects, args.frames)
+    counts, tracked = video_counts(args.objects, args.frames, args.image_size)
     print(f"video: {args.objects} objects, {tracked} tracked frames; requests per frame")
     for (stage, kind, where), n in sorted(counts.items()):
         print(f"  {stage:24s} {kind:14s} {n / tracked:6.2f}  {where}")
-    for name, counter in image_counts().items():
+    for name, counter in image_counts(args.image_size).items():
         print(name)
         for key, n in sorted(counter.items(), key=str):
             print(f"  {key}: {n}")
