@@ -122,17 +122,31 @@ def _passing_rows(iou: torch.Tensor, min_iou: float | None) -> torch.Tensor:
 
 
 def _as_float_tensor(value: Any, name: str, device: torch.device) -> torch.Tensor:
+    """``value`` as float32 on ``device``, checked finite. Host data (lists, arrays) is
+    checked on the host and uploaded without a blocking copy; a tensor is checked where it
+    is (on a device that is a host sync: the caller handed device data)."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.to(device=device, dtype=torch.float32)
+        if not torch.isfinite(tensor).all():
+            raise PromptError(f"{name} contains NaN or infinite values")
+        return tensor
     try:
-        tensor = torch.as_tensor(
-            np.asarray(value, dtype=np.float32) if not isinstance(value, torch.Tensor) else value,
-            dtype=torch.float32,
-            device=device,
-        )
+        array = np.asarray(value, dtype=np.float32)
     except (TypeError, ValueError) as exc:
         raise PromptError(f"{name} must be numeric, got {value!r:.80}: {exc}") from None
-    if not torch.isfinite(tensor).all():
+    if not np.isfinite(array).all():
         raise PromptError(f"{name} contains NaN or infinite values")
-    return tensor
+    return torch.from_numpy(array).to(device, non_blocking=True)
+
+
+def _bad_labels(point_labels: Any, labels: torch.Tensor) -> list[float]:
+    """The values of ``labels`` that are no point label: looked up in the caller's host
+    data when it is that (no host sync), else in the tensor."""
+    if isinstance(point_labels, torch.Tensor):
+        values = labels.unique().tolist()
+    else:
+        values = np.unique(np.asarray(point_labels, dtype=np.float32)).tolist()
+    return [v for v in values if v not in VALID_LABELS]
 
 
 @dataclass(frozen=True)
@@ -512,7 +526,7 @@ class Predictor:
                     f"point_labels shape {tuple(labels_f.shape)} does not match point_coords "
                     f"{tuple(coords.shape)}: expected {tuple(coords.shape[:2])}"
                 )
-            bad = [v for v in labels_f.unique().tolist() if v not in VALID_LABELS]
+            bad = _bad_labels(point_labels, labels_f)
             if bad:
                 raise PromptError(
                     f"point_labels must be 1 (foreground) or 0 (background) (or -1, 2, 3), "

@@ -54,19 +54,40 @@ class FrameFeatures:
 
 @dataclass
 class SpatialMemory:
-    """One frame's memories of B objects, and its slot in the temporal embedding."""
+    """One memory slot of B objects, and its slot in the temporal embedding: one index for
+    all of them, or one per object (objects whose banks differ but have the same length
+    run as one batch)."""
 
     features: torch.Tensor  # (B, mem_dim, 64, 64), any float dtype (stored as bfloat16)
-    tpos_index: int  # index into maskmem_tpos_enc: num_maskmem - 1 for prompted frames
+    # index into maskmem_tpos_enc (num_maskmem - 1 for prompted frames), or B of them
+    tpos_index: int | tuple[int, ...]
 
 
 @dataclass
 class ObjectPointers:
-    """Object pointers of B objects on N frames and their signed frame distances."""
+    """Object pointers of B objects in N slots and their signed frame distances: per slot
+    one distance for all objects, or a tuple of B (one per object)."""
 
     pointers: torch.Tensor  # (N, B, C)
-    distances: list[int]  # N signed distances (current frame - pointer's frame)
+    distances: list[int] | list[int | tuple[int, ...]]  # current frame - pointer's frame
     max_distance: int  # the normaliser of the temporal encoding
+
+
+def _per_object(values: list, batch: int) -> list[list[int]] | None:
+    """``values`` (one int, or a tuple of ``batch`` ints, per slot) as per-object lists
+    (batch, slots); None when every slot's value is shared."""
+    if all(isinstance(value, int) for value in values):
+        return None
+    return [
+        [value if isinstance(value, int) else value[row] for value in values]
+        for row in range(batch)
+    ]
+
+
+def upload(values: list, device: torch.device) -> torch.Tensor:
+    """Small host integers on ``device`` without a blocking copy (a pageable host-to-device
+    copy with ``non_blocking`` is staged at once and waits for nothing)."""
+    return torch.tensor(values).to(device, non_blocking=True)
 
 
 @dataclass
@@ -79,6 +100,10 @@ class HeadsOutput:
 
 
 class SAM2Video(SAM2Image):
+    # condition_on_memory takes banks that differ per object (same length): the predictor
+    # runs all objects of a frame as one batch (a model without it: one batch per bank).
+    per_object_banks = True
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
         video = cfg.video
@@ -146,11 +171,14 @@ class SAM2Video(SAM2Image):
         """
         device = frame.vision_feats.device
         features = torch.stack([memory.features for memory in memories], dim=1)
-        tpos_index = torch.tensor([memory.tpos_index for memory in memories], device=device)
+        slots = [memory.tpos_index for memory in memories]
+        per_object = _per_object(slots, batch)
+        tpos_index = upload(slots if per_object is None else per_object, device)
         tokens, token_pos = self.memory_tokens(features, tpos_index, memory_pos)
         num_ptr_tokens = 0
         if pointers is not None and pointers.distances:
-            distances = torch.tensor(pointers.distances, device=device)
+            per_object = _per_object(pointers.distances, batch)
+            distances = upload(pointers.distances if per_object is None else per_object, device)
             ptr_tokens, ptr_pos = self.pointer_tokens(
                 pointers.pointers.permute(1, 0, 2), distances / pointers.max_distance
             )
@@ -169,13 +197,17 @@ class SAM2Video(SAM2Image):
         self, features: torch.Tensor, tpos_index: torch.Tensor, memory_pos: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Spatial memories (B, N, mem_dim, H, W) of N frames, any float dtype, and their
-        slots in the temporal embedding (N,) -> tokens and their positions, both
-        (B, N * H * W, mem_dim) float32, frame by frame: each position is the memories'
-        spatial encoding ``memory_pos`` (1, mem_dim, H, W) plus its frame's maskmem_tpos_enc.
+        slots in the temporal embedding, (N,) shared or (B, N) per object -> tokens and
+        their positions, both (B, N * H * W, mem_dim) float32, frame by frame: each position
+        is the memories' spatial encoding ``memory_pos`` (1, mem_dim, H, W) plus its frame's
+        maskmem_tpos_enc.
         """
-        b, _, c = features.shape[:3]
+        b, n, c = features.shape[:3]
         tokens = features.float().flatten(3).transpose(2, 3).reshape(b, -1, c)
         spatial_pos = memory_pos.flatten(2).transpose(1, 2)  # (1, HW, mem_dim)
+        if tpos_index.dim() == 2:  # per object: the same sums, one bank per row
+            tpos = self.maskmem_tpos_enc[tpos_index].reshape(b, n, 1, c)
+            return tokens, (spatial_pos + tpos).reshape(b, -1, c)
         tpos = self.maskmem_tpos_enc[tpos_index].reshape(-1, 1, c)  # (N, 1, mem_dim)
         pos = (spatial_pos + tpos).reshape(1, -1, c).expand(b, -1, -1)
         return tokens, pos
@@ -183,14 +215,18 @@ class SAM2Video(SAM2Image):
     def pointer_tokens(
         self, pointers: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Object pointers (B, N, C) of N frames and their temporal positions (N,) (signed
-        frame distance / the largest distance) -> (B, N * C / mem_dim, mem_dim) tokens and
-        positions: each pointer is split into C / mem_dim tokens sharing its encoding."""
+        """Object pointers (B, N, C) of N frames and their temporal positions, (N,) shared
+        or (B, N) per object (signed frame distance / the largest distance) ->
+        (B, N * C / mem_dim, mem_dim) tokens and positions: each pointer is split into
+        C / mem_dim tokens sharing its encoding."""
         b, n, hidden = pointers.shape
         pos = temporal_sine_encoding(positions, hidden)
-        pos = self.obj_ptr_tpos_proj(pos)  # (N, mem_dim)
+        pos = self.obj_ptr_tpos_proj(pos)  # (N, mem_dim) or (B, N, mem_dim)
         split = hidden // self.mem_dim
         tokens = pointers.reshape(b, n * split, self.mem_dim)
+        if positions.dim() == 2:
+            pos = pos.unsqueeze(2).expand(-1, -1, split, -1).reshape(b, -1, self.mem_dim)
+            return tokens, pos
         pos = pos.unsqueeze(1).expand(-1, split, -1).reshape(1, -1, self.mem_dim)
         return tokens, pos.expand(b, -1, -1)
 

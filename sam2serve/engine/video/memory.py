@@ -7,12 +7,16 @@ first), then object pointers: the prompted frames' that are not in the future, a
 pointers of up to ``max_obj_ptrs_in_encoder - 1`` preceding frames (nearest first). The
 order matters only in the last bits (softmax sums), and is kept as Meta's.
 
-The selection is a list of frame indices; objects with the same selection on a frame are
-run as one batch (typically all objects prompted on the same frames).
+The selection is a list of frame indices. All objects of a frame run as one batch where
+the model takes banks that differ per object (SAM2Video): objects whose banks have the
+same shape (:func:`bank_shape`) share one memory-attention call, each reading its own
+frames, and every object goes through the heads and the memory encoder together;
+otherwise objects with the same selection are batched (the ONNX Runtime tracker).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -97,29 +101,59 @@ def select_memories(
     return MemorySelection(tuple(spatial), tuple(pointers), max_ptrs - 1)
 
 
+def bank_shape(selection: MemorySelection) -> tuple[int, int]:
+    """(memory slots, pointer slots): objects whose banks have the same shape run as one
+    batch, each reading its own frames (:func:`gather_memories`)."""
+    return len(selection.spatial), len(selection.pointers)
+
+
 def gather_memories(
-    tracks: list[ObjectTrack], selection: MemorySelection, device: torch.device
+    tracks: list[ObjectTrack],
+    selection: MemorySelection | Sequence[MemorySelection],
+    device: torch.device,
 ) -> tuple[list[SpatialMemory], ObjectPointers | None]:
-    """The selected outputs of B objects sharing ``selection``, batched for the model."""
+    """The selected outputs of B objects, batched for the model: one ``selection`` for all
+    of them, or one per object, all of one :func:`bank_shape` (slot i of each object's
+    bank becomes row b of slot i; where the objects' slots differ in temporal position or
+    pointer distance, the slot carries one per object)."""
+    selections = (
+        [selection] * len(tracks) if isinstance(selection, MemorySelection) else list(selection)
+    )
+    if len(selections) != len(tracks):
+        raise ValueError(f"{len(selections)} memory selections for {len(tracks)} objects")
+    if len({bank_shape(s) for s in selections}) != 1:
+        raise ValueError("objects batched together need memory banks of one shape")
+    if len({s.max_distance for s in selections}) != 1:
+        raise ValueError("objects batched together need one pointer horizon")
 
     def output(track: ObjectTrack, t: int, cond: bool) -> FrameOutput:
         return (track.cond_outputs if cond else track.non_cond_outputs)[t]
 
+    def shared(values: list[int]) -> int | tuple[int, ...]:
+        return values[0] if len(set(values)) == 1 else tuple(values)
+
     memories = []
-    for tpos_index, t, cond in selection.spatial:
-        features = []
-        for track in tracks:
+    for slot in range(len(selections[0].spatial)):
+        features, tpos = [], []
+        for track, chosen in zip(tracks, selections, strict=True):
+            tpos_index, t, cond = chosen.spatial[slot]
             stored = output(track, t, cond).maskmem_features
             assert stored is not None, "memories are encoded before they are selected"
-            features.append(stored.to(device))
-        memories.append(SpatialMemory(torch.cat(features), tpos_index))
-    if not selection.pointers:
+            features.append(stored.to(device, non_blocking=True))
+            tpos.append(tpos_index)
+        memories.append(SpatialMemory(torch.cat(features), shared(tpos)))
+    if not selections[0].pointers:
         return memories, None
-    ptrs = torch.stack(
-        [
-            torch.cat([output(track, t, cond).obj_ptr.to(device) for track in tracks])
-            for _, t, cond in selection.pointers
-        ]
-    )
-    distances = [distance for distance, _, _ in selection.pointers]
-    return memories, ObjectPointers(ptrs, distances, selection.max_distance)
+    ptrs, distances = [], []
+    for slot in range(len(selections[0].pointers)):
+        row = [chosen.pointers[slot] for chosen in selections]
+        ptrs.append(
+            torch.cat(
+                [
+                    output(track, t, cond).obj_ptr.to(device, non_blocking=True)
+                    for track, (_, t, cond) in zip(tracks, row, strict=True)
+                ]
+            )
+        )
+        distances.append(shared([distance for distance, _, _ in row]))
+    return memories, ObjectPointers(torch.stack(ptrs), distances, selections[0].max_distance)

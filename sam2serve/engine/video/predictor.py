@@ -6,7 +6,9 @@ for any object give that frame's masks at once; ``propagate`` then encodes the p
 frames' memories ("preflight") and tracks every object frame by frame, forward or in
 reverse, yielding each frame's masks as soon as they are computed. A prompt added after
 propagating (a correction) is answered at once and taken into account by the next
-``propagate``. Objects whose memory banks hold the same frames run as one batch.
+``propagate``. All objects tracked on a frame run as one batch: memory attention once per
+shape of memory bank (each object reading its own frames), the heads and the memory
+encoder once.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ import torch.nn.functional as F
 from sam2serve.engine.prompts import Prompt, PromptError, prompt_arrays
 from sam2serve.engine.tf32 import tf32_policy
 from sam2serve.engine.video.frames import preprocess_frame
-from sam2serve.engine.video.memory import MemorySelection, gather_memories, select_memories
+from sam2serve.engine.video.memory import (
+    MemorySelection,
+    bank_shape,
+    gather_memories,
+    select_memories,
+)
 from sam2serve.engine.video.retention import Retention
 from sam2serve.engine.video.sources import FrameSource, as_source
 from sam2serve.engine.video.state import (
@@ -340,9 +347,11 @@ class VideoPredictor:
             yield self._propagate_frame(state, frame_idx, reverse)
 
     def _propagate_frame(self, state: VideoState, frame_idx: int, reverse: bool) -> FrameMasks:
+        """Every object on one frame: a prompted object's stored output; all the tracked
+        ones through one :meth:`_track_frame` (one batch), their banks grouped by shape."""
         tracks = list(state.objects.values())
         masks: list[torch.Tensor | None] = [None] * len(tracks)
-        groups: dict[MemorySelection, list[int]] = {}
+        groups: dict[Any, list[tuple[int, MemorySelection]]] = {}
         for i, track in enumerate(tracks):
             if frame_idx in track.cond_outputs:
                 masks[i] = track.cond_outputs[frame_idx].pred_masks.to(state.device)
@@ -350,12 +359,12 @@ class VideoPredictor:
                 selection = select_memories(
                     track, frame_idx, reverse, self._horizon(state), self.config
                 )
-                groups.setdefault(selection, []).append(i)
-        for selection, members in groups.items():
-            group = [tracks[i] for i in members]
+                groups.setdefault(self._batch_key(selection), []).append((i, selection))
+        members = [member for group in groups.values() for member in group]
+        if members:
             outputs, low_res = self._track_frame(
                 state,
-                group,
+                [tracks[i] for i, _ in members],
                 frame_idx,
                 is_init_cond=False,
                 reverse=reverse,
@@ -363,9 +372,9 @@ class VideoPredictor:
                 mask=None,
                 prev_mask_logits=None,
                 run_memory_encoder=True,
-                selection=selection,
+                selection=tuple(selection for _, selection in members),
             )
-            for row, (i, out) in enumerate(zip(members, outputs)):
+            for row, ((i, _), out) in enumerate(zip(members, outputs, strict=True)):
                 tracks[i].non_cond_outputs[frame_idx] = out
                 masks[i] = low_res[row : row + 1]
         for track in tracks:
@@ -373,6 +382,13 @@ class VideoPredictor:
         state.retention.after_frame(state, frame_idx, reverse, self.config)
         stacked = torch.cat([m for m in masks if m is not None])
         return FrameMasks(frame_idx, state.obj_ids, self._to_video_size(state, stacked))
+
+    def _batch_key(self, selection: MemorySelection) -> Any:
+        """Objects with equal keys share a memory-attention call: banks of one shape where
+        the model reads banks per object (SAM2Video), else the very same bank."""
+        if getattr(self.model, "per_object_banks", False):
+            return bank_shape(selection)
+        return selection
 
     # -- live --------------------------------------------------------------------------------
 
@@ -445,9 +461,14 @@ class VideoPredictor:
         mask: torch.Tensor | None,
         prev_mask_logits: torch.Tensor | None,
         run_memory_encoder: bool,
-        selection: MemorySelection | None = None,
+        selection: MemorySelection | Sequence[MemorySelection] | None = None,
     ) -> tuple[list[FrameOutput], torch.Tensor]:
-        """Meta's track_step for B objects on one frame (B = 1 with a prompt).
+        """Meta's track_step for B objects on one frame (B = 1 with a prompt), as one
+        batch: ``selection`` is every object's memory bank (one for all, or one per object;
+        None: selected here). Objects whose banks have one :meth:`_batch_key` run through
+        memory attention together (consecutive ones: the caller orders them), then all of
+        them through the heads and the memory encoder at once: per object what Meta's
+        per-object loop computes.
 
         Returns one FrameOutput per object (stored on the storage device) and the low-res
         logits (B, 1, 256, 256) on the compute device.
@@ -462,18 +483,13 @@ class VideoPredictor:
                 pix_feat = model.condition_without_memory(frame).expand(batch, -1, -1, -1)
             else:
                 if selection is None:
-                    selection = select_memories(
-                        tracks[0], frame_idx, reverse, self._horizon(state), self.config
-                    )
-                memories, pointers = gather_memories(tracks, selection, state.device)
-                pix_feat = model.condition_on_memory(
-                    frame,
-                    batch,
-                    memories,
-                    model.memory_position(state.device),
-                    pointers,
-                    self.memory_attention_dtype,
-                )
+                    selection = [
+                        select_memories(
+                            track, frame_idx, reverse, self._horizon(state), self.config
+                        )
+                        for track in tracks
+                    ]
+                pix_feat = self._condition(state, frame, tracks, selection)
             num_points = 0 if points is None else points.labels.shape[1]
             heads = model.forward_heads(
                 pix_feat,
@@ -500,6 +516,41 @@ class VideoPredictor:
             for i in range(batch)
         ]
         return outputs, heads.low_res_masks
+
+    def _condition(
+        self,
+        state: VideoState,
+        frame: FrameFeatures,
+        tracks: list[ObjectTrack],
+        selection: MemorySelection | Sequence[MemorySelection],
+    ) -> torch.Tensor:
+        """(B, C, 64, 64): each object's features attended to its own memory bank, one
+        memory-attention call per run of objects with one :meth:`_batch_key`."""
+        selections = (
+            [selection] * len(tracks) if isinstance(selection, MemorySelection) else selection
+        )
+        memory_pos = self.model.memory_position(state.device)
+        parts, start = [], 0
+        while start < len(tracks):
+            key = self._batch_key(selections[start])
+            end = start + 1
+            while end < len(tracks) and self._batch_key(selections[end]) == key:
+                end += 1
+            memories, pointers = gather_memories(
+                tracks[start:end], selections[start:end], state.device
+            )
+            parts.append(
+                self.model.condition_on_memory(
+                    frame,
+                    end - start,
+                    memories,
+                    memory_pos,
+                    pointers,
+                    self.memory_attention_dtype,
+                )
+            )
+            start = end
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     # -- helpers ----------------------------------------------------------------------------
 
