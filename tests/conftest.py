@@ -73,10 +73,25 @@ def tiny_meta_model(tiny_checkpoint):
 
 @pytest.fixture(scope="session")
 def exported_artifacts(tmp_path_factory) -> Path:
-    """``sam2serve export`` of random tiny weights (seed 4) for mode fast, with the decoder
-    programs: compiled once (~2.5 min) for tests/runtime and tests/cluster."""
+    """``sam2serve export`` of random tiny weights (seed 4) for mode fast, the image path
+    only (OpenVINO; the decoder runs eagerly from heads.pt): for tests/runtime and
+    tests/cluster. The decoder programs take most of an export's time (~2 min more on 2
+    cores): their tests use ``exported_programs``, in the second tier."""
     from sam2serve.runtime.export import export_artifacts
 
     out = tmp_path_factory.mktemp("artifacts")
+    export_artifacts(
+        "tiny", "fast", out, decoder="eager", random_weights=True, seed=4, command="test"
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def exported_programs(tmp_path_factory) -> Path:
+    """The same export as the command makes it by default: with the decoder programs
+    (AOTInductor), compiled once (~2.5 min) for the tests marked ``extended``."""
+    from sam2serve.runtime.export import export_artifacts
+
+    out = tmp_path_factory.mktemp("artifacts-programs")
     export_artifacts("tiny", "fast", out, random_weights=True, seed=4, command="test")
     return out

@@ -93,12 +93,12 @@ def wait_for(predicate, what: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(exported_artifacts, tmp_path_factory):
+def cluster(exported_programs, tmp_path_factory):
     from sam2serve.cluster.app import bind_app
     from sam2serve.cluster.config import parse_config
 
     port = _free_port()
-    uri = exported_artifacts.resolve().as_uri()  # fsspec: every replica copies/verifies
+    uri = exported_programs.resolve().as_uri()  # fsspec: every replica copies/verifies
     cache = str(tmp_path_factory.mktemp("replica_cache"))
     store = tmp_path_factory.mktemp("store").resolve().as_uri()  # an fsspec URI
     config = parse_config(_config(uri, cache, port, store))
@@ -108,7 +108,7 @@ def cluster(exported_artifacts, tmp_path_factory):
         spec = config.apps[0]
         serve.run(bind_app(spec), name=spec.name, route_prefix=spec.route_prefix)
         wait_for(lambda: running_replicas() == 2, "two running replicas")
-        manifest = (exported_artifacts / "manifest.json").read_bytes()
+        manifest = (exported_programs / "manifest.json").read_bytes()
         yield {
             "url": f"http://127.0.0.1:{port}",
             "uri": uri,

@@ -13,10 +13,11 @@ from sam2serve.runtime.decoder_programs import INTERFACE
 from sam2serve.runtime.export import load_artifacts
 
 
+@pytest.mark.extended  # the decoder programs: compiled minutes (tests/conftest.py)
 @pytest.mark.parametrize("interface", [None, 1, INTERFACE + 1])
-def test_programs_of_another_interface_run_eagerly(exported_artifacts, tmp_path, interface):
+def test_programs_of_another_interface_run_eagerly(exported_programs, tmp_path, interface):
     copy = tmp_path / "copy"
-    shutil.copytree(exported_artifacts, copy)
+    shutil.copytree(exported_programs, copy)
     manifest = json.loads((copy / "manifest.json").read_text())
     assert manifest["decoder"]["interface"] == INTERFACE  # what an export writes now
     if interface is None:  # written before interfaces were recorded

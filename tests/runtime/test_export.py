@@ -23,9 +23,15 @@ def eager_predictor(seed: int = 0, **spec: str):
 
 @pytest.fixture
 def exported(exported_artifacts):
-    """tests/conftest.py's export (tiny, fast, seed 4, decoder programs), shared with the
+    """tests/conftest.py's export (tiny, fast, seed 4, the image path), shared with the
     cluster tests: tests here never change it (they change copies)."""
     return exported_artifacts
+
+
+@pytest.fixture
+def programs(exported_programs):
+    """The same export with the decoder programs (second tier: compiled for minutes)."""
+    return exported_programs
 
 
 def test_artifacts_match_the_eager_model(exported):
@@ -52,27 +58,35 @@ def test_artifacts_match_the_eager_model(exported):
     assert not dynamo_utils.counters["frames"], dict(dynamo_utils.counters["frames"])
 
 
+IMAGE_PATH_FILES = {"image_encoder.xml", "image_encoder.bin", "image_encoder.cpu.blob"}
+
+
 def test_manifest_describes_the_export(exported):
     manifest = json.loads((exported / "manifest.json").read_text())
     assert manifest["model"] == "tiny" and manifest["mode"] == "fast"
     assert manifest["precision"] == "f32" and manifest["command"] == "test"
     assert manifest["outputs"]["image_embed"]["shape"] == ["batch", 256, 64, 64]
+    assert set(manifest["files"]) == {*IMAGE_PATH_FILES, "heads.pt"}
+    assert manifest["compiled"]["file"] == "image_encoder.cpu.blob"
+    assert "decoder" not in manifest  # --decoder eager: no programs
+    assert manifest["device"] == "cpu" and manifest["spec"]["device"] == "cpu"
+    assert manifest["spec"]["dtype"] == "float32"
+    assert manifest["weights"]["source"] == "random"
+
+
+@pytest.mark.extended
+def test_manifest_describes_the_decoder_programs(programs):
+    manifest = json.loads((programs / "manifest.json").read_text())
     assert set(manifest["files"]) == {
-        "image_encoder.xml",
-        "image_encoder.bin",
-        "image_encoder.cpu.blob",
+        *IMAGE_PATH_FILES,
         "decoder_side.pt2",
         "decoder_prompts.pt2",
         "decoder_masks.pt2",
         "heads.pt",
     }
-    assert manifest["compiled"]["file"] == "image_encoder.cpu.blob"
     decoder = manifest["decoder"]
     assert decoder["backend"] == "aoti" and decoder["dtype"] == "float32"
     assert decoder["layout"] and decoder["device"] == "cpu" and decoder["target"]
-    assert manifest["device"] == "cpu" and manifest["spec"]["device"] == "cpu"
-    assert manifest["spec"]["dtype"] == "float32"
-    assert manifest["weights"]["source"] == "random"
 
 
 @pytest.mark.parametrize(
@@ -117,9 +131,9 @@ def test_export_command_reports_a_missing_checkpoint(tmp_path, capsys):
 
 def test_openvino_image_path_at_start_up_matches_eager(tmp_path, monkeypatch):
     """Backend openvino (bench row fast+openvino): converted at the first start and kept
-    in the cache, imported at the next; same answers as eager either way. A damaged cache
-    entry is not used."""
-    from sam2serve.runtime import openvino_cache
+    in the cache, imported at the next; same answers as eager either way. Other weights
+    are converted, never served another's entry. A damaged cache entry is not used."""
+    from sam2serve.runtime import export, openvino_cache
 
     monkeypatch.setenv("SAM2SERVE_CACHE", str(tmp_path))
     first = eager_predictor(4, backend="openvino")
@@ -135,15 +149,28 @@ def test_openvino_image_path_at_start_up_matches_eager(tmp_path, monkeypatch):
         assert (ours.image_embed - ref.image_embed).abs().max() / scale < 1e-4
         for a, b in zip(ours.high_res_feats, ref.high_res_feats):
             assert (a - b).abs().max() / b.abs().max() < 1e-4
+    # Other weights, another entry: seed 5's start converts (stopped as it begins: the
+    # conversion itself is the first start's, tested above), though seed 4's entry is
+    # there and whole; seed 4's next start still imports it.
+    converted: list[str] = []
+
+    def conversion(model, spec):
+        converted.append(spec.mode)
+        raise RuntimeError("converting")
+
+    monkeypatch.setattr(export, "mode_image_path", conversion)
+    assert eager_predictor(4, backend="openvino").image_encoder.source == (
+        "imported from the cache"
+    )
+    assert not converted
+    with pytest.raises(RuntimeError, match="converting"):
+        eager_predictor(5, backend="openvino")
+    assert converted == ["fast"]
     (entry,) = (tmp_path / openvino_cache.CACHE_NAME).iterdir()
     assert openvino_cache._checked_files(entry) is not None
     with (entry / openvino_cache.IR_BIN).open("r+b") as weights:
         weights.write(b"damaged")
     assert openvino_cache._checked_files(entry) is None  # converted again, not imported
-    # Other weights, another entry: a seed's weights are never mistaken for another's.
-    other = eager_predictor(5, backend="openvino")
-    assert other.image_encoder.source == "converted at start-up, kept in the cache"
-    assert len(list((tmp_path / openvino_cache.CACHE_NAME).iterdir())) == 2
 
 
 @pytest.mark.parametrize(
@@ -243,14 +270,15 @@ def _prompts(rng: np.random.Generator, size: tuple[int, int]) -> list[dict]:
     ]
 
 
-def test_decoder_programs_match_the_eager_fast_decoder(exported):
+@pytest.mark.extended
+def test_decoder_programs_match_the_eager_fast_decoder(programs):
     """The AOTInductor decoder programs give the eager fast decoder's answers for every
     prompt shape, batch size and mask choice, and the AMG filter keeps the same rows."""
     import torch
     import torch._dynamo.utils as dynamo_utils
 
     dynamo_utils.counters.clear()
-    loaded = load_artifacts(exported, RuntimeSpec("tiny", "fast", "artifacts"))
+    loaded = load_artifacts(programs, RuntimeSpec("tiny", "fast", "artifacts"))
     assert loaded.fast_decoder.source == "AOTInductor programs, not compiled"
     eager = eager_predictor(4)
     embedding = eager.encode(data.coffee())  # the same features into both decoders
@@ -315,10 +343,11 @@ def test_export_for_cuda_is_refused_with_the_reason(backend, tmp_path, capsys):
         )
 
 
-def test_decoder_programs_from_another_cpu_are_not_used(exported, tmp_path):
+@pytest.mark.extended
+def test_decoder_programs_from_another_cpu_are_not_used(programs, tmp_path):
     """Inductor compiled the programs for the exporting CPU: elsewhere the decoder runs
     eagerly (from the same weights), and says so."""
-    loaded = load_artifacts(_exported_on_another_cpu(exported, tmp_path, "decoder"))
+    loaded = load_artifacts(_exported_on_another_cpu(programs, tmp_path, "decoder"))
     assert loaded.fast_decoder.source.startswith("eager (programs compiled for 'Some Other CPU'")
     assert type(loaded.fast_decoder).__name__ == "FastMaskDecoder"
 

@@ -168,10 +168,24 @@ def test_schemathesis_without_api_key(target, record_property):
     assert not target.restarts, f"the server died or froze: {target.restarts}"
 
 
-def test_schemathesis_with_api_key(keyed_target, record_property):
+# Past its key check the keyed server runs the same handlers as the open one above, fuzzed
+# there with every example: the first tier sends the keyed server fewer per operation (every
+# operation, both modes, still checked against the document); the second tier all of them.
+KEYED_EXAMPLES = {GenerationMode.POSITIVE: 25, GenerationMode.NEGATIVE: 10}
+
+
+@pytest.mark.parametrize(
+    "examples",
+    [
+        pytest.param(KEYED_EXAMPLES, id="some"),
+        pytest.param(None, id="all", marks=pytest.mark.extended),
+    ],
+)
+def test_schemathesis_with_api_key(keyed_target, record_property, examples):
     live = keyed_target.ensure()
     report = FuzzReport.within(FUZZ_BUDGET_S)
-    fuzz(live.url, report, "key", headers=dict(keyed_target.headers), seed=_seed_case)
+    headers = dict(keyed_target.headers)
+    fuzz(live.url, report, "key", headers=headers, examples=examples, seed=_seed_case)
     # Clients without the key (schemathesis sends made-up keys, or none): documented 401s.
     fuzz(
         live.url,

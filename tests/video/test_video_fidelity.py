@@ -91,8 +91,9 @@ def build_meta_video_predictor(size: str, checkpoint: Path):
 def memoise_forward_image(meta) -> None:
     """Meta re-encodes a frame on every visit; keep its (unchanged) outputs per frame.
 
-    Keyed by the frame tensor's address: every state here loads the same JPEG folder, so
-    an address reused by a later state's frame holds the same pixels."""
+    Keyed by the frame tensor's address: the scenarios share one state (reset between
+    them), whose frame tensors stay; a state of another test loads the same JPEG folder,
+    so an address it reuses holds the same pixels."""
     original = meta.forward_image
     cache: dict[int, dict] = {}
 
@@ -118,6 +119,14 @@ class Recorder:
         with torch.inference_mode():
             meta_state = self.meta.init_state(str(self.frames_dir))
         return self.ours.init_state(self.frames), meta_state
+
+    def reset(self, states) -> None:
+        """Both predictors forget every object, prompt and result; frames and features stay
+        (a new scenario on the same frames, without encoding them again)."""
+        ours_state, meta_state = states
+        self.ours.reset(ours_state)
+        with torch.inference_mode():
+            self.meta.reset_state(meta_state)
 
     def record(self, name: str, ours_out, meta_out) -> None:
         frame_idx, obj_ids, logits = meta_out
@@ -179,9 +188,9 @@ def runs(tmp_path_factory):
         rec.points("correction", states, 1, 1, points=[[80.0, 60.0], [110.0, 60.0]], labels=[1, 0])
         rec.propagate("repropagate", states, start_frame_idx=1)
 
-        # B: a mask (object 5) and two clicks added one at a time (object 3) on the last
-        # frame, tracked in reverse to frame 0.
-        states = rec.start()
+        # B: after a reset of both states, a mask (object 5) and two clicks added one at a
+        # time (object 3) on the last frame, tracked in reverse to frame 0.
+        rec.reset(states)
         yy, xx = np.mgrid[0:FRAME_H, 0:FRAME_W]
         last = NUM_FRAMES - 1
         disc = (xx - (40 + 40 * last)) ** 2 + (yy - 60) ** 2 < 22**2
