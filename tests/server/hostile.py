@@ -317,7 +317,9 @@ def connect(url: str, timeout: float = 10.0) -> socket.socket:
 
 
 def read_response(sock: socket.socket, timeout: float) -> tuple[int, dict[str, str], bytes]:
-    """Status, headers and body of one HTTP/1.1 response (Content-Length framed)."""
+    """Status, headers and body of one HTTP/1.1 response (Content-Length framed; without
+    a length, up to the close). A 1xx, 204 or 304 has no body (a 101 hands the socket over
+    to the upgraded protocol, so nothing after its head is read)."""
     sock.settimeout(timeout)
     data = b""
     while b"\r\n\r\n" not in data:
@@ -331,13 +333,16 @@ def read_response(sock: socket.socket, timeout: float) -> tuple[int, dict[str, s
     for line in header_lines:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
+    status = int(status_line.split()[1])
+    if status < 200 or status in (204, 304):
+        return status, headers, body
     length = int(headers["content-length"]) if "content-length" in headers else None
     while length is None or len(body) < length:
         chunk = sock.recv(65536)
         if not chunk:
             break
         body += chunk
-    return int(status_line.split()[1]), headers, body
+    return status, headers, body
 
 
 def closed_by_peer(sock: socket.socket, wait_s: float) -> bool:

@@ -9,7 +9,7 @@ import base64
 import os
 import time
 
-from hostile import Answer, connect
+from hostile import Answer, connect, read_response
 
 EVIL = "evil.example"
 
@@ -24,31 +24,6 @@ def _head(method: str, path: str, host: str | None, headers: dict[str, str]) -> 
         lines.append(f"Host: {host}")
     lines += [f"{name}: {value}" for name, value in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-def _read(sock, timeout: float) -> tuple[int, dict[str, str], bytes]:
-    """Status, headers and (Content-Length framed) body; a 101 has none."""
-    sock.settimeout(timeout)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"connection closed before a response: {data[:200]!r}")
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status_line, *lines = head.decode("latin-1").split("\r\n")
-    headers = {}
-    for line in lines:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    status = int(status_line.split()[1])
-    length = int(headers.get("content-length", "0") or 0)
-    while status != 101 and len(body) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        body += chunk
-    return status, headers, body
 
 
 def request_with_host(
@@ -70,7 +45,7 @@ def request_with_host(
     started = time.perf_counter()
     with connect(url, timeout) as sock:
         sock.sendall(_head(method, path, host, extra) + body)
-        status, head, data = _read(sock, timeout)
+        status, head, data = read_response(sock, timeout)
     return Answer(status, head, data, time.perf_counter() - started)
 
 
@@ -95,5 +70,5 @@ def websocket_handshake(
     started = time.perf_counter()
     with connect(url, timeout) as sock:
         sock.sendall(_head("GET", path, host, extra))
-        status, head, data = _read(sock, timeout)
+        status, head, data = read_response(sock, timeout)
     return Answer(status, head, data, time.perf_counter() - started)
