@@ -29,6 +29,7 @@ from hostile import (
     GiB,
     SpawnedServer,
     StallProbe,
+    exchange,
     proc_status,
     reset_peak_rss,
     spawn_server,
@@ -38,6 +39,19 @@ MiB = 1024 * 1024
 REPORT_ENV = "SAM2SERVE_RELIABILITY_REPORT"  # a file the tallies are appended to (JSON lines)
 MAX_STALL_S = 0.5  # the worst /healthz latency a hostile request may cause
 SETTLE_S = 0.2  # after a garbage collection in the server, before a measurement
+SEND_TIMEOUT_S = 60.0  # one request's answer on a busy 2-core machine; never asserted
+
+
+def send(
+    live: SpawnedServer,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    content_type: str | None = None,
+    timeout: float = SEND_TIMEOUT_S,
+) -> Answer:
+    """One request to a spawned server (raw socket, so hostile bodies go as they are)."""
+    return exchange(live.url, method, path, body, content_type, timeout)
 
 
 # --------------------------------------------------------------------------- files

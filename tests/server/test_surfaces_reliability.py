@@ -54,6 +54,7 @@ from surfaces import (
     png_header_only,
     png_zeros,
     report,
+    send,
     status_of,
 )
 
@@ -144,12 +145,6 @@ def server(folder) -> Iterator[SharedServer]:
     yield shared
     shared.stop()
     print("\n" + report(TALLIES))
-
-
-def send(
-    live: SpawnedServer, method: str, path: str, body: bytes = b"", content_type: str | None = None
-) -> Answer:
-    return exchange(live.url, method, path, body, content_type, TIMEOUT_S)
 
 
 def check_refusal(answer: Answer | None, status: int, statuses: frozenset[int]) -> dict:

@@ -42,6 +42,7 @@ from surfaces import (
     multipart_files,
     report,
 )
+from surfaces import send as send_to
 
 pytest.importorskip("av")
 
@@ -108,7 +109,7 @@ def tallies() -> Iterator[None]:
 
 
 def send(live: SpawnedServer, method: str, path: str, body: bytes = b"", ctype=None) -> Answer:
-    return exchange(live.url, method, path, body, ctype, TIMEOUT_S)
+    return send_to(live, method, path, body, ctype, TIMEOUT_S)
 
 
 def upload(live: SpawnedServer, data: bytes, name: str = "clip.gif") -> Answer:

@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hostile import JSON, Answer, SpawnedServer, dumps, exchange
+from hostile import JSON, Answer, SpawnedServer, dumps
 from round3_videos import hostile_videos
 from server_logs import assert_no_traceback, log_mark
 from server_support import png_bytes
-from surfaces import MiB, SharedServer, Tally, measured, multipart_files, report
+from surfaces import MiB, SharedServer, Tally, measured, multipart_files, report, send
 from websockets.exceptions import ConnectionClosed
 from websockets.sync import client as websockets_sync
 
@@ -65,10 +65,6 @@ def server() -> Iterator[SharedServer]:
     yield shared
     shared.stop()
     print("\n" + report(TALLIES))
-
-
-def send(live: SpawnedServer, method: str, path: str, body: bytes = b"", content_type=None):
-    return exchange(live.url, method, path, body, content_type, TIMEOUT_S)
 
 
 def refused(answer: Answer | None, status: int, statuses: set[int], codes: set[str]) -> dict:
