@@ -50,7 +50,9 @@ def prompt_cases(h: int, w: int) -> dict[str, dict]:
     }
 
 
-@pytest.fixture(scope="module", params=["tiny", "base_plus"])
+@pytest.fixture(
+    scope="module", params=["tiny", pytest.param("base_plus", marks=pytest.mark.extended)]
+)
 def pair(request, checkpoint_factory):
     """(our predictor, Meta's predictor, image) on one size's shared weights."""
     size = request.param

@@ -52,6 +52,13 @@ from typing import Any
 import torch
 
 from sam2serve.cache import cache_path
+from sam2serve.runtime.cache_entry import (
+    checked_manifest,
+    publish,
+    read_manifest,
+    staging_folder,
+    write_manifest,
+)
 
 log = logging.getLogger("sam2serve.runtime")
 
@@ -69,7 +76,6 @@ __all__ = [
 CACHE_NAME = "compile"
 ENTRY_FORMAT = "compile-cache"
 ENTRY_VERSION = 1
-MANIFEST = "manifest.json"
 ARTIFACTS_FILE = "torch_compile_cache.bin"
 KERNELS_FILE = "kernels.tar"
 # What an entry was compiled FOR; the other identity fields say what it was compiled WITH.
@@ -111,13 +117,7 @@ def entry_name(identity: dict[str, Any]) -> str:
 
 def read_entry_manifest(entry: Path) -> dict | None:
     """The manifest of a compile-cache entry, or None if ``entry`` is not one."""
-    try:
-        manifest = json.loads((entry / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(manifest, dict) or manifest.get("format") != ENTRY_FORMAT:
-        return None
-    return manifest
+    return read_manifest(entry, ENTRY_FORMAT)
 
 
 def _difference(found: dict, wanted: dict) -> str:
@@ -258,15 +258,7 @@ class CompileCached:
     def _read(self, entry: Path, work: Path) -> bytes | None:
         """The entry's artifacts, its kernels extracted into ``work``; None (one warning)
         if a file is missing, does not match its sha256 or cannot be extracted."""
-        from sam2serve.runtime.export import file_problems
-
-        manifest = read_entry_manifest(entry) or {}
-        files = manifest.get("files")
-        problems = (
-            file_problems(entry, files)
-            if isinstance(files, dict) and set(files) == {ARTIFACTS_FILE, KERNELS_FILE}
-            else ["its manifest lists no files"]
-        )
+        _, problems = checked_manifest(entry, ENTRY_FORMAT, (ARTIFACTS_FILE, KERNELS_FILE))
         if not problems:
             try:
                 with tarfile.open(entry / KERNELS_FILE) as archive:
@@ -344,41 +336,30 @@ def _write_entry(
     describe: dict,
     replace: bool,
 ) -> dict:
-    """Write the entry to a sibling staging folder and rename it into place, so a process
-    reading the cache never sees half of one. An existing ``destination`` is replaced if it
-    is an entry or empty (or ``replace``: the cache's own name for this identity)."""
-    from sam2serve.runtime.export import sha256_file
-
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}-", dir=destination.parent))
-    try:
+    """Write the entry (runtime.cache_entry: staged, then renamed into place). An existing
+    ``destination`` is replaced if it is an entry or empty (or ``replace``: the cache's own
+    name for this identity)."""
+    with staging_folder(destination) as staging:
         (staging / ARTIFACTS_FILE).write_bytes(artifacts)
         kernels = sorted(_kernels(work))
         with tarfile.open(staging / KERNELS_FILE, "w") as archive:
             for kernel in kernels:
                 archive.add(work / kernel, arcname=str(kernel))
-        manifest = {
+        fields = {
             "format": ENTRY_FORMAT,
             "version": ENTRY_VERSION,
             "identity": identity,
             **describe,
             "kernels": len(kernels),
-            "files": {name: sha256_file(staging / name) for name in (ARTIFACTS_FILE, KERNELS_FILE)},
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        manifest = write_manifest(staging, fields, (ARTIFACTS_FILE, KERNELS_FILE))
         staging.chmod(0o755)  # mkdtemp's 0700 would hide a baked entry from other users
-        if destination.exists():  # a damaged, stale or re-exported entry
-            if not (replace or read_entry_manifest(destination) or _empty(destination)):
-                raise FileExistsError(f"{destination} exists and is not a compile cache entry")
-            shutil.rmtree(destination, ignore_errors=True)
-        try:
-            staging.rename(destination)
-        except OSError:
-            if read_entry_manifest(destination) is None:  # not another process's entry
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+        def replaceable(existing: Path) -> bool:  # a damaged, stale or re-exported entry
+            return replace or read_entry_manifest(existing) is not None or _empty(existing)
+
+        publish(staging, destination, ENTRY_FORMAT, replaceable)
     return manifest
 
 

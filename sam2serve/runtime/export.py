@@ -32,7 +32,6 @@ time.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import platform
@@ -57,6 +56,7 @@ from sam2serve.runtime.backends import (
     ARTIFACT_IMAGE_PATHS,
 )
 from sam2serve.runtime.build import decoder_dtype, encoder_dtype, predictor_for, resolve_dtype
+from sam2serve.runtime.cache_entry import file_problems, sha256_file
 from sam2serve.runtime.decoder_programs import export_decoder_programs, load_fast_decoder
 from sam2serve.runtime.modes import get_mode
 from sam2serve.runtime.spec import RuntimeSpec
@@ -99,27 +99,6 @@ class _ImagePath(torch.nn.Module):
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         features = self.model.encode_image(images)
         return features.image_embed, *features.high_res_feats
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def file_problems(directory: Path, files: dict[str, str]) -> list[str]:
-    """What is wrong with an export's ``files`` (name -> sha256) in ``directory``: each
-    one missing or not matching its checksum (every export format's manifest check)."""
-    problems = []
-    for name, expected in files.items():
-        path = directory / name
-        if not path.is_file():
-            problems.append(f"{name} is missing")
-        elif sha256_file(path) != expected:
-            problems.append(f"{name} does not match its sha256 in the manifest")
-    return problems
 
 
 def _encoder_precision(spec: RuntimeSpec) -> str:

@@ -52,8 +52,9 @@ from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.modeling.sam2_video import SAM2Video
 from sam2serve.runtime.artifacts_kind import ONNX_FORMAT
 from sam2serve.runtime.backends import ONNX_MODES
+from sam2serve.runtime.cache_entry import file_problems, sha256_file
 from sam2serve.runtime.calibration import calibration_inputs
-from sam2serve.runtime.export import ArtifactError, file_problems, sha256_file
+from sam2serve.runtime.export import ArtifactError
 from sam2serve.runtime.modes import get_mode
 
 FORMAT = ONNX_FORMAT

@@ -19,14 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from sam2serve.cache import cache_path
+from sam2serve.runtime.cache_entry import checked_manifest, publish, staging_folder, write_manifest
 
 log = logging.getLogger("sam2serve.runtime")
 
@@ -35,7 +34,6 @@ ENTRY_FORMAT = 1
 IR_XML = "image_encoder.xml"
 IR_BIN = "image_encoder.bin"
 BLOB = "image_encoder.cpu.blob"
-MANIFEST = "manifest.json"
 
 __all__ = ["CACHE_NAME", "cache_key", "cached_image_path", "weights_digest"]
 
@@ -92,41 +90,14 @@ def cached_image_path(
 
 def _checked_files(entry: Path) -> dict | None:
     """The entry's manifest when every file it lists is there with its checksum."""
-    from sam2serve.runtime.export import file_problems
-
-    try:
-        manifest = json.loads((entry / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(manifest, dict) or manifest.get("format") != ENTRY_FORMAT:
-        return None
-    files = manifest.get("files")
-    if not isinstance(files, dict) or file_problems(entry, files):
-        return None
-    return manifest
+    manifest, problems = checked_manifest(entry, ENTRY_FORMAT)
+    return None if problems else manifest
 
 
 def _write_entry(entry: Path, save_ir: Callable[[Path], None], compiled: object, cpu: str) -> None:
-    from sam2serve.runtime.export import sha256_file
-
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
-    try:
+    with staging_folder(entry) as staging:
         save_ir(staging)
         (staging / BLOB).write_bytes(compiled.export_model().getvalue())  # type: ignore[attr-defined]
-        names = (IR_XML, IR_BIN, BLOB)
-        manifest = {
-            "format": ENTRY_FORMAT,
-            "cpu": cpu,
-            "files": {name: sha256_file(staging / name) for name in names},
-        }
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if entry.exists():  # a damaged entry (a complete one was returned above)
-            shutil.rmtree(entry, ignore_errors=True)
-        try:
-            staging.rename(entry)
-        except OSError:
-            if not (entry / MANIFEST).is_file():  # not another process's entry: a failure
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        write_manifest(staging, {"format": ENTRY_FORMAT, "cpu": cpu}, (IR_XML, IR_BIN, BLOB))
+        # An entry that is there was damaged (a complete one was returned before converting).
+        publish(staging, entry, ENTRY_FORMAT)

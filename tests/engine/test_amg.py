@@ -325,7 +325,11 @@ FIDELITY_CASES = {
 
 
 @pytest.mark.parametrize("decoder", ["reference", "fast"])
-@pytest.mark.parametrize("case", list(FIDELITY_CASES))
+@pytest.mark.parametrize(
+    "case",
+    # Crop layers multiply the work (Meta's generator too): the second tier.
+    [pytest.param(c, marks=pytest.mark.extended) if c == "crops" else c for c in FIDELITY_CASES],
+)
 def test_matches_meta(
     case, decoder, images, predictor, fast_predictor, meta_generator, meta_records
 ):

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from sam2serve.runtime.cache_entry import MANIFEST
 from sam2serve.runtime.compile_cache import (
     ARTIFACTS_FILE,
     KERNELS_FILE,
-    MANIFEST,
     CompileCached,
     compile_identity,
     find_entry,

@@ -129,6 +129,7 @@ def test_export_command_reports_a_missing_checkpoint(tmp_path, capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.extended  # converts (and compiles) the image path with OpenVINO again
 def test_openvino_image_path_at_start_up_matches_eager(tmp_path, monkeypatch):
     """Backend openvino (bench row fast+openvino): converted at the first start and kept
     in the cache, imported at the next; same answers as eager either way. Other weights
@@ -240,6 +241,7 @@ def _exported_on_another_cpu(exported, tmp_path, entry: str):
     return copy
 
 
+@pytest.mark.extended  # converts (and compiles) the image path with OpenVINO again
 def test_blob_from_another_cpu_is_not_used(exported, tmp_path):
     """A blob compiled on another CPU is skipped: the IR is compiled here instead."""
     loaded = load_artifacts(_exported_on_another_cpu(exported, tmp_path, "compiled"))

@@ -26,7 +26,7 @@ from sam2serve.engine.video.predictor import VideoPromptError
 from sam2serve.modeling.sam2_video import FrameFeatures, SAM2Video, SpatialMemory
 from sam2serve.modeling.sine_encoding import grid_sine_encoding
 from sam2serve.runtime.build import build_predictor
-from sam2serve.runtime.export import sha256_file
+from sam2serve.runtime.cache_entry import sha256_file
 from sam2serve.runtime.onnx_export import OnnxArtifactError, check_onnx_manifest, export_onnx
 from sam2serve.runtime.onnx_video import (
     FRAME_ENCODER_ONNX,
@@ -49,6 +49,10 @@ NUM_FRAMES = 3
 FRAME_SIZE = (96, 128)
 LOGIT_ATOL = 1e-4
 MIN_IOU = 0.99
+
+# The tests that need the video graphs exported (about a minute on 2 cores, and each tracks
+# a clip twice): the second tier. The image graphs are tested in the first (test_onnx.py).
+EXPORTED = pytest.mark.extended
 
 
 def memory_sensitive_checkpoint(path: Path) -> Path:
@@ -166,6 +170,7 @@ def engine_tracked(checkpoint, clip) -> np.ndarray:
     return engine_logits(checkpoint, frames, prompts)
 
 
+@EXPORTED
 def test_plain_loop_tracks_as_the_engine(exported, clip, engine_tracked, tmp_path):
     paths, _, prompts = clip
     stdout = run_loop(exported, paths, prompts, tmp_path / "masks.npz")
@@ -191,6 +196,7 @@ def backend_logits(exported: Path, frames: list[np.ndarray], prompts: dict) -> n
     return np.stack([out.mask_logits.numpy() for out in predictor.propagate(state)])
 
 
+@EXPORTED
 def test_onnxruntime_backend_tracks_as_the_engine(exported, clip, engine_tracked):
     """build_video_predictor with backend onnxruntime and the export as artifacts: the
     VideoPredictor with its model calls in ORT, the same tracks as eager."""
@@ -203,6 +209,7 @@ def test_onnxruntime_backend_tracks_as_the_engine(exported, clip, engine_tracked
         predictor.add_mask(state, 1, 3, np.ones(FRAME_SIZE, bool))
 
 
+@EXPORTED
 def test_onnxruntime_tracking_needs_the_video_graphs(exported, tmp_path):
     """An export without --video, no artifacts, artifacts with eager: each refused, named."""
     image_only = tmp_path / "image-only"
@@ -260,6 +267,7 @@ def sessions(exported):
     }
 
 
+@EXPORTED
 def test_graphs_answer_as_the_model_where_the_loop_does_not_reach(checkpoint, sessions):
     """Memory attention with no pointers (tracking from before the only prompted frame),
     the decoder with a mask input and single-mask output, against the engine's calls."""
@@ -313,6 +321,7 @@ def test_graphs_answer_as_the_model_where_the_loop_does_not_reach(checkpoint, se
     assert masks.shape == (2, 1, 120, 90)
 
 
+@EXPORTED
 def test_manifest_describes_the_video_graphs(exported, sessions):
     manifest = json.loads((exported / "manifest.json").read_text())
     video = manifest["video"]

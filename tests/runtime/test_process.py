@@ -104,7 +104,13 @@ def test_building_sets_nothing_process_wide(process_settings):
         assert predictor.allow_tf32 is (mode == "furious")
 
 
-@pytest.mark.parametrize(("first", "second"), [("fast", "furious"), ("baseline", "fast")])
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        pytest.param("fast", "furious", marks=pytest.mark.extended),
+        ("baseline", "fast"),
+    ],
+)
 def test_two_modes_in_one_process_answer_as_each_alone(process_settings, first, second):
     configure_process(spec(first))
     one = build_predictor(spec(first), WEIGHTS)

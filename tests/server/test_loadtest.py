@@ -76,6 +76,7 @@ def test_loadtest_bounds(flag, value, capsys):
     assert flag in capsys.readouterr().err
 
 
+@pytest.mark.extended  # minutes of load against a real server
 def test_loadtest_against_a_live_server(main_server, photos, tmp_path, capsys):
     """A few hundred requests from several concurrent clients: zero 5xx, and the report
     has the latency and queue-time percentiles."""

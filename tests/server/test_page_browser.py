@@ -43,7 +43,8 @@ from hostile import free_port, subprocess_env
 from PIL import Image
 from server_support import photo, png_bytes
 
-pytestmark = pytest.mark.slow
+# The image page in Chromium, end to end: the second tier, with the video page's.
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [

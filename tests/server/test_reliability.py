@@ -158,19 +158,32 @@ def _seed_case(
         case.body = {"image": SEED_PNG, "request": request_part}
 
 
-def test_schemathesis_without_api_key(target, record_property):
+# The first tier sends each operation of the open server this many examples per generation
+# mode (every operation, both modes, every answer checked against the document); the second
+# tier sends all schemathesis generates.
+OPEN_EXAMPLES = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 20}
+
+
+@pytest.mark.parametrize(
+    "examples",
+    [
+        pytest.param(OPEN_EXAMPLES, id="some"),
+        pytest.param(None, id="all", marks=pytest.mark.extended),
+    ],
+)
+def test_schemathesis_without_api_key(target, record_property, examples):
     live = target.ensure()
     report = FuzzReport.within(FUZZ_BUDGET_S)
-    fuzz(live.url, report, "no key", seed=_seed_case)
+    fuzz(live.url, report, "no key", examples=examples, seed=_seed_case)
     print(f"\nschemathesis, no key: {report.summary()}; {len(report.failures)} failure(s)")
     record_property("schemathesis_no_key", report.summary())
     assert not report.failures, report.describe()
     assert not target.restarts, f"the server died or froze: {target.restarts}"
 
 
-# Past its key check the keyed server runs the same handlers as the open one above, fuzzed
-# there with every example: the first tier sends the keyed server fewer per operation (every
-# operation, both modes, still checked against the document); the second tier all of them.
+# Past its key check the keyed server runs the same handlers as the open one above: the first
+# tier sends it fewer examples still per operation (every operation, both modes, still checked
+# against the document); the second tier all of them.
 KEYED_EXAMPLES = {GenerationMode.POSITIVE: 25, GenerationMode.NEGATIVE: 10}
 
 
@@ -503,6 +516,7 @@ def _spread_objects(count: int, side: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a soak of 36 MP requests against a real server: the second tier
 def test_memory_stays_bounded(record_property):
     """The real ``sam2serve serve`` (tiny, random weights, real encoder), RSS read from
     /proc. (b) a burst of six 36 MP requests, three at a time, then 2 s idle: the steady
