@@ -145,7 +145,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=320)
     parser.add_argument("--height", type=int, default=240)
     parser.add_argument("--modes", default="latest,every")
-    parser.add_argument("--host-label", default="CPU, 2 cores, Intel Xeon AVX-512 + VNNI")
+    parser.add_argument("--host-label", default="CPU, 2 cores, Intel Xeon AVX-512 + VNNI (no bf16)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     port = free_port()

@@ -12,6 +12,7 @@ that "faster than tracked" is made by the test, not by timing (nothing asserts a
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -35,6 +36,7 @@ from sam2serve.checkpoint import load_video_model
 from sam2serve.engine.rle import rle_to_mask
 from sam2serve.engine.video.outputs import object_masks
 from sam2serve.engine.video.sources import LiveFrames
+from sam2serve.server.live_modes import SeqLog
 from sam2serve.server.settings import MiB, ServerSettings
 
 MAX_PENDING = 3
@@ -66,8 +68,6 @@ def server(predictor, stub):
 @pytest.fixture
 def server_log():
     capture = LogCapture()
-    import logging
-
     loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "sam2serve")]
     for logger in loggers:
         logger.addHandler(capture)
@@ -296,3 +296,41 @@ def test_a_prompt_needs_one_frame_name(server, server_log):
         assert refused["type"] == "error" and refused["code"] == "invalid_request", refused
         assert "frame_idx or by seq" in refused["message"]
     clean(server_log.text())
+
+
+def test_the_end_in_a_flood_tracks_the_waiting_frame_then_closes(server, gate, server_log):
+    session_id = new_live(server)
+    sent = frames(21)
+    with connect(ws_url(server, session_id), max_size=None) as ws:
+        ws.send(sent[0].tobytes())
+        assert gate.waiting.wait(WAIT_S)
+        for frame in sent[1:]:
+            ws.send(frame.tobytes())
+        ws.send(json.dumps({"type": "end"}))
+        skips = [receive(ws) for _ in range(19)]
+        gate.gate.set()
+        rest = until_closed(ws)
+        code = ws.close_code
+    assert [s["seq"] for s in skips] == list(range(1, 20))
+    assert [(a["type"], a["seq"], a["frame_idx"]) for a in rest] == [
+        ("frame", 0, 0),
+        ("frame", 20, 1),
+    ]
+    assert code == 1000
+    assert wait_idle(server, session_id)["num_frames"] == 2
+    clean(server_log.text())
+
+
+def test_the_seq_log_is_bounded_and_names_each_outcome():
+    log = SeqLog(size=4)
+    log.tracked(0, 0)
+    log.skipped(1, 2)
+    log.tracked(2, 1)
+    assert log.frame_idx(0, sent=3) == 0 and log.frame_idx(2, sent=3) == 1
+    assert log.frame_idx(1, sent=3)[0] == "frame_skipped"
+    assert log.frame_idx(3, sent=3)[0] == "frame_not_sent"
+    for seq in range(4, 10):
+        log.tracked(seq, seq)
+    assert len(log._outcomes) == 4  # bounded, whatever the stream's length
+    assert log.frame_idx(0, sent=10)[0] == "frame_not_held"
+    assert log.frame_idx(9, sent=10) == 9
