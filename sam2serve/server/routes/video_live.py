@@ -3,8 +3,9 @@
 - POST /v1/videos/live ``{"width": W, "height": H, "fps": optional, "mode": optional}``:
   201 with the session (no frames yet; ``live`` true). ``mode`` "every" (the default)
   tracks every frame; "latest" skips frames that come faster than they are tracked
-  (server/live_modes.py; a connection may choose with ``?mode=``). Its tracking keeps only what SAM 2's memory
-  reads next (retention "bounded"), and the newest ``live_frames_kept`` frames.
+  (server/live_modes.py; a connection may choose with ``?mode=``). Its tracking keeps
+  only what SAM 2's memory reads next (retention "bounded"), and the newest
+  ``live_frames_kept`` frames.
 - WebSocket /v1/videos/{session_id}/live: the client sends each frame as a binary
   message (raw RGB, W*H*3 bytes, row-major; or an image file: JPEG, PNG, ...) and
   prompts as text messages (``{"type": "prompt", "frame_idx", "obj_id", "points",
