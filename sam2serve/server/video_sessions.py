@@ -71,6 +71,9 @@ class VideoSession:
     # Frames whose tracking state an object may hold at most: None, every frame of the
     # video (retention exact); a live session's bound (retention bounded).
     tracked_frames: int | None = None
+    # A live session's default for frames faster than tracking: "every" or "latest"
+    # (server/live_modes.py); a connection may choose its own.
+    live_mode: str = "every"
 
     @property
     def live(self) -> bool:
@@ -246,7 +249,12 @@ class VideoSessions:
         return session
 
     def create_live(
-        self, source: LiveFrames, fps: float | None, client: str, tracked_frames: int
+        self,
+        source: LiveFrames,
+        fps: float | None,
+        client: str,
+        tracked_frames: int,
+        mode: str = "every",
     ) -> VideoSession:
         """A new live session of ``client`` for frames that will come (``source``, empty),
         tracking with bounded retention: each object holds at most ``tracked_frames``
@@ -266,6 +274,7 @@ class VideoSessions:
             last_used=now,
             client=client,
             tracked_frames=tracked_frames,
+            live_mode=mode,
         )
         self._sessions[session.session_id] = session
         return session

@@ -1,8 +1,11 @@
 """Live video: a session that starts empty and tracks each frame as it arrives.
 
-- POST /v1/videos/live ``{"width": W, "height": H, "fps": optional}``: 201 with the
-  session (no frames yet; ``live`` true). Its tracking keeps only what SAM 2's memory
-  reads next (retention "bounded"), and the newest ``live_frames_kept`` frames.
+- POST /v1/videos/live ``{"width": W, "height": H, "fps": optional, "mode": optional}``:
+  201 with the session (no frames yet; ``live`` true). ``mode`` "every" (the default)
+  tracks every frame; "latest" skips frames that come faster than they are tracked
+  (server/live_modes.py; a connection may choose with ``?mode=``). Its tracking keeps
+  only what SAM 2's memory reads next (retention "bounded"), and the newest
+  ``live_frames_kept`` frames.
 - WebSocket /v1/videos/{session_id}/live: the client sends each frame as a binary
   message (raw RGB, W*H*3 bytes, row-major; or an image file: JPEG, PNG, ...) and
   prompts as text messages (``{"type": "prompt", "frame_idx", "obj_id", "points",
@@ -38,7 +41,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from sam2serve.engine.prompts import Prompt
@@ -51,6 +54,7 @@ from sam2serve.server.allowed_hosts import SCOPE_KEY as ALLOWED_HOSTS_KEY
 from sam2serve.server.allowed_hosts import origin_allowed
 from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError
+from sam2serve.server.live_modes import LIVE_MODES, LiveMode, SeqLog, skip_message
 from sam2serve.server.prompts import check_inside
 from sam2serve.server.request_body import load_json
 from sam2serve.server.routes.common import client_address, json_response, read_body, v1_router
@@ -84,12 +88,30 @@ class LiveVideoRequest(BaseModel):
     width: int = Field(ge=1, le=16384, description="Frame width in pixels.")
     height: int = Field(ge=1, le=16384, description="Frame height in pixels.")
     fps: float | None = Field(None, gt=0, le=1000, description="The stream's frame rate.")
+    mode: LiveMode = Field(
+        "every",
+        description='Frames that come faster than they are tracked: "every" tracks each '
+        '(one sent while max_live_pending wait is refused, too_fast); "latest" tracks the '
+        "newest, a newer frame replacing the waiting one (answered as skipped).",
+    )
 
 
 class LivePromptMessage(vs.VideoPromptRequest):
     """A prompt on a live connection: POST .../prompts' body (no mask) with a type."""
 
     type: str = Field("prompt", pattern="^prompt$")
+    frame_idx: int | None = Field(  # type: ignore[assignment]
+        None, ge=0, le=vs.MAX_FRAME_IDX, description="The frame (0-based), or give seq."
+    )
+    seq: int | None = Field(
+        None, ge=0, description="The frame by the seq it was sent as on this connection."
+    )
+
+    @model_validator(mode="after")
+    def _one_frame(self) -> LivePromptMessage:
+        if (self.frame_idx is None) == (self.seq is None):
+            raise ValueError("name the frame by frame_idx or by seq (one of them)")
+        return self
 
 
 @router.post(
@@ -110,7 +132,7 @@ async def create_live_session(request: Request, service: ServiceDep, videos: Vid
         )
     source = LiveFrames(body.height, body.width, keep=settings.live_frames_kept)
     tracked = memory_window(videos.predictor.config) + settings.max_live_prompted_frames
-    session = videos.create_live(source, body.fps, client_address(request), tracked)
+    session = videos.create_live(source, body.fps, client_address(request), tracked, body.mode)
     answer = json_response(_session_out(session, videos, service), status=201)
     answer.headers[SESSION_HEADER] = session.session_id
     return answer
@@ -121,12 +143,14 @@ class _Frame:
     seq: int
     data: bytes
     received: float  # perf_counter
+    skipped: int = 0  # frames this one replaced while waiting (latest mode)
 
 
 @dataclass
 class _PromptItem:
     body: LivePromptMessage
     received: float
+    frames_before: int  # frames the connection had received when it came
 
 
 _END = object()
@@ -135,8 +159,16 @@ _END = object()
 class _Connection:
     """One live connection: reads messages, answers them in order, within the limits."""
 
-    def __init__(self, websocket: WebSocket, service: Service, videos: VideoSessions, session):
+    def __init__(
+        self, websocket: WebSocket, service: Service, videos: VideoSessions, session, mode: str
+    ):
         self.ws = websocket
+        self.mode = mode
+        # latest mode: the queued frame no one has taken yet, when it is the queue's last
+        # item (a newer frame replaces it; a prompt behind it keeps it).
+        self.waiting: _Frame | None = None
+        self.seqs = SeqLog()
+        self.received = 0  # frames received (the next seq)
         self.service = service
         self.settings = service.settings
         self.videos = videos
@@ -144,6 +176,7 @@ class _Connection:
         self.source: LiveFrames = session.state.source
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.pending = 0
+        self.prompts = 0  # prompts of those (latest mode bounds them, not frames)
         self.send_lock = asyncio.Lock()
         self.open = True
 
@@ -177,6 +210,7 @@ class _Connection:
             data, text = message.get("bytes"), message.get("text")
             if data is not None:
                 this, seq = seq, seq + 1
+                self.received = seq
                 if len(data) > self.settings.max_live_frame_bytes:
                     await self.error(
                         "frame_too_large",
@@ -184,6 +218,8 @@ class _Connection:
                         f"{self.settings.max_live_frame_bytes:,} (max_live_frame_bytes)",
                         this,
                     )
+                elif self.mode == "latest":
+                    await self._latest(_Frame(this, data, time.perf_counter()))
                 elif self._room(this):
                     self.pending += 1
                     self.queue.put_nowait(_Frame(this, data, time.perf_counter()))
@@ -192,15 +228,34 @@ class _Connection:
             elif text is not None and await self._text(text) == "end":
                 return "end"
 
+    async def _latest(self, frame: _Frame) -> None:
+        """Latest frame wins: the waiting frame (if any) is replaced and answered as
+        skipped; else the frame waits. Never refused: frames in the queue are at most one
+        behind each prompt, and prompts are bounded by max_live_pending."""
+        waiting = self.waiting
+        if waiting is None:
+            self.pending += 1
+            self.waiting = frame
+            self.queue.put_nowait(frame)
+            return
+        old = waiting.seq
+        waiting.seq, waiting.data, waiting.received = frame.seq, frame.data, frame.received
+        waiting.skipped += 1
+        self.seqs.skipped(old, frame.seq)
+        await self.send(skip_message(old, frame.seq))
+
     def _room(self, seq: int | None) -> bool:
         return self.pending < self.settings.max_live_pending
 
     async def _too_fast(self, seq: int | None) -> None:
+        waiting = "prompts" if self.mode == "latest" else "messages"
+        count = self.prompts if self.mode == "latest" else self.pending
         await self.error(
             "too_fast",
-            f"{self.pending} messages are waiting to be answered, the limit "
+            f"{count} {waiting} are waiting to be answered, the limit "
             f"(max_live_pending {self.settings.max_live_pending}): this one is not taken; "
-            "send frames no faster than they are answered",
+            f"send {'prompts' if self.mode == 'latest' else 'frames'} no faster than they "
+            "are answered",
             seq,
         )
 
@@ -235,11 +290,14 @@ class _Connection:
         if body.mask is not None:
             await self.error("invalid_request", "mask: a live prompt is clicks and/or a box")
             return None
-        if not self._room(None):
+        room = self.prompts if self.mode == "latest" else self.pending
+        if room >= self.settings.max_live_pending:
             await self._too_fast(None)
             return None
         self.pending += 1
-        self.queue.put_nowait(_PromptItem(body, time.perf_counter()))
+        self.prompts += 1
+        self.waiting = None  # a frame before a prompt is tracked before it
+        self.queue.put_nowait(_PromptItem(body, time.perf_counter(), self.received))
         return None
 
     # -- answering ----------------------------------------------------------------------
@@ -250,6 +308,8 @@ class _Connection:
             item = await self.queue.get()
             if item is _END:
                 return
+            if item is self.waiting:
+                self.waiting = None  # taken: a newer frame waits behind it
             try:
                 if isinstance(item, _Frame):
                     await self._frame(item)
@@ -267,6 +327,7 @@ class _Connection:
                 )
             finally:
                 self.pending -= 1
+                self.prompts -= isinstance(item, _PromptItem)
 
     async def _frame(self, item: _Frame) -> None:
         pixels, reservation = await self._pixels(item)
@@ -281,17 +342,20 @@ class _Connection:
 
         with reservation:
             index, records, seconds = await self.service.run_job("video_live", run, RequestClock())
+        self.seqs.tracked(item.seq, index)
         objects = await _objects_out(records, "coco_rle", self.service)
-        await self.send(
-            {
-                "type": "frame",
-                "seq": item.seq,
-                "frame_idx": index,
-                "objects": [obj.model_dump() for obj in objects],
-                "track_ms": round(seconds * 1000, 3),
-                "latency_ms": round((time.perf_counter() - item.received) * 1000, 3),
-            }
-        )
+        answer: dict[str, Any] = {
+            "type": "frame",
+            "seq": item.seq,
+            "frame_idx": index,
+            "objects": [obj.model_dump() for obj in objects],
+            "track_ms": round(seconds * 1000, 3),
+            "latency_ms": round((time.perf_counter() - item.received) * 1000, 3),
+        }
+        if self.mode == "latest":
+            answer["skipped"] = False
+            answer["skipped_count"] = item.skipped  # the frames it replaced
+        await self.send(answer)
 
     async def _pixels(self, item: _Frame) -> tuple[np.ndarray, Any]:
         """The frame's pixels: raw RGB of the session's size, or an image file of it."""
@@ -313,6 +377,13 @@ class _Connection:
     async def _prompt(self, item: _PromptItem) -> None:
         body, session = item.body, self.session
         state, predictor = session.state, self.videos.predictor
+        frame_idx = body.frame_idx
+        if body.seq is not None:
+            found = self.seqs.frame_idx(body.seq, item.frames_before)
+            if isinstance(found, tuple):
+                raise ApiError(422, *found)
+            frame_idx = found
+        assert frame_idx is not None
         prompt = Prompt.from_api(body)
         check_inside(prompt, (state.height, state.width), what="frame")
         limit = self.settings.max_points_per_object
@@ -324,10 +395,10 @@ class _Connection:
             )
         self.videos.check_new_object(session, body.obj_id)
         self.videos.check_live_prompt(
-            session, body.obj_id, body.frame_idx, self.settings.max_live_prompted_frames
+            session, body.obj_id, frame_idx, self.settings.max_live_prompted_frames
         )
         if not body.clear_old_points:
-            total = self.videos.clicks_on(session, body.obj_id, body.frame_idx) + len(body.points)
+            total = self.videos.clicks_on(session, body.obj_id, frame_idx) + len(body.points)
             if total > limit:
                 raise ApiError(
                     422, "too_many_prompts", f"points: {total} clicks on the frame; at most {limit}"
@@ -335,7 +406,7 @@ class _Connection:
 
         def run(_context: Any) -> list[ObjectMask]:
             frame = predictor.add_prompt(
-                state, body.frame_idx, body.obj_id, prompt, clear_old_points=body.clear_old_points
+                state, frame_idx, body.obj_id, prompt, clear_old_points=body.clear_old_points
             )
             predictor.commit_prompts(state)  # its memory, while the frame is held
             return object_masks(frame)
@@ -348,7 +419,8 @@ class _Connection:
         await self.send(
             {
                 "type": "prompt",
-                "frame_idx": body.frame_idx,
+                "frame_idx": frame_idx,
+                **({} if body.seq is None else {"seq": body.seq}),
                 "objects": [obj.model_dump() for obj in objects],
                 "latency_ms": round((time.perf_counter() - item.received) * 1000, 3),
             }
@@ -372,6 +444,12 @@ async def live_connection(websocket: WebSocket, session_id: str) -> None:
     videos = service.videos
     assert videos is not None
     session = videos.get(session_id)
+    mode = websocket.query_params.get("mode", session.live_mode)
+    if mode not in LIVE_MODES:
+        message = f"mode {mode[:80]!r}: one of {', '.join(LIVE_MODES)}"
+        await websocket.send_text(json.dumps(error_message("invalid_mode", message)))
+        await websocket.close(code=CLOSE_POLICY)
+        return
     try:
         holding = videos.using(session, "live")
         holding.__enter__()
@@ -379,7 +457,7 @@ async def live_connection(websocket: WebSocket, session_id: str) -> None:
         await websocket.send_text(json.dumps(error_message(exc.code, exc.message)))
         await websocket.close(code=CLOSE_TRY_LATER)
         return
-    connection = _Connection(websocket, service, videos, session)
+    connection = _Connection(websocket, service, videos, session, mode)
     answering = asyncio.create_task(connection.answer())
     reason, close_code = "disconnect", CLOSE_NORMAL
     try:
