@@ -138,7 +138,7 @@ def write_tokenizer_files(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     header = "#version: 0.2"
     with gzip.open(directory / "bpe_simple_vocab.txt.gz", "wt", encoding="utf-8") as fh:
-        fh.write("\n".join([header, *SYNTHETIC_MERGES]) + "\n")
+        fh.write("\n".join([header, *SYNTHETIC_MERGES]))  # no final newline: Meta slices lines
     pairs = [tuple(m.split()) for m in SYNTHETIC_MERGES]
     vocab = list(bytes_to_unicode().values())
     vocab = vocab + [v + "</w>" for v in vocab] + ["".join(p) for p in pairs]
