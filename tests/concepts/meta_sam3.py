@@ -113,15 +113,19 @@ def build_meta_image_model(reduced: dict | None, bpe_path: Path, seed: int = 0) 
     return model.eval()
 
 
-def perturb_(model: torch.nn.Module, seed: int) -> None:
-    """Every parameter and buffer moved by seeded noise, so each one matters (LayerNorm
-    weights, zero-initialised biases and the like included)."""
+def randomize_(model: torch.nn.Module, seed: int) -> None:
+    """Every floating parameter and persistent buffer set from ``seed``: Meta leaves some
+    tensors uninitialised (``torch.empty``, filled by the checkpoint), which can hold NaN.
+    Vectors named ``weight`` (norm scales) become 1 + noise, everything else noise, so each
+    tensor matters and the activations stay finite."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, tensor in list(model.state_dict().items()):
-            if tensor.is_floating_point() and "freqs_cis" not in name:
-                noise = torch.randn(tensor.shape, generator=generator) * 0.02
-                tensor.add_(noise.to(tensor.dtype))
+        for name, tensor in model.state_dict().items():
+            if not tensor.is_floating_point():
+                continue
+            noise = torch.randn(tensor.shape, generator=generator) * 0.02
+            base = 1.0 if name.endswith("weight") and tensor.ndim == 1 else 0.0
+            tensor.copy_((noise + base).to(tensor.dtype))
 
 
 SYNTHETIC_MERGES = ["c a", "ca t</w>", "d o", "do g</w>", "r e", "re d</w>", "b o", "bo x</w>"]
