@@ -20,7 +20,9 @@ from torch import Tensor
 CONTEXT_LENGTH = 32  # Meta's VETextEncoder context
 VISUAL_PHRASE = "visual"  # Meta's text stand-in when only exemplar boxes are given
 DEFAULT_SCORE_THRESH = 0.5
-PADDING = -10  # transformers' label for a padding exemplar box  # Meta's Sam3Processor confidence_threshold
+PADDING = (
+    -10
+)  # transformers' label for a padding exemplar box  # Meta's Sam3Processor confidence_threshold
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ def token_batch(tokenize: Tokenize, phrases: Sequence[str]) -> tuple[Tensor, Ten
     for row, phrase in enumerate(phrases):
         tokens = tokenize(phrase)
         if len(tokens) > CONTEXT_LENGTH:
-            tokens = tokens[:CONTEXT_LENGTH - 1] + [tokens[-1]]
+            tokens = tokens[: CONTEXT_LENGTH - 1] + [tokens[-1]]
         ids[row, : len(tokens)] = torch.tensor(tokens)
     return ids, (ids != 0).long()
 
@@ -80,14 +82,16 @@ def _boxes_tensor(boxes: Sequence[ExemplarBox], width: int, height: int) -> tupl
     rows = []
     for box in boxes:
         x1, y1, x2, y2 = box.xyxy
-        rows.append([(x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width,
-                     (y2 - y1) / height])
+        rows.append(
+            [(x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height]
+        )
     labels = [1 if b.positive else 0 for b in boxes]
     return torch.tensor([rows], dtype=torch.float32), torch.tensor([labels], dtype=torch.long)
 
 
 def _select(vision, index: int, count: int):
     """Image ``index`` of a batched vision output, expanded to ``count`` prompts (a view)."""
+
     def pick(tensors):
         return tuple(t[index : index + 1].expand(count, *t.shape[1:]) for t in tensors)
 
@@ -108,15 +112,20 @@ def postprocess(outputs, height: int, width: int, score_thresh: float) -> list[l
         boxes = outputs.pred_boxes[row][keep].float() * scale
         logits = outputs.pred_masks[row][keep].float()
         if len(scores):
-            masks = F.interpolate(
-                logits[:, None], (height, width), mode="bilinear", align_corners=False
-            ).sigmoid()[:, 0] > 0.5
+            masks = (
+                F.interpolate(
+                    logits[:, None], (height, width), mode="bilinear", align_corners=False
+                ).sigmoid()[:, 0]
+                > 0.5
+            )
         else:
             masks = torch.zeros((0, height, width), dtype=torch.bool)
-        result.append([
-            Instance(mask=m.numpy(), box=tuple(b.tolist()), score=float(s))
-            for m, b, s in zip(masks, boxes, scores, strict=True)
-        ])
+        result.append(
+            [
+                Instance(mask=m.numpy(), box=tuple(b.tolist()), score=float(s))
+                for m, b, s in zip(masks, boxes, scores, strict=True)
+            ]
+        )
     return result
 
 

@@ -44,7 +44,7 @@ class Sam3Size:
 
 
 def transformers_config(size: Sam3Size):
-    from transformers import CLIPTextConfig, Sam3Config, Sam3ViTConfig, Sam3VisionConfig
+    from transformers import CLIPTextConfig, Sam3Config, Sam3VisionConfig, Sam3ViTConfig
     from transformers.models.sam3.configuration_sam3 import (
         Sam3DETRDecoderConfig,
         Sam3DETREncoderConfig,

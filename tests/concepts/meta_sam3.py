@@ -72,15 +72,19 @@ def _reduced(builder, reduced: dict):
             global_att_blocks=tuple(r["vit_global"]),
         ),
         "VETextEncoder": _override(
-            builder.VETextEncoder, width=r["text_dim"], heads=r["text_heads"],
+            builder.VETextEncoder,
+            width=r["text_dim"],
+            heads=r["text_heads"],
             layers=r["text_layers"],
         ),
         "TransformerEncoderFusion": _override(
             builder.TransformerEncoderFusion, num_layers=r["detr_layers"]
         ),
         "TransformerDecoder": _override(
-            builder.TransformerDecoder, num_layers=r["detr_layers"],
-            resolution=None, num_queries=r["queries"],  # its cache is built on "cuda"
+            builder.TransformerDecoder,
+            num_layers=r["detr_layers"],
+            resolution=None,
+            num_queries=r["queries"],  # its cache is built on "cuda"
         ),
         "SequenceGeometryEncoder": _override(
             builder.SequenceGeometryEncoder, num_layers=r["geometry_layers"]

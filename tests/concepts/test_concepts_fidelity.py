@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 if importlib.util.find_spec("sam3") is None:  # Meta's package: pip install --no-deps sam3
     pytest.skip("Meta's sam3 is not installed", allow_module_level=True)
-from meta_sam3 import build_meta_image_model, randomize_, write_tokenizer_files  # noqa: E402
+from meta_sam3 import build_meta_image_model, randomize_, write_tokenizer_files
 
 from sam2serve.concepts.checkpoint import CheckpointMismatch, load_strict, meta_to_transformers
 from sam2serve.concepts.engine import ExemplarBox, load_tokenizer, segment_concepts
@@ -101,8 +101,10 @@ def test_roi_align_matches_torchvision_semantics_shim():
     from torchvision.ops import roi_align as reference  # the test shim's loop port
 
     features = torch.randn(2, 3, 9, 11, generator=torch.Generator().manual_seed(0))
-    boxes = [torch.tensor([[0.5, 1.0, 7.3, 8.9], [-2.0, -1.0, 3.0, 4.0]]),
-             torch.tensor([[9.0, 7.0, 12.5, 10.0]])]
+    boxes = [
+        torch.tensor([[0.5, 1.0, 7.3, 8.9], [-2.0, -1.0, 3.0, 4.0]]),
+        torch.tensor([[9.0, 7.0, 12.5, 10.0]]),
+    ]
     torch.testing.assert_close(roi_align(features, boxes, 7), reference(features, boxes, 7))
 
 

@@ -4,7 +4,6 @@ that the two check each other through the fidelity tests."""
 
 import math
 
-import torch
 from torch import Tensor, nn
 
 

@@ -52,7 +52,10 @@ class Resize:
         batched = x if x.dim() == 4 else x[None]
         # torchvision v2 resizes uint8 CPU images with torch's native uint8 kernel
         out = torch.nn.functional.interpolate(
-            batched, size=self.size, mode="bilinear", align_corners=False,
+            batched,
+            size=self.size,
+            mode="bilinear",
+            align_corners=False,
             antialias=self.antialias,
         )
         return out if x.dim() == 4 else out[0]
