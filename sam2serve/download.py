@@ -306,7 +306,7 @@ class _SameOriginAuth(urllib.request.HTTPRedirectHandler):
     def __init__(self, url: str, token: str) -> None:
         self.origin, self.token = _origin(url), token
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         if new is not None and _origin(newurl) == self.origin:
             new.add_unredirected_header("Authorization", f"Bearer {self.token}")
