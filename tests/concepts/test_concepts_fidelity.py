@@ -116,3 +116,19 @@ def test_bad_inputs_are_named(pair):
         segment_concepts(ours, tokenize, [np.zeros((4, 4, 3), np.uint8)], [])
     with pytest.raises(ValueError, match="score_thresh"):
         segment_concepts(ours, tokenize, [np.zeros((4, 4, 3), np.uint8)], ["a"], score_thresh=2)
+
+
+@pytest.mark.extended
+def test_full_size_meta_model_maps_strictly_onto_ours(tmp_path):
+    """Second tier (36 s, 3.4 GB on the Xeon host): Meta's full-size image model, as its
+    own builder makes it, gives every tensor of our full-size model with its shape — the
+    check ``sam2serve download --model sam3`` applies to the real sam3.pt."""
+    from sam2serve.concepts.weights import check_keys
+
+    tokens = write_tokenizer_files(tmp_path)
+    meta = build_meta_image_model(Sam3Size.full().as_dict(), tokens / "bpe_simple_vocab.txt.gz")
+    state = {f"detector.{k}": v for k, v in meta.state_dict().items()}
+    check_keys(state, Sam3Size.full())
+    state.pop("detector.transformer.decoder.presence_token.weight")
+    with pytest.raises(CheckpointMismatch, match="missing"):
+        check_keys(state, Sam3Size.full())
