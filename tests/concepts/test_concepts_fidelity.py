@@ -15,7 +15,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 if importlib.util.find_spec("sam3") is None:  # Meta's package: pip install --no-deps sam3
     pytest.skip("Meta's sam3 is not installed", allow_module_level=True)
-from meta_sam3 import build_meta_image_model, randomize_, write_tokenizer_files
+from meta_sam3 import (
+    build_meta_image_model,
+    import_sam3,
+    randomize_,
+    write_tokenizer_files,
+)
 
 from sam2serve.concepts.checkpoint import CheckpointMismatch, load_strict, meta_to_transformers
 from sam2serve.concepts.engine import ExemplarBox, load_tokenizer, segment_concepts
@@ -98,6 +103,7 @@ def test_strict_load_names_the_missing_key(pair):
 
 
 def test_roi_align_matches_torchvision_semantics_shim():
+    import_sam3()  # puts the shim on sys.path
     from torchvision.ops import roi_align as reference  # the test shim's loop port
 
     features = torch.randn(2, 3, 9, 11, generator=torch.Generator().manual_seed(0))
