@@ -31,6 +31,7 @@ import socket
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -87,8 +88,12 @@ def fetch(
     label: str | None = None,
     retry_unreached: bool = True,
     replace: bool = False,
+    token: str | None = None,
 ) -> Path:
     """Download ``url`` to ``dest`` (see the module's docstring); returns ``dest``.
+
+    ``token``: sent as ``Authorization: Bearer`` to ``url``'s origin only (scheme, host,
+    port); a redirect to another origin (a CDN) is followed without it.
 
     A ``dest`` that exists once the part is locked (another process renamed its download
     into place) is returned as it is, unless ``replace``.
@@ -125,6 +130,7 @@ def fetch(
                 progress,
                 label or dest.name,
                 retry_unreached,
+                token,
             )
         except BaseException:
             out.flush()  # what arrived before a Ctrl-C is kept to resume
@@ -184,6 +190,7 @@ def _download(
     progress: bool,
     label: str,
     retry_unreached: bool,
+    token: str | None = None,
 ) -> None:
     attempts = 0
     wait = BACKOFF_S
@@ -192,7 +199,7 @@ def _download(
         attempts += 1
         before = part.stat().st_size
         try:
-            _attempt(url, part, out, end, read_timeout_s, progress, label, sizes)
+            _attempt(url, part, out, end, read_timeout_s, progress, label, sizes, token)
             return
         except _Retry as exc:
             reason = str(exc)
@@ -231,6 +238,7 @@ def _attempt(
     progress: bool,
     label: str,
     sizes: set[int],
+    token: str | None = None,
 ) -> None:
     """One request: append the missing bytes to ``part`` (or rewrite it whole). ``sizes``:
     the sizes declared before; a resumed answer of another size starts the file again."""
@@ -239,8 +247,14 @@ def _attempt(
     if have:
         request.add_header("Range", f"bytes={have}-")
     timeout = max(0.1, min(read_timeout_s, end - time.monotonic()))
+    open_url = urllib.request.urlopen
+    if token:
+        # unredirected: urllib does not copy it to a redirect; _SameOriginAuth re-adds it
+        # when the redirect stays on this origin
+        request.add_unredirected_header("Authorization", f"Bearer {token}")
+        open_url = urllib.request.build_opener(_SameOriginAuth(url, token)).open
     try:
-        response = urllib.request.urlopen(request, timeout=timeout)
+        response = open_url(request, timeout=timeout)
     except urllib.error.HTTPError as exc:
         exc.close()
         if exc.code == 416 and have:  # nothing after `have`: complete, or a stale part
@@ -278,6 +292,25 @@ def _attempt(
     if total is not None and got > total:
         _truncate(out)
         raise DownloadError(f"{url}: got more bytes than the {total} the server declared")
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, parts.hostname, parts.port or default
+
+
+class _SameOriginAuth(urllib.request.HTTPRedirectHandler):
+    """Redirects keep the bearer token only while they stay on the first URL's origin."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.origin, self.token = _origin(url), token
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(newurl) == self.origin:
+            new.add_unredirected_header("Authorization", f"Bearer {self.token}")
+        return new
 
 
 def _receive(

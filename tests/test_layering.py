@@ -23,6 +23,7 @@ LAYERS = {
     "checkpoint": 2,
     "samples": 2,
     "engine": 3,
+    "concepts": 3,  # SAM 3 concept segmentation (transformers Sam3Model + Meta key map)
     "runtime": 4,
     "store": 4.5,  # persistent embeddings (engine's Embedding, runtime identity), under the surfaces
     "server": 5,

@@ -21,6 +21,7 @@ from sam2serve.commands.common import (
 from sam2serve.config import HF_MODEL_IDS, MODEL_SIZES, parse_hf_id
 
 ALL = "all"
+SAM3 = "sam3"  # SAM 3 (concepts): Meta's sam3.pt + tokenizer from the gated facebook/sam3
 DEFAULT_TIMEOUT_S = 3600.0
 # Kept equal to sam2serve.checkpoint's (which imports torch; this module must not).
 URL_BASE_ENV = "SAM2SERVE_CHECKPOINT_URL_BASE"
@@ -58,6 +59,12 @@ or SAM 2.0's (files sam2_hiera_*.pt, which commands use with --checkpoint, or fr
 cache when no SAM 2.1 file of the size is there):
 {_wrapped(SAM20_IDS)}
 
+--model {SAM3}: SAM 3 for concept prompts (sam3.pt, vocab.json, merges.txt from
+huggingface.co/facebook/sam3 into the cache's sam3 folder). Its weights are under the SAM
+License and gated: accept it on that page, then set HF_TOKEN to a token of that account
+(sent to that host only, never to a redirect elsewhere). --url-base replaces
+https://huggingface.co/facebook/sam3/resolve/main.
+
 Examples:
   {PROG} download                                   # tiny, SAM 2.1
   {PROG} download --model facebook/sam2.1-hiera-large
@@ -84,9 +91,11 @@ def targets(value: str) -> tuple[tuple[str, bool], ...]:
         return tuple((size, True) for size in MODEL_SIZES)
     if value in MODEL_SIZES:
         return ((value, True),)
+    if value == SAM3:
+        return ((SAM3, None),)
     hf = parse_hf_id(value)
     if hf is None:
-        accepted = ", ".join((*MODEL_SIZES, ALL, *HF_MODEL_IDS, *SAM20_IDS))
+        accepted = ", ".join((*MODEL_SIZES, ALL, SAM3, *HF_MODEL_IDS, *SAM20_IDS))
         raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {accepted})")
     return (hf,)
 
@@ -113,7 +122,7 @@ def add_arguments(parser: CommandParser) -> None:
         type=targets,
         default=targets("tiny"),
         metavar="NAME",
-        help=f"tiny, small, base_plus, large, {ALL}, or a Hugging Face id (see above) "
+        help=f"tiny, small, base_plus, large, {ALL}, {SAM3}, or a Hugging Face id (see above) "
         "(default: tiny)",
     )
     parser.add_argument(
@@ -147,7 +156,11 @@ def download_command(args: argparse.Namespace) -> int:
         except argparse.ArgumentTypeError as exc:
             raise UsageError(f"${URL_BASE_ENV}: {exc}") from None
     failed = sum(
-        not download_one(size, sam21, url_base, args.timeout, args.force)
+        not (
+            download_sam3(url_base, args.timeout, args.force)
+            if sam21 is None
+            else download_one(size, sam21, url_base, args.timeout, args.force)
+        )
         for size, sam21 in args.model
     )
     return EXIT_FAILED if failed else EXIT_OK
@@ -195,4 +208,23 @@ def download_one(size: str, sam21: bool, url_base: str | None, timeout: float, f
         error_line(f"cannot write {str(dest)!r}: {exc.strerror or exc}")
         return False
     info_line(f"{size}: downloaded and checked: {str(dest)!r}")
+    return True
+
+
+def download_sam3(url_base: str | None, timeout: float, force: bool) -> bool:
+    """SAM 3's files, reported on stderr; False if it failed (one error line)."""
+    from sam2serve.concepts.weights import LICENCE, WeightsError, download, hf_token
+
+    info_line(f"{SAM3}: weights under the {LICENCE}")
+    if hf_token() is None and url_base is None:
+        warning_line(f"{SAM3}: HF_TOKEN is not set; the gated repository will refuse")
+    try:
+        directory = download(url_base, timeout, force)
+    except WeightsError as exc:
+        error_line(str(exc))
+        return False
+    except OSError as exc:  # the cache folder cannot be written
+        error_line(f"cannot write the SAM 3 weights: {exc.strerror or exc}")
+        return False
+    info_line(f"{SAM3}: downloaded and checked: {str(directory)!r}")
     return True

@@ -231,7 +231,7 @@ def test_all_fetches_every_size_and_reports_each_failure(server, tiny_bytes, tmp
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [
-        (["--model", "huge"], "invalid choice: 'huge' (choose from tiny, small, base_plus, large, all, facebook/sam2.1-hiera-tiny"),
+        (["--model", "huge"], "invalid choice: 'huge' (choose from tiny, small, base_plus, large, all, sam3, facebook/sam2.1-hiera-tiny"),
         (["--model", "facebook/sam3-hiera-tiny"], "invalid choice"),
         (["--timeout", "0"], "expected a number of seconds > 0, got '0'"),
         (["--timeout", "nan"], "expected a number of seconds > 0"),

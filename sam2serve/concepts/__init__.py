@@ -1,0 +1,1 @@
+"""Concept segmentation (SAM 3): noun phrases and exemplar boxes -> every instance."""

@@ -1,0 +1,158 @@
+"""SAM 3's weights: Meta's ``sam3.pt`` and its CLIP tokenizer files from the gated
+Hugging Face repository ``facebook/sam3``, into ``<cache>/sam3/``, checked before they land.
+
+The weights are under the SAM License and gated: the user accepts the licence on
+https://huggingface.co/facebook/sam3 and brings a token in ``HF_TOKEN`` (or
+``HUGGING_FACE_HUB_TOKEN``). The token is sent to the download URL's origin only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from sam2serve.cache import cache_path
+from sam2serve.concepts.checkpoint import CheckpointMismatch, meta_to_transformers
+from sam2serve.concepts.model import Sam3Size, build_model
+from sam2serve.download import DownloadError, fetch
+
+REPO = "facebook/sam3"
+LICENCE = "SAM License (gated: accept it on https://huggingface.co/facebook/sam3)"
+HF_URL_BASE = f"https://huggingface.co/{REPO}/resolve/main"
+CHECKPOINT = "sam3.pt"
+TOKENIZER_FILES = ("vocab.json", "merges.txt")
+TOKEN_ENVS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# The configuration a downloaded file must match (tests set a reduced one).
+EXPECTED_SIZE = Sam3Size.full()
+
+
+class WeightsError(OSError):
+    """SAM 3's weights are missing, gated, or not what they should be (one line)."""
+
+
+def weights_dir() -> Path:
+    return cache_path("sam3")
+
+
+def hf_token() -> str | None:
+    for name in TOKEN_ENVS:
+        if os.environ.get(name, "").strip():
+            return os.environ[name].strip()
+    return None
+
+
+def check_keys(state: dict[str, torch.Tensor], size: Sam3Size) -> None:
+    """Meta-format ``state`` must give every parameter of ``size``'s model with its shape,
+    and nothing else (the model is built on the meta device: no memory, no time)."""
+    with torch.device("meta"):
+        expected = build_model(size).state_dict()
+    mapped = meta_to_transformers(state)
+    missing = sorted(set(expected) - set(mapped))
+    unexpected = sorted(set(mapped) - set(expected))
+    shapes = sorted(
+        k for k in expected if k in mapped and tuple(mapped[k].shape) != tuple(expected[k].shape)
+    )
+    for label, names in (("missing", missing), ("unexpected", unexpected), ("shape", shapes)):
+        if names:
+            raise CheckpointMismatch(
+                f"not a SAM 3 checkpoint: {len(names)} {label} key(s), e.g. {names[0]}"
+            )
+
+
+def verify_checkpoint(path: Path, size: Sam3Size | None = None) -> None:
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same answer
+        raise CheckpointMismatch(f"{path.name} does not load as a torch file: {exc}") from None
+    state = loaded.get("model", loaded) if isinstance(loaded, dict) else None
+    if not isinstance(state, dict):
+        raise CheckpointMismatch(f"{path.name} holds no state dict")
+    check_keys(state, size or EXPECTED_SIZE)
+
+
+def _verify_text(path: Path) -> None:
+    """vocab.json must be a JSON object; merges.txt non-empty UTF-8 (``path`` may be the
+    ``.part`` being checked)."""
+    import json
+
+    name = path.name.removesuffix(".part")
+    try:
+        text = path.read_text(encoding="utf-8")
+        if name.endswith(".json") and not isinstance(json.loads(text), dict):
+            raise ValueError("not an object")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise WeightsError(f"{name} is not valid JSON: {exc}") from None
+    if not text.strip():
+        raise WeightsError(f"{name} is empty")
+
+
+def gated_message(status: str) -> str:
+    return (
+        f"SAM 3 weights are gated ({status}): accept the SAM License on "
+        f"https://huggingface.co/{REPO} and set HF_TOKEN to a token of that account"
+    )
+
+
+def download(url_base: str | None = None, deadline_s: float = 3600.0, force: bool = False) -> Path:
+    """Fetch the checkpoint and tokenizer files into :func:`weights_dir`; returns it.
+    Raises :class:`WeightsError` (one line) when they are gated, missing or wrong."""
+    base = (url_base or HF_URL_BASE).rstrip("/")
+    token = hf_token()
+    directory = weights_dir()
+    for name in (*TOKENIZER_FILES, CHECKPOINT):
+        dest = directory / name
+        verify = verify_checkpoint if name == CHECKPOINT else _verify_text
+        if dest.is_file() and not force:
+            try:
+                verify(dest)
+                continue
+            except (CheckpointMismatch, WeightsError):
+                pass  # fetched again below
+        try:
+            fetch(
+                f"{base}/{name}",
+                dest,
+                deadline_s=deadline_s,
+                verify=verify,
+                replace=True,
+                token=token,
+            )
+        except DownloadError as exc:
+            text = str(exc)
+            if "HTTP 401" in text or "HTTP 403" in text:
+                status = "HTTP 401" if "HTTP 401" in text else "HTTP 403"
+                raise WeightsError(gated_message(status)) from None
+            if "HTTP 404" in text:
+                raise WeightsError(f"{base}/{name}: not found (HTTP 404)") from None
+            raise WeightsError(text) from None
+        except CheckpointMismatch as exc:
+            raise WeightsError(f"{base}/{name}: {exc}; the file was deleted") from None
+        except WeightsError as exc:
+            raise WeightsError(f"{base}/{name}: {exc}; the file was deleted") from None
+    return directory
+
+
+def require(directory: Path | None = None) -> Path:
+    """The weights folder, or a one-line :class:`WeightsError` saying how to get it."""
+    directory = directory or weights_dir()
+    missing = [n for n in (CHECKPOINT, *TOKENIZER_FILES) if not (directory / n).is_file()]
+    if missing:
+        raise WeightsError(
+            f"SAM 3 weights not found in {str(directory)!r} (missing {', '.join(missing)}): "
+            "run 'sam2serve download --model sam3' (needs HF_TOKEN; " + LICENCE + ")"
+        )
+    return directory
+
+
+def load(directory: Path | None = None, size: Sam3Size | None = None):
+    """(model, tokenize) from the weights folder; the checkpoint's keys checked strictly."""
+    from sam2serve.concepts.checkpoint import load_strict
+    from sam2serve.concepts.engine import load_tokenizer
+
+    directory = require(directory)
+    loaded = torch.load(directory / CHECKPOINT, map_location="cpu", weights_only=True, mmap=True)
+    model = build_model(size or EXPECTED_SIZE)
+    load_strict(model, meta_to_transformers(loaded.get("model", loaded)))
+    return model, load_tokenizer(directory)

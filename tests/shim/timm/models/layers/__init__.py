@@ -1,0 +1,1 @@
+from timm.layers import DropPath, Mlp, trunc_normal_  # noqa: F401

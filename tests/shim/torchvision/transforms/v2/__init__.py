@@ -1,0 +1,71 @@
+"""torchvision.transforms.v2 stand-in: the four transforms of SAM 3's Sam3Processor.
+
+Semantics follow torchvision v2 on image tensors: ToDtype(uint8, scale=True) keeps uint8 and
+scales floats by 255 (round-to-nearest-even after clamping, as ``_to_dtype_tensor`` does);
+Resize((h, w)) is bilinear with antialias=True on the tensor's own dtype (torch's native uint8
+kernel for uint8, as torchvision v2 calls on CPU); ToDtype(float32,
+scale=True) divides uint8 by 255; Normalize computes (x - mean) / std per channel.
+"""
+
+import torch
+from torch import Tensor
+
+from torchvision.transforms.v2 import functional
+
+__all__ = ["Compose", "Normalize", "Resize", "ToDtype", "functional"]
+
+
+class Compose:
+    def __init__(self, transforms) -> None:
+        self.transforms = list(transforms)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        for transform in self.transforms:
+            x = transform(x)
+        return x
+
+
+class ToDtype:
+    def __init__(self, dtype: torch.dtype, scale: bool = False) -> None:
+        self.dtype, self.scale = dtype, scale
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if x.dtype == self.dtype:
+            return x
+        if not self.scale:
+            return x.to(self.dtype)
+        if x.dtype == torch.uint8 and self.dtype.is_floating_point:
+            return x.to(self.dtype).div(255)
+        if x.dtype.is_floating_point and self.dtype == torch.uint8:
+            return x.mul(255).clamp(0, 255).round().to(torch.uint8)
+        raise NotImplementedError(f"shim ToDtype {x.dtype} -> {self.dtype}")
+
+
+class Resize:
+    def __init__(self, size, antialias: bool = True) -> None:
+        self.size = [int(size), int(size)] if isinstance(size, int) else [int(s) for s in size]
+        self.antialias = antialias
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if list(x.shape[-2:]) == self.size:
+            return x
+        batched = x if x.dim() == 4 else x[None]
+        # torchvision v2 resizes uint8 CPU images with torch's native uint8 kernel
+        out = torch.nn.functional.interpolate(
+            batched,
+            size=self.size,
+            mode="bilinear",
+            align_corners=False,
+            antialias=self.antialias,
+        )
+        return out if x.dim() == 4 else out[0]
+
+
+class Normalize:
+    def __init__(self, mean, std) -> None:
+        self.mean, self.std = list(mean), list(std)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        mean = torch.tensor(self.mean, dtype=x.dtype).view(-1, 1, 1)
+        std = torch.tensor(self.std, dtype=x.dtype).view(-1, 1, 1)
+        return (x - mean) / std
