@@ -124,7 +124,7 @@ class ReplicaArgs:
     # Where a replica runs the model: "cpu", or "cuda" (the GPU Ray assigns it: give the
     # deployment ray_actor_options.num_gpus, and a checkpoint: artifacts are CPU-only).
     device: str = "cpu"
-    server: dict[str, Any] = field(default_factory=dict)  # ServerSettings fields
+    server: dict[str, Any] = field(default_factory=dict)  # settings: flat or in sections
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "args") -> ReplicaArgs:
