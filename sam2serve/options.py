@@ -9,6 +9,11 @@ help with the field's default), the flags' values are read back by field name
 line get the same error. This is how vLLM and sglang keep an engine's arguments and its
 flags from drifting; ``engine.amg_params`` does the same for AMG's parameters.
 
+A settings dataclass may compose groups (a field whose default factory is itself a
+settings dataclass, as ``ServerSettings.limits``): the flags of all its groups are derived
+by walking them (:func:`setting_fields`), each by its flat name (:func:`key_of`), so the
+grouping changes no flag, destination or variable.
+
 For containers, a command's flags can also be read from the environment
 (:func:`describe_environment`, :func:`read_environment`): each flag's variable is derived
 from the flag (``--max-upload-mib`` -> ``SAM2SERVE_MAX_UPLOAD_MIB``), parsed by the flag's

@@ -1,8 +1,10 @@
 """``sam2serve serve``: the HTTP service (FastAPI + uvicorn), one model loaded at start.
 
-Every flag sets the :class:`~sam2serve.server.settings.ServerSettings` field of its
-``dest``; the limit flags are derived from the fields themselves (sam2serve.options), so
-the settings check every value and the error names the flag. The address is
+Every flag sets the :class:`~sam2serve.server.settings.ServerSettings` setting of its
+``dest`` (a flat name, routed to its group by ``ServerSettings.from_flat``); the flags of
+the settings' groups are derived from their fields (sam2serve.options), so the settings
+check every value and the error names the flag. The model flags are the shared ones of
+every command (sam2serve.commands.common). The address is
 tried before the model loads: a port in use costs no start-up time.
 """
 
