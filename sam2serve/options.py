@@ -9,6 +9,11 @@ help with the field's default), the flags' values are read back by field name
 line get the same error. This is how vLLM and sglang keep an engine's arguments and its
 flags from drifting; ``engine.amg_params`` does the same for AMG's parameters.
 
+A settings dataclass may compose groups (a field whose default factory is itself a
+settings dataclass, as ``ServerSettings.limits``): the flags of all its groups are derived
+by walking them (:func:`setting_fields`), each by its flat name (:func:`key_of`), so the
+grouping changes no flag, destination or variable.
+
 For containers, a command's flags can also be read from the environment
 (:func:`describe_environment`, :func:`read_environment`): each flag's variable is derived
 from the flag (``--max-upload-mib`` -> ``SAM2SERVE_MAX_UPLOAD_MIB``), parsed by the flag's
@@ -34,9 +39,12 @@ __all__ = [
     "describe_environment",
     "env_var",
     "flag_of",
+    "group_class",
+    "key_of",
     "option",
     "option_values",
     "read_environment",
+    "setting_fields",
 ]
 
 OPTION = "option"  # the metadata key
@@ -68,6 +76,10 @@ class Option:
     repeatable: bool = False
     # Flags of the same ``exclusive`` name (in one group) exclude each other.
     exclusive: str | None = None
+    # The setting's flat name where it differs from the field's (a field of a nested
+    # settings group, e.g. ``VideoSettings.enabled`` is ``video``): the flag's destination,
+    # the default flag (``--KEY``), the name errors and config files use.
+    key: str | None = None
 
     def accepted(self, kind: str) -> str:
         """What a value must be, as error messages say it."""
@@ -87,8 +99,37 @@ def option(default: Any = dataclasses.MISSING, **settings: Any) -> Any:
     return dataclasses.field(default=default, metadata={OPTION: Option(**settings)})
 
 
+def key_of(field: dataclasses.Field) -> str:
+    """A field's flat name: its Option's ``key``, else the field's name."""
+    spec: Option | None = field.metadata.get(OPTION)
+    return spec.key if spec is not None and spec.key else field.name
+
+
+def group_class(field: dataclasses.Field) -> type | None:
+    """The settings dataclass a field holds as a nested group (its default factory), else
+    None."""
+    factory = field.default_factory
+    if factory is not dataclasses.MISSING and isinstance(factory, type):
+        return factory if dataclasses.is_dataclass(factory) else None
+    return None
+
+
+def setting_fields(cls: type) -> list[tuple[str | None, dataclasses.Field]]:
+    """Every setting of ``cls`` as ``(group, field)``, nested groups walked in field order
+    (``group``: the nested group's field name; None for a field of ``cls`` itself)."""
+    found: list[tuple[str | None, dataclasses.Field]] = []
+    for field in dataclasses.fields(cls):
+        nested = group_class(field)
+        if nested is None:
+            found.append((None, field))
+        else:
+            found.extend((field.name, inner) for inner in dataclasses.fields(nested))
+    return found
+
+
 def _options(cls: type, names: Iterable[str] | None) -> list[tuple[dataclasses.Field, Option]]:
-    fields = {f.name: f for f in dataclasses.fields(cls) if OPTION in f.metadata}
+    """The option fields of ``cls`` and of its nested groups, by key (``names``: those)."""
+    fields = {key_of(f): f for _, f in setting_fields(cls) if OPTION in f.metadata}
     chosen = list(fields) if names is None else list(names)
     missing = [name for name in chosen if name not in fields]
     if missing:
@@ -97,9 +138,9 @@ def _options(cls: type, names: Iterable[str] | None) -> list[tuple[dataclasses.F
 
 
 def flag_of(field: dataclasses.Field) -> str:
-    """The flag of an option field: its Option's, else ``--`` + the name with dashes."""
+    """The flag of an option field: its Option's, else ``--`` + the key with dashes."""
     spec: Option = field.metadata[OPTION]
-    return spec.flag or "--" + field.name.replace("_", "-")
+    return spec.flag or "--" + key_of(field).replace("_", "-")
 
 
 def _default_text(field: dataclasses.Field, spec: Option) -> str:
@@ -164,7 +205,7 @@ def add_options(
         if isinstance(default, bool):
             container.add_argument(
                 flag,
-                dest=field.name,
+                dest=key_of(field),
                 action=argparse.BooleanOptionalAction if default else "store_true",
                 default=default,
                 help=help_text,
@@ -177,7 +218,7 @@ def add_options(
         if spec.repeatable:
             container.add_argument(
                 flag,
-                dest=field.name,
+                dest=key_of(field),
                 action="append",
                 type=spec.type or str,
                 default=list(default or ()),
@@ -188,7 +229,7 @@ def add_options(
             continue
         container.add_argument(
             flag,
-            dest=field.name,
+            dest=key_of(field),
             type=kind,
             default=default,
             choices=spec.choices,
@@ -205,7 +246,7 @@ def add_option_groups(
     reused; fields without a group on ``parser``)."""
     grouped: dict[str | None, list[str]] = {}
     for field, spec in _options(cls, names):
-        grouped.setdefault(spec.group, []).append(field.name)
+        grouped.setdefault(spec.group, []).append(key_of(field))
     for title, fields in grouped.items():
         add_options(argument_group(parser, title), cls, fields)
 
@@ -224,7 +265,7 @@ def option_values(
     args: argparse.Namespace, cls: type, names: Iterable[str] | None = None
 ) -> dict[str, Any]:
     """The option fields' values from parsed flags, by field name."""
-    return {field.name: getattr(args, field.name) for field, _ in _options(cls, names)}
+    return {key_of(field): getattr(args, key_of(field)) for field, _ in _options(cls, names)}
 
 
 class OptionError(ValueError):
@@ -246,14 +287,16 @@ class OptionError(ValueError):
 
 def check_options(instance: Any) -> None:
     """Raise :class:`OptionError` for the first option field of ``instance`` out of its
-    bounds or choices (a None value passes: it means "not set")."""
-    for field, spec in _options(type(instance), None):
+    bounds or choices (a None value passes: it means "not set"). Only the instance's own
+    fields: a nested group checked itself when it was made."""
+    for field in dataclasses.fields(instance):
+        spec = field.metadata.get(OPTION)
         value = getattr(instance, field.name)
-        if value is None:
+        if spec is None or value is None:
             continue
         problem = _problem(value, spec)
         if problem is not None:
-            raise OptionError(field.name, flag_of(field), spec.accepted(problem), value)
+            raise OptionError(key_of(field), flag_of(field), spec.accepted(problem), value)
 
 
 def _problem(value: Any, spec: Option) -> str | None:

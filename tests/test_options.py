@@ -173,10 +173,14 @@ def test_a_variable_sets_the_setting(clean_env):
     clean_env.setenv("SAM2SERVE_PORT", "9001")
     args = parse_cli("serve")
     settings = settings_from(args)
-    assert settings.max_queue == 7 and settings.max_upload_bytes == 2 * 1024 * 1024
-    assert settings.cors_origins == ("http://a.test", "http://b.test")
-    assert settings.video is True and settings.warmup is False
-    assert (settings.mode, settings.random_weights, args.port) == ("baseline", True, 9001)
+    assert settings.batching.max_queue == 7 and settings.limits.max_upload_bytes == 2 * 1024 * 1024
+    assert settings.access.cors_origins == ("http://a.test", "http://b.test")
+    assert settings.video.enabled is True and settings.runtime.warmup is False
+    assert (settings.runtime.mode, settings.runtime.random_weights, args.port) == (
+        "baseline",
+        True,
+        9001,
+    )
     assert args.env_sources["max_queue"] == ("SAM2SERVE_MAX_QUEUE", "7")
 
 

@@ -108,7 +108,9 @@ class SAM2Replica:
 
         # Built here, not as a decorated method, because its size comes from the config.
         # Image ids and video session ids share it: room for every session the app may hold.
-        held = self.args.images_per_replica + (settings.max_video_sessions if settings.video else 0)
+        held = self.args.images_per_replica + (
+            settings.video.max_video_sessions if settings.video.enabled else 0
+        )
         self.hold = serve.multiplexed(max_num_models_per_replica=held)(hold)
         log.info("replica ready: %s", self.report.as_dict())
 

@@ -30,14 +30,14 @@ from sam2serve.runtime.backend_choice import BackendChoiceError, choose_backend
 from sam2serve.runtime.backends import BACKENDS, BackendInfo
 from sam2serve.runtime.modes import MODES
 from sam2serve.runtime.spec import RuntimeSpec
-from sam2serve.server.settings import ServerSettings
+from sam2serve.server.settings import ServerSettings, flat_keys
 
 DEFAULT_IMAGES_PER_REPLICA = 32
 # A replica runs on the CPU or on the one GPU Ray assigns it (always its cuda:0).
 REPLICA_DEVICES = ("cpu", "cuda")
-# ServerSettings fields a replica takes from the file. The model comes from the
-# artifacts or checkpoint, the API key from an environment variable, and a replica
-# always warms up.
+# ServerSettings' settings (by flat name) a replica takes from the file. The model comes
+# from the artifacts or checkpoint, the API key from an environment variable, and a
+# replica always warms up.
 NOT_SERVER_KEYS = frozenset(
     {
         "model",
@@ -52,13 +52,45 @@ NOT_SERVER_KEYS = frozenset(
         "api_key",
     }
 )
-SERVER_KEYS = tuple(
-    f.name for f in dataclasses.fields(ServerSettings) if f.name not in NOT_SERVER_KEYS
-)
+SERVER_KEYS = tuple(name for name in flat_keys() if name not in NOT_SERVER_KEYS)
+# ServerSettings' groups: ``server`` may name settings flat (max_pixels: ...) or in their
+# group's section (limits: {max_pixels: ...}); a section is a mapping, so ``video: true``
+# (the setting) and ``video: {max_video_sessions: 2}`` (the section) do not collide.
+SERVER_GROUPS = tuple(f.name for f in dataclasses.fields(ServerSettings))
 
 
 class ConfigError(ValueError):
     """A configuration file that cannot be used; the message names the key and value."""
+
+
+def server_values(server: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ``server`` mapping's settings by flat name: its flat keys as they are, and the
+    keys of each group section (``limits: {max_pixels: 1000}``; a key may be the flat name
+    or the group's field name: ``store: {location: emb/}``). ConfigError naming a section
+    key that is no setting of the section, or a setting given twice."""
+    routes = flat_keys()
+    flat: dict[str, Any] = {}
+    for key, value in server.items():
+        if key not in SERVER_GROUPS or not isinstance(value, dict):
+            pairs = [(key, key, value)]
+        else:
+            members: dict[str, str] = {}
+            for name, (group, attribute) in routes.items():
+                if group == key:
+                    members[name] = members[attribute] = name
+            pairs = []
+            for inner, inner_value in value.items():
+                if inner not in members:
+                    raise ConfigError(
+                        f"{where}.{key}.{inner}: not a setting of the {key} section (value "
+                        f"{inner_value!r}); accepted: " + ", ".join(sorted(set(members)))
+                    )
+                pairs.append((f"{key}.{inner}", members[inner], inner_value))
+        for written, name, item in pairs:
+            if name in flat:
+                raise ConfigError(f"{where}.{written}: {name} is given twice")
+            flat[name] = item
+    return flat
 
 
 def is_int(value: Any) -> bool:
@@ -92,7 +124,7 @@ class ReplicaArgs:
     # Where a replica runs the model: "cpu", or "cuda" (the GPU Ray assigns it: give the
     # deployment ray_actor_options.num_gpus, and a checkpoint: artifacts are CPU-only).
     device: str = "cpu"
-    server: dict[str, Any] = field(default_factory=dict)  # ServerSettings fields
+    server: dict[str, Any] = field(default_factory=dict)  # settings: flat or in sections
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "args") -> ReplicaArgs:
@@ -163,7 +195,7 @@ class ReplicaArgs:
             )
         if not isinstance(self.server, dict):
             raise ConfigError(f"{where}.server: expected a mapping, got {self.server!r}")
-        for key, value in self.server.items():
+        for key, value in server_values(self.server, f"{where}.server").items():
             if key not in SERVER_KEYS:
                 raise ConfigError(
                     f"{where}.server.{key}: unknown setting (value {value!r}); accepted: "
@@ -235,10 +267,10 @@ class ReplicaArgs:
     def settings(self, api_key: str | None) -> ServerSettings:
         """The replica's ServerSettings (the app is handed the replica's predictor, so the
         model fields only describe it)."""
-        values = dict(self.server)
+        values = server_values(self.server, "server")
         if "cors_origins" in values:
             values["cors_origins"] = tuple(values["cors_origins"])
-        return ServerSettings(
+        return ServerSettings.from_flat(
             model=self.model,
             mode=self.mode,
             backend=self.runtime_backend(),

@@ -150,7 +150,7 @@ def labelstudio_command(args: argparse.Namespace) -> int:
     options = options_from(args)
     serve.check_store(settings)
     serve.check_address(args.host, args.port)
-    if args.host not in serve.LOOPBACK_HOSTS and settings.api_key is None:
+    if args.host not in serve.LOOPBACK_HOSTS and settings.access.api_key is None:
         warning_line(
             f"listening on {args.host} without an API key: anyone who can reach it can use it "
             f"(set ${args.api_key_env} to require one; Label Studio sends it as the password "
@@ -171,7 +171,7 @@ def labelstudio_command(args: argparse.Namespace) -> int:
     from sam2serve.server.http_server import uvicorn_config
 
     configure_process(spec)  # once, before the app builds its predictor
-    loading = model_flags.load_errors_as_usage(settings.checkpoint, settings.model)
+    loading = model_flags.load_errors_as_usage(settings.runtime.checkpoint, settings.runtime.model)
     with loading, serve.store_errors_as_usage():
         app = create_labelstudio_app(settings, options)
     info = app.state.service.predictor.model.weights_info

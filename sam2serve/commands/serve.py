@@ -1,8 +1,10 @@
 """``sam2serve serve``: the HTTP service (FastAPI + uvicorn), one model loaded at start.
 
-Every flag sets the :class:`~sam2serve.server.settings.ServerSettings` field of its
-``dest``; the limit flags are derived from the fields themselves (sam2serve.options), so
-the settings check every value and the error names the flag. The address is
+Every flag sets the :class:`~sam2serve.server.settings.ServerSettings` setting of its
+``dest`` (a flat name, routed to its group by ``ServerSettings.from_flat``); the flags of
+the settings' groups are derived from their fields (sam2serve.options), so the settings
+check every value and the error names the flag. The model flags are the shared ones of
+every command (sam2serve.commands.common). The address is
 tried before the model loads: a port in use costs no start-up time.
 """
 
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import errno
 import os
 import socket
@@ -38,24 +39,24 @@ from sam2serve.commands.common import (
     warning_line,
 )
 from sam2serve.options import (
-    OPTION,
     OptionError,
     add_option_groups,
     argument_group,
     check_options,
     option,
 )
-from sam2serve.server.settings import ACCESS, DEFAULT_API_KEY_ENV, RUNTIME, ServerSettings
+from sam2serve.server.settings import (
+    ACCESS,
+    DEFAULT_API_KEY_ENV,
+    RUNTIME,
+    ServerSettings,
+    flat_keys,
+)
 from sam2serve.store.location import StoreError, check_location
 
 DEFAULTS = ServerSettings()
-SETTINGS_FIELDS = tuple(f.name for f in dataclasses.fields(ServerSettings))
-# ServerSettings' flags after the runtime group's (video, warmup) and Listen's.
-SERVER_FLAGS = tuple(
-    f.name
-    for f in dataclasses.fields(ServerSettings)
-    if OPTION in f.metadata and f.name not in ("video", "warmup")
-)
+# Every setting's flat name (the flags' destinations), routed to its group by from_flat.
+SETTINGS_FIELDS = tuple(flat_keys())
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -130,18 +131,17 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 def add_arguments(parser: CommandParser) -> None:
     """The shared model flags (sam2serve.commands.common, as every command's), then the
-    fields of Listen and ServerSettings, in their help groups."""
-    d = DEFAULTS
+    fields of Listen and of ServerSettings' groups, each under its group's help title."""
+    runtime = DEFAULTS.runtime
     model = argument_group(parser, RUNTIME)
-    add_model_flag(model, d.model)
-    add_mode_flag(model, d.mode)
+    add_model_flag(model, runtime.model)
+    add_mode_flag(model, runtime.mode)
     add_backend_flag(model)
     add_device_flag(model)
     add_threads_flag(model)
     add_weights_flags(model)
-    add_option_groups(parser, ServerSettings, ("video", "warmup"))
     add_option_groups(parser, Listen)
-    add_option_groups(parser, ServerSettings, SERVER_FLAGS)
+    add_option_groups(parser, ServerSettings)
     parser.set_defaults(flags=flag_of(parser))
 
 
@@ -156,7 +156,7 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
     values["cors_origins"] = tuple(args.cors_origins)
     values["checkpoint"] = None if args.checkpoint is None else str(args.checkpoint)
     try:
-        return ServerSettings(**values)
+        return ServerSettings.from_flat(**values)
     except ValueError as exc:
         raise UsageError(_named(exc, values, args)) from None
 
@@ -187,7 +187,7 @@ def _named(exc: ValueError, values: dict[str, Any], args: argparse.Namespace) ->
     )
     for name, value in values.items():
         try:
-            ServerSettings(**{name: value})
+            ServerSettings.from_flat(**{name: value})
         except ValueError:
             return f"{flags.get(name, name)}: {exc}"
     return str(exc)
@@ -235,9 +235,9 @@ def store_errors_as_usage() -> Iterator[None]:
 
 def check_store(settings: ServerSettings) -> None:
     """The --store location opens (before the model loads)."""
-    if settings.store is not None:
+    if settings.store.location is not None:
         with store_errors_as_usage():
-            check_location(settings.store)
+            check_location(settings.store.location)
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -246,7 +246,7 @@ def serve_command(args: argparse.Namespace) -> int:
     listen_from(args)
     check_store(settings)
     check_address(args.host, args.port)
-    if args.host not in LOOPBACK_HOSTS and settings.api_key is None:
+    if args.host not in LOOPBACK_HOSTS and settings.access.api_key is None:
         warning_line(
             f"listening on {args.host} without an API key: anyone who can reach it can use it "
             f"(set ${args.api_key_env} to require one)"
@@ -260,13 +260,13 @@ def serve_command(args: argparse.Namespace) -> int:
     from sam2serve.server.http_server import uvicorn_config
 
     configure_process(spec)  # once, before the app builds its predictors
-    loading = model_flags.load_errors_as_usage(settings.checkpoint, settings.model)
+    loading = model_flags.load_errors_as_usage(settings.runtime.checkpoint, settings.runtime.model)
     with loading, store_errors_as_usage():
         app = create_app(settings)
     info = app.state.service.predictor.model.weights_info
     if info.is_random:
         warning_line(f"serving {info.describe()}")
-    video = " and video sessions at /v1/videos" if settings.video else ""
+    video = " and video sessions at /v1/videos" if settings.video.enabled else ""
     info_line(
         f"serving {spec.model} ({spec.label}, {spec.device}) on http://{args.host}:{args.port} "
         f"- annotation page at /, API docs at /docs{video}"

@@ -35,12 +35,12 @@ def create_labelstudio_app(
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> FastAPI:
     """The service's app for ``settings`` plus Label Studio's endpoints; loads the model
-    unless a ``predictor`` is given, and with ``settings.video`` the video model (which
+    unless a ``predictor`` is given, and with ``settings.video.enabled`` the video model (which
     tracks video tasks) unless a ``video_predictor`` is given. ``transport``: the HTTP
     transport that fetches images and videos (tests hand in a mock)."""
     app = create_app(settings, predictor, video_predictor, body_limits=BODY_LIMITS)
     fetcher = ImageFetcher(
-        max_bytes=settings.max_upload_bytes,
+        max_bytes=settings.limits.max_upload_bytes,
         timeout_s=options.fetch_timeout_s,
         policy=options.fetch_policy(),
         local_roots=options.local_roots,

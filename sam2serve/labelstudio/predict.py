@@ -108,7 +108,7 @@ class LabelStudioBackend:
             identity = f"random-seed{weights.get('seed')}"
         else:
             identity = str(weights.get("source"))
-        return f"sam2serve-{service.model_name}-{service.settings.mode}-{identity}"
+        return f"sam2serve-{service.model_name}-{service.settings.runtime.mode}-{identity}"
 
     async def setup(self, body: SetupRequest, service: Service) -> SetupResponse:
         """Remember the project's token, and its address when the operator allowed that
@@ -154,7 +154,7 @@ class LabelStudioBackend:
 
     # ------------------------------------------------------------------ /predict
     async def predict(self, body: PredictRequest, service: Service, client: str) -> PredictResponse:
-        check_task_count(len(body.tasks), service.settings.max_predict_tasks)
+        check_task_count(len(body.tasks), service.settings.limits.max_predict_tasks)
         config = await asyncio.to_thread(_config, body.label_config)
         context = body.params.context
         version = self.model_version(service)
@@ -165,12 +165,15 @@ class LabelStudioBackend:
             empty = Prediction(result=[], score=None, model_version=version)
             return PredictResponse(results=[empty] * len(body.tasks), model_version=version)
         prompt = prompt_from_context(context) if context is not None else None
-        if prompt is not None and len(prompt.points) > service.settings.max_points_per_object:
+        if (
+            prompt is not None
+            and len(prompt.points) > service.settings.limits.max_points_per_object
+        ):
             raise ApiError(
                 422,
                 "too_many_prompts",
                 f"context.result: {len(prompt.points)} clicks; at most "
-                f"{service.settings.max_points_per_object} per object (max_points_per_object)",
+                f"{service.settings.limits.max_points_per_object} per object (max_points_per_object)",
             )
         if context is not None and prompt is None:
             mode = "empty"  # an interaction without clicks (all removed): nothing to show

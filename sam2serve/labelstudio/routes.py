@@ -56,7 +56,7 @@ BackendDep = Annotated[LabelStudioBackend, Depends(get_backend)]
 async def require_key(request: Request, settings: SettingsDep) -> None:
     """401 unless the request carries the service's API key (when it has one): as the
     basic-auth password, a bearer token, or X-API-Key."""
-    expected = settings.api_key
+    expected = settings.access.api_key
     if expected is None:
         return
     given = request.headers.get("x-api-key")
@@ -120,7 +120,7 @@ async def setup(request: Request, service: ServiceDep, backend: BackendDep) -> R
     openapi_extra=_json_body(PredictRequest),
 )
 async def predict(request: Request, service: ServiceDep, backend: BackendDep) -> Response:
-    limit = service.settings.max_predict_tasks
+    limit = service.settings.limits.max_predict_tasks
 
     def count_tasks(document: Any) -> None:  # before the tasks are validated, one by one
         tasks = document.get("tasks") if isinstance(document, dict) else None
@@ -133,7 +133,7 @@ async def predict(request: Request, service: ServiceDep, backend: BackendDep) ->
         return json_response(await backend.predict(body, service, client_address(request)))
 
     return await run_guarded(
-        request, work, service.settings.request_timeout_s, service.retry_headers
+        request, work, service.settings.limits.request_timeout_s, service.retry_headers
     )
 
 

@@ -64,17 +64,17 @@ async def track_task(
             422,
             "video_disabled",
             "this backend does not track video: start it with 'sam2serve labelstudio "
-            "--video' (settings.video) to answer VideoRectangle keyframes",
+            "--video' (settings.video.enabled) to answer VideoRectangle keyframes",
         )
     if not prompts:
         return []
     settings = service.settings
-    if len(prompts) > settings.max_video_objects:
+    if len(prompts) > settings.video.max_video_objects:
         raise ApiError(
             413,
             "too_many_objects",
             f"context.result: {len(prompts)} VideoRectangle regions to track; at most "
-            f"{settings.max_video_objects} per request (max_video_objects)",
+            f"{settings.video.max_video_objects} per request (max_video_objects)",
         )
     wanted = prompts[0].to_name
     try:
@@ -116,7 +116,7 @@ async def _fetch_and_track(
     settings = service.settings
     source = f"{where}.data.{video.field}"
     limit = ByteLimit(
-        settings.max_video_upload_bytes, "video", "max_video_upload_bytes", data_uri=False
+        settings.video.max_video_upload_bytes, "video", "max_video_upload_bytes", data_uri=False
     )
     # The download is held in memory until its frames are decoded: counted in the
     # process's decode budget from before the first byte (its most), then as it is.
@@ -147,18 +147,18 @@ async def _decode_and_track(
     data = await fetch  # only this frame holds it: dropped once decoded
     download.shrink(len(data))
     with _video_errors():
-        header = await asyncio.to_thread(read_header, data, source, settings.max_pixels)
-    max_frames = min(options.video_max_frames, settings.max_video_frames)
+        header = await asyncio.to_thread(read_header, data, source, settings.limits.max_pixels)
+    max_frames = min(options.video_max_frames, settings.video.max_video_frames)
     frames_bytes = max_frames * header.width * header.height * 3
     tracking = len(prompts) * max_frames * videos.object_frame_bytes
-    if frames_bytes + tracking > settings.max_video_session_bytes:
+    if frames_bytes + tracking > settings.video.max_video_session_bytes:
         raise ApiError(
             413,
             "session_too_large",
             f"{source}: {max_frames} frames of {header.width}x{header.height} "
             f"({frames_bytes / MiB:.1f} MiB) plus {tracking / MiB:.1f} MiB to track "
             f"{len(prompts)} object(s) through them would pass "
-            f"{settings.max_video_session_bytes / MiB:.1f} MiB (max_video_session_bytes); "
+            f"{settings.video.max_video_session_bytes / MiB:.1f} MiB (max_video_session_bytes); "
             "track fewer frames (--video-max-frames) or objects",
         )
     first = min(prompt.first_frame for prompt in prompts)
@@ -176,8 +176,8 @@ async def _decode_and_track(
                 frame_rate=frame_rate,
                 first_frame=first,
                 max_frames=max_frames,
-                max_skipped=settings.max_video_frames,
-                max_pixels=settings.max_pixels,
+                max_skipped=settings.video.max_video_frames,
+                max_pixels=settings.limits.max_pixels,
             )
         del data
         download.release()

@@ -12,7 +12,7 @@ encode. Every error a client can cause is a 4xx in the one error shape of
 :mod:`sam2serve.server.errors`, and leaves the server and its caches as they were.
 
 Endpoints: POST /v1/embeddings, /v1/segment, /v1/amg; /v1/videos (video tracking
-sessions, with ``settings.video``); GET /healthz, /readyz, /metrics; OpenAPI at /docs. Request bodies are JSON (the image base64) or multipart/form-data (the
+sessions, with ``settings.video.enabled``); GET /healthz, /readyz, /metrics; OpenAPI at /docs. Request bodies are JSON (the image base64) or multipart/form-data (the
 image as a file part named ``image``, the other fields as JSON in a part named
 ``request``).
 
@@ -55,16 +55,16 @@ def create_app(
     body_limits: Mapping[str, tuple[int, str]] | None = None,
 ) -> FastAPI:
     """The app for ``settings``; loads the model unless a ``predictor`` is given, and with
-    ``settings.video`` the video model too unless a ``video_predictor`` is given.
+    ``settings.video.enabled`` the video model too unless a ``video_predictor`` is given.
     ``body_limits``: body limits of paths an app built on this one adds (``{path: (bytes,
     what the 413 names)}``); every other path has the service's."""
     if predictor is None:
         from sam2serve.runtime.build import build_predictor
 
-        predictor = build_predictor(settings.runtime_spec(), settings.weights_source())
-    if settings.video and video_predictor is None:
+        predictor = build_predictor(settings.runtime.spec(), settings.runtime.weights_source())
+    if settings.video.enabled and video_predictor is None:
         video_predictor = load_video_predictor(settings, predictor)
-    service = Service(settings, predictor, video_predictor if settings.video else None)
+    service = Service(settings, predictor, video_predictor if settings.video.enabled else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -96,19 +96,19 @@ def create_app(
     )
     app.add_middleware(
         BodyLimitMiddleware,
-        limit=settings.max_body_bytes,
-        timeout_s=settings.body_timeout_s,
+        limit=settings.limits.max_body_bytes,
+        timeout_s=settings.connections.body_timeout_s,
         observe=service.metrics.observe_error,
         path_limits={
-            VIDEOS_PATH: (settings.max_video_body_bytes, "max_video_upload_bytes"),
+            VIDEOS_PATH: (settings.video.max_video_body_bytes, "max_video_upload_bytes"),
             **(body_limits or {}),
         },
     )
     app.add_middleware(RequestMetricsMiddleware, metrics=service.metrics, endpoints=endpoints)
-    if settings.cors_origins:
+    if settings.access.cors_origins:
         app.add_middleware(
             CORSMiddleware,
-            allow_origins=list(settings.cors_origins),
+            allow_origins=list(settings.access.cors_origins),
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "X-API-Key", "Content-Type"],
         )
@@ -124,13 +124,13 @@ def load_video_predictor(settings: ServerSettings, predictor: Predictor) -> Vide
     from sam2serve.runtime.video import VIDEO_BACKEND, video_predictor_for
     from sam2serve.runtime.video_model import video_model_like
 
-    model = video_model_like(settings.model, predictor.model.weights_info, predictor.device)
+    model = video_model_like(settings.runtime.model, predictor.model.weights_info, predictor.device)
     spec = RuntimeSpec(
-        model=settings.model,
-        mode=settings.mode if settings.mode in VIDEO_MODES else "fast",
+        model=settings.runtime.model,
+        mode=settings.runtime.mode if settings.runtime.mode in VIDEO_MODES else "fast",
         backend=VIDEO_BACKEND,
         device=str(predictor.device),
-        threads=settings.threads,
+        threads=settings.runtime.threads,
     )
     return video_predictor_for(model, spec)
 

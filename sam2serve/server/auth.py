@@ -28,7 +28,7 @@ async def require_api_key(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)],
 ) -> None:
     """401 unless the request carries the app's API key (when it has one)."""
-    expected = settings.api_key
+    expected = settings.access.api_key
     if expected is None:
         return
     given = key if key is not None else (credentials.credentials if credentials else None)

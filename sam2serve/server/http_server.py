@@ -76,20 +76,22 @@ def uvicorn_config(
 ) -> uvicorn.Config:
     """The uvicorn config that serves ``app`` on ``host`` with ``settings``' connection
     limits, answering only to the hosts it may be reached by (``allowed_hosts``)."""
-    app = HostGuard(app, AllowedHosts.for_server(host, settings.allowed_hosts))
+    app = HostGuard(app, AllowedHosts.for_server(host, settings.access.allowed_hosts))
     protocol = type(
-        "HeaderTimeoutH11", (HeaderTimeoutH11,), {"header_timeout_s": settings.header_timeout_s}
+        "HeaderTimeoutH11",
+        (HeaderTimeoutH11,),
+        {"header_timeout_s": settings.connections.header_timeout_s},
     )
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         http=protocol,
-        limit_concurrency=settings.max_connections,
+        limit_concurrency=settings.connections.max_connections,
         timeout_keep_alive=5,
         # Live video connections: a message past the frame limit closes the connection
         # (1009) before it is buffered; at most two messages wait unread.
-        ws_max_size=settings.max_live_frame_bytes + _WS_FRAMING_SLACK,
+        ws_max_size=settings.live.max_live_frame_bytes + _WS_FRAMING_SLACK,
         ws_max_queue=2,
         **options,
     )

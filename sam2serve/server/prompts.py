@@ -35,20 +35,20 @@ class DecodedMasks:
 
 def check_prompt_counts(request: schemas.SegmentRequest, settings: ServerSettings) -> None:
     """The prompt limits, checked before any image work."""
-    if len(request.objects) > settings.max_objects:
+    if len(request.objects) > settings.limits.max_objects:
         raise ApiError(
             422,
             "too_many_prompts",
-            f"objects: {len(request.objects)} objects; at most {settings.max_objects} per "
+            f"objects: {len(request.objects)} objects; at most {settings.limits.max_objects} per "
             "request (max_objects)",
         )
     for i, obj in enumerate(request.objects):
-        if len(obj.points) > settings.max_points_per_object:
+        if len(obj.points) > settings.limits.max_points_per_object:
             raise ApiError(
                 422,
                 "too_many_prompts",
                 f"objects[{i}].points: {len(obj.points)} points; at most "
-                f"{settings.max_points_per_object} per object (max_points_per_object)",
+                f"{settings.limits.max_points_per_object} per object (max_points_per_object)",
             )
 
 
@@ -141,20 +141,20 @@ def amg_params(options: schemas.AMGOptions, settings: ServerSettings) -> AMGPara
         raise ApiError(422, "invalid_request", f"params: {exc}") from None
     # Counted, not built: the grids are made only once the request is within the limits.
     crops = params.crop_count()
-    if crops > settings.max_amg_crops:
+    if crops > settings.limits.max_amg_crops:
         raise ApiError(
             422,
             "too_many_crops",
             f"params.crop_n_layers: {params.crop_n_layers} crop layers encode {crops} crops; at "
-            f"most {settings.max_amg_crops} per request (max_amg_crops): lower crop_n_layers",
+            f"most {settings.limits.max_amg_crops} per request (max_amg_crops): lower crop_n_layers",
         )
     clicks = params.click_count()
-    if clicks > settings.max_amg_points:
+    if clicks > settings.limits.max_amg_points:
         raise ApiError(
             422,
             "too_many_prompts",
             f"params: these AMG parameters decode {clicks} clicks over all crops; at most "
-            f"{settings.max_amg_points} per request (max_amg_points): lower points_per_side "
+            f"{settings.limits.max_amg_points} per request (max_amg_points): lower points_per_side "
             "or crop_n_layers",
         )
     return params

@@ -136,12 +136,12 @@ async def _parse_multipart(
                 f"part '{IMAGE_PART}' must be a file (filename=...), not a text field",
             )
         image = await upload.read()
-        if len(image) > settings.max_upload_bytes:
+        if len(image) > settings.limits.max_upload_bytes:
             raise ApiError(
                 413,
                 "upload_too_large",
                 f"image: {len(image)} bytes; the limit is "
-                f"{settings.max_upload_bytes} bytes (max_upload_bytes)",
+                f"{settings.limits.max_upload_bytes} bytes (max_upload_bytes)",
             )
         if not image:
             raise ApiError(400, "invalid_image", "image: the uploaded file is empty")
@@ -158,7 +158,7 @@ def _from_json_body(
     image = getattr(parsed, "image", None)
     if image is None:
         return parsed, None
-    return parsed, decode_base64_image(image, settings.max_upload_bytes)
+    return parsed, decode_base64_image(image, settings.limits.max_upload_bytes)
 
 
 def _from_request_part(fields: str | None, model: type[ModelT], settings: ServerSettings) -> ModelT:
@@ -182,12 +182,12 @@ def load_json(raw: bytes, settings: ServerSettings, where: str) -> Any:
         part.count(b"{") + part.count(b"[") + part.count(b",")
         for part in (raw[i : i + _COUNT_SLICE] for i in range(0, len(raw), _COUNT_SLICE))
     )  # in slices: each count holds the GIL, and the event loop waits for it
-    if items > settings.max_json_items:
+    if items > settings.limits.max_json_items:
         raise ApiError(
             413,
             "json_too_large",
             f"{where} has {items} JSON items (objects, arrays and separators); the limit is "
-            f"{settings.max_json_items} (max_json_items); send fewer objects or points",
+            f"{settings.limits.max_json_items} (max_json_items); send fewer objects or points",
         )
     try:
         data = json.loads(raw, object_pairs_hook=_unique_keys)
@@ -198,11 +198,14 @@ def load_json(raw: bytes, settings: ServerSettings, where: str) -> Any:
         if "integer string conversion" in reason:  # Python's own advice is not the client's
             reason = "a number has more than 4300 digits"
         raise ApiError(400, "invalid_json", f"{where} is not valid JSON: {reason}") from None
-    if data is _TOO_DEEP or json_depth(data, settings.max_json_depth) > settings.max_json_depth:
+    if (
+        data is _TOO_DEEP
+        or json_depth(data, settings.limits.max_json_depth) > settings.limits.max_json_depth
+    ):
         raise ApiError(
             400,
             "json_too_deep",
-            f"{where} nests arrays and objects more than {settings.max_json_depth} levels deep "
+            f"{where} nests arrays and objects more than {settings.limits.max_json_depth} levels deep "
             "(max_json_depth); the API's own structure needs 6",
         )
     return data

@@ -3,7 +3,7 @@
 :class:`Service` owns the model worker (one thread, batched encodes, bounded queue), the
 embedding and mask caches and the metrics. Embeddings are cached by content hash
 (:mod:`sam2serve.server.cache`); concurrent requests for the same uncached image share one
-encode (a :class:`_Flight`). With a persistent store (``settings.store``,
+encode (a :class:`_Flight`). With a persistent store (``settings.store.location``,
 :mod:`sam2serve.store`) an embedding comes from memory, else the store, else an encode,
 and every encode is written through to the store before it is answered, so any replica
 that shares the store can answer the image's ``image_id`` without encoding it again. A
@@ -120,21 +120,21 @@ class Service:
         # What the mode computes in (furious: its reduced precision), else the heads' dtype.
         self.dtype_name = embedding_dtype(predictor)
         self.metrics = Metrics()
-        self.cache = EmbeddingCache(settings.cache_bytes)
+        self.cache = EmbeddingCache(settings.caches.cache_bytes)
         self.store = self._open_store()
-        self.masks = MaskCache(settings.mask_cache_bytes)
+        self.masks = MaskCache(settings.caches.mask_cache_bytes)
         # Decoded bytes of every upload in flight (images, videos, masks, COCO runs).
         self.decoding = DecodeBudget(
-            settings.max_decoded_bytes_in_flight,
-            wait_s=min(settings.request_timeout_s, MAX_DECODE_WAIT_S),
+            settings.limits.max_decoded_bytes_in_flight,
+            wait_s=min(settings.limits.request_timeout_s, MAX_DECODE_WAIT_S),
         )
         self.metrics.watch_decoding(lambda: self.decoding.held, lambda: self.decoding.waiting)
         self.worker = ModelWorker(
             predictor,
-            max_batch_size=settings.max_batch_size,
-            max_wait_s=settings.max_wait_ms / 1000,
-            max_queue=settings.max_queue,
-            max_bulk_queue=settings.max_bulk_queue,
+            max_batch_size=settings.batching.max_batch_size,
+            max_wait_s=settings.batching.max_wait_ms / 1000,
+            max_queue=settings.batching.max_queue,
+            max_bulk_queue=settings.batching.max_bulk_queue,
             on_batch=self.metrics.observe_batch,
             on_cancel=self.metrics.observe_cancel,
             on_idle=release_free_memory,
@@ -142,7 +142,7 @@ class Service:
         self.metrics.watch(
             {"embeddings": self.cache.stats, "masks": self.masks.stats},
             self.worker.depths,
-            {INTERACTIVE: settings.max_queue, BULK: settings.max_bulk_queue},
+            {INTERACTIVE: settings.batching.max_queue, BULK: settings.batching.max_bulk_queue},
         )
         weights = getattr(predictor.model, "weights_info", None)
         self.weights = _public_weights(weights.as_dict() if weights is not None else {})
@@ -151,7 +151,7 @@ class Service:
         self.metrics.model_info.info(
             {
                 "model": self.model_name,
-                "mode": settings.mode,
+                "mode": settings.runtime.mode,
                 "backend": self.backend,
                 "device": str(predictor.device),
                 "dtype": self.dtype_name,
@@ -159,17 +159,17 @@ class Service:
                 "weights": str(self.weights.get("source")),
             }
         )
-        # Video tracking sessions (settings.video): None when this server does not track.
+        # Video tracking sessions (settings.video.enabled): None when this server does not track.
         self.videos = (
             None if video_predictor is None else VideoSessions(video_predictor, _limits(settings))
         )
         if self.videos is not None:
             self.metrics.watch_videos(self.videos)
-        # The image folder the annotation page browses (settings.images_dir), or None.
+        # The image folder the annotation page browses (settings.page.images_dir), or None.
         self.folder = (
             None
-            if settings.images_dir is None
-            else FolderIndex(settings.images_dir, videos=settings.video)
+            if settings.page.images_dir is None
+            else FolderIndex(settings.page.images_dir, videos=settings.video.enabled)
         )
         self.ready = False
         self._bulk_jobs: dict[str, int] = {}  # per client: bulk jobs queued or running
@@ -180,7 +180,7 @@ class Service:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self.worker.start()
-        if self.settings.warmup:
+        if self.settings.runtime.warmup:
             self._warmup_task = asyncio.create_task(self._warm_up())
         else:
             self._set_ready()
@@ -221,21 +221,25 @@ class Service:
         self._set_ready()
 
     def _open_store(self) -> EmbeddingStore | None:
-        """The persistent store of ``settings.store`` for this runtime, or None."""
-        if self.settings.store is None:
+        """The persistent store of ``settings.store.location`` for this runtime, or None."""
+        if self.settings.store.location is None:
             return None
         weights_info = getattr(self.predictor.model, "weights_info", None)
         try:
-            weights = weights_identity(weights_info, self.settings.artifacts)
+            weights = weights_identity(weights_info, self.settings.runtime.artifacts)
         except (OSError, ValueError) as exc:
-            raise StoreError(f"store {self.settings.store!r}: {exc}") from None
+            raise StoreError(f"store {self.settings.store.location!r}: {exc}") from None
         identity = StoreIdentity(
-            self.model_name, self.settings.mode, self.dtype_name, weights, self.settings.store_dtype
+            self.model_name,
+            self.settings.runtime.mode,
+            self.dtype_name,
+            weights,
+            self.settings.store.dtype,
         )
-        return EmbeddingStore(self.settings.store, identity)
+        return EmbeddingStore(self.settings.store.location, identity)
 
     def key_for(self, image_id: str) -> EmbeddingKey:
-        return EmbeddingKey(image_id, self.model_name, self.settings.mode, self.dtype_name)
+        return EmbeddingKey(image_id, self.model_name, self.settings.runtime.mode, self.dtype_name)
 
     def retry_headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.worker.retry_after_s())}
@@ -268,12 +272,12 @@ class Service:
     def bulk_slot(self, client: str) -> Iterator[None]:
         """Hold one of ``client``'s ``max_bulk_jobs_per_client`` bulk slots (else 429)."""
         held = self._bulk_jobs.get(client, 0)
-        if held >= self.settings.max_bulk_jobs_per_client:
+        if held >= self.settings.batching.max_bulk_jobs_per_client:
             raise ApiError(
                 429,
                 "too_many_bulk_jobs",
                 f"this client already has {held} AMG requests queued or running; at most "
-                f"{self.settings.max_bulk_jobs_per_client} per client "
+                f"{self.settings.batching.max_bulk_jobs_per_client} per client "
                 "(max_bulk_jobs_per_client): wait for one to finish",
                 headers=self.retry_headers(),
             )
@@ -301,8 +305,8 @@ class Service:
                 503,
                 "overloaded",
                 f"the server is busy: {exc.depth} model jobs are waiting in this queue "
-                f"(max_queue {self.settings.max_queue} for clicks and encodes, max_bulk_queue "
-                f"{self.settings.max_bulk_queue} for AMG); retry after {exc.retry_after_s} s",
+                f"(max_queue {self.settings.batching.max_queue} for clicks and encodes, max_bulk_queue "
+                f"{self.settings.batching.max_bulk_queue} for AMG); retry after {exc.retry_after_s} s",
                 headers={"Retry-After": str(exc.retry_after_s)},
             ) from None
         except WorkerStopped as exc:
@@ -437,7 +441,7 @@ class Service:
         the header before decoding, then only what the pixels hold): release it when they
         are no longer needed."""
         started = time.perf_counter()
-        max_pixels = self.settings.max_pixels
+        max_pixels = self.settings.limits.max_pixels
         width, height = await asyncio.to_thread(probe_image, data, max_pixels)
         reservation = await self.decoding.reserve(
             image_decode_bytes(width, height), f"image of {width}x{height}"
@@ -544,11 +548,11 @@ def _consume_exception(task: asyncio.Task) -> None:
 
 def _limits(settings: ServerSettings) -> SessionLimits:
     return SessionLimits(
-        max_sessions=settings.max_video_sessions,
-        max_frames=settings.max_video_frames,
-        max_bytes=settings.max_video_session_bytes,
-        max_objects=settings.max_video_objects,
-        idle_s=settings.video_idle_s,
-        max_per_client=settings.max_video_sessions_per_client,
-        max_total_bytes=settings.max_video_total_bytes,
+        max_sessions=settings.video.max_video_sessions,
+        max_frames=settings.video.max_video_frames,
+        max_bytes=settings.video.max_video_session_bytes,
+        max_objects=settings.video.max_video_objects,
+        idle_s=settings.video.video_idle_s,
+        max_per_client=settings.video.max_video_sessions_per_client,
+        max_total_bytes=settings.video.max_video_total_bytes,
     )

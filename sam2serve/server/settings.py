@@ -1,476 +1,152 @@
-"""The service's settings: which model to load and every limit, as one frozen dataclass.
+"""The service's settings: which model to load and every limit, grouped by concern.
 
-Every limit is declared once, here, with its help, bounds and default
-(:func:`sam2serve.options.option`): ``serve``'s and ``labelstudio``'s flags are derived
-from these fields, cluster config files name them, tests build the dataclass directly.
-Every value is checked on construction, so a bad limit fails at start with a message that
-names it.
+:class:`ServerSettings` composes one small frozen dataclass per concern
+(sam2serve.server.settings_groups): ``runtime`` (the model and how it starts), ``access``
+(API key, CORS, allowed hosts), ``page``, ``limits``, ``connections``, ``batching``,
+``caches``, ``store``, ``video`` and ``live``; code reads ``settings.limits.max_pixels``.
+Each group checks its own values on construction, ServerSettings the checks that span
+groups. Every setting also has a flat name (its key: ``max_pixels``, ``video``,
+``store_dtype``), which the flags, their ``SAM2SERVE_*`` variables and cluster config
+files use; :meth:`ServerSettings.from_flat` and :meth:`ServerSettings.replace` route flat
+names to their groups.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
+from typing import Any
 
-from sam2serve.options import check_options, option
-from sam2serve.runtime.backend_choice import choose_backend
-from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
-from sam2serve.server.allowed_hosts import check_allowed_hosts, parse_allowed_hosts
-from sam2serve.store.identity import DEFAULT_STORE_DTYPE, STORE_DTYPES
+from sam2serve.options import group_class, key_of, setting_fields
+from sam2serve.server.settings_groups import (
+    ACCESS,
+    BATCHING,
+    CACHES,
+    CONNECTIONS,
+    DEFAULT_API_KEY_ENV,
+    DEFAULT_CACHE_BYTES,
+    DEFAULT_MASK_CACHE_BYTES,
+    LIMITS,
+    LIVE,
+    MAX_OBJECTS,
+    MAX_POINTS_PER_OBJECT,
+    PAGE,
+    RUNTIME,
+    STORE,
+    VIDEO,
+    AccessSettings,
+    BatchingSettings,
+    CacheSettings,
+    ConnectionSettings,
+    LimitSettings,
+    LiveSettings,
+    MiB,
+    PageSettings,
+    RuntimeSettings,
+    StoreSettings,
+    VideoSettings,
+)
 
-MiB = 1024 * 1024
-
-# One fp32 embedding of any model size is 16 MiB (image_embed 4 + high-res features 12).
-DEFAULT_CACHE_BYTES = 512 * MiB
-# One mask's low-res logits are 256 x 256 fp32 = 256 KiB: 64 MiB keeps the last 256 masks.
-DEFAULT_MASK_CACHE_BYTES = 64 * MiB
-DEFAULT_API_KEY_ENV = "SAM2SERVE_API_KEY"
-# The API schema's own bounds (schemas.py); max_objects and max_points_per_object may only
-# lower them.
-MAX_OBJECTS = 1024
-MAX_POINTS_PER_OBJECT = 1024
-# The help groups of 'serve --help' the flags are listed in.
-RUNTIME = "model and runtime"
-ACCESS = "network and access"
-PAGE = "annotation page (GET /)"
-LIMITS = "limits"
-CONNECTIONS = "connections and slow clients"
-BATCHING = "batching and queue"
-VIDEO = "video tracking sessions (--video; docs/api.md)"
-LIVE = "live video sessions (--video; WebSocket, docs/video.md)"
-CACHES = "caches"
-STORE = "embedding store (docs/labelling.md)"
+__all__ = [
+    "ACCESS",
+    "BATCHING",
+    "CACHES",
+    "CONNECTIONS",
+    "DEFAULT_API_KEY_ENV",
+    "DEFAULT_CACHE_BYTES",
+    "DEFAULT_MASK_CACHE_BYTES",
+    "LIMITS",
+    "LIVE",
+    "MAX_OBJECTS",
+    "MAX_POINTS_PER_OBJECT",
+    "PAGE",
+    "RUNTIME",
+    "STORE",
+    "VIDEO",
+    "AccessSettings",
+    "BatchingSettings",
+    "CacheSettings",
+    "ConnectionSettings",
+    "LimitSettings",
+    "LiveSettings",
+    "MiB",
+    "PageSettings",
+    "RuntimeSettings",
+    "ServerSettings",
+    "StoreSettings",
+    "VideoSettings",
+    "flat_keys",
+]
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """What the app loads and the limits it enforces (all sizes in bytes, times in s/ms)."""
+    """What the app loads and the limits it enforces (all sizes in bytes, times in s/ms),
+    one group per concern."""
 
-    # ---- the model (ignored when create_app is handed a ready predictor)
-    model: str = "tiny"
-    mode: str = "fast"
-    # What executes the mode (sam2serve.runtime.backends); None or "auto": the rule of
-    # runtime.backend_choice (artifacts: the backend their manifest calls for).
-    backend: str | None = None
-    checkpoint: str | None = None
-    random_weights: bool = False
-    artifacts: str | None = None  # a 'sam2serve export' directory (weights included)
-    seed: int = 0
-    device: str = "cpu"
-    # Intra-op CPU threads; None: the CPUs this process may use (affinity, cgroup quota).
-    threads: int | None = None
-
-    # ---- limits on one request (each a flag of 'serve': sam2serve.options)
-    # Largest encoded image (the file's bytes, after base64 decoding): larger -> 413.
-    max_upload_bytes: int = option(
-        16 * MiB,
-        help="largest image file (413 above)",
-        flag="--max-upload-mib",
-        metavar="MIB",
-        scale=MiB,
-        low=1,
-        group=LIMITS,
-    )
-    max_pixels: int = option(
-        40_000_000,
-        help="largest image in width*height, checked before decoding (413 above)",
-        metavar="N",
-        low=1,
-        group=LIMITS,
-    )
-    max_objects: int = option(
-        64,
-        help="objects (prompt groups) per /v1/segment request",
-        metavar="N",
-        low=1,
-        high=MAX_OBJECTS,
-        group=LIMITS,
-    )
-    max_points_per_object: int = option(
-        32,
-        help="clicks per object (a box counts as two more)",
-        metavar="N",
-        low=1,
-        high=MAX_POINTS_PER_OBJECT,
-        group=LIMITS,
-    )
-    max_amg_points: int = option(
-        4096,
-        help="clicks one /v1/amg request may decode over all crops (4096: points_per_side 64)",
-        metavar="N",
-        low=1,
-        group=LIMITS,
-    )
-    max_amg_crops: int = option(
-        21,
-        help="crops one /v1/amg request may encode (21: crop_n_layers 2)",
-        metavar="N",
-        low=1,
-        group=LIMITS,
-    )
-    # '{', '[' and ',' count one item each (strings, the base64 image included, count
-    # nothing). Counted before the JSON is parsed, so a huge list is refused (413) before it
-    # costs parse time or memory.
-    max_json_items: int = option(
-        100_000,
-        help="JSON arrays, objects and separators in one body, counted before parsing (413 above)",
-        metavar="N",
-        low=1,
-        group=LIMITS,
-    )
-    # The API needs 6 levels.
-    max_json_depth: int = option(
-        32,
-        help="nesting of JSON arrays and objects in one body (400 above)",
-        metavar="N",
-        low=1,
-        group=LIMITS,
-    )
-    # Decoded bytes of every upload in flight together (images being decoded and waiting for
-    # their encode, videos and frames being decoded, masks and COCO runs being read), decided
-    # from headers and stream metadata before decoding: a request waits for room (then 503),
-    # and one that alone needs more is refused (413). N concurrent uploads cannot multiply
-    # memory past it.
-    max_decoded_bytes_in_flight: int = option(
-        2048 * MiB,
-        help="decoded bytes of all uploads in flight together (images, videos, "
-        "masks, COCO runs), from their headers before decoding; more wait, then 503",
-        flag="--max-decoded-mib",
-        metavar="MIB",
-        scale=MiB,
-        low=1,
-        group=LIMITS,
-    )
-    # Label Studio's /predict (sam2serve labelstudio): each task is fetched, decoded and
-    # encoded, so a request's work grows with its tasks; more are refused before any.
-    max_predict_tasks: int = option(
-        1000,
-        help="tasks in one Label Studio /predict request (413 above)",
-        metavar="N",
-        low=1,
-        group=LIMITS,
-    )
-    request_timeout_s: float = option(
-        120.0,
-        help="seconds a request may take, queueing included; then 503 with Retry-After",
-        flag="--request-timeout",
-        metavar="S",
-        low=0,
-        low_open=True,
-        group=LIMITS,
-    )
-
-    # ---- connections and slow clients
-    header_timeout_s: float = option(
-        10.0,
-        help="seconds for a request's line and headers; then the connection is closed",
-        flag="--header-timeout",
-        metavar="S",
-        low=0,
-        low_open=True,
-        group=CONNECTIONS,
-    )
-    body_timeout_s: float = option(
-        60.0,
-        help="seconds for the whole request body; then 408",
-        flag="--body-timeout",
-        metavar="S",
-        low=0,
-        low_open=True,
-        group=CONNECTIONS,
-    )
-    max_connections: int = option(
-        256,
-        help="open connections at once; more get 503",
-        metavar="N",
-        low=1,
-        group=CONNECTIONS,
-    )
-
-    # ---- batching and the model queue
-    max_batch_size: int = option(
-        4,
-        help="images encoded together in one encoder call",
-        metavar="N",
-        low=1,
-        group=BATCHING,
-    )
-    max_wait_ms: float = option(
-        10.0,
-        help="how long an encode waits for others to batch with",
-        metavar="MS",
-        low=0,
-        group=BATCHING,
-    )
-    max_queue: int = option(
-        32,
-        help="interactive model jobs (encodes, clicks) waiting before new ones get 503",
-        metavar="N",
-        low=1,
-        group=BATCHING,
-    )
-    # Bulk jobs (AMG, video propagations) run only when no interactive job waits, and pause
-    # between decoder batches (frames) for the clicks that arrive meanwhile.
-    max_bulk_queue: int = option(
-        8,
-        help="AMG jobs waiting before new ones get 503; they yield to clicks between "
-        "decoder batches",
-        metavar="N",
-        low=1,
-        group=BATCHING,
-    )
-    max_bulk_jobs_per_client: int = option(
-        2,
-        help="AMG requests one client may have queued or running; more get 429",
-        flag="--max-bulk-per-client",
-        metavar="N",
-        low=1,
-        group=BATCHING,
-    )
-
-    # ---- caches
-    cache_bytes: int = option(
-        DEFAULT_CACHE_BYTES,
-        help="embedding cache budget; one fp32 image is 16 MiB (0 disables)",
-        flag="--cache-mib",
-        metavar="MIB",
-        scale=MiB,
-        low=0,
-        group=CACHES,
-    )
-    mask_cache_bytes: int = option(
-        DEFAULT_MASK_CACHE_BYTES,
-        help="budget for returned masks' low-res logits, 256 KiB "
-        "each, for mask_id refinement (0 disables)",
-        flag="--mask-cache-mib",
-        metavar="MIB",
-        scale=MiB,
-        low=0,
-        group=CACHES,
-    )
-    # The persistent embedding store behind the memory cache (a directory or an fsspec URI,
-    # shared by replicas and filled ahead of time by 'sam2serve embed'): memory -> store ->
-    # encode, every encode written through. None: no store.
-    store: str | None = option(
-        None,
-        help="a persistent embedding store (a directory or an fsspec URI, e.g. "
-        "file:///data/emb, s3://bucket/emb with s3fs) behind the memory cache: embeddings "
-        "come from memory, then the store, then the encoder, and every encode is written to "
-        "it; fill it ahead of time with 'sam2serve embed', share it between replicas",
-        metavar="DIR",
-        default_text="none",
-        group=STORE,
-    )
-    # The precision entries are kept in: float32 (exact) or float16 (half the bytes).
-    store_dtype: str = option(
-        DEFAULT_STORE_DTYPE,
-        help="precision of the store's entries; it must match the one 'embed' wrote",
-        choices=STORE_DTYPES,
-        group=STORE,
-    )
-
-    # ---- access
-    # When set, /v1/* and /metrics need "Authorization: Bearer KEY" or "X-API-Key: KEY".
-    api_key: str | None = None
-    # Origins allowed by CORS; empty: no CORS headers at all (browsers refuse cross-origin).
-    cors_origins: tuple[str, ...] = option(
-        (),
-        help="allow browser requests from ORIGIN (repeatable)",
-        flag="--cors-origin",
-        metavar="ORIGIN",
-        repeatable=True,
-        default_text="none, CORS off",
-        group=ACCESS,
-    )
-    # Host names a request's Host header may name besides the listening address and the
-    # loopback names (server.allowed_hosts: what stops a DNS-rebinding page); "*": any.
-    allowed_hosts: tuple[str, ...] | None = option(
-        None,
-        help="host names clients reach this server by (a proxy's, a container network's), "
-        "comma-separated; any other Host header gets 403, so a DNS-rebinding page is refused; "
-        "* allows any",
-        type=parse_allowed_hosts,
-        metavar="HOST[,HOST...]",
-        default_text="only the --host address and localhost, 127.0.0.1, [::1]; any IP "
-        "address when --host is 0.0.0.0 or ::",
-        group=ACCESS,
-    )
-
-    # ---- the annotation page
-    # A folder of images the page may browse (GET /v1/images): its image files, not its
-    # subfolders; None: no folder (those endpoints answer 404 "no_image_folder").
-    images_dir: str | None = option(
-        None,
-        help="a folder of images the page may browse and open (its jpg jpeg png webp bmp tif "
-        "tiff files, not its subfolders), through GET /v1/images; a listing is kept until the "
-        "folder changes and reads a capped number of entries (docs/api.md)",
-        flag="--images",
-        metavar="DIR",
-        default_text="none",
-        group=PAGE,
-    )
-
-    # ---- video tracking sessions (/v1/videos; serve --video)
-    # Load SAM 2's video model too (same size and weights as the image model) and serve
-    # tracking sessions; off: the /v1/videos endpoints answer 404 "video_disabled".
-    video: bool = option(
-        False,
-        help="also load SAM 2's video model (same size and weights) and serve tracking "
-        "sessions at /v1/videos: upload a video, prompt objects, stream the propagation "
-        "(off: images only)",
-        group=RUNTIME,
-    )
-    max_video_sessions: int = option(
-        4, help="sessions held at once; one more gets 429", metavar="N", low=1, group=VIDEO
-    )
-    max_video_sessions_per_client: int = option(
-        2,
-        help="sessions one client (its address) may hold, so one client cannot take every "
-        "session; more get 429",
-        metavar="N",
-        low=1,
-        group=VIDEO,
-    )
-    max_video_frames: int = option(
-        300, help="frames in one session's video (413 above)", metavar="N", low=1, group=VIDEO
-    )
-    max_video_upload_bytes: int = option(
-        256 * MiB,
-        help="largest video upload (a file, or all frame files together)",
-        flag="--max-video-upload-mib",
-        metavar="MIB",
-        scale=MiB,
-        low=1,
-        group=VIDEO,
-    )
-    # Its decoded frames (uint8 RGB) plus what tracking every object through every frame
-    # would keep (about 0.75 MiB per object and frame at 1024).
-    max_video_session_bytes: int = option(
-        2048 * MiB,
-        help="memory one session may hold: decoded frames plus ~0.75 MiB per "
-        "object and frame tracked (413 above)",
-        flag="--max-video-session-mib",
-        metavar="MIB",
-        scale=MiB,
-        low=1,
-        group=VIDEO,
-    )
-    # Every session's frames and tracking together (each counted as its own limit counts
-    # it); with it a process holds at most this much in sessions, whatever their number.
-    max_video_total_bytes: int = option(
-        4096 * MiB,
-        help="memory all sessions together may hold (frames plus tracking, counted as "
-        "--max-video-session-mib counts them); a session that does not fit gets 429",
-        flag="--max-video-total-mib",
-        metavar="MIB",
-        scale=MiB,
-        low=1,
-        group=VIDEO,
-    )
-    max_video_objects: int = option(
-        16, help="objects tracked in one session", metavar="N", low=1, group=VIDEO
-    )
-    video_idle_s: float = option(
-        600.0,
-        help="seconds a session may go untouched (prompted, propagated or edited) "
-        "before it is closed",
-        flag="--video-idle",
-        metavar="S",
-        low=0,
-        low_open=True,
-        group=VIDEO,
-    )
-    # ---- live video sessions (POST /v1/videos/live, WebSocket /v1/videos/{id}/live)
-    max_live_frame_bytes: int = option(
-        8 * MiB,
-        help="largest message on a live video connection (a frame: raw RGB or an image "
-        "file); a larger one closes the connection (1009)",
-        flag="--max-live-frame-mib",
-        metavar="MIB",
-        scale=MiB,
-        low=1,
-        group=LIVE,
-    )
-    live_frames_kept: int = option(
-        8,
-        help="newest frames a live session holds (a prompt may name one of them)",
-        metavar="N",
-        low=2,
-        group=LIVE,
-    )
-    max_live_pending: int = option(
-        4,
-        help="frames and prompts a live connection may have sent and not yet had answered; "
-        "one more is refused ('too_fast'), the connection stays",
-        metavar="N",
-        low=1,
-        group=LIVE,
-    )
-    max_live_prompted_frames: int = option(
-        16,
-        help="frames per object a live session keeps prompts on (each a conditioning "
-        "memory held for good); a prompt on one more frame is refused",
-        metavar="N",
-        low=1,
-        group=LIVE,
-    )
-
-    # ---- start-up
-    # Run one encode and one decode before /readyz reports ready.
-    warmup: bool = option(
-        True,
-        help="report ready after a warm-up encode + decode (--no-warmup: at once)",
-        group=RUNTIME,
-    )
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    access: AccessSettings = field(default_factory=AccessSettings)
+    page: PageSettings = field(default_factory=PageSettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)
+    connections: ConnectionSettings = field(default_factory=ConnectionSettings)
+    batching: BatchingSettings = field(default_factory=BatchingSettings)
+    caches: CacheSettings = field(default_factory=CacheSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
+    video: VideoSettings = field(default_factory=VideoSettings)
+    live: LiveSettings = field(default_factory=LiveSettings)
 
     def __post_init__(self) -> None:
-        check_options(self)
-        if self.api_key is not None and not self.api_key.strip():
-            raise ValueError("api_key must not be empty (leave it unset to disable it)")
-        if self.images_dir is not None and not (
-            isinstance(self.images_dir, str) and self.images_dir and os.path.isdir(self.images_dir)
-        ):
-            raise ValueError(f"images_dir must be an existing directory, got {self.images_dir!r}")
-        if self.store is not None and not (isinstance(self.store, str) and self.store.strip()):
-            raise ValueError(
-                f"store must be a directory or an fsspec URI (leave it unset for none), got "
-                f"{self.store!r}"
+        for group in dataclasses.fields(self):
+            value = getattr(self, group.name)
+            expected = group_class(group)
+            if not isinstance(value, expected):  # type: ignore[arg-type]
+                raise TypeError(
+                    f"ServerSettings.{group.name} must be a {expected.__name__}, got "  # type: ignore[union-attr]
+                    f"{type(value).__name__} (flat names: ServerSettings.from_flat)"
+                )
+        # Each group checked its own values when it was made; a check that spans groups
+        # belongs here (none today).
+
+    @classmethod
+    def from_flat(cls, **values: Any) -> ServerSettings:
+        """ServerSettings from flat names (``max_pixels=...``, ``video=True``,
+        ``store="emb/"``), each routed to its group; an unknown name is a TypeError naming
+        it."""
+        return cls().replace(**values)
+
+    def replace(self, **values: Any) -> ServerSettings:
+        """A copy with the settings of these flat names changed (see :meth:`from_flat`)."""
+        routes = flat_keys()
+        unknown = sorted(name for name in values if name not in routes)
+        if unknown:
+            raise TypeError(
+                f"ServerSettings has no setting {', '.join(map(repr, unknown))} (settings: "
+                f"{', '.join(routes)})"
             )
-        if self.store_dtype not in STORE_DTYPES:
-            raise ValueError(
-                f"store_dtype must be one of {', '.join(STORE_DTYPES)}, got {self.store_dtype!r}"
-            )
-        object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
-        if self.allowed_hosts is not None:
-            object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
-            check_allowed_hosts(self.allowed_hosts)
+        changes: dict[str, dict[str, Any]] = {}
+        for name, value in values.items():
+            group, attribute = routes[name]
+            changes.setdefault(group, {})[attribute] = value
+        groups = {
+            group: dataclasses.replace(getattr(self, group), **fields)
+            for group, fields in changes.items()
+        }
+        return dataclasses.replace(self, **groups)
 
-    def runtime_spec(self) -> RuntimeSpec:
-        """How the model runs; ValueError naming a bad model, mode, backend or device."""
-        backend = choose_backend(self.backend, self.mode, self.device, self.artifacts)
-        return RuntimeSpec(
-            model=self.model,
-            mode=self.mode,
-            backend=backend,
-            device=self.device,
-            threads=self.threads,
-        )
+    def flat(self) -> dict[str, Any]:
+        """Every setting by its flat name (the inverse of :meth:`from_flat`)."""
+        return {
+            name: getattr(getattr(self, group), attribute)
+            for name, (group, attribute) in flat_keys().items()
+        }
 
-    def weights_source(self) -> WeightsSource:
-        return WeightsSource(self.checkpoint, self.random_weights, self.seed, self.artifacts)
 
-    @property
-    def max_body_bytes(self) -> int:
-        """Largest request body: a base64 image (4/3 of its bytes) plus 1 MiB of JSON."""
-        return math.ceil(self.max_upload_bytes * 4 / 3) + MiB
-
-    @property
-    def max_video_body_bytes(self) -> int:
-        """Largest body that creates a video session: the upload plus 1 MiB of multipart
-        framing (boundaries and part headers of up to max_video_frames frame parts)."""
-        return self.max_video_upload_bytes + MiB
-
-    def replace(self, **changes: object) -> ServerSettings:
-        return dataclasses.replace(self, **changes)
+@functools.cache
+def flat_keys() -> dict[str, tuple[str, str]]:
+    """Every setting's flat name -> (its group, its field in the group), in field order."""
+    return {
+        key_of(inner): (group, inner.name)
+        for group, inner in setting_fields(ServerSettings)
+        if group is not None
+    }

@@ -102,6 +102,21 @@ def edit(path: str, value) -> dict:
         ),
         ("applications.0.args.server", {"max_queue": 0}, r"args\.server\.max_queue must be"),
         ("applications.0.args.server", {"max_qeue": 3}, r"args\.server\.max_qeue: unknown"),
+        (
+            "applications.0.args.server",
+            {"limits": {"max_queue": 3}},
+            r"args\.server\.limits\.max_queue: not a setting of the limits section \(value 3\)",
+        ),
+        (
+            "applications.0.args.server",
+            {"batching": {"max_queue": 0}},
+            r"args\.server\.max_queue must be an integer >= 1, got 0",
+        ),
+        (
+            "applications.0.args.server",
+            {"max_queue": 3, "batching": {"max_queue": 4}},
+            r"args\.server\.batching\.max_queue: max_queue is given twice",
+        ),
         ("applications.0.args.colour", "red", r"args\.colour: unknown key \(value 'red'\)"),
         (
             "applications.0.deployments.0.name",
@@ -272,7 +287,24 @@ def test_a_checkpoint_runs_with_a_backend_that_starts_from_weights(backend, mode
     spec = args.runtime_spec(threads=4)
     assert (spec.backend, spec.device, spec.mode, spec.threads) == (expected, device, mode, 4)
     assert args.source_kind == "checkpoint"
-    assert args.settings(api_key=None).checkpoint == "s3://bucket/sam2.1_hiera_tiny.pt"
+    assert args.settings(api_key=None).runtime.checkpoint == "s3://bucket/sam2.1_hiera_tiny.pt"
+
+
+def test_server_settings_may_be_flat_or_in_their_groups_sections():
+    """A flat name and its group's section set the same setting; ``video`` and ``store``
+    are settings when given a value and sections when given a mapping."""
+    flat = {"max_queue": 5, "video": True, "store": "file:///emb", "max_pixels": 1000}
+    sections = {
+        "batching": {"max_queue": 5},
+        "video": {"enabled": True},
+        "store": {"location": "file:///emb"},
+        "limits": {"max_pixels": 1000},
+    }
+    for server in (flat, sections):
+        settings = parse_config(with_args(server=server)).apps[0].args.settings(api_key=None)
+        assert settings.batching.max_queue == 5 and settings.video.enabled is True
+        assert settings.store.location == "file:///emb" and settings.limits.max_pixels == 1000
+        assert settings.runtime.warmup is False  # a replica warms up before it is ready
 
 
 def test_artifacts_default_to_their_backend_and_threads_to_the_reserved_cpus():

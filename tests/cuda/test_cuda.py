@@ -198,7 +198,7 @@ def test_service_on_cuda(tiny_checkpoint):
     from sam2serve.server.app import create_app
     from sam2serve.server.settings import ServerSettings
 
-    settings = ServerSettings(checkpoint=str(tiny_checkpoint), device=DEVICE)
+    settings = ServerSettings.from_flat(checkpoint=str(tiny_checkpoint), device=DEVICE)
     buffer = io.BytesIO()
     Image.fromarray(data.coffee()).save(buffer, format="PNG")
     image = base64.b64encode(buffer.getvalue()).decode()

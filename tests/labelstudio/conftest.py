@@ -23,7 +23,7 @@ from sam2serve.labelstudio.app import create_labelstudio_app
 from sam2serve.labelstudio.options import LabelStudioOptions
 from sam2serve.server.settings import MiB, ServerSettings
 
-SETTINGS = ServerSettings(warmup=False, max_upload_bytes=1 * MiB, max_wait_ms=0)
+SETTINGS = ServerSettings.from_flat(warmup=False, max_upload_bytes=1 * MiB, max_wait_ms=0)
 
 
 class MemoEncoder(Predictor):

@@ -224,7 +224,7 @@ def test_local_files_only_inside_a_root(make_client, tmp_path):
 
 
 def test_api_key_as_basic_auth_password(make_client):
-    client = make_client(ServerSettings(warmup=False, api_key="s3cret"))
+    client = make_client(ServerSettings.from_flat(warmup=False, api_key="s3cret"))
     body = predict_body([data_uri(IMAGE)], [keypoint(50, 50)])
     assert client.get("/health").status_code == 200  # the probe stays open
     refused = client.post("/predict", json=body)

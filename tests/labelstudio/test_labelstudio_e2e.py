@@ -329,8 +329,8 @@ def engine_track_boxes(boxes: list[list[float]], num_frames: int) -> list[list[l
     from sam2serve.server.app import load_video_predictor
     from sam2serve.server.settings import ServerSettings
 
-    settings = ServerSettings(random_weights=True, seed=0, video=True, warmup=False)
-    image = build_predictor(settings.runtime_spec(), settings.weights_source())
+    settings = ServerSettings.from_flat(random_weights=True, seed=0, video=True, warmup=False)
+    image = build_predictor(settings.runtime.spec(), settings.runtime.weights_source())
     tracker = load_video_predictor(settings, image)
     frames = decode_video(io.BytesIO(clip_bytes(num_frames)), "clip").frames
     state = tracker.init_state(frames)

@@ -39,7 +39,7 @@ from sam2serve.server.settings import MiB, ServerSettings
 pytest.importorskip("av")
 
 H, W = CLIP_SIZE
-SETTINGS = ServerSettings(
+SETTINGS = ServerSettings.from_flat(
     warmup=False,
     video=True,
     max_wait_ms=0,

@@ -77,10 +77,10 @@ def test_explicit_names_are_checked_against_the_source(onnx_export, artifacts_ex
 def test_every_surface_asks_the_same_rule(onnx_export):
     """The server's settings and a cluster replica pick the ONNX export's backend (the
     cluster used to take the first artifacts backend whatever the manifest said)."""
-    settings = ServerSettings(mode="fast", artifacts=onnx_export)
-    assert settings.runtime_spec().backend == "onnxruntime"
+    settings = ServerSettings.from_flat(mode="fast", artifacts=onnx_export)
+    assert settings.runtime.spec().backend == "onnxruntime"
     with pytest.raises(ValueError, match="run it with backend 'onnxruntime'"):
-        ServerSettings(mode="fast", backend="eager", artifacts=onnx_export).runtime_spec()
+        ServerSettings.from_flat(mode="fast", backend="eager", artifacts=onnx_export).runtime_spec()
     replica = ReplicaArgs(model="tiny", mode="fast", artifacts=onnx_export)
     replica.check()
     assert replica.runtime_spec(threads=1).backend == "onnxruntime"

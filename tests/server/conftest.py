@@ -30,7 +30,7 @@ from sam2serve.server.settings import MiB, ServerSettings
 
 # The main server: small limits so the limit tests need small inputs only, a generous
 # batching window so concurrent uploads land in one encoder batch.
-MAIN_SETTINGS = ServerSettings(
+MAIN_SETTINGS = ServerSettings.from_flat(
     max_upload_bytes=1 * MiB,
     max_pixels=600_000,
     max_objects=8,
@@ -65,7 +65,7 @@ def server_factory() -> Iterator[Callable[..., LiveServer]]:
     started: list[LiveServer] = []
 
     def make(predictor: Predictor, video_predictor: Any = None, **changes: Any) -> LiveServer:
-        settings = ServerSettings(**{"warmup": False, **changes})
+        settings = ServerSettings.from_flat(**{"warmup": False, **changes})
         live = start_server(settings, predictor, video_predictor)
         started.append(live)
         wait_ready(live)

@@ -172,7 +172,7 @@ def spawn_server(
     memory_headroom: int | None = 3 * GiB,
     labelstudio: dict[str, Any] | None = None,
 ) -> SpawnedServer:
-    """Start ``create_app(ServerSettings(**settings), predictor)`` in a subprocess.
+    """Start ``create_app(ServerSettings.from_flat(**settings), predictor)`` in a subprocess.
 
     ``optional``: settings applied only where ServerSettings has the field (settings a
     fix adds, which the code under test may not know yet). ``memory_headroom``: the
@@ -240,7 +240,11 @@ def spawn_cli_server(args: list[str], memory_headroom: int | None = None) -> Spa
 
 def _known(kind: type, values: dict[str, Any], optional: dict[str, Any]) -> dict[str, Any]:
     """``values`` and those of ``optional`` that the dataclass ``kind`` has a field for."""
-    fields = {f.name for f in dataclasses.fields(kind)}
+    from sam2serve.server.settings import ServerSettings, flat_keys
+
+    fields = (
+        set(flat_keys()) if kind is ServerSettings else {f.name for f in dataclasses.fields(kind)}
+    )
     return {**values, **{k: v for k, v in optional.items() if k in fields}}
 
 
@@ -254,7 +258,7 @@ def _serve_forever(config: dict[str, Any]) -> None:
     from sam2serve.server.app import create_app
     from sam2serve.server.settings import ServerSettings
 
-    settings = ServerSettings(
+    settings = ServerSettings.from_flat(
         **_known(ServerSettings, {"warmup": False, **config["settings"]}, config["optional"])
     )
     model = load_model("tiny", random_weights=True, seed=0)

@@ -195,7 +195,7 @@ def test_bad_settings_are_refused(setting):
     from sam2serve.server.settings import ServerSettings
 
     with pytest.raises(ValueError, match=next(iter(setting))):
-        ServerSettings(**setting)
+        ServerSettings.from_flat(**setting)
 
 
 # --------------------------------------------------------------------------- decode budget

@@ -473,7 +473,7 @@ def service_series(predictor, photos) -> dict[str, set[str]]:
     """Every sample name (with its labels) a server and a replica export, after
     ``exercise``."""
     stub = StubEncoderPredictor(predictor.model)
-    live = start_server(ServerSettings(max_wait_ms=5, request_timeout_s=60), stub)
+    live = start_server(ServerSettings.from_flat(max_wait_ms=5, request_timeout_s=60), stub)
     try:
         wait_ready(live)
         exercise(live, stub, photos)

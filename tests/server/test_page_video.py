@@ -56,7 +56,7 @@ def video_server(predictor, folder):
     from sam2serve.checkpoint import load_video_model
     from sam2serve.engine.video.predictor import VideoPredictor
 
-    settings = ServerSettings(
+    settings = ServerSettings.from_flat(
         video=True,
         warmup=False,
         images_dir=str(folder),
@@ -72,7 +72,7 @@ def video_server(predictor, folder):
 
 @pytest.fixture(scope="module")
 def image_only_server(predictor, folder):
-    live = start_server(ServerSettings(warmup=False, images_dir=str(folder)), predictor)
+    live = start_server(ServerSettings.from_flat(warmup=False, images_dir=str(folder)), predictor)
     wait_ready(live)
     yield live
     live.stop()

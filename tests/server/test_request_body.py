@@ -16,7 +16,7 @@ from sam2serve.server.request_body import json_depth, load_json
 from sam2serve.server.settings import ServerSettings
 from sam2serve.server.uploads import decode_base64_image
 
-SETTINGS = ServerSettings(max_json_items=1000, max_json_depth=8)
+SETTINGS = ServerSettings.from_flat(max_json_items=1000, max_json_depth=8)
 
 
 def refused(raw: bytes) -> ApiError:
@@ -41,7 +41,7 @@ def test_nesting_deeper_than_the_limit_is_a_400(depth):
     if error is None:  # past max_json_items too: refused for its size first
         error = refused(raw)
         assert error.code == "json_too_large"
-        deep = ServerSettings(max_json_items=200_000, max_json_depth=8)
+        deep = ServerSettings.from_flat(max_json_items=200_000, max_json_depth=8)
         with pytest.raises(ApiError) as caught:  # json's own RecursionError, caught
             load_json(raw, deep, "the body")
         error = caught.value

@@ -30,7 +30,7 @@ _ENDPOINT_LABEL = re.compile(r'endpoint="([^"]*)"')
 
 @pytest.fixture(scope="module")
 def keyed(predictor) -> Iterator[LiveServer]:
-    live = start_server(ServerSettings(warmup=False, api_key=API_KEY), predictor)
+    live = start_server(ServerSettings.from_flat(warmup=False, api_key=API_KEY), predictor)
     wait_ready(live)
     yield live
     live.stop()

@@ -1,4 +1,4 @@
-"""The service with a persistent store (``settings.store``): memory -> store -> encode,
+"""The service with a persistent store (``settings.store.location``): memory -> store -> encode,
 written through, so two services sharing one store answer each other's image_ids with
 no encode; damaged entries are re-encoded, other runtimes never served.
 

@@ -71,7 +71,7 @@ def unbounded(spec: dict[str, Any]) -> set[str]:
 
 @pytest.mark.parametrize("app_kind", ["serve", "labelstudio"])
 def test_every_request_string_has_a_length_limit(app_kind, predictor, tmp_path):
-    settings = ServerSettings(warmup=False, video=False, images_dir=str(tmp_path))
+    settings = ServerSettings.from_flat(warmup=False, video=False, images_dir=str(tmp_path))
     if app_kind == "serve":
         app = create_app(settings, predictor)
     else:

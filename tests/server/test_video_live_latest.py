@@ -49,7 +49,7 @@ def stub() -> PixelStubPredictor:
 
 @pytest.fixture(scope="module")
 def server(predictor, stub):
-    settings = ServerSettings(
+    settings = ServerSettings.from_flat(
         video=True,
         warmup=False,
         max_video_sessions=4,

@@ -61,7 +61,7 @@ def video_predictor() -> GatedVideoPredictor:
 
 @pytest.fixture(scope="module")
 def video_server(predictor, video_predictor):
-    settings = ServerSettings(video=True, warmup=False, max_video_sessions=3)
+    settings = ServerSettings.from_flat(video=True, warmup=False, max_video_sessions=3)
     live = start_server(settings, predictor, video_predictor)
     yield live
     video_predictor.gate.set()

@@ -193,12 +193,12 @@ def build_dataset(body: CocoRequest, settings: ServerSettings) -> dict[str, Any]
     writer = CocoWriter(coco_info(body.description), categories)
     for i, image in enumerate(body.images):
         where = f"images[{i}]"
-        if image.width * image.height > settings.max_pixels:
+        if image.width * image.height > settings.limits.max_pixels:
             raise ApiError(
                 422,
                 "invalid_request",
                 f"{where}: {image.width}x{image.height} pixels; the limit is "
-                f"{settings.max_pixels} (max_pixels)",
+                f"{settings.limits.max_pixels} (max_pixels)",
             )
         records = [
             {

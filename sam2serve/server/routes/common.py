@@ -134,7 +134,9 @@ def guarded(
     request: Request, work: Callable[[], Awaitable[Response]], service: Service
 ) -> Awaitable[Response]:
     """The work after the body: within request_timeout_s, cancelled if the client goes."""
-    return run_guarded(request, work, service.settings.request_timeout_s, service.retry_headers)
+    return run_guarded(
+        request, work, service.settings.limits.request_timeout_s, service.retry_headers
+    )
 
 
 def image_fields(image: ImageState, service: Service) -> dict[str, Any]:

@@ -43,7 +43,7 @@ async def readyz(
         )
     return schemas.Ready(
         model=service.model_name,
-        mode=settings.mode,
+        mode=settings.runtime.mode,
         backend=service.backend,
         device=str(predictor.device),
         dtype=service.dtype_name,

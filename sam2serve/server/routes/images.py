@@ -172,7 +172,7 @@ async def read_image(
         root = subfolder(root, frames_folder(index, folder))
         check_name(name)
         data = await asyncio.to_thread(
-            read_image_file, root, name, service.settings.max_upload_bytes
+            read_image_file, root, name, service.settings.limits.max_upload_bytes
         )
         return Response(
             data,
@@ -183,11 +183,13 @@ async def read_image(
     media_type = MEDIA_TYPES[Path(name).suffix.lower()]
     headers = {"Cache-Control": "private, no-cache", "X-Content-Type-Options": "nosniff"}
     if kind_of(name) == "video":
-        limit = service.settings.max_video_upload_bytes  # what a session would accept
+        limit = service.settings.video.max_video_upload_bytes  # what a session would accept
         size, chunks = await asyncio.to_thread(file_chunks, root, name, limit, index.extensions)
         headers["Content-Length"] = str(size)
         return StreamingResponse(chunks, media_type=media_type, headers=headers)
-    data = await asyncio.to_thread(read_image_file, root, name, service.settings.max_upload_bytes)
+    data = await asyncio.to_thread(
+        read_image_file, root, name, service.settings.limits.max_upload_bytes
+    )
     return Response(data, media_type=media_type, headers=headers)
 
 

@@ -141,14 +141,14 @@ def check_bounds(body: VideoExportRequest, settings: ServerSettings) -> None:
     """422 for a video larger than the server tracks or an answer larger than it writes."""
     video = body.video
     problems = []
-    if video.num_frames > settings.max_video_frames:
+    if video.num_frames > settings.video.max_video_frames:
         problems.append(
             f"video.num_frames: {video.num_frames}; this server tracks at most "
-            f"{settings.max_video_frames} frames (max_video_frames)"
+            f"{settings.video.max_video_frames} frames (max_video_frames)"
         )
-    if video.width * video.height > settings.max_pixels:
+    if video.width * video.height > settings.limits.max_pixels:
         problems.append(
-            f"video: {video.width}x{video.height} pixels; the limit is {settings.max_pixels} "
+            f"video: {video.width}x{video.height} pixels; the limit is {settings.limits.max_pixels} "
             "(max_pixels)"
         )
     if len(body.objects) * video.num_frames > MAX_TRACK_CELLS:

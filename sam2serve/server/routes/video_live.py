@@ -123,15 +123,15 @@ class LivePromptMessage(vs.VideoPromptRequest):
 async def create_live_session(request: Request, service: ServiceDep, videos: VideosDep) -> Response:
     body, _ = await read_body(request, LiveVideoRequest, service)
     settings = service.settings
-    if body.width * body.height > settings.max_pixels:
+    if body.width * body.height > settings.limits.max_pixels:
         raise ApiError(
             413,
             "image_too_large",
-            f"frames of {body.width}x{body.height} exceed the {settings.max_pixels:,}-pixel "
+            f"frames of {body.width}x{body.height} exceed the {settings.limits.max_pixels:,}-pixel "
             "limit (max_pixels)",
         )
-    source = LiveFrames(body.height, body.width, keep=settings.live_frames_kept)
-    tracked = memory_window(videos.predictor.config) + settings.max_live_prompted_frames
+    source = LiveFrames(body.height, body.width, keep=settings.live.live_frames_kept)
+    tracked = memory_window(videos.predictor.config) + settings.live.max_live_prompted_frames
     session = videos.create_live(source, body.fps, client_address(request), tracked, body.mode)
     answer = json_response(_session_out(session, videos, service), status=201)
     answer.headers[SESSION_HEADER] = session.session_id
@@ -200,7 +200,7 @@ class _Connection:
         while True:
             try:
                 message = await asyncio.wait_for(
-                    self.ws.receive(), timeout=self.settings.video_idle_s
+                    self.ws.receive(), timeout=self.settings.video.video_idle_s
                 )
             except TimeoutError:
                 return "idle"
@@ -211,11 +211,11 @@ class _Connection:
             if data is not None:
                 this, seq = seq, seq + 1
                 self.received = seq
-                if len(data) > self.settings.max_live_frame_bytes:
+                if len(data) > self.settings.live.max_live_frame_bytes:
                     await self.error(
                         "frame_too_large",
                         f"message of {len(data):,} bytes; at most "
-                        f"{self.settings.max_live_frame_bytes:,} (max_live_frame_bytes)",
+                        f"{self.settings.live.max_live_frame_bytes:,} (max_live_frame_bytes)",
                         this,
                     )
                 elif self.mode == "latest":
@@ -245,7 +245,7 @@ class _Connection:
         await self.send(skip_message(old, frame.seq))
 
     def _room(self, seq: int | None) -> bool:
-        return self.pending < self.settings.max_live_pending
+        return self.pending < self.settings.live.max_live_pending
 
     async def _too_fast(self, seq: int | None) -> None:
         waiting = "prompts" if self.mode == "latest" else "messages"
@@ -253,7 +253,7 @@ class _Connection:
         await self.error(
             "too_fast",
             f"{count} {waiting} are waiting to be answered, the limit "
-            f"(max_live_pending {self.settings.max_live_pending}): this one is not taken; "
+            f"(max_live_pending {self.settings.live.max_live_pending}): this one is not taken; "
             f"send {'prompts' if self.mode == 'latest' else 'frames'} no faster than they "
             "are answered",
             seq,
@@ -291,7 +291,7 @@ class _Connection:
             await self.error("invalid_request", "mask: a live prompt is clicks and/or a box")
             return None
         room = self.prompts if self.mode == "latest" else self.pending
-        if room >= self.settings.max_live_pending:
+        if room >= self.settings.live.max_live_pending:
             await self._too_fast(None)
             return None
         self.pending += 1
@@ -386,7 +386,7 @@ class _Connection:
         assert frame_idx is not None
         prompt = Prompt.from_api(body)
         check_inside(prompt, (state.height, state.width), what="frame")
-        limit = self.settings.max_points_per_object
+        limit = self.settings.limits.max_points_per_object
         if len(body.points) > limit:
             raise ApiError(
                 422,
@@ -395,7 +395,7 @@ class _Connection:
             )
         self.videos.check_new_object(session, body.obj_id)
         self.videos.check_live_prompt(
-            session, body.obj_id, frame_idx, self.settings.max_live_prompted_frames
+            session, body.obj_id, frame_idx, self.settings.live.max_live_prompted_frames
         )
         if not body.clear_old_points:
             total = self.videos.clicks_on(session, body.obj_id, frame_idx) + len(body.points)
@@ -481,7 +481,7 @@ async def live_connection(websocket: WebSocket, session_id: str) -> None:
         holding.__exit__(None, None, None)
     if reason == "idle":
         await connection.error(
-            "idle", f"no message for {settings.video_idle_s:g} s (video_idle_s): closing"
+            "idle", f"no message for {settings.video.video_idle_s:g} s (video_idle_s): closing"
         )
     if websocket.client_state is WebSocketState.CONNECTED and reason != "disconnect":
         with contextlib.suppress(Exception):
@@ -501,7 +501,7 @@ def error_message(code: str, message: str, seq: int | None = None) -> dict[str, 
 def _allowed(websocket: WebSocket, settings: Any) -> bool:
     """The API key (when the server has one) and, from a browser, an allowed origin: the
     server's own or one of cors_origins (a page elsewhere may not drive a session)."""
-    expected = settings.api_key
+    expected = settings.access.api_key
     if expected is not None:
         given = websocket.headers.get("x-api-key")
         authorization = websocket.headers.get("authorization", "")
@@ -518,7 +518,7 @@ def _allowed(websocket: WebSocket, settings: Any) -> bool:
         origin,
         websocket.headers.get("host", ""),
         websocket.scope.get(ALLOWED_HOSTS_KEY),
-        tuple(settings.cors_origins or ()),
+        tuple(settings.access.cors_origins or ()),
     )
 
 

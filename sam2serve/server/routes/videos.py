@@ -93,7 +93,7 @@ async def get_videos(service: ServiceDep) -> VideoSessions:
             404,
             "video_disabled",
             "this server does not track video: start it with 'sam2serve serve --video' "
-            "(settings.video) to create video sessions",
+            "(settings.video.enabled) to create video sessions",
         )
     return service.videos
 
@@ -227,7 +227,7 @@ async def add_prompt(
     prompt = None if body.mask is not None else Prompt.from_api(body)
     if prompt is not None:
         check_inside(prompt, (state.height, state.width), what="frame")
-    _check_clicks(body, 0, service.settings.max_points_per_object)
+    _check_clicks(body, 0, service.settings.limits.max_points_per_object)
     mask, reservation = None, Reservation(None, 0)
     if body.mask is not None:
         mask, reservation = await _mask_of(body.mask, state.height, state.width, service)
@@ -236,11 +236,11 @@ async def add_prompt(
         with videos.using(session, "prompt"):
             videos.check_new_object(session, body.obj_id)
             videos.check_live_prompt(
-                session, body.obj_id, body.frame_idx, service.settings.max_live_prompted_frames
+                session, body.obj_id, body.frame_idx, service.settings.live.max_live_prompted_frames
             )
             if not body.clear_old_points:
                 earlier = videos.clicks_on(session, body.obj_id, body.frame_idx)
-                _check_clicks(body, earlier, service.settings.max_points_per_object)
+                _check_clicks(body, earlier, service.settings.limits.max_points_per_object)
 
             def run(context: JobContext) -> list[ObjectMask]:
                 predictor = videos.predictor
@@ -523,7 +523,7 @@ async def _read_video_upload(
         )
     try:
         form = await request.form(
-            max_files=settings.max_video_frames + 1, max_fields=0, max_part_size=1024 * 1024
+            max_files=settings.video.max_video_frames + 1, max_fields=0, max_part_size=1024 * 1024
         )
     except ClientDisconnect:
         raise ClientGone("upload") from None
@@ -545,20 +545,20 @@ async def _read_video_upload(
         parts = video_parts or frame_parts
         if any(not isinstance(part, UploadFile) for part in parts):
             raise ApiError(400, "invalid_multipart", "the video and frames must be file parts")
-        if frame_parts and len(frame_parts) > settings.max_video_frames:
+        if frame_parts and len(frame_parts) > settings.video.max_video_frames:
             raise ApiError(
                 413,
                 "too_many_frames",
-                f"more than {settings.max_video_frames} frame parts; a session takes at most "
-                f"{settings.max_video_frames} frames (max_video_frames)",
+                f"more than {settings.video.max_video_frames} frame parts; a session takes at most "
+                f"{settings.video.max_video_frames} frames (max_video_frames)",
             )
         uploaded = sum(part.size or 0 for part in parts)
-        if uploaded > settings.max_video_upload_bytes:
+        if uploaded > settings.video.max_video_upload_bytes:
             raise ApiError(
                 413,
                 "upload_too_large",
                 f"the upload is {uploaded:,} bytes; the limit is "
-                f"{settings.max_video_upload_bytes:,} (max_video_upload_bytes)",
+                f"{settings.video.max_video_upload_bytes:,} (max_video_upload_bytes)",
             )
         if video_parts:
             return await _video_file_frames(video_parts[0], service, sessions)
@@ -629,8 +629,8 @@ def _probe_video_part(upload: UploadFile, service: Service) -> VideoProbe:
         return probe_video(
             upload.file,
             name,
-            max_frames=settings.max_video_frames,
-            max_pixels=settings.max_pixels,
+            max_frames=settings.video.max_video_frames,
+            max_pixels=settings.limits.max_pixels,
         )
 
 
@@ -642,9 +642,9 @@ def _decode_video_part(upload: UploadFile, service: Service, probe: VideoProbe) 
         return decode_video(
             upload.file,
             name,
-            max_frames=settings.max_video_frames,
-            max_pixels=settings.max_pixels,
-            max_bytes=settings.max_video_session_bytes,
+            max_frames=settings.video.max_video_frames,
+            max_pixels=settings.limits.max_pixels,
+            max_bytes=settings.video.max_video_session_bytes,
             probe=probe,
         )
 
@@ -657,11 +657,13 @@ def _probe_frame_parts(parts: list[UploadFile], service: Service) -> list[tuple[
         part.file.seek(0)
         header = part.file.read(_HEADER_BYTES)
         name = part.filename or f"{FRAME_PART}[{i}]"
-        size = probe_image(header, service.settings.max_pixels, f"{FRAME_PART}[{i}] ({name})")
+        size = probe_image(
+            header, service.settings.limits.max_pixels, f"{FRAME_PART}[{i}] ({name})"
+        )
         if size == (0, 0):  # a header Pillow needs more of: read the whole file
             part.file.seek(0)
             size = probe_image(
-                part.file.read(), service.settings.max_pixels, f"{FRAME_PART}[{i}] ({name})"
+                part.file.read(), service.settings.limits.max_pixels, f"{FRAME_PART}[{i}] ({name})"
             )
         sizes.append(size)
     return sizes
@@ -679,19 +681,19 @@ def _decode_frame_parts(parts: list[UploadFile], service: Service) -> VideoFrame
         data = part.file.read()
         name = part.filename or f"{FRAME_PART}[{i}]"
         try:
-            frames.append(decode_image(data, settings.max_pixels))
+            frames.append(decode_image(data, settings.limits.max_pixels))
         except ApiError as exc:
             raise ApiError(
                 exc.status, exc.code, f"{FRAME_PART}[{i}] ({name}): {exc.message}"
             ) from None
         names.append(name)
         held += frames[-1].nbytes
-        if held > settings.max_video_session_bytes:
+        if held > settings.video.max_video_session_bytes:
             raise ApiError(
                 413,
                 "video_too_large",
                 f"the first {i + 1} frames already hold {held:,} bytes decoded, over the "
-                f"session limit of {settings.max_video_session_bytes:,} "
+                f"session limit of {settings.video.max_video_session_bytes:,} "
                 "(max_video_session_bytes)",
             )
     try:
