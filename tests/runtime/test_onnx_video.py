@@ -214,7 +214,7 @@ def test_onnxruntime_tracking_needs_the_video_graphs(exported, tmp_path):
     spec = RuntimeSpec(model="tiny", mode="fast", backend="onnxruntime")
     with pytest.raises(OnnxArtifactError, match="has no video graphs: export it with --video"):
         build_video_predictor(spec, WeightsSource(artifacts=str(image_only)))
-    with pytest.raises(ValueError, match="give their directory as the artifacts"):
+    with pytest.raises(ValueError, match="give its directory as the artifacts"):
         build_video_predictor(spec, WeightsSource(random_weights=True))
     eager = RuntimeSpec(model="tiny", mode="fast")
     with pytest.raises(ValueError, match="eager tracking loads a checkpoint"):
