@@ -189,25 +189,23 @@ def object_prompts(count: int, clip: VideoClip) -> dict[int, Prompt]:
     return prompts
 
 
-def _plan_video_modes(modes: Sequence[str], notes: list[str]) -> list[str]:
+def _plan_video_modes(modes: Sequence[str], notes: list[str], device: str = "cpu") -> list[str]:
     """The rows, baseline first: the reference and the modes the tracker runs."""
-    from sam2serve.runtime.spec import RuntimeSpec
-    from sam2serve.runtime.video import VIDEO_BACKEND, check_video_spec
+    from sam2serve.runtime.backend_choice import choose_tracker
 
     planned = _plan_modes(modes, notes)
     refused = []
-    for mode in planned:
-        if mode == REFERENCE:
+    for label in planned:
+        if label == REFERENCE:
             continue
+        mode, _, backend = label.partition("+")
         try:
-            if mode in PEERS:
+            if label in PEERS:
                 raise ValueError("an image peer")
-            spec = RuntimeSpec.from_label(mode)
-            check_video_spec(spec)
-            if spec.backend != VIDEO_BACKEND:  # onnxruntime tracks from an export: not here
-                raise ValueError("the bench tracks from the checkpoint")
+            # The bench tracks from the checkpoint: a tracker of exports is refused.
+            choose_tracker(backend or None, mode, device, None)
         except ValueError:
-            refused.append(mode)
+            refused.append(label)
     if refused:
         raise BenchError(
             f"--task video cannot run mode(s) {', '.join(refused)}; its rows are "
@@ -314,7 +312,7 @@ def run_video_bench(config: BenchConfig) -> VideoBenchResult:
         )
     check_weights(config)
     notes: list[str] = []
-    modes = _plan_video_modes(config.modes, notes)
+    modes = _plan_video_modes(config.modes, notes, config.device)
 
     session = Session.start()
     runs: list[VideoRun] = []

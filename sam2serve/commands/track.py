@@ -41,9 +41,10 @@ from sam2serve.commands.track_prompts import (
     sample_prompts,
 )
 from sam2serve.engine.video.retention import RETENTION_MODES
-from sam2serve.runtime.backends import ONNX_VIDEO_BACKEND, VIDEO_BACKEND, VIDEO_BACKENDS
-from sam2serve.runtime.modes import VIDEO_MODES, get_video_mode
+from sam2serve.runtime.backend_choice import AUTO, choose_tracker
+from sam2serve.runtime.modes import VIDEO_MODES
 from sam2serve.runtime.spec import RuntimeSpec
+from sam2serve.runtime.trackers import EAGER_TRACKER, ONNX_TRACKER, VIDEO_BACKENDS
 
 SAMPLE_VIDEO = "sample"
 SAMPLE_FRAMES = 8
@@ -156,12 +157,12 @@ def add_arguments(parser: CommandParser) -> None:
     add_threads_flag(model)
     model.add_argument(
         "--backend",
-        choices=VIDEO_BACKENDS,
+        choices=(AUTO, *VIDEO_BACKENDS),
         default=None,
-        help=f"what runs the model: {VIDEO_BACKEND} (PyTorch, every mode) or "
-        f"{ONNX_VIDEO_BACKEND} (mode fast: the video graphs of '{PROG} export --format onnx "
-        f"--video' in --artifacts) (default: {ONNX_VIDEO_BACKEND} with --artifacts, else "
-        f"{VIDEO_BACKEND})",
+        help=f"what runs the model: {EAGER_TRACKER} (PyTorch, every mode) or "
+        f"{ONNX_TRACKER} (mode fast: the video graphs of '{PROG} export --format onnx "
+        f"--video' in --artifacts) (default, {AUTO}: {ONNX_TRACKER} with --artifacts, else "
+        f"{EAGER_TRACKER})",
     )
     add_weights_flags(model)
 
@@ -252,21 +253,16 @@ class _IndexNames:
 
 def video_spec(args: argparse.Namespace) -> RuntimeSpec:
     """The RuntimeSpec of --model, --mode, --backend, --device and --threads (torch-free;
-    --mode's choices are the video modes); --artifacts go with backend onnxruntime."""
-    artifacts = getattr(args, "artifacts", None) is not None
-    backend = getattr(args, "backend", None) or (ONNX_VIDEO_BACKEND if artifacts else VIDEO_BACKEND)
-    if backend == ONNX_VIDEO_BACKEND and not artifacts:
-        raise UsageError(
-            f"--backend {ONNX_VIDEO_BACKEND} tracks with the graphs of '{PROG} export --format "
-            "onnx --video': give their directory as --artifacts DIR"
-        )
-    if backend != ONNX_VIDEO_BACKEND and artifacts:
-        raise UsageError(
-            f"--artifacts: tracking from an export is --backend {ONNX_VIDEO_BACKEND}'s (ONNX "
-            f"graphs of '{PROG} export --format onnx --video'), not --backend {backend}'s"
-        )
+    --mode's choices are the video modes), the tracker chosen with --artifacts by
+    :func:`~sam2serve.runtime.backend_choice.choose_tracker`."""
+    artifacts = getattr(args, "artifacts", None)
     try:
-        get_video_mode(args.mode)
+        backend = choose_tracker(
+            getattr(args, "backend", None),
+            args.mode,
+            args.device,
+            None if artifacts is None else str(artifacts),
+        )
         return RuntimeSpec(
             model=args.model,
             mode=args.mode,

@@ -2,7 +2,14 @@
 arrays, and an overlay clip written back as MP4 or GIF.
 
 Video files are decoded with PyAV (FFmpeg's libraries; ``pip install av``), imported only
-when a video file is read or written, so image-only use never needs it. A folder is read
+when a video file is read or written, so image-only use never needs it. Every container
+is opened by :class:`VideoReader`, the one reader of files (``sam2serve track``'s
+:class:`~sam2serve.engine.video.sources.VideoFileFrames`), uploads (the server's
+``/v1/videos``: :func:`probe_video`, :func:`decode_video`) and Label Studio's downloads
+(:mod:`sam2serve.labelstudio.video_frames`): the same pixel limit before a frame is
+allocated, the same checks of the stream and of every frame, and the same errors
+(:class:`VideoLimitError`, :class:`VideoFormatError`, :class:`VideoDecodeError`) that the
+surfaces map to their 413, 415 and 400. A folder is read
 in Meta's order: by the integer of the file stem when every stem is an integer (``0.jpg,
 1.jpg, ..., 10.jpg``), else by name. Every frame must have the same size (a tracker's
 memory is per pixel), and the count is limited before anything large is held.
@@ -10,10 +17,11 @@ memory is per pixel), and the count is limited before anything large is held.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import io
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Self
 
 import numpy as np
 
@@ -32,6 +40,10 @@ class VideoError(ValueError):
 
 class VideoLimitError(VideoError):
     """A video past a limit: frames, pixels per frame or decoded bytes."""
+
+
+class VideoDecodeError(VideoError):
+    """What PyAV raised on a file it could not read (truncated, corrupt, not a video)."""
 
 
 class VideoFormatError(VideoError):
@@ -92,7 +104,7 @@ def video_error(exc: BaseException, name: str) -> VideoError:
             "cannot be applied before decoding, so it is not read; remux it to MP4, MKV or "
             "WebM (ffmpeg -i IN -c copy OUT.mp4)"
         )
-    return VideoError(f"cannot decode {name!r}: {reason}")
+    return VideoDecodeError(f"cannot decode {name!r}: {reason}")
 
 
 def video_stream(container: Any, name: str) -> Any:
@@ -108,6 +120,95 @@ def video_stream(container: Any, name: str) -> Any:
             "cut short); send MP4 (H.264), WebM (VP8/VP9) or another common codec"
         )
     return stream
+
+
+class VideoReader:
+    """One video container opened by PyAV, the one way this package opens one: a path, an
+    open binary file (read from its start) or bytes; ``name`` is what messages call it.
+
+    Opening it reads the stream's header only: its first video stream, which FFmpeg must
+    have a decoder for, and its declared frame size, within ``max_pixels`` (FFmpeg is told
+    the limit as well, so neither its probing nor its decoder allocates a larger frame).
+    :meth:`frames` decodes, every frame checked against the declared size. What PyAV
+    raises, on opening or within ``with reader:``, is a :class:`VideoError` naming the file
+    (:func:`video_error`); the container is closed on leaving it.
+    """
+
+    def __init__(
+        self,
+        source: str | Path | BinaryIO | bytes,
+        name: str,
+        *,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    ) -> None:
+        av = _import_av("read video files")
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            source = io.BytesIO(source)
+        elif isinstance(source, Path):
+            source = str(source)
+        elif not isinstance(source, str):
+            source.seek(0)
+        self.name = name
+        options = _decoder_options(max_pixels)
+        with reading_video(name):  # not a video, truncated, unknown codec or container
+            self.container = av.open(source, mode="r", stream_options=options)
+            try:
+                self.stream = video_stream(self.container, name)
+                self.width, self.height = _declared_size(self.stream, max_pixels, name)
+                # The decoder refuses frames past the limit before it allocates them.
+                self.stream.codec_context.options = options[0]
+            except BaseException:
+                self.container.close()
+                raise
+        rate = self.stream.average_rate
+        self.fps: float | None = float(rate) if rate else None
+
+    @property
+    def origin(self) -> float:
+        """The stream's first timestamp in seconds (what a player shows as 0)."""
+        stream = self.stream
+        if stream.start_time is None or stream.time_base is None:
+            return 0.0
+        return float(stream.start_time * stream.time_base)
+
+    def packets(self) -> Iterator[Any]:
+        """The video stream's packets that hold data (one per frame), demuxed only."""
+        for packet in self.container.demux(self.stream):
+            if packet.size:
+                yield packet
+
+    def frames(self) -> Iterator[Any]:
+        """The decoded frames (PyAV's), from the start or from where :meth:`seek` went;
+        VideoError on a frame of another size than the stream declares."""
+        for frame in self.container.decode(self.stream):
+            if (frame.width, frame.height) != (self.width, self.height):
+                raise VideoError(
+                    f"{self.name!r}: a frame is {frame.width}x{frame.height}, its stream "
+                    f"declares {self.width}x{self.height}; every frame of a video must have "
+                    "one size"
+                )
+            yield frame
+
+    def seek(self, timestamp: int) -> None:
+        """To the last keyframe at or before ``timestamp`` (the stream's time base)."""
+        self.container.seek(timestamp, backward=True, stream=self.stream)
+
+    def close(self) -> None:
+        self.container.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> bool:
+        self.close()
+        return reading_video(self.name).__exit__(kind, exc, tb)
+
+
+def as_rgb(frame: Any) -> np.ndarray:
+    """A decoded frame as uint8 (H, W, 3), contiguous."""
+    return np.ascontiguousarray(frame.to_ndarray(format="rgb24"))
 
 
 @dataclass(frozen=True)
@@ -208,17 +309,11 @@ def probe_video(
     the stream's header (FFmpeg's own probing may not allocate frames past ``max_pixels``),
     the frames by counting the stream's packets (demuxing only), stopping past
     ``max_frames``. VideoLimitError past either limit, VideoError if it is no video."""
-    av = _import_av("read video files")
-    with (
-        reading_video(name),  # not a video, truncated, unknown codec or container
-        av.open(source, mode="r", stream_options=_decoder_options(max_pixels)) as container,
-    ):
-        stream = video_stream(container, name)
-        width, height = _declared_size(stream, max_pixels, name)
-        fps = float(stream.average_rate) if stream.average_rate else None
+    with VideoReader(source, name, max_pixels=max_pixels) as video:
+        width, height, fps = video.width, video.height, video.fps
         frames = 0
-        for packet in container.demux(stream):
-            frames += bool(packet.size)
+        for _ in video.packets():
+            frames += 1
             if max_frames is not None and frames > max_frames:
                 break
     if frames == 0:
@@ -239,36 +334,26 @@ def decode_video(
     PyAV whatever its container; ``name`` is what messages call it. With the ``probe`` of
     the same file, every frame must have its size and there may be no more frames than it
     counted (a file that says less than it holds is refused, not decoded further)."""
-    av = _import_av("read video files")
     if probe is not None:
         max_frames = probe.frames if max_frames is None else min(max_frames, probe.frames)
     frames: list[np.ndarray] = []
     held = 0
-    with (
-        reading_video(name),  # not a video, truncated, unknown codec, too large
-        av.open(source, mode="r", stream_options=_decoder_options(max_pixels)) as container,
-    ):
-        stream = video_stream(container, name)
-        _declared_size(stream, max_pixels, name)
-        # The decoder refuses frames past the limit before it allocates them.
-        stream.codec_context.options = _decoder_options(max_pixels)[0]
-        fps = float(stream.average_rate) if stream.average_rate else None
-        for frame in container.decode(stream):
+    with VideoReader(source, name, max_pixels=max_pixels) as video:
+        if probe is not None and (video.width, video.height) != (probe.width, probe.height):
+            raise VideoError(
+                f"{name!r} declares {video.width}x{video.height} now, "
+                f"{probe.width}x{probe.height} when it was probed"
+            )
+        fps = video.fps
+        for frame in video.frames():
             if max_frames is not None and len(frames) >= max_frames:
                 raise VideoLimitError(
                     f"{name!r} has more than {max_frames} frames (the limit; "
                     "cut the video or raise the limit)"
                 )
-            _check_pixels(frame.width, frame.height, max_pixels, name)
-            if probe is not None and (frame.width, frame.height) != (probe.width, probe.height):
-                raise VideoError(
-                    f"{name!r}: frame {len(frames)} is {frame.width}x{frame.height}, its "
-                    f"stream declares {probe.width}x{probe.height}; every frame of a video "
-                    "must have one size"
-                )
             held += frame.width * frame.height * 3
             _check_bytes(held, max_bytes, name)
-            frames.append(np.ascontiguousarray(frame.to_ndarray(format="rgb24")))
+            frames.append(as_rgb(frame))
     if not frames:
         raise VideoError(f"{name!r} has no frames")
     names = [str(i) for i in range(len(frames))]

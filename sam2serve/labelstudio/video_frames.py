@@ -2,7 +2,8 @@
 on, at most a number of them, each with its Label Studio frame number.
 
 A task's video is fetched whole (within ``max_video_upload_bytes``) and read from memory
-with PyAV. Its frame size is read from the stream's header first (FFmpeg's probing may not
+with PyAV, by the one reader of video containers
+(:class:`~sam2serve.engine.video_io.VideoReader`: its limits, checks and errors). Its frame size is read from the stream's header first (FFmpeg's probing may not
 allocate a frame past ``max_pixels``), so the caller bounds and reserves the frames it will
 hold before one is decoded. Then the video is sought to the last keyframe (of its codec)
 before Label Studio's first keyframe, and the frames decoded in order: those before it
@@ -19,19 +20,16 @@ Studio's frame ``round(t * rate) + 1``, and Label Studio's frame ``f`` is at
 from __future__ import annotations
 
 import bisect
-import io
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from sam2serve.engine.video_io import (
+    VideoDecodeError,
     VideoError,
     VideoLimitError,
-    read_errors,
-    reading_video,
-    video_error,
-    video_stream,
+    VideoReader,
+    as_rgb,
 )
 
 
@@ -80,15 +78,8 @@ class ClipWindow:
 def read_header(data: bytes, name: str, max_pixels: int) -> ClipHeader:
     """The video's frame size and rate, nothing decoded; VideoLimitError past
     ``max_pixels``, VideoError when it is no video."""
-    av = _av()
-    with (
-        reading_video(name),
-        av.open(io.BytesIO(data), mode="r", stream_options=_options(max_pixels)) as container,
-    ):
-        stream = video_stream(container, name)
-        width, height = _declared_size(stream, max_pixels, name)
-        fps = float(stream.average_rate) if stream.average_rate else None
-    return ClipHeader(width, height, fps)
+    with VideoReader(data, name, max_pixels=max_pixels) as video:
+        return ClipHeader(video.width, video.height, video.fps)
 
 
 def decode_window(
@@ -142,22 +133,22 @@ class _SeekFailed(Exception):
 
 
 def _decode(data: bytes, plan: _Plan, *, seek: bool) -> ClipWindow:
-    av = _av()
     name, header = plan.name, plan.header
     file_rate = header.fps or plan.frame_rate
     frames: list[np.ndarray] = []
     ls_frames: list[int] = []
     skipped = 0
     try:
-        with av.open(
-            io.BytesIO(data), mode="r", stream_options=_options(plan.max_pixels)
-        ) as container:
-            stream = video_stream(container, name)
-            stream.codec_context.options = _options(plan.max_pixels)[0]
-            origin = _stream_origin(stream)
+        with VideoReader(data, name, max_pixels=plan.max_pixels) as video:
+            if (video.width, video.height) != (header.width, header.height):
+                raise VideoError(
+                    f"{name!r} declares {video.width}x{video.height} now, "
+                    f"{header.width}x{header.height} when its header was read"
+                )
+            origin = video.origin
             if seek:
-                _seek(container, stream, plan.start + origin)
-            for index, frame in enumerate(container.decode(stream)):
+                _seek(video, plan.start + origin)
+            for index, frame in enumerate(video.frames()):
                 if frame.time is None and seek:
                     raise _SeekFailed
                 seconds = frame.time - origin if frame.time is not None else index / file_rate
@@ -173,22 +164,14 @@ def _decode(data: bytes, plan: _Plan, *, seek: bool) -> ClipWindow:
                             "decodes at most that many frames before the first keyframe"
                         )
                     continue
-                if (frame.width, frame.height) != (header.width, header.height):
-                    raise VideoError(
-                        f"{name!r}: a frame is {frame.width}x{frame.height}, its stream "
-                        f"declares {header.width}x{header.height}; every frame of a video "
-                        "must have one size"
-                    )
-                frames.append(np.ascontiguousarray(frame.to_ndarray(format="rgb24")))
+                frames.append(as_rgb(frame))
                 ls_frames.append(round(max(seconds, 0.0) * plan.frame_rate) + 1)
                 if len(frames) >= plan.max_frames:
                     break
-    except VideoError:
-        raise
-    except read_errors() as exc:  # what PyAV raises on a file cut short or corrupt
+    except VideoDecodeError:  # what PyAV raised on a file cut short or corrupt
         if seek:
             raise _SeekFailed from None
-        raise video_error(exc, name) from None
+        raise
     if not frames:
         if seek:
             raise _SeekFailed
@@ -199,50 +182,14 @@ def _decode(data: bytes, plan: _Plan, *, seek: bool) -> ClipWindow:
     return ClipWindow(frames, ls_frames)
 
 
-def _seek(container: Any, stream: Any, seconds: float) -> None:
+def _seek(video: VideoReader, seconds: float) -> None:
     """To the stream's last keyframe at or before ``seconds`` (its own clock)."""
-    if stream.time_base is None:
+    if video.stream.time_base is None:
         raise _SeekFailed
     try:
-        container.seek(int(seconds / stream.time_base), stream=stream, backward=True)
+        video.seek(int(seconds / video.stream.time_base))
     except (OSError, ValueError, TypeError, OverflowError):  # past int64: a start far out
         raise _SeekFailed from None
-
-
-def _declared_size(stream: Any, max_pixels: int, name: str) -> tuple[int, int]:
-    width, height = stream.codec_context.width, stream.codec_context.height
-    if width <= 0 or height <= 0:
-        # FFmpeg leaves the size unset when its decoder refuses one past max_pixels.
-        raise VideoLimitError(
-            f"{name!r} has frames over the {max_pixels:,}-pixel limit, or of no size FFmpeg "
-            "can read"
-        )
-    if width * height > max_pixels:
-        raise VideoLimitError(
-            f"{name!r}: frames of {width}x{height} exceed the {max_pixels:,}-pixel limit"
-        )
-    return width, height
-
-
-def _stream_origin(stream: Any) -> float:
-    """The stream's first timestamp in seconds (what a player shows as 0)."""
-    if stream.start_time is None or stream.time_base is None:
-        return 0.0
-    return float(stream.start_time * stream.time_base)
-
-
-def _options(max_pixels: int) -> list[dict[str, str]]:
-    """FFmpeg's decoder options for a container's first streams: no frame of more than
-    ``max_pixels`` is allocated, while probing or decoding."""
-    return [{"max_pixels": str(max_pixels)}] * 16
-
-
-def _av() -> Any:
-    try:
-        import av
-    except ImportError:
-        raise VideoError("PyAV is needed to read video tasks: pip install av") from None
-    return av
 
 
 __all__ = ["ClipHeader", "ClipWindow", "decode_window", "read_header"]

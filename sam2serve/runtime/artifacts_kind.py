@@ -15,16 +15,34 @@ ONNX_FORMAT = "onnx"
 MANIFEST = "manifest.json"
 
 
-def backend_for_artifacts(directory: str | Path) -> str:
-    """``onnxruntime`` for an ONNX export, else ``artifacts`` (also for a URI or a
-    directory that cannot be read here: the artifacts loader reports those)."""
+def _manifest(directory: str | Path) -> dict | None:
     try:
         manifest = json.loads((Path(directory) / MANIFEST).read_text())
     except (OSError, ValueError):
-        return "artifacts"
-    if isinstance(manifest, dict) and manifest.get("format") == ONNX_FORMAT:
-        return "onnxruntime"
-    return "artifacts"
+        return None
+    return manifest if isinstance(manifest, dict) else None
 
 
-__all__ = ["ONNX_FORMAT", "backend_for_artifacts"]
+def backend_for_artifacts(directory: str | Path) -> str:
+    """``onnxruntime`` for an ONNX export, else ``artifacts`` (also for a URI or a
+    directory that cannot be read here: the artifacts loader reports those)."""
+    return "onnxruntime" if export_format(directory) == ONNX_FORMAT else "artifacts"
+
+
+def export_format(directory: str | Path) -> str | None:
+    """The manifest's ``format``; None for a directory (or URI) that cannot be read here."""
+    manifest = _manifest(directory)
+    if manifest is None:
+        return None
+    kind = manifest.get("format")
+    return kind if isinstance(kind, str) else None
+
+
+def has_video_graphs(directory: str | Path) -> bool:
+    """Whether the export holds the video path's graphs (``export --format onnx --video``:
+    the manifest's ``video`` section)."""
+    manifest = _manifest(directory)
+    return manifest is not None and manifest.get("video") is not None
+
+
+__all__ = ["ONNX_FORMAT", "backend_for_artifacts", "export_format", "has_video_graphs"]

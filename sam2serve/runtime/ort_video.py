@@ -25,7 +25,7 @@ from sam2serve.config import get_config
 from sam2serve.engine.video.predictor import VideoPredictor, VideoPromptError
 from sam2serve.modeling.sam2_video import FrameFeatures, HeadsOutput, ObjectPointers, SpatialMemory
 from sam2serve.runtime.backends.onnxruntime import open_session
-from sam2serve.runtime.spec import RuntimeSpec
+from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 
 __all__ = ["OrtVideoModel", "load_onnx_video_predictor"]
 
@@ -43,7 +43,12 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
 
 
 class OrtVideoModel:
-    """What VideoPredictor calls on a SAM2Video, run by the four video graphs' sessions."""
+    """The :class:`~sam2serve.engine.video.model.VideoModel` of the four video graphs'
+    sessions: what VideoPredictor calls on a SAM2Video, run by ONNX Runtime."""
+
+    # memory_attention.onnx takes one bank for its B objects (one temporal slot per
+    # memory): objects whose banks differ run in separate calls.
+    per_object_banks = False
 
     def __init__(self, manifest: dict, sessions: dict[str, Any], device: torch.device) -> None:
         from sam2serve.runtime.onnx_video import (
@@ -194,17 +199,20 @@ class OrtVideoModel:
 
 
 def load_onnx_video_predictor(
-    directory: str | Path, spec: RuntimeSpec, *, feature_cache_frames: int = 2
+    spec: RuntimeSpec, weights: WeightsSource, *, feature_cache_frames: int = 2
 ) -> VideoPredictor:
-    """A VideoPredictor running the video graphs in ``directory`` (an export with
-    ``--video``), after the manifest is checked (every mismatch named)."""
+    """Tracker ``onnxruntime``: a VideoPredictor running the video graphs in the export
+    directory ``weights.artifacts`` (an export with ``--video``), after the manifest is
+    checked (every mismatch named)."""
     from sam2serve.runtime.onnx_export import (
         OnnxArtifactError,
         open_onnx_export,
     )
     from sam2serve.runtime.onnx_video import VIDEO_GRAPHS
 
-    directory = Path(directory)
+    if weights.artifacts is None:
+        raise ValueError("backend onnxruntime tracks with an ONNX export: give its directory")
+    directory = Path(weights.artifacts)
     manifest = open_onnx_export(directory, spec.model, spec.mode)
     if manifest.get("video") is None:
         raise OnnxArtifactError(
@@ -217,7 +225,7 @@ def load_onnx_video_predictor(
     device = torch.device(spec.device)
     model = OrtVideoModel(manifest, sessions, device)
     return VideoPredictor(
-        model,  # type: ignore[arg-type]  # the five calls VideoPredictor makes, in ORT
+        model,
         feature_cache_frames=feature_cache_frames,
         runtime=spec.replace(dtype="float32"),
     )

@@ -14,10 +14,13 @@ The modes' video meaning is declared in :mod:`sam2serve.runtime.modes`
   resolved as for images (:func:`~sam2serve.runtime.build.resolve_dtype`): on a CPU
   without native bf16 it is float32, and furious tracks exactly as baseline does.
 
-Backends: eager (every mode above), and ``onnxruntime`` (mode fast, from the artifacts of
-``sam2serve export --format onnx --video``: the predictor's model calls run by the video
-graphs, :mod:`sam2serve.runtime.ort_video`). The other exported and compiled backends cover
-the image path only.
+Trackers (:mod:`sam2serve.runtime.trackers`, chosen by
+:func:`sam2serve.runtime.backend_choice.choose_tracker`): eager (every mode above), and
+``onnxruntime`` (mode fast, from the artifacts of ``sam2serve export --format onnx
+--video``: the predictor's model calls run by the video graphs,
+:mod:`sam2serve.runtime.ort_video`). Both hand the predictor a
+:class:`~sam2serve.engine.video.model.VideoModel`. The other exported and compiled
+backends cover the image path only.
 """
 
 from __future__ import annotations
@@ -27,15 +30,26 @@ import torch
 from sam2serve.checkpoint import load_video_model
 from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.modeling.sam2_video import SAM2Video
-from sam2serve.runtime.backends import ONNX_VIDEO_BACKEND, VIDEO_BACKEND, VIDEO_BACKENDS
+from sam2serve.runtime.backend_choice import choose_tracker
 from sam2serve.runtime.build import encoder_precision, load_spec_model, resolve_dtype
 from sam2serve.runtime.modes import get_mode, get_video_mode
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+from sam2serve.runtime.trackers import (
+    EAGER_TRACKER,
+    ONNX_TRACKER,
+    VIDEO_BACKENDS,
+    get_tracker_info,
+)
+
+# The names this module has always offered.
+VIDEO_BACKEND = EAGER_TRACKER
+ONNX_VIDEO_BACKEND = ONNX_TRACKER
 
 __all__ = [
     "ONNX_VIDEO_BACKEND",
     "VIDEO_BACKEND",
     "VIDEO_BACKENDS",
+    "build_eager_tracker",
     "build_video_predictor",
     "check_video_spec",
     "video_predictor_for",
@@ -45,37 +59,30 @@ __all__ = [
 def check_video_spec(spec: RuntimeSpec) -> None:
     """A ValueError naming what the tracker cannot run."""
     get_video_mode(spec.mode)
-    if spec.backend not in VIDEO_BACKENDS:
-        raise ValueError(
-            f"video tracking runs on backend {' or '.join(map(repr, VIDEO_BACKENDS))}, "
-            f"not {spec.backend!r}"
-        )
+    assert spec.backend is not None
+    get_tracker_info(spec.backend)
 
 
 def build_video_predictor(
     spec: RuntimeSpec, weights: WeightsSource | None = None, *, feature_cache_frames: int = 2
 ) -> VideoPredictor:
     """The VideoPredictor ``spec`` describes, with ``weights`` (default: the official
-    checkpoint from the cache). Nothing process-wide is set here: threads and TF32 are the
+    checkpoint from the cache; an export directory for a tracker that runs one), built by
+    the spec's tracker once :func:`~sam2serve.runtime.backend_choice.choose_tracker` has
+    checked the combination. Nothing process-wide is set here: threads and TF32 are the
     entry point's (:func:`sam2serve.runtime.process.configure_process`)."""
     check_video_spec(spec)
+    assert spec.backend is not None
     weights = weights or WeightsSource()
-    if spec.backend == ONNX_VIDEO_BACKEND:
-        if weights.artifacts is None:
-            raise ValueError(
-                "backend onnxruntime tracks with the graphs of 'sam2serve export --format onnx "
-                "--video': give their directory as the artifacts"
-            )
-        from sam2serve.runtime.ort_video import load_onnx_video_predictor
+    choose_tracker(spec.backend, spec.mode, spec.device, weights.artifacts)
+    build = get_tracker_info(spec.backend).load()
+    return build(spec, weights, feature_cache_frames=feature_cache_frames)
 
-        return load_onnx_video_predictor(
-            weights.artifacts, spec, feature_cache_frames=feature_cache_frames
-        )
-    if weights.artifacts is not None:
-        raise ValueError(
-            "eager tracking loads a checkpoint or random weights, not artifacts (backend "
-            "onnxruntime tracks with an ONNX export's video graphs)"
-        )
+
+def build_eager_tracker(
+    spec: RuntimeSpec, weights: WeightsSource, *, feature_cache_frames: int = 2
+) -> VideoPredictor:
+    """Tracker ``eager``: SAM 2's video model from a checkpoint or random weights."""
     spec = resolve_dtype(spec)
     model = load_spec_model(spec, weights, load_video_model)
     assert isinstance(model, SAM2Video)
@@ -88,9 +95,9 @@ def video_predictor_for(
     """A VideoPredictor running ``model`` the way ``spec``'s mode says (it may convert the
     model in place: furious on a bf16 CPU casts its image encoder); eager only."""
     check_video_spec(spec)
-    if spec.backend != VIDEO_BACKEND:
+    if spec.backend != EAGER_TRACKER:
         raise ValueError(
-            f"a loaded model tracks on backend {VIDEO_BACKEND!r}, not {spec.backend!r}"
+            f"a loaded model tracks on backend {EAGER_TRACKER!r}, not {spec.backend!r}"
         )
     spec = resolve_dtype(spec)
     assert spec.dtype is not None

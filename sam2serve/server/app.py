@@ -36,6 +36,7 @@ from pydantic.json_schema import models_json_schema
 
 from sam2serve.engine.predictor import Predictor
 from sam2serve.engine.video.predictor import VideoPredictor
+from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 from sam2serve.server import schemas, video_schemas
 from sam2serve.server.api_docs import install_offline_docs
 from sam2serve.server.body_limit import BodyLimitMiddleware
@@ -117,21 +118,29 @@ def create_app(
 
 
 def load_video_predictor(settings: ServerSettings, predictor: Predictor) -> VideoPredictor:
-    """SAM 2's video model with the image model's size, weights and device, tracking in the
-    server's mode (a mode the tracker does not run, int8, tracks as fast: fp32)."""
-    from sam2serve.runtime.modes import VIDEO_MODES
-    from sam2serve.runtime.spec import RuntimeSpec
-    from sam2serve.runtime.video import VIDEO_BACKEND, video_predictor_for
+    """The tracker beside the image model, on its device
+    (:func:`~sam2serve.runtime.backend_choice.tracker_beside_images`): the video graphs of
+    the ONNX export it serves, where the export has them; else SAM 2's video model with the
+    image model's size and weights, tracking in the server's mode (a mode the tracker does
+    not run, int8, tracks as fast: fp32)."""
+    from sam2serve.runtime.backend_choice import tracker_beside_images
+    from sam2serve.runtime.video import build_video_predictor, video_predictor_for
     from sam2serve.runtime.video_model import video_model_like
 
-    model = video_model_like(settings.runtime.model, predictor.model.weights_info, predictor.device)
+    image = settings.runtime.spec()
+    artifacts = settings.runtime.weights_source().artifacts
+    device = str(predictor.device)
+    choice = tracker_beside_images(image.mode, device, artifacts)
     spec = RuntimeSpec(
-        model=settings.runtime.model,
-        mode=settings.runtime.mode if settings.runtime.mode in VIDEO_MODES else "fast",
-        backend=VIDEO_BACKEND,
-        device=str(predictor.device),
-        threads=settings.runtime.threads,
+        model=image.model,
+        mode=choice.mode,
+        backend=choice.backend,
+        device=device,
+        threads=image.threads,
     )
+    if choice.artifacts is not None:
+        return build_video_predictor(spec, WeightsSource(artifacts=choice.artifacts))
+    model = video_model_like(image.model, predictor.model.weights_info, predictor.device)
     return video_predictor_for(model, spec)
 
 

@@ -85,15 +85,15 @@ def test_bad_sources_and_flags_are_usage_errors(no_model, frame_dir, tmp_path):
         (("track", frame_dir, "--prompts", prompts, "--max-frames", "2"), "more than the limit"),
         (
             ("track", frame_dir, "--prompts", prompts, "--backend", "onnxruntime"),
-            "give their directory as --artifacts DIR",
+            "give its directory as the artifacts (--artifacts DIR)",
         ),
         (
             ("track", frame_dir, "--prompts", prompts, "--backend", "eager", "--artifacts", out),
-            "not --backend eager's",
+            "eager tracking loads a checkpoint or random weights, not artifacts",
         ),
         (
             ("track", frame_dir, "--prompts", prompts, "--artifacts", out, "--mode", "furious"),
-            "backend 'onnxruntime' runs the fast and int8 modes, not 'furious'",
+            "backend 'onnxruntime' tracks in mode fast, not 'furious'",
         ),
     ]
     for argv, expected in cases:

@@ -6,6 +6,7 @@ describes them; the command's flags."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -221,7 +222,7 @@ def test_onnxruntime_tracking_needs_the_video_graphs(exported, tmp_path):
     spec = RuntimeSpec(model="tiny", mode="fast", backend="onnxruntime")
     with pytest.raises(OnnxArtifactError, match="has no video graphs: export it with --video"):
         build_video_predictor(spec, WeightsSource(artifacts=str(image_only)))
-    with pytest.raises(ValueError, match="give their directory as the artifacts"):
+    with pytest.raises(ValueError, match="give its directory as the artifacts"):
         build_video_predictor(spec, WeightsSource(random_weights=True))
     eager = RuntimeSpec(model="tiny", mode="fast")
     with pytest.raises(ValueError, match="eager tracking loads a checkpoint"):
@@ -375,3 +376,78 @@ def test_export_command_video_flag(monkeypatch, capsys, tmp_path):
     assert main([*export, "--format", "onnx", "--video"]) == EXIT_OK
     assert calls[-1]["video"] is True
     assert "with the video graphs" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- one seam
+
+
+def test_both_models_track_through_the_engines_state(exported, checkpoint, clip, engine_tracked):
+    """SAM2Video and OrtVideoModel are each a VideoModel (engine/video/model.py): a state
+    built on each tracks a click and a box through the clip alike, and counts the same
+    bytes per object and frame."""
+    from sam2serve.engine.video.model import VideoModel
+    from sam2serve.engine.video.state import object_frame_bytes
+
+    _, frames, prompts = clip
+    eager = load_video_model("tiny", checkpoint)
+    ort = onnx_video_predictor(exported).model
+    assert isinstance(eager, VideoModel) and isinstance(ort, VideoModel)
+    assert object_frame_bytes(ort) == object_frame_bytes(eager)
+    tracked = []
+    for model in (eager, ort):
+        predictor = VideoPredictor(model)
+        state = predictor.init_state(frames)
+        predictor.add_points(state, 0, 1, points=prompts[1]["points"], labels=[1])
+        predictor.add_points(state, 0, 2, box=prompts[2]["box"])
+        tracked.append(np.stack([out.mask_logits.numpy() for out in predictor.propagate(state)]))
+    assert_tracks_alike(tracked[0], engine_tracked)
+    assert_tracks_alike(tracked[1], engine_tracked)
+
+
+def test_serve_video_tracks_with_the_onnx_export(exported, clip, engine_tracked):
+    """`serve --video --backend onnxruntime --artifacts DIR` (the app built in process from
+    its settings): the tracker is the export's video graphs, and an object clicked and
+    propagated over HTTP gets the engine's masks."""
+    from fastapi.testclient import TestClient
+
+    from sam2serve.engine.rle import coco_to_rle, rle_to_mask
+    from sam2serve.server.app import create_app
+    from sam2serve.server.settings import ServerSettings
+
+    _, frames, prompts = clip
+    settings = ServerSettings(
+        model="tiny",
+        mode="fast",
+        backend="onnxruntime",
+        artifacts=str(exported),
+        video=True,
+        warmup=False,
+    )
+    app = create_app(settings)
+    videos = app.state.service.videos
+    assert isinstance(videos.predictor.model, OrtVideoModel)
+    assert videos.predictor.runtime.backend == "onnxruntime"
+    files = []
+    for i, frame in enumerate(frames):
+        buffer = io.BytesIO()
+        Image.fromarray(frame).save(buffer, format="PNG")
+        files.append(("frame", (f"{i:05d}.png", buffer.getvalue(), "image/png")))
+    ((x, y),) = prompts[1]["points"]
+    click = {"frame_idx": 0, "obj_id": 1, "points": [{"x": x, "y": y}]}
+    with TestClient(app) as client:
+        created = client.post("/v1/videos", files=files)
+        assert created.status_code == 201, created.text
+        sid = created.json()["session_id"]
+        prompted = client.post(f"/v1/videos/{sid}/prompts", json=click)
+        assert prompted.status_code == 200, prompted.text
+        with client.stream("POST", f"/v1/videos/{sid}/propagate", json={}) as stream:
+            lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
+    events = [json.loads(line[len("data: ") :]) for line in lines]
+    tracked = [event for event in events if "frame_idx" in event and "objects" in event]
+    assert [event["frame_idx"] for event in tracked] == list(range(NUM_FRAMES))
+    for event, want in zip(tracked, engine_tracked, strict=True):
+        (obj,) = event["objects"]
+        got = rle_to_mask(coco_to_rle(obj["segmentation"]))
+        ref = want[0, 0] > 0
+        iou = (got & ref).sum() / (got | ref).sum()
+        assert iou >= MIN_IOU, f"frame {event['frame_idx']}: IoU {iou:.4f}"

@@ -30,6 +30,7 @@ from sam2serve.engine.video.memory import (
     gather_memories,
     select_memories,
 )
+from sam2serve.engine.video.model import VideoModel
 from sam2serve.engine.video.retention import Retention
 from sam2serve.engine.video.sources import FrameSource, as_source
 from sam2serve.engine.video.state import (
@@ -39,7 +40,7 @@ from sam2serve.engine.video.state import (
     PointPrompt,
     VideoState,
 )
-from sam2serve.modeling.sam2_video import NO_OBJ_SCORE, FrameFeatures, HeadsOutput, SAM2Video
+from sam2serve.modeling.sam2_video import NO_OBJ_SCORE, FrameFeatures, HeadsOutput
 
 # Meta clamps a previous mask's logits before feeding them back as a mask prompt.
 PREV_MASK_CLAMP = 32.0
@@ -66,7 +67,7 @@ class FrameMasks:
 class VideoPredictor:
     def __init__(
         self,
-        model: SAM2Video,
+        model: VideoModel,
         *,
         feature_cache_frames: int = 2,
         storage_device: str | torch.device = "cpu",
@@ -386,7 +387,7 @@ class VideoPredictor:
     def _batch_key(self, selection: MemorySelection) -> Any:
         """Objects with equal keys share a memory-attention call: banks of one shape where
         the model reads banks per object (SAM2Video), else the very same bank."""
-        if getattr(self.model, "per_object_banks", False):
+        if self.model.per_object_banks:
             return bank_shape(selection)
         return selection
 

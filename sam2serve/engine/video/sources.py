@@ -113,21 +113,13 @@ class VideoFileFrames(FrameSource):
         max_frames: int | None = None,
         max_pixels: int | None = None,
     ) -> None:
-        from sam2serve.engine.video_io import (
-            VideoError,
-            _decoder_options,
-            _import_av,
-            probe_video,
-            reading_video,
-        )
+        from sam2serve.engine.video_io import VideoError, probe_video, reading_video
 
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
-        self._av = _import_av("read video files")
         self._source = str(source) if isinstance(source, Path) else source
         self.name = name or str(source)
         self.window = window
-        self._options = _decoder_options(max_pixels)
         self._max_pixels = max_pixels
         probe = probe_video(self._source, self.name, max_frames=max_frames, max_pixels=max_pixels)
         self.width, self.height, self.fps = probe.width, probe.height, probe.fps
@@ -141,7 +133,7 @@ class VideoFileFrames(FrameSource):
             raise VideoError(f"{self.name!r} has no frames")
         self._held: OrderedDict[int, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
-        self._container: Any = None
+        self._reader: Any = None  # the open VideoReader
         self._decoded: Iterator[Any] | None = None
         self._next = 0  # the index of the frame the open decoder yields next
         self.decoded_frames = 0  # frames decoded since opening (what re-reading costs)
@@ -174,27 +166,25 @@ class VideoFileFrames(FrameSource):
 
     def close(self) -> None:
         with self._lock:
-            if self._container is not None:
-                self._container.close()
-            self._container, self._decoded = None, None
+            if self._reader is not None:
+                self._reader.close()
+            self._reader, self._decoded = None, None
             self._held.clear()
 
     # -- decoding ---------------------------------------------------------------------------
 
     def _open(self) -> Any:
-        if not isinstance(self._source, str):
-            self._source.seek(0)
-        return self._av.open(self._source, mode="r", stream_options=self._options)
+        """A VideoReader of the file (an open file is read again from its start)."""
+        from sam2serve.engine.video_io import VideoReader
+
+        return VideoReader(self._source, self.name, max_pixels=self._max_pixels)
 
     def _frame_timestamps(self) -> np.ndarray | None:
         """Each frame's pts in presentation order (the i-th smallest is frame i), or None
         when some packet has none (then reading back re-decodes from the start)."""
         pts = []
-        with self._open() as container:
-            stream = container.streams.video[0]
-            for packet in container.demux(stream):
-                if not packet.size:
-                    continue
+        with self._open() as video:
+            for packet in video.packets():
                 if packet.pts is None:
                     return None
                 pts.append(packet.pts)
@@ -202,26 +192,22 @@ class VideoFileFrames(FrameSource):
 
     def _restart(self, index: int, seek: bool) -> None:
         """Open the decoder so that it yields frame ``index`` or an earlier one next."""
-        if self._container is None:
-            self._container = self._open()
-        stream = self._container.streams.video[0]
-        stream.codec_context.options = self._options[0]
+        if self._reader is None:
+            self._reader = self._open()
         if seek and self._decoded is not None and self._pts is not None and index > 0:
-            self._container.seek(int(self._pts[index]), backward=True, stream=stream)
+            self._reader.seek(int(self._pts[index]))
             self.seeks += 1
-            self._decoded = self._container.decode(stream)
+            self._decoded = self._reader.frames()
             self._next = -1  # known from the first frame's pts
         else:
             if self._decoded is not None:  # back to the start: open the file again
-                self._container.close()
-                self._container = self._open()
-                stream = self._container.streams.video[0]
-                stream.codec_context.options = self._options[0]
-            self._decoded = self._container.decode(stream)
+                self._reader.close()
+                self._reader = self._open()
+            self._decoded = self._reader.frames()
             self._next = 0
 
     def _decode_next(self) -> np.ndarray:
-        from sam2serve.engine.video_io import VideoError
+        from sam2serve.engine.video_io import VideoError, as_rgb
 
         assert self._decoded is not None
         try:
@@ -233,13 +219,7 @@ class VideoFileFrames(FrameSource):
             if frame.pts is None:
                 raise VideoError(f"{self.name!r}: a frame without a timestamp after a seek")
             self._next = int(np.searchsorted(self._pts, frame.pts))
-        if (frame.width, frame.height) != (self.width, self.height):
-            raise VideoError(
-                f"{self.name!r}: frame {self._next} is {frame.width}x{frame.height}, its "
-                f"stream declares {self.width}x{self.height}; every frame of a video must "
-                "have one size"
-            )
-        array = np.ascontiguousarray(frame.to_ndarray(format="rgb24"))
+        array = as_rgb(frame)  # the reader checked its size
         self.decoded_frames += 1
         self._held[self._next] = array
         self._held.move_to_end(self._next)

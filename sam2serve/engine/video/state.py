@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sam2serve.engine.video.model import VideoModel
 from sam2serve.engine.video.retention import Retention
 from sam2serve.engine.video.sources import FrameSource
-from sam2serve.modeling.sam2_video import FrameFeatures, SAM2Video
+from sam2serve.modeling.sam2_video import FrameFeatures
 
 
 @dataclass
@@ -140,12 +141,12 @@ class VideoState:
         return total
 
 
-def object_frame_bytes(model: SAM2Video) -> int:
+def object_frame_bytes(model: VideoModel) -> int:
     """Bytes one object holds for each frame it is tracked on (what ``memory_bytes``
     counts per output): memory features, low-res mask logits, object pointer and score."""
     memory_dtype = getattr(torch, model.video_config.memory_dtype_name)
     side = model.image_size // 16  # the memory's feature map (64 at 1024)
     low_res = model.image_size // 4  # the decoder's mask logits (256 at 1024)
-    hidden = model.no_obj_ptr.shape[-1]
-    memory = model.mem_dim * side * side * memory_dtype.itemsize
+    hidden = model.config.d_model  # the object pointer's width
+    memory = model.video_config.mem_dim * side * side * memory_dtype.itemsize
     return memory + low_res * low_res * 4 + hidden * 4 + 4

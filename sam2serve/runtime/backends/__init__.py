@@ -62,11 +62,7 @@ ONNX_EXPORT = "onnx"
 COMPILE_CACHE_EXPORT = "compile-cache"
 COMPILE_CACHE_MODES = ("fast", "furious")
 ONNX_MODES = ("fast", "int8")
-# What runs video tracking: eager (every video mode), and onnxruntime (mode fast, from
-# 'sam2serve export --format onnx --video': sam2serve.runtime.ort_video).
-VIDEO_BACKEND = "eager"
-ONNX_VIDEO_BACKEND = "onnxruntime"
-VIDEO_BACKENDS = (VIDEO_BACKEND, ONNX_VIDEO_BACKEND)
+# What runs video tracking is the trackers' registry: sam2serve.runtime.trackers.
 # The devices artifacts are exported for and run on, per image-path format. Manifests,
 # loaders and checks are per device (the manifest names the device and the compile
 # target), but CUDA is not offered: AOTInductor packages compiled for a GPU crashed the
