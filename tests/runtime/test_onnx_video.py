@@ -381,6 +381,7 @@ def test_export_command_video_flag(monkeypatch, capsys, tmp_path):
 # --------------------------------------------------------------------------- one seam
 
 
+@EXPORTED
 def test_both_models_track_through_the_engines_state(exported, checkpoint, clip, engine_tracked):
     """SAM2Video and OrtVideoModel are each a VideoModel (engine/video/model.py): a state
     built on each tracks a click and a box through the clip alike, and counts the same
@@ -404,6 +405,7 @@ def test_both_models_track_through_the_engines_state(exported, checkpoint, clip,
     assert_tracks_alike(tracked[1], engine_tracked)
 
 
+@EXPORTED
 def test_serve_video_tracks_with_the_onnx_export(exported, clip, engine_tracked):
     """`serve --video --backend onnxruntime --artifacts DIR` (the app built in process from
     its settings): the tracker is the export's video graphs, and an object clicked and
