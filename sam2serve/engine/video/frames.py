@@ -11,8 +11,9 @@ On a GPU the uint8 frame crosses to the device once (from pinned memory, without
 blocking) and is resized and normalised there: :func:`resize_like_pil` is Pillow's
 bicubic resize (its fixed-point coefficients and 8-bit rounding, Resample.c) written with
 torch, equal to Pillow's bytes (tested on the CPU over up- and downscales); no float copy
-of a frame is ever made on the host. On the CPU, Pillow itself resizes (it is faster
-there) and the result is the same.
+of a frame is ever made on the host. On the CPU, and for tall frames whose height shrinks
+(Pillow 13 may resize those vertical pass first), Pillow resizes on the host and only its
+uint8 result crosses; the numbers are the same either way.
 """
 
 from __future__ import annotations
@@ -63,12 +64,23 @@ def preprocess_frame(
     """uint8 (H, W, 3) -> normalised (3, image_size, image_size) on ``device``, in
     ``dtype`` (cast last, after normalising in float32 as Meta does)."""
     device = torch.device(device)
-    if device.type == "cpu":
+    height, width = frame.shape[:2]
+    if device.type == "cpu" or not pillow_order_known(height, width):
+        # Pillow on the host; only its uint8 result crosses to the device.
         resized = np.asarray(Image.fromarray(frame).resize((image_size, image_size)))
-        pixels = torch.from_numpy(resized).permute(2, 0, 1)
+        pixels = upload_uint8(resized, device).permute(2, 0, 1)
     else:
         pixels = resize_like_pil(upload_uint8(frame, device).permute(2, 0, 1), image_size)
     return normalise(pixels).to(dtype)
+
+
+def pillow_order_known(height: int, width: int) -> bool:
+    """Whether Pillow resizes an ``height`` x ``width`` image to a square horizontal pass
+    first, as :func:`resize_like_pil` does. Pillow 13 resizes some tall images whose
+    height shrinks vertical pass first (each pass rounds to 8 bits, so the order shows in
+    the bytes); an image no taller than wide is always horizontal first (measured over
+    random sizes; the tests hold it to Pillow's bytes). Others are resized by Pillow."""
+    return height <= width
 
 
 def upload_uint8(pixels: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -163,27 +175,13 @@ def upload_array(values: np.ndarray, device: torch.device) -> torch.Tensor:
 
 def resize_like_pil(pixels: torch.Tensor, image_size: int) -> torch.Tensor:
     """uint8 (C, H, W) on any device -> uint8 (C, image_size, image_size), byte for byte
-    ``PIL.Image.resize((image_size, image_size))`` (bicubic, no reducing gap): a
-    horizontal and a vertical pass, each rounded to 8 bits and run only if that side
-    changes, in Pillow's order."""
+    ``PIL.Image.resize((image_size, image_size))`` (bicubic, no reducing gap) where
+    :func:`pillow_order_known`: the horizontal pass, rounded to 8 bits, then the vertical
+    one, each only if that side changes."""
     if pixels.dtype != torch.uint8 or pixels.ndim != 3:
         raise FrameError(f"expected uint8 (C, H, W) pixels, got {pixels.dtype} {pixels.shape}")
-    height, width = pixels.shape[1:]
-    # Pillow (13) runs first the pass whose intermediate image is smaller, the horizontal
-    # one on a tie; each pass rounds to 8 bits, so the order changes the bytes.
-    passes = [_horizontal, _vertical]
-    if width * image_size < image_size * height:
-        passes.reverse()
-    for resample in passes:
-        pixels = resample(pixels, image_size)
+    if pixels.shape[2] != image_size:
+        pixels = _resample_last_axis(pixels, image_size)
+    if pixels.shape[1] != image_size:
+        pixels = _resample_last_axis(pixels.transpose(1, 2), image_size).transpose(1, 2)
     return pixels.contiguous()
-
-
-def _horizontal(pixels: torch.Tensor, size: int) -> torch.Tensor:
-    return pixels if pixels.shape[2] == size else _resample_last_axis(pixels, size)
-
-
-def _vertical(pixels: torch.Tensor, size: int) -> torch.Tensor:
-    if pixels.shape[1] == size:
-        return pixels
-    return _resample_last_axis(pixels.transpose(1, 2), size).transpose(1, 2)
