@@ -292,7 +292,12 @@ class MaskGenerator:
             embedding = self.predictor.encode(crop)
         # Grid scaled to crop pixels in float64, then float32 for the model, as Meta does.
         grid = self._layer_grids[layer] * np.array(crop_size[::-1], dtype=np.float64)
-        points = torch.as_tensor(grid, dtype=torch.float32, device=self.predictor.device)
+        # One upload per crop, not blocking the host (pinned on CUDA).
+        host = torch.from_numpy(grid.astype(np.float32))
+        device = torch.device(self.predictor.device)
+        if device.type == "cuda":
+            host = host.pin_memory()
+        points = host.to(device, non_blocking=True)
         # The decoder's per-image work (the fast decoder's image side) is done once per crop.
         context = self.predictor.decoder_context(embedding)
         parts = []
