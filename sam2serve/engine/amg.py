@@ -65,7 +65,7 @@ from sam2serve.engine.masks import (
 )
 from sam2serve.engine.nms import batched_nms, box_area
 from sam2serve.engine.predictor import LOW_RES_CLAMP, DecoderContext, Embedding, Predictor
-from sam2serve.engine.rle import Rle, area_from_rle, masks_to_rle, rle_to_mask
+from sam2serve.engine.rle import Runs, masks_to_runs, rle_to_mask
 
 __all__ = [
     "OUTPUT_MODES",
@@ -78,8 +78,8 @@ __all__ = [
     "finite_or_none",
 ]
 
-# Turns (N, H, W) bool masks into their RLEs.
-RleEncoder = Callable[[torch.Tensor], list[Rle]]
+# Turns (N, H, W) bool masks into their RLEs, packed (engine.rle.Runs).
+RleEncoder = Callable[[torch.Tensor], Runs]
 # progress(done, total): decoder batches finished so far and in all, over all crops.
 Progress = Callable[[int, int], None]
 
@@ -110,12 +110,14 @@ def finite_or_none(value: float) -> float | None:
 
 @dataclass(frozen=True)
 class _Masks:
-    """Masks kept so far, in image coordinates: RLEs on the host, the rest on the device.
+    """Masks kept so far, in image coordinates: RLEs on the host, packed in two numpy
+    arrays (a keep-all run has thousands of masks of ~10^4 runs each: Python lists of
+    their counts cost most of its time), the rest on the device.
 
     Meta's ``MaskData`` reduced to the fields AMG needs; every tensor has one row per RLE.
     """
 
-    rles: list[Rle]
+    runs: Runs
     boxes: torch.Tensor  # (N, 4) int64 XYXY, inclusive max, image frame
     iou_preds: torch.Tensor  # (N,) float32
     stability_scores: torch.Tensor  # (N,) float32
@@ -123,15 +125,15 @@ class _Masks:
     crop_boxes: torch.Tensor  # (N, 4) int64 XYXY of the crop the mask came from
 
     def __len__(self) -> int:
-        return len(self.rles)
+        return len(self.runs)
 
     @staticmethod
-    def empty(device: torch.device) -> _Masks:
+    def empty(device: torch.device, size: tuple[int, int]) -> _Masks:
         def zeros(*shape: int, dtype: torch.dtype) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
 
         return _Masks(
-            [],
+            Runs.empty(size),
             zeros(0, 4, dtype=torch.int64),
             zeros(0, dtype=torch.float32),
             zeros(0, dtype=torch.float32),
@@ -140,10 +142,10 @@ class _Masks:
         )
 
     def select(self, index: torch.Tensor) -> _Masks:
-        """The masks at ``index`` (int64 positions, in that order)."""
-        positions = index.tolist()
+        """The masks at ``index`` (int64 positions, in that order): the positions cross
+        to the host once, for the RLEs."""
         return _Masks(
-            [self.rles[i] for i in positions],
+            self.runs.select(index.cpu().numpy()),
             self.boxes[index],
             self.iou_preds[index],
             self.stability_scores[index],
@@ -152,13 +154,13 @@ class _Masks:
         )
 
     @staticmethod
-    def concat(parts: Sequence[_Masks], device: torch.device) -> _Masks:
+    def concat(parts: Sequence[_Masks], device: torch.device, size: tuple[int, int]) -> _Masks:
         if not parts:
-            return _Masks.empty(device)
+            return _Masks.empty(device, size)
         if len(parts) == 1:
             return parts[0]
         return _Masks(
-            [rle for part in parts for rle in part.rles],
+            Runs.concat([part.runs for part in parts], size),
             *(
                 torch.cat([getattr(p, name) for p in parts])
                 for name in ("boxes", "iou_preds", "stability_scores", "points", "crop_boxes")
@@ -201,7 +203,7 @@ class MaskGenerator:
         predictor: Predictor,
         params: AMGParams | None = None,
         *,
-        rle: RleEncoder = masks_to_rle,
+        rle: RleEncoder = masks_to_runs,
         **overrides: Any,
     ) -> None:
         if params is not None and not isinstance(params, AMGParams):
@@ -266,7 +268,7 @@ class MaskGenerator:
             parts.append(
                 self._process_crop(image, crop_box, layer, crop_embedding, batch_size, ticker)
             )
-        masks = _Masks.concat(parts, self.predictor.device)
+        masks = _Masks.concat(parts, self.predictor.device, (height, width))
         if len(crop_boxes) > 1 and len(masks):
             # Duplicates between crops: prefer the mask from the smaller crop, which saw
             # the object at a higher resolution.
@@ -290,7 +292,12 @@ class MaskGenerator:
             embedding = self.predictor.encode(crop)
         # Grid scaled to crop pixels in float64, then float32 for the model, as Meta does.
         grid = self._layer_grids[layer] * np.array(crop_size[::-1], dtype=np.float64)
-        points = torch.as_tensor(grid, dtype=torch.float32, device=self.predictor.device)
+        # One upload per crop, not blocking the host (pinned on CUDA).
+        host = torch.from_numpy(grid.astype(np.float32))
+        device = torch.device(self.predictor.device)
+        if device.type == "cuda":
+            host = host.pin_memory()
+        points = host.to(device, non_blocking=True)
         # The decoder's per-image work (the fast decoder's image side) is done once per crop.
         context = self.predictor.decoder_context(embedding)
         parts = []
@@ -299,7 +306,7 @@ class MaskGenerator:
                 self._process_batch(context, points[batch], crop_box, crop_size, image.shape[:2])
             )
             ticker.tick()
-        masks = _Masks.concat(parts, self.predictor.device)
+        masks = _Masks.concat(parts, self.predictor.device, image.shape[:2])
         if not len(masks):
             return masks
         return masks.select(_nms(masks.boxes, masks.iou_preds, self.params.box_nms_thresh))
@@ -362,14 +369,14 @@ class MaskGenerator:
             t[index] for t in (masks, boxes, iou_preds, points, stability)
         )
 
-        rles = self._rle(uncrop_masks(masks, crop_box, height, width))
+        runs = self._rle(uncrop_masks(masks, crop_box, height, width))
         return _Masks(
-            rles,
+            runs,
             uncrop_boxes_xyxy(boxes, crop_box),
             iou_preds,
             stability,
             uncrop_points(points, crop_box),
-            _rows_equal_to(crop_box, len(rles), boxes.device),
+            _rows_equal_to(crop_box, len(runs), boxes.device),
         )
 
     def _refine(
@@ -426,30 +433,41 @@ class MaskGenerator:
             return masks
         area = self.params.min_mask_region_area
         changed_rows, cleaned = [], []
-        for row, rle in enumerate(masks.rles):
-            mask, filled = remove_small_regions(rle_to_mask(rle), area, mode="holes")
+        for row in range(len(masks)):
+            mask, filled = remove_small_regions(
+                rle_to_mask(masks.runs.rle(row)), area, mode="holes"
+            )
             mask, dropped = remove_small_regions(mask, area, mode="islands")
             if filled or dropped:
                 changed_rows.append(row)
                 cleaned.append(mask)
         device = masks.boxes.device
-        rles, boxes = list(masks.rles), masks.boxes.clone()
+        runs, boxes = masks.runs, masks.boxes.clone()
         unchanged = torch.ones(len(masks), dtype=torch.float32, device=device)
         if changed_rows:
             new_masks = torch.from_numpy(np.stack(cleaned)).to(device)
             rows = torch.tensor(changed_rows, dtype=torch.int64, device=device)
             boxes[rows] = batched_mask_to_box(new_masks)
             unchanged[rows] = 0.0
-            for row, rle in zip(changed_rows, masks_to_rle(new_masks), strict=True):
-                rles[row] = rle
+            # Row i of the result: the cleaned mask where it changed, else the old one.
+            positions = np.arange(len(masks))
+            positions[changed_rows] = len(masks) + np.arange(len(changed_rows))
+            joined = Runs.concat([runs, masks_to_runs(new_masks)], runs.size)
+            runs = joined.select(positions)
         nms_thresh = max(self.params.box_nms_thresh, self.params.crop_nms_thresh)
         keep = _nms(boxes, unchanged, nms_thresh)
-        updated = dataclasses.replace(masks, rles=rles, boxes=boxes)
+        updated = dataclasses.replace(masks, runs=runs, boxes=boxes)
         return updated.select(keep)
 
     def _records(self, masks: _Masks) -> list[MaskRecord]:
-        """Meta's record dicts; the per-mask tensors cross to the host here, once each."""
-        segmentations = [encode_mask(rle, self.params.output_mode) for rle in masks.rles]
+        """Meta's record dicts; the per-mask tensors cross to the host here, once each.
+        COCO strings and areas are made for all masks in one numpy pass each."""
+        mode = self.params.output_mode
+        if mode == "coco_rle":
+            segmentations = masks.runs.coco()
+        else:
+            segmentations = [encode_mask(masks.runs.rle(i), mode) for i in range(len(masks))]
+        areas = masks.runs.areas().tolist()
         # Meta moves everything to float32 numpy before writing records, so boxes and
         # crop boxes are lists of floats; the same values here. The fields cross to the
         # host as one float64 table (float32 values are exact in float64): one transfer.
@@ -467,7 +485,7 @@ class MaskGenerator:
         return [
             MaskRecord(
                 segmentation=segmentations[i],
-                area=area_from_rle(masks.rles[i]),
+                area=areas[i],
                 bbox=row[0:4],
                 predicted_iou=row[10],
                 point_coords=[row[8:10]],

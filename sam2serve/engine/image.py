@@ -207,7 +207,8 @@ def preprocess(
 ) -> torch.Tensor:
     """Model input (B, 3, S, S) from uint8 RGB (H, W, 3) images of any sizes.
 
-    Each image is moved to `device` as uint8 (a quarter of the float bytes), scaled to
+    Each image is moved to `device` as uint8 (a quarter of the float bytes; from pinned
+    memory without blocking on CUDA), scaled to
     [0, 1], resized to S x S with antialiased bilinear interpolation, then the batch is
     normalised with ImageNet mean/std and cast to `dtype` last, so reduced precision
     never touches the resize. This matches SAM2Transforms (torchvision ToTensor, Resize,
@@ -217,9 +218,13 @@ def preprocess(
         raise ImageError("preprocess expects a non-empty sequence of (H, W, 3) uint8 arrays")
     resized = [_resize_one(image, image_size, device, i) for i, image in enumerate(images)]
     batch = torch.stack(resized)
-    mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float32, device=batch.device)
-    std = torch.tensor(IMAGENET_STD, dtype=torch.float32, device=batch.device)
-    batch = (batch - mean[:, None, None]) / std[:, None, None]
+    # Mean and std filled in on the device from Python floats: a tensor made from them
+    # on the host would be a blocking upload per call.
+    stats = torch.empty((2, 3, 1, 1), dtype=torch.float32, device=batch.device)
+    for channel in range(3):
+        stats[0, channel] = IMAGENET_MEAN[channel]
+        stats[1, channel] = IMAGENET_STD[channel]
+    batch = (batch - stats[0]) / stats[1]
     return batch.to(dtype)
 
 
@@ -243,7 +248,11 @@ def _resize_one(
         )
     # Decoded images are read-only views of Pillow's buffer; torch wants writable memory.
     writable = image.flags.writeable and image.flags.c_contiguous
-    pixels = torch.from_numpy(image if writable else np.array(image, order="C")).to(device)
+    host = torch.from_numpy(image if writable else np.array(image, order="C"))
+    device = torch.device(device)
+    if device.type == "cuda":  # one uint8 copy, from pinned memory, not blocking the host
+        host = host.pin_memory()
+    pixels = host.to(device, non_blocking=True)
     # CHW and contiguous, as ToTensor produces: interpolate's result depends on layout.
     chw = pixels.permute(2, 0, 1).contiguous()
     if chw[0].numel() <= _WHOLE_IMAGE_PIXELS:

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 __all__ = [
+    "Runs",
     "area_from_rle",
     "coco_to_rle",
     "masks_to_coco",
     "masks_to_rle",
+    "masks_to_runs",
     "rle_to_coco",
     "rle_to_mask",
 ]
@@ -81,23 +84,93 @@ def _run_lengths(masks: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     return runs, np.concatenate(([0], np.cumsum(lengths)))
 
 
+@dataclass(frozen=True)
+class Runs:
+    """The uncompressed RLEs of a batch of masks of one size, packed into two arrays: mask
+    ``i``'s counts are ``runs[offsets[i]:offsets[i + 1]]``. Selecting, joining, areas and
+    COCO strings are numpy passes over all masks at once; a Python list of counts is only
+    made for a mask handed out as an uncompressed RLE (``rle``). Every mask has >= 1 run."""
+
+    size: tuple[int, int]  # (h, w)
+    runs: np.ndarray  # int64
+    offsets: np.ndarray  # int64, (len + 1,), starting at 0
+
+    def __len__(self) -> int:
+        return self.offsets.size - 1
+
+    @staticmethod
+    def empty(size: tuple[int, int]) -> Runs:
+        return Runs(size, np.zeros(0, np.int64), np.zeros(1, np.int64))
+
+    def rle(self, i: int) -> Rle:
+        """Mask ``i`` as an uncompressed RLE (counts as a list of ints)."""
+        counts = self.runs[self.offsets[i] : self.offsets[i + 1]].tolist()
+        return {"size": list(self.size), "counts": counts}
+
+    def rles(self) -> list[Rle]:
+        return [self.rle(i) for i in range(len(self))]
+
+    def select(self, positions: np.ndarray | Sequence[int]) -> Runs:
+        """The masks at ``positions``, in that order."""
+        positions = np.asarray(positions, dtype=np.int64).reshape(-1)
+        starts = self.offsets[positions]
+        lengths = self.offsets[positions + 1] - starts
+        offsets = np.zeros(positions.size + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        gather = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return Runs(self.size, self.runs[gather], offsets)
+
+    @staticmethod
+    def concat(parts: Sequence[Runs], size: tuple[int, int]) -> Runs:
+        if not parts:
+            return Runs.empty(size)
+        if len(parts) == 1:
+            return parts[0]
+        if any(part.size != size for part in parts):
+            raise ValueError(f"cannot join runs of sizes {[p.size for p in parts]} into {size}")
+        shifts = np.cumsum([0] + [part.runs.size for part in parts[:-1]])
+        offsets = [parts[0].offsets[:1]] + [
+            part.offsets[1:] + shift for part, shift in zip(parts, shifts, strict=True)
+        ]
+        return Runs(size, np.concatenate([p.runs for p in parts]), np.concatenate(offsets))
+
+    def areas(self) -> np.ndarray:
+        """Set pixels per mask (int64): the sum of each mask's odd-indexed runs."""
+        position = np.arange(self.runs.size) - np.repeat(self.offsets[:-1], np.diff(self.offsets))
+        ones = np.where(position % 2 == 1, self.runs, 0)
+        total = np.concatenate(([0], np.cumsum(ones)))
+        return total[self.offsets[1:]] - total[self.offsets[:-1]]
+
+    def coco(self) -> list[Rle]:
+        """Every mask as a COCO compressed RLE (``rle_to_coco`` of each, in one pass)."""
+        if not len(self):
+            return []
+        texts = _encode_counts_batch(self.runs, self.offsets)
+        return [{"size": list(self.size), "counts": text} for text in texts]
+
+
+def masks_to_runs(masks: torch.Tensor) -> Runs:
+    """The RLEs of a batch of boolean masks (B, H, W), on any device, packed as
+    :class:`Runs`: the runs are found on the device for the whole batch and cross to the
+    host in one transfer; the split per mask is numpy's."""
+    _check_masks(masks)
+    batch, h, w = masks.shape
+    if batch == 0:
+        return Runs.empty((h, w))
+    if h * w == 0:
+        # pycocotools encodes an empty image as a single zero-length run.
+        return Runs((h, w), np.zeros(batch, np.int64), np.arange(batch + 1, dtype=np.int64))
+    runs, offsets = _run_lengths(masks)
+    return Runs((h, w), runs.astype(np.int64, copy=False), offsets.astype(np.int64))
+
+
 def masks_to_rle(masks: torch.Tensor) -> list[Rle]:
     """Uncompressed RLEs of a batch of boolean masks (B, H, W), on any device.
 
     Runs are found on the device for the whole batch at once and copied to the host in one
     transfer; the per-mask split happens on the host with numpy.
     """
-    _check_masks(masks)
-    batch, h, w = masks.shape
-    if batch == 0:
-        return []
-    if h * w == 0:
-        # pycocotools encodes an empty image as a single zero-length run.
-        return [{"size": [h, w], "counts": [0]} for _ in range(batch)]
-    runs, offsets = _run_lengths(masks)
-    return [
-        {"size": [h, w], "counts": runs[offsets[i] : offsets[i + 1]].tolist()} for i in range(batch)
-    ]
+    return masks_to_runs(masks).rles()
 
 
 def masks_to_coco(masks: torch.Tensor) -> tuple[list[Rle], list[int]]:

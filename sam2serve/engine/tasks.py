@@ -54,10 +54,12 @@ from sam2serve.engine.predictor import Embedding, Predictor
 from sam2serve.engine.prompts import Prompt, as_prompt, prompt_arrays
 from sam2serve.engine.rle import (
     Rle,
+    Runs,
     area_from_rle,
     coco_to_rle,
     masks_to_coco,
     masks_to_rle,
+    masks_to_runs,
     rle_to_coco,
 )
 from sam2serve.engine.rle import rle_to_mask as _rle_to_mask
@@ -241,11 +243,12 @@ def rle_encoder(batch_rle: bool, timer: StageTimer | None = None) -> RleEncoder:
     """How AMG turns a batch's masks into RLE: batched (one host sync) or one mask at a
     time (the reference's way), timed as the ``rle`` stage when there is a timer."""
 
-    def encode(masks: torch.Tensor) -> list[Rle]:
+    def encode(masks: torch.Tensor) -> Runs:
         with _stage(timer, "rle"):
             if batch_rle:
-                return masks_to_rle(masks)
-            return [rle for mask in masks for rle in masks_to_rle(mask[None])]
+                return masks_to_runs(masks)
+            size = (masks.shape[1], masks.shape[2])
+            return Runs.concat([masks_to_runs(mask[None]) for mask in masks], size)
 
     return encode
 

@@ -11,12 +11,14 @@ from reference import import_reference
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sam2serve.engine.rle import (
+    Runs,
     _coco_on_device,
     area_from_rle,
     checked_counts,
     coco_to_rle,
     masks_to_coco,
     masks_to_rle,
+    masks_to_runs,
     rle_to_coco,
     rle_to_mask,
 )
@@ -107,6 +109,37 @@ def test_batch_matches_per_mask_and_meta():
     batched = masks_to_rle(masks)
     assert batched == [masks_to_rle(m[None])[0] for m in masks]
     assert batched == mask_to_rle_pytorch(masks)
+
+
+def test_packed_runs_select_join_and_encode_like_each_mask():
+    """AMG keeps its masks as packed Runs: selecting (repeats, reordering, nothing),
+    joining, areas and COCO strings give exactly the per-mask functions' values."""
+    rng = np.random.default_rng(5)
+    masks = torch.from_numpy(rng.random((7, 13, 11)) < 0.4)
+    masks[0], masks[1], masks[2, 0, 0] = False, True, True
+    runs = masks_to_runs(masks)
+    rles = masks_to_rle(masks)
+    assert len(runs) == 7 and runs.rles() == rles and runs.runs.dtype == np.int64
+    assert runs.areas().tolist() == [int(m.sum()) for m in masks]
+    assert runs.coco() == [rle_to_coco(rle) for rle in rles]
+    assert all(
+        c == coco_encode(m.numpy())["counts"].decode()
+        for c, m in zip((c["counts"] for c in runs.coco()), masks, strict=True)
+    )
+    picked = runs.select(np.array([6, 0, 6, 3]))
+    assert picked.rles() == [rles[i] for i in (6, 0, 6, 3)]
+    assert picked.areas().tolist() == [int(masks[i].sum()) for i in (6, 0, 6, 3)]
+    nothing = runs.select(np.zeros(0, np.int64))
+    assert len(nothing) == 0 and nothing.rles() == [] and nothing.coco() == []
+    assert nothing.areas().tolist() == []
+    joined = Runs.concat([runs.select([2]), nothing, runs, runs.select([1, 0])], (13, 11))
+    assert joined.rles() == [rles[2], *rles, rles[1], rles[0]]
+    assert Runs.concat([], (13, 11)).rles() == []
+    with pytest.raises(ValueError, match="sizes"):
+        Runs.concat([runs, masks_to_runs(torch.zeros(1, 3, 3, dtype=torch.bool))], (13, 11))
+    empty_image = masks_to_runs(torch.zeros(2, 0, 4, dtype=torch.bool))
+    assert empty_image.rles() == masks_to_rle(torch.zeros(2, 0, 4, dtype=torch.bool))
+    assert empty_image.areas().tolist() == [0, 0]
 
 
 def test_batch_to_coco_equals_per_mask_path_and_pycocotools():

@@ -5,6 +5,7 @@ decoder loop asks for its filters' and its RLE's only."""
 
 from __future__ import annotations
 
+import fnmatch
 from collections import Counter
 
 import numpy as np
@@ -177,3 +178,64 @@ def test_amg_decoder_loop_asks_only_for_its_filters_and_rle(image_predictors):
     batches = 16 // 4
     assert per_batch == Counter({("nonzero", batch): 2 * batches})
     assert len(in_decoder) == batches
+
+
+# The documented points where AMG asks the device for host values (engine/amg.py), by the
+# innermost engine function that asks: the filters' row selections, the decoder's passing
+# rows, each batch's one RLE transfer (engine.rle: change points, packed as Runs), NMS's
+# kept rows (in engine.nms and for the packed RLEs) and the records handed out.
+AMG_POINTS = [
+    "sam2serve.engine.amg.MaskGenerator._process_batch",
+    "sam2serve.engine.predictor.*_passing_rows",
+    "sam2serve.engine.rle._run_lengths",
+    "sam2serve.engine.nms.*",
+    "sam2serve.engine.amg._Masks.select",
+    "sam2serve.engine.amg.MaskGenerator._records",
+]
+KEEP_ALL = {"points_per_side": 4, "points_per_batch": 4, "pred_iou_thresh": 0.0}
+KEEP_ALL["stability_score_thresh"] = 0.0
+
+
+def amg_syncs(generator, image):
+    """Every request keep-all AMG makes, and those made outside the documented points."""
+    with SyncGuard(raise_on_sync=False, device="cpu") as guard:
+        records = generator.generate(image)
+    assert records, "thresholds at 0 keep masks"
+    functions = [s.where.split(":")[0] for s in guard.syncs]
+    outside = [f for f in functions if not any(fnmatch.fnmatch(f, p) for p in AMG_POINTS)]
+    return guard.syncs, outside
+
+
+def test_keep_all_amg_asks_for_host_values_only_at_its_documented_points(image_predictors):
+    """Keep-all AMG (thresholds 0, every mask RLE-encoded), the whole generate: requests
+    only at the documented points; the RLE crosses once per batch (two numpy views on the
+    CPU, one transfer on a GPU) and nothing is asked per mask (the masks stay packed)."""
+    predictors, image = image_predictors
+    syncs, outside = amg_syncs(MaskGenerator(predictors[1], **KEEP_ALL), image)
+    assert outside == []
+    batches = 16 // 4
+    rle = [s for s in syncs if s.where.startswith("sam2serve.engine.rle.")]
+    assert 1 <= len(rle) <= 2 * batches
+    # Uploads do not block, but NMS's kept rows' (engine.nms, left as it is).
+    uploads = [s.where for s in syncs if s.kind == "upload"]
+    assert all(where.startswith("sam2serve.engine.nms.") for where in uploads)
+    # Nothing scales with the number of masks: the same count with 1 or 3 masks a click.
+    single = MaskGenerator(predictors[1], multimask_output=False, **KEEP_ALL)
+    assert len(amg_syncs(single, image)[0]) == len(syncs)
+
+
+def test_an_rle_per_mask_fails_the_amg_counts(image_predictors, monkeypatch):
+    """Not vacuous: encoding each mask on its own (a transfer per mask) is seen."""
+    from sam2serve.engine.rle import Runs, masks_to_runs
+
+    predictors, image = image_predictors
+
+    def per_mask(masks):
+        size = (masks.shape[1], masks.shape[2])
+        return Runs.concat([masks_to_runs(m[None]) for m in masks], size)
+
+    generator = MaskGenerator(predictors[1], **KEEP_ALL)
+    monkeypatch.setattr(generator, "_rle", per_mask)
+    syncs, _ = amg_syncs(generator, image)
+    rle = [s for s in syncs if s.where.startswith("sam2serve.engine.rle.")]
+    assert len(rle) > 2 * (16 // 4)

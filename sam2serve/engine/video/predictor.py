@@ -134,10 +134,9 @@ class VideoPredictor:
     def frame_features(self, state: VideoState, frame_idx: int) -> FrameFeatures:
         features = state.features.get(frame_idx)
         if features is None:
-            image = preprocess_frame(state.source.frame(frame_idx), self.model.image_size)
-            features = self.model.encode_frames(
-                image.unsqueeze(0).to(state.device), self.encoder_autocast_dtype
-            )
+            frame = state.source.frame(frame_idx)  # uint8: crosses to the device as is
+            image = preprocess_frame(frame, self.model.image_size, state.device)
+            features = self.model.encode_frames(image.unsqueeze(0), self.encoder_autocast_dtype)
             state.features.put(frame_idx, features)
         return features
 
