@@ -58,6 +58,17 @@ def grid_rotations(
         return freqs, freqs.real.contiguous(), freqs.imag.contiguous()
 
 
+@functools.lru_cache(maxsize=16)
+def grid_rotations_as(
+    head_dim: int, tokens: int, theta: float, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`grid_rotations`' real and imaginary parts in ``dtype`` (bf16 / fp16 for the
+    reduced-precision memory attention), converted once and kept."""
+    _, cos, sin = grid_rotations(head_dim, tokens, theta, device)
+    with torch.inference_mode(False):
+        return cos.to(dtype), sin.to(dtype)
+
+
 def rotate(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     """Rotate (..., N, D) by freqs (N, D/2) complex; consecutive channel pairs are the
     real and imaginary parts."""
@@ -65,11 +76,15 @@ def rotate(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(as_complex * freqs).flatten(-2).type_as(x)
 
 
-def rotate_real(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate_real(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, native: bool = False
+) -> torch.Tensor:
     """:func:`rotate` in real arithmetic, ``cos`` / ``sin`` (N, D/2) the rotations' real and
     imaginary parts: (a + bi)(c + di) = (ac - bd) + (ad + bc)i, each product rounded and
-    then summed, as torch's complex multiplication does, so the result is bit-identical."""
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    then summed, as torch's complex multiplication does, so the result is bit-identical.
+    ``native``: in ``x``'s own dtype (cos / sin in it too), not in float32: the
+    reduced-precision attention's way, with no round trip of x through float32."""
+    pairs = (x if native else x.float()).reshape(*x.shape[:-1], -1, 2)
     real, imag = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack([real * cos - imag * sin, real * sin + imag * cos], dim=-1)
     return rotated.flatten(-2).type_as(x)
@@ -109,6 +124,12 @@ class RoPEAttention(nn.Module):
 
     def _rotate(self, x: torch.Tensor, grid_tokens: int) -> torch.Tensor:
         """x (..., grid_tokens, D) rotated by the grid's positions."""
+        if x.dtype in (torch.bfloat16, torch.float16):
+            # Reduced precision (furious): rotate in it, never round-tripping via float32.
+            cos, sin = grid_rotations_as(
+                self.head_dim, int(grid_tokens), self.rope_theta, x.device, x.dtype
+            )
+            return rotate_real(x, cos, sin, native=True)
         freqs, cos, sin = self.frequencies(grid_tokens, x.device)
         if torch.onnx.is_in_onnx_export():
             return rotate_real(x, cos, sin)

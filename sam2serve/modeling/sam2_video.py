@@ -14,6 +14,7 @@ every key. Which frames enter the memory bank is the predictor's business
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -166,15 +167,18 @@ class SAM2Video(SAM2Image):
         ``memory_pos`` (1, mem_dim, 64, 64) is the memory encoder's (constant) position
         encoding. Memory tokens come in the given order, then the object-pointer tokens;
         ``batch`` objects' (the memories' and pointers' batch).
-        ``autocast_dtype``: the attention layers run under autocast to it (furious mode:
-        they are most of a tracked frame's work); the result is float32 either way.
+        ``autocast_dtype``: the attention runs in that dtype (furious mode: it is most of a
+        tracked frame's work) on weights kept in it (:meth:`memory_attention_in`), its
+        inputs converted once (the stored bf16 memories not at all); the result is float32
+        either way.
         """
         device = frame.vision_feats.device
+        dtype = torch.float32 if autocast_dtype is None else autocast_dtype
         features = torch.stack([memory.features for memory in memories], dim=1)
         slots = [memory.tpos_index for memory in memories]
         per_object = _per_object(slots, batch)
         tpos_index = upload(slots if per_object is None else per_object, device)
-        tokens, token_pos = self.memory_tokens(features, tpos_index, memory_pos)
+        tokens, token_pos = self.memory_tokens(features, tpos_index, memory_pos, dtype)
         num_ptr_tokens = 0
         if pointers is not None and pointers.distances:
             per_object = _per_object(pointers.distances, batch)
@@ -182,34 +186,62 @@ class SAM2Video(SAM2Image):
             ptr_tokens, ptr_pos = self.pointer_tokens(
                 pointers.pointers.permute(1, 0, 2), distances / pointers.max_distance
             )
-            tokens = torch.cat([tokens, ptr_tokens], dim=1)
-            token_pos = torch.cat([token_pos, ptr_pos], dim=1)
+            tokens = torch.cat([tokens, ptr_tokens.to(dtype)], dim=1)
+            token_pos = torch.cat([token_pos, ptr_pos.to(dtype)], dim=1)
             num_ptr_tokens = ptr_tokens.shape[1]
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            out = self.attend_memory(
-                frame.vision_feats, frame.vision_pos, tokens, token_pos, num_ptr_tokens
-            )
+        out = self.attend_memory(
+            frame.vision_feats.to(dtype),
+            frame.vision_pos.to(dtype),
+            tokens,
+            token_pos,
+            num_ptr_tokens,
+            self.memory_attention_in(dtype),
+        )
         if autocast_dtype == torch.float16:
             raise_on_overflow([out], "memory attention")
         return out.float()
 
+    def memory_attention_in(self, dtype: torch.dtype) -> nn.Module:
+        """The memory attention with its weights in ``dtype``: the module itself in its
+        own dtype, else a copy made once and kept (not a parameter: checkpoints and
+        ``.to()`` never see it; made again if the model moved). Running the reduced
+        precision on reduced weights, not under autocast, is what keeps a tracked frame
+        free of casts: autocast caches no weight cast under inference mode, so it would
+        convert every weight on every frame, and its fp32 residual stream would convert
+        every layer's input and the whole memory bank (up to 4 times) again."""
+        attention = self.memory_attention
+        weight = attention.norm.weight
+        if dtype == weight.dtype:
+            return attention
+        key = (dtype, weight.device)
+        cache = self.__dict__.setdefault("_reduced_attention", {})
+        if key not in cache:
+            cache.clear()
+            with torch.inference_mode(False), torch.no_grad():
+                cache[key] = copy.deepcopy(attention).to(dtype)
+        return cache[key]
+
     def memory_tokens(
-        self, features: torch.Tensor, tpos_index: torch.Tensor, memory_pos: torch.Tensor
+        self,
+        features: torch.Tensor,
+        tpos_index: torch.Tensor,
+        memory_pos: torch.Tensor,
+        dtype: torch.dtype = torch.float32,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Spatial memories (B, N, mem_dim, H, W) of N frames, any float dtype, and their
         slots in the temporal embedding, (N,) shared or (B, N) per object -> tokens and
-        their positions, both (B, N * H * W, mem_dim) float32, frame by frame: each position
+        their positions, both (B, N * H * W, mem_dim) in ``dtype``, frame by frame: each position
         is the memories' spatial encoding ``memory_pos`` (1, mem_dim, H, W) plus its frame's
         maskmem_tpos_enc.
         """
         b, n, c = features.shape[:3]
-        tokens = features.float().flatten(3).transpose(2, 3).reshape(b, -1, c)
+        tokens = features.to(dtype).flatten(3).transpose(2, 3).reshape(b, -1, c)
         spatial_pos = memory_pos.flatten(2).transpose(1, 2)  # (1, HW, mem_dim)
         if tpos_index.dim() == 2:  # per object: the same sums, one bank per row
             tpos = self.maskmem_tpos_enc[tpos_index].reshape(b, n, 1, c)
-            return tokens, (spatial_pos + tpos).reshape(b, -1, c)
+            return tokens, (spatial_pos + tpos).reshape(b, -1, c).to(dtype)
         tpos = self.maskmem_tpos_enc[tpos_index].reshape(-1, 1, c)  # (N, 1, mem_dim)
-        pos = (spatial_pos + tpos).reshape(1, -1, c).expand(b, -1, -1)
+        pos = (spatial_pos + tpos).reshape(1, -1, c).to(dtype).expand(b, -1, -1)
         return tokens, pos
 
     def pointer_tokens(
@@ -237,15 +269,18 @@ class SAM2Video(SAM2Image):
         memory: torch.Tensor,
         memory_pos: torch.Tensor,
         num_ptr_tokens: int,
+        attention: nn.Module | None = None,
     ) -> torch.Tensor:
         """A frame's features (1, C, H, W) with their sine encoding (1, C, H, W) attended to
         B objects' memory tokens and positions (B, M, mem_dim), whose last ``num_ptr_tokens``
-        are object pointers (no rotary position) -> (B, C, H, W)."""
+        are object pointers (no rotary position) -> (B, C, H, W); ``attention``: the memory
+        attention to run (default: the model's own)."""
         batch = memory.shape[0]
         _, c, h, w = vision_feats.shape
         curr = vision_feats.flatten(2).transpose(1, 2).expand(batch, -1, -1)
         curr_pos = vision_pos.flatten(2).transpose(1, 2).expand(batch, -1, -1)
-        out = self.memory_attention(curr, curr_pos, memory, memory_pos, num_ptr_tokens)
+        attention = self.memory_attention if attention is None else attention
+        out = attention(curr, curr_pos, memory, memory_pos, num_ptr_tokens)
         return out.transpose(1, 2).reshape(batch, c, h, w)
 
     # -- SAM heads ----------------------------------------------------------------------------

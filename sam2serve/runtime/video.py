@@ -7,9 +7,12 @@ The modes' video meaning is declared in :mod:`sam2serve.runtime.modes`
 
 - ``baseline`` and ``fast``: Meta's tracker in eager fp32 (fast has no change of its own
   for tracking yet: see the modes' module).
-- ``furious``: the image encoder in the spec's reduced dtype the way the image path runs
-  it (:func:`~sam2serve.runtime.build.encoder_precision`: bf16 weights on the CPU,
-  autocast on CUDA) and memory attention under autocast to it; TF32 on CUDA where the
+- ``furious``: the image encoder on bf16 weights (the image path's CPU rule,
+  :func:`~sam2serve.runtime.build.encoder_precision`, on CUDA too: autocast would convert
+  every weight on every frame, since it caches no cast under inference mode) and memory
+  attention in it too, on a bf16 copy of its weights with its inputs converted once
+  (:meth:`~sam2serve.modeling.sam2_video.SAM2Video.memory_attention_in`: a tracked frame
+  converts a handful of tensors, ``tests/video/test_furious_dtypes.py``); TF32 on CUDA where the
   process allows it (the other modes keep it off for their calls). The dtype is
   resolved as for images (:func:`~sam2serve.runtime.build.resolve_dtype`): on a CPU
   without native bf16 it is float32, and furious tracks exactly as baseline does.
@@ -97,10 +100,15 @@ def video_predictor_for(
     reduced = getattr(torch, spec.dtype)
     mode = get_mode(spec.mode)
     attention = reduced if mode.reduced_precision_memory_attention else None
+    encoder_autocast = encoder_precision(model, spec)
+    if encoder_autocast is not None:
+        # CUDA: the tracker's encoder on reduced weights, as on the CPU, not autocast, which
+        # under inference mode converts every weight again on every frame.
+        model.image_encoder.to(encoder_autocast)
     return VideoPredictor(
         model,
         feature_cache_frames=feature_cache_frames,
-        encoder_autocast_dtype=encoder_precision(model, spec),
+        encoder_autocast_dtype=None,
         memory_attention_dtype=None if attention == torch.float32 else attention,
         runtime=spec,
         allow_tf32=mode.allow_tf32,
