@@ -192,7 +192,7 @@ def object_prompts(count: int, clip: VideoClip) -> dict[int, Prompt]:
 def _plan_video_modes(modes: Sequence[str], notes: list[str]) -> list[str]:
     """The rows, baseline first: the reference and the modes the tracker runs."""
     from sam2serve.runtime.spec import RuntimeSpec
-    from sam2serve.runtime.video import VIDEO_BACKEND, check_video_spec
+    from sam2serve.runtime.video import ONNX_VIDEO_BACKEND, check_video_spec
 
     planned = _plan_modes(modes, notes)
     refused = []
@@ -204,7 +204,7 @@ def _plan_video_modes(modes: Sequence[str], notes: list[str]) -> list[str]:
                 raise ValueError("an image peer")
             spec = RuntimeSpec.from_label(mode)
             check_video_spec(spec)
-            if spec.backend != VIDEO_BACKEND:  # onnxruntime tracks from an export: not here
+            if spec.backend == ONNX_VIDEO_BACKEND:  # tracks from an export: not here
                 raise ValueError("the bench tracks from the checkpoint")
         except ValueError:
             refused.append(mode)

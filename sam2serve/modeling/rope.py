@@ -131,7 +131,9 @@ class RoPEAttention(nn.Module):
             )
             return rotate_real(x, cos, sin, native=True)
         freqs, cos, sin = self.frequencies(grid_tokens, x.device)
-        if torch.onnx.is_in_onnx_export():
+        # ONNX has no complex type, and Inductor generates no code for complex operators
+        # (it falls back to eager kernels): the same numbers in real arithmetic.
+        if torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():
             return rotate_real(x, cos, sin)
         return rotate(x, freqs)
 
@@ -140,10 +142,16 @@ class RoPEAttention(nn.Module):
         return x.reshape(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_k_exclude_rope: int = 0
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        num_k_exclude_rope: int = 0,
+        key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q (B, Nq, C) on a square grid; k, v (B, Nk, kv_in_dim), the last
-        ``num_k_exclude_rope`` keys without position."""
+        ``num_k_exclude_rope`` keys without position; ``key_mask`` (B, Nk) bool: the keys
+        attended to (None: all; a padded memory bank masks its padding)."""
         q = self._heads(self.q_proj(q))
         k = self._heads(self.k_proj(k))
         v = self._heads(self.v_proj(v))
@@ -159,6 +167,7 @@ class RoPEAttention(nn.Module):
             frames = k[:, :, :num_rope].reshape(b, heads, -1, grid, d)
             rotated = self._rotate(frames, grid).reshape(b, heads, num_rope, d)
             k = torch.cat([rotated, k[:, :, num_rope:]], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v)
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b, heads, n, d = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, n, heads * d))

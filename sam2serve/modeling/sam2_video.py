@@ -91,6 +91,26 @@ def upload(values: list, device: torch.device) -> torch.Tensor:
     return torch.tensor(values).to(device, non_blocking=True)
 
 
+def pad_tokens(
+    tokens: torch.Tensor, pos: torch.Tensor, slots: int, tokens_per_slot: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tokens (B, M, D) and positions (B or 1, M, D) of slots of ``tokens_per_slot``
+    tokens each, padded with zeros to at least ``slots`` slots, and the (B, M') bool mask
+    of the real ones."""
+    b, m, d = tokens.shape
+    target = max(m, slots * tokens_per_slot)
+    mask = torch.ones((b, target), dtype=torch.bool, device=tokens.device)
+    if target == m:
+        return tokens, pos, mask
+    mask[:, m:] = False
+    pad = tokens.new_zeros((b, target - m, d))
+    return (
+        torch.cat([tokens, pad], dim=1),
+        torch.cat([pos.expand(b, -1, -1), pad], dim=1),
+        mask,
+    )
+
+
 @dataclass
 class HeadsOutput:
     """What the SAM heads give one frame for B objects."""
@@ -160,6 +180,7 @@ class SAM2Video(SAM2Image):
         memory_pos: torch.Tensor,
         pointers: ObjectPointers | None,
         autocast_dtype: torch.dtype | None = None,
+        static_bank: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """(batch, C, 64, 64) float32 features of a tracked frame, attended to the memory
         bank.
@@ -170,7 +191,10 @@ class SAM2Video(SAM2Image):
         ``autocast_dtype``: the attention runs in that dtype (furious mode: it is most of a
         tracked frame's work) on weights kept in it (:meth:`memory_attention_in`), its
         inputs converted once (the stored bf16 memories not at all); the result is float32
-        either way.
+        either way. ``static_bank`` (memory slots, pointer slots): the bank padded to at
+        least that many of each, its padding masked out of the attention (the same
+        answer): a compiled attention then sees one shape on every frame
+        (:mod:`sam2serve.engine.video.compiled`).
         """
         device = frame.vision_feats.device
         dtype = torch.float32 if autocast_dtype is None else autocast_dtype
@@ -180,14 +204,25 @@ class SAM2Video(SAM2Image):
         tpos_index = upload(slots if per_object is None else per_object, device)
         tokens, token_pos = self.memory_tokens(features, tpos_index, memory_pos, dtype)
         num_ptr_tokens = 0
+        key_mask = None
+        if static_bank is not None:
+            grid = memory_pos.shape[-2] * memory_pos.shape[-1]
+            tokens, token_pos, key_mask = pad_tokens(tokens, token_pos, static_bank[0], grid)
         if pointers is not None and pointers.distances:
             per_object = _per_object(pointers.distances, batch)
             distances = upload(pointers.distances if per_object is None else per_object, device)
             ptr_tokens, ptr_pos = self.pointer_tokens(
                 pointers.pointers.permute(1, 0, 2), distances / pointers.max_distance
             )
-            tokens = torch.cat([tokens, ptr_tokens.to(dtype)], dim=1)
-            token_pos = torch.cat([token_pos, ptr_pos.to(dtype)], dim=1)
+            ptr_tokens, ptr_pos = ptr_tokens.to(dtype), ptr_pos.to(dtype)
+            if static_bank is not None:
+                split = self.config.d_model // self.mem_dim
+                ptr_tokens, ptr_pos, ptr_mask = pad_tokens(
+                    ptr_tokens, ptr_pos, static_bank[1], split
+                )
+                key_mask = torch.cat([key_mask, ptr_mask], dim=1)
+            tokens = torch.cat([tokens, ptr_tokens], dim=1)
+            token_pos = torch.cat([token_pos, ptr_pos], dim=1)
             num_ptr_tokens = ptr_tokens.shape[1]
         out = self.attend_memory(
             frame.vision_feats.to(dtype),
@@ -196,6 +231,7 @@ class SAM2Video(SAM2Image):
             token_pos,
             num_ptr_tokens,
             self.memory_attention_in(dtype),
+            key_mask,
         )
         if autocast_dtype == torch.float16:
             raise_on_overflow([out], "memory attention")
@@ -270,6 +306,7 @@ class SAM2Video(SAM2Image):
         memory_pos: torch.Tensor,
         num_ptr_tokens: int,
         attention: nn.Module | None = None,
+        key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """A frame's features (1, C, H, W) with their sine encoding (1, C, H, W) attended to
         B objects' memory tokens and positions (B, M, mem_dim), whose last ``num_ptr_tokens``
@@ -280,7 +317,7 @@ class SAM2Video(SAM2Image):
         curr = vision_feats.flatten(2).transpose(1, 2).expand(batch, -1, -1)
         curr_pos = vision_pos.flatten(2).transpose(1, 2).expand(batch, -1, -1)
         attention = self.memory_attention if attention is None else attention
-        out = attention(curr, curr_pos, memory, memory_pos, num_ptr_tokens)
+        out = attention(curr, curr_pos, memory, memory_pos, num_ptr_tokens, key_mask)
         return out.transpose(1, 2).reshape(batch, c, h, w)
 
     # -- SAM heads ----------------------------------------------------------------------------

@@ -17,7 +17,10 @@ The modes' video meaning is declared in :mod:`sam2serve.runtime.modes`
   resolved as for images (:func:`~sam2serve.runtime.build.resolve_dtype`): on a CPU
   without native bf16 it is float32, and furious tracks exactly as baseline does.
 
-Backends: eager (every mode above), and ``onnxruntime`` (mode fast, from the artifacts of
+Backends: eager (every mode above), ``compile`` (every mode above: the eager tracker on
+static memory banks with memory attention, memory encoder and the decoder's transformer
+through torch.compile, :mod:`sam2serve.engine.video.compiled`; ``--mode fast+compile``),
+and ``onnxruntime`` (mode fast, from the artifacts of
 ``sam2serve export --format onnx --video``: the predictor's model calls run by the video
 graphs, :mod:`sam2serve.runtime.ort_video`). The other exported and compiled backends cover
 the image path only.
@@ -30,7 +33,12 @@ import torch
 from sam2serve.checkpoint import load_video_model
 from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.modeling.sam2_video import SAM2Video
-from sam2serve.runtime.backends import ONNX_VIDEO_BACKEND, VIDEO_BACKEND, VIDEO_BACKENDS
+from sam2serve.runtime.backends import (
+    COMPILE_VIDEO_BACKEND,
+    ONNX_VIDEO_BACKEND,
+    VIDEO_BACKEND,
+    VIDEO_BACKENDS,
+)
 from sam2serve.runtime.build import encoder_precision, load_spec_model, resolve_dtype
 from sam2serve.runtime.modes import get_mode, get_video_mode
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
@@ -89,11 +97,12 @@ def video_predictor_for(
     model: SAM2Video, spec: RuntimeSpec, *, feature_cache_frames: int = 2
 ) -> VideoPredictor:
     """A VideoPredictor running ``model`` the way ``spec``'s mode says (it may convert the
-    model in place: furious on a bf16 CPU casts its image encoder); eager only."""
+    model in place: furious on a bf16 CPU casts its image encoder); eager, or compiled (backend compile)."""
     check_video_spec(spec)
-    if spec.backend != VIDEO_BACKEND:
+    if spec.backend not in (VIDEO_BACKEND, COMPILE_VIDEO_BACKEND):
         raise ValueError(
-            f"a loaded model tracks on backend {VIDEO_BACKEND!r}, not {spec.backend!r}"
+            f"a loaded model tracks on backend {VIDEO_BACKEND!r} or "
+            f"{COMPILE_VIDEO_BACKEND!r}, not {spec.backend!r}"
         )
     spec = resolve_dtype(spec)
     assert spec.dtype is not None
@@ -105,7 +114,7 @@ def video_predictor_for(
         # CUDA: the tracker's encoder on reduced weights, as on the CPU, not autocast, which
         # under inference mode converts every weight again on every frame.
         model.image_encoder.to(encoder_autocast)
-    return VideoPredictor(
+    predictor = VideoPredictor(
         model,
         feature_cache_frames=feature_cache_frames,
         encoder_autocast_dtype=None,
@@ -113,3 +122,8 @@ def video_predictor_for(
         runtime=spec,
         allow_tf32=mode.allow_tf32,
     )
+    if spec.backend == COMPILE_VIDEO_BACKEND:
+        from sam2serve.engine.video.compiled import compile_tracker
+
+        compile_tracker(predictor)
+    return predictor

@@ -111,9 +111,9 @@ def test_the_counter_sees_what_autocast_converts():
     """Autocast under inference mode: every weight, every call (the cost removed above)."""
     layer = torch.nn.Linear(128, 128)
     weights = {p.data_ptr() for p in layer.parameters()}
-    with torch.inference_mode(), Conversions(weights) as seen:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            for _ in range(3):
-                layer(torch.randn(64, 128))
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    with torch.inference_mode(), Conversions(weights) as seen, autocast:
+        for _ in range(3):
+            layer(torch.randn(64, 128))
     assert seen.of_weights == 6  # weight and bias, 3 calls
     assert seen.large == 6  # the weight and the input, 3 calls

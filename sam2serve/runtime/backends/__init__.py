@@ -62,11 +62,14 @@ ONNX_EXPORT = "onnx"
 COMPILE_CACHE_EXPORT = "compile-cache"
 COMPILE_CACHE_MODES = ("fast", "furious")
 ONNX_MODES = ("fast", "int8")
-# What runs video tracking: eager (every video mode), and onnxruntime (mode fast, from
-# 'sam2serve export --format onnx --video': sam2serve.runtime.ort_video).
+# What runs video tracking: eager (every video mode), onnxruntime (mode fast, from
+# 'sam2serve export --format onnx --video': sam2serve.runtime.ort_video), and compile (every
+# video mode: the eager tracker, static memory banks, its frame step's parts compiled:
+# sam2serve.engine.video.compiled).
 VIDEO_BACKEND = "eager"
 ONNX_VIDEO_BACKEND = "onnxruntime"
-VIDEO_BACKENDS = (VIDEO_BACKEND, ONNX_VIDEO_BACKEND)
+COMPILE_VIDEO_BACKEND = "compile"
+VIDEO_BACKENDS = (VIDEO_BACKEND, ONNX_VIDEO_BACKEND, COMPILE_VIDEO_BACKEND)
 # The devices artifacts are exported for and run on, per image-path format. Manifests,
 # loaders and checks are per device (the manifest names the device and the compile
 # target), but CUDA is not offered: AOTInductor packages compiled for a GPU crashed the
