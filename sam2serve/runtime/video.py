@@ -28,6 +28,9 @@ the image path only.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import torch
 
 from sam2serve.checkpoint import load_video_model
@@ -42,6 +45,9 @@ from sam2serve.runtime.backends import (
 from sam2serve.runtime.build import encoder_precision, load_spec_model, resolve_dtype
 from sam2serve.runtime.modes import get_mode, get_video_mode
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+
+if TYPE_CHECKING:
+    from sam2serve.runtime.compile_cache import CompileReport
 
 __all__ = [
     "ONNX_VIDEO_BACKEND",
@@ -123,7 +129,26 @@ def video_predictor_for(
         allow_tf32=mode.allow_tf32,
     )
     if spec.backend == COMPILE_VIDEO_BACKEND:
-        from sam2serve.engine.video.compiled import compile_tracker
-
-        compile_tracker(predictor)
+        compile_cached_tracker(predictor, spec)
     return predictor
+
+
+def compile_cached_tracker(
+    predictor: VideoPredictor, spec: RuntimeSpec, root: Path | None = None
+) -> CompileReport:
+    """Compile ``predictor`` (backend compile) and warm it up (one object) through the
+    compile cache: the first process keeps its compilation in ``$SAM2SERVE_CACHE/compile``
+    (or ``root``), a later one with the same identity loads it instead of compiling."""
+    from sam2serve.engine.video.compiled import compile_tracker, warm_up
+    from sam2serve.runtime.compile_cache import CompileCached, compile_identity
+
+    compile_tracker(predictor)
+    assert spec.dtype is not None
+    identity = {
+        **compile_identity(spec.model, spec.mode, spec.dtype, predictor.device),
+        "task": "video tracker, warm-up with 1 object",
+        "image_size": predictor.model.image_size,
+    }
+    cached = CompileCached(lambda: warm_up(predictor), identity, root=root)
+    cached()
+    return cached.report

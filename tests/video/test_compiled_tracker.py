@@ -80,3 +80,46 @@ def test_the_compiled_tracker_tracks_as_eager_and_stops_compiling(frames, eager)
     torch.testing.assert_close(logits, eager, atol=LOGIT_ATOL, rtol=0)
     assert graphs[-1] > 0  # it compiled
     assert graphs[WARMUP:] == [graphs[WARMUP - 1]] * (NUM_FRAMES - WARMUP), graphs
+
+
+CHILD = """
+import json, sys
+from pathlib import Path
+from small_tracker import small_tiny_tracker
+from sam2serve.engine.video import VideoPredictor
+from sam2serve.runtime.spec import RuntimeSpec
+from sam2serve.runtime.video import compile_cached_tracker
+
+spec = RuntimeSpec(mode="fast", backend="compile", dtype="float32")
+report = compile_cached_tracker(VideoPredictor(small_tiny_tracker(seed=5)), spec, Path(sys.argv[1]))
+print(json.dumps(report.as_dict()))
+"""
+
+
+@pytest.mark.extended  # two processes, the first compiles (minutes on 2 cores)
+def test_a_second_process_loads_the_tracker_compilation(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])}
+
+    def child() -> dict:
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+            check=True,
+        )
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first = child()
+    assert first["written"] and not first["loaded"] and first["kernels_built"] > 0, first
+    second = child()
+    assert second["loaded"], second
+    assert second["fx_graph_misses"] == 0 and second["kernels_built"] == 0, second

@@ -11,6 +11,12 @@ frames (one graph per object count and bank shape, e.g. the first tracked frame 
 pointers yet) no frame compiles again. The mode follows the device: "max-autotune"
 (Triton autotuning and CUDA graphs) on CUDA, Inductor's default on the CPU.
 
+:func:`warm_up` compiles them before the first video (a synthetic clip, one object);
+``sam2serve.runtime.video`` runs it through the compile cache
+(:mod:`sam2serve.runtime.compile_cache`), so a later process loads that compilation
+instead of compiling (other object counts compile on their first frames, in torch's own
+cache).
+
 Compiling changes the model in place (``Module.compile``: the parameter names, and so the
 checkpoints, stay as they are).
 """
@@ -22,7 +28,7 @@ from torch import nn
 
 from sam2serve.engine.video.predictor import VideoPredictor
 
-__all__ = ["compile_mode_for", "compile_tracker", "compiled_parts"]
+__all__ = ["compile_mode_for", "compile_tracker", "compiled_parts", "warm_up"]
 
 
 def compile_mode_for(device: torch.device) -> str | None:
@@ -54,3 +60,18 @@ def compile_tracker(predictor: VideoPredictor, mode: str | None = "auto") -> Vid
     for part in compiled_parts(predictor).values():
         part.compile(dynamic=False, mode=mode)
     return predictor
+
+
+def warm_up(predictor: VideoPredictor, objects: int = 1, frames: int | None = None) -> int:
+    """Track ``objects`` objects over a synthetic clip of ``frames`` frames (default:
+    ``num_maskmem + 2``, past the bank's filling) so that a compiled predictor compiles
+    every graph a video with that many objects needs; returns the frames tracked. The
+    frames are small (the encoder sees the model's size whatever the frame's)."""
+    from sam2serve.samples import sample_clip
+
+    frames = frames or predictor.config.num_maskmem + 2
+    clip, _ = sample_clip(frames, (64, 80))
+    state = predictor.init_state(list(clip))
+    for obj in range(1, objects + 1):
+        predictor.add_points(state, 0, obj, [[8.0 * obj % 80, 12.0 * obj % 64]], [1])
+    return sum(1 for _ in predictor.propagate(state))
