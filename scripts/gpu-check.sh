@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: the CUDA test suite and a short CUDA benchmark, results in one folder.
 #
-#   scripts/gpu-check.sh [--part tests|bench|compile|blog|blog-compile|coldstart|aoti|all]
-#                        [OUT_DIR]
+#   scripts/gpu-check.sh [--part tests|bench|compile|tracker|tracker-meta|blog|blog-compile|coldstart|aoti|all]
+#                        [--dry-run] [OUT_DIR]
 #                                                        (default: all, gpu-check/)
 #   scripts/gpu-check.sh --download-wheels                      (on a connected machine)
 #
@@ -14,6 +14,13 @@
 #            `--task video` (8 frames of the sample clip, 1 and 3 objects; furious in bf16)
 #            against Meta's video predictor;
 #   compile  furious against furious+compile (torch.compile) on SPS.
+#   tracker  the compiled tracker (backend compile: static memory banks, torch.compile
+#            max-autotune) against eager fast and furious, tiny, 1/3/8 objects
+#            (scripts/tracker_compile_bench.py; each row its own process; p50 over the
+#            frames after the 8 warm-up ones); tracker-meta: Meta's eager
+#            SAM2VideoPredictor and vos_optimized SAM2VideoPredictorVOS, the same way (a
+#            part of its own: vos_optimized compiles the image encoder too). Not yet run. `--part tracker --dry-run` runs it on the CPU
+#            (1 object, fast and fast+compile, 12 frames) to check the plumbing.
 #   blog     the published experiment's configuration ("SAM2 - fast and furious"): the
 #            large model, AMG at Meta's 32 x 32 grid (default and keep-all thresholds),
 #            SPS and MPS, baseline against furious (eager);
@@ -65,12 +72,25 @@ if [ "${1:-}" = "--part" ]; then
     shift 2
 fi
 case "$PART" in
-    tests|bench|compile|blog|blog-compile|coldstart|aoti|all) ;;
-    *) echo "--part: tests, bench, compile, blog, blog-compile, coldstart, aoti or all, not $PART" >&2
+    tests|bench|compile|tracker|tracker-meta|blog|blog-compile|coldstart|aoti|all) ;;
+    *) echo "--part: tests, bench, compile, tracker, tracker-meta, blog, blog-compile, coldstart, aoti or all, not $PART" >&2
        exit 2;;
 esac
+DRY_RUN=0
+if [ "${1:-}" = "--dry-run" ]; then
+    DRY_RUN=1
+    shift
+fi
 OUT=${1:-gpu-check}
 mkdir -p "$OUT"
+if [ "$DRY_RUN" = 1 ]; then
+    # The plumbing of --part tracker on the CPU: no GPU, no installs.
+    [ "$PART" = tracker ] || { echo "--dry-run runs --part tracker only" >&2; exit 2; }
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout 900 python3 \
+        scripts/tracker_compile_bench.py --device cpu --objects 1 --rows fast,fast+compile \
+        --frames 12 --out "$OUT/tracker_compile_dry_run.md"
+    exit $?
+fi
 python3 - <<'PY' | tee -a "$OUT/device.txt"
 import torch
 assert torch.cuda.is_available(), "torch sees no CUDA GPU: nothing to check here"
@@ -134,6 +154,23 @@ fi
 if [ "$PART" = compile ] || [ "$PART" = all ]; then
     # torch.compile compiles in every benchmark process (about a minute each).
     bench bench_tiny_cuda_compile sps furious,furious+compile "${IMAGES[@]}"
+fi
+if [ "$PART" = tracker ] || [ "$PART" = all ]; then
+    # 6 rows x 3 object counts, each its own process (a compiled row compiles there, about
+    # a minute for tiny on an H100: not yet measured); the rows' timeout bounds a stuck one.
+    uptime | tee -a "$OUT/load.txt"
+    timeout 560 python3 scripts/tracker_compile_bench.py --device cuda --objects 1,3,8 \
+        --rows fast,furious,fast+compile,furious+compile --frames 24 --timeout 120 \
+        --out "$OUT/tracker_compile_cuda.md" 2>&1 | tee "$OUT/tracker.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+fi
+if [ "$PART" = tracker-meta ] || [ "$PART" = all ]; then
+    # Meta's rows apart: vos_optimized compiles its image encoder too (max-autotune).
+    uptime | tee -a "$OUT/load.txt"
+    timeout 560 python3 scripts/tracker_compile_bench.py --device cuda --objects 1,3,8 \
+        --rows meta,meta-vos --frames 24 --timeout 240 \
+        --out "$OUT/tracker_meta_cuda.md" 2>&1 | tee "$OUT/tracker_meta.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 fi
 if [ "$PART" = blog ] || [ "$PART" = all ]; then
     bench bench_large_cuda_blog all baseline,furious "${BLOG[@]}"

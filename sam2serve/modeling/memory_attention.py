@@ -35,15 +35,21 @@ class MemoryAttentionLayer(nn.Module):
         memory: torch.Tensor,
         memory_pos: torch.Tensor,
         num_obj_ptr_tokens: int,
+        key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """tgt (B, HW, C); memory, memory_pos (B, M, mem_dim), batch first."""
+        """tgt (B, HW, C); memory, memory_pos (B, M, mem_dim), batch first; ``key_mask``
+        (B, M) bool: the memory tokens attended to (None: all)."""
         normed = self.norm1(tgt)
         # SAM 2.1 adds no position to the self-attention inputs: RoPE is the position.
         tgt = tgt + self.self_attn(normed, normed, normed)
         normed = self.norm2(tgt)
         # Keys carry the memory's position; queries only RoPE.
         tgt = tgt + self.cross_attn_image(
-            normed, memory + memory_pos, memory, num_k_exclude_rope=num_obj_ptr_tokens
+            normed,
+            memory + memory_pos,
+            memory,
+            num_k_exclude_rope=num_obj_ptr_tokens,
+            key_mask=key_mask,
         )
         normed = self.norm3(tgt)
         return tgt + self.linear2(F.relu(self.linear1(normed)))
@@ -66,13 +72,15 @@ class MemoryAttention(nn.Module):
         memory: torch.Tensor,
         memory_pos: torch.Tensor,
         num_obj_ptr_tokens: int,
+        key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """curr, curr_pos (B, HW, C); memory, memory_pos (B, M, mem_dim) -> (B, HW, C).
+        """curr, curr_pos (B, HW, C); memory, memory_pos (B, M, mem_dim) -> (B, HW, C);
+        ``key_mask`` (B, M) bool: the memory tokens attended to (None: all).
 
         The current frame's position enters once, scaled by 0.1, at the input (SAM 2.1's
         pos_enc_at_input); its RoPE does the rest.
         """
         output = curr + 0.1 * curr_pos
         for layer in self.layers:
-            output = layer(output, memory, memory_pos, num_obj_ptr_tokens)
+            output = layer(output, memory, memory_pos, num_obj_ptr_tokens, key_mask)
         return self.norm(output)

@@ -58,6 +58,17 @@ def grid_rotations(
         return freqs, freqs.real.contiguous(), freqs.imag.contiguous()
 
 
+@functools.lru_cache(maxsize=16)
+def grid_rotations_as(
+    head_dim: int, tokens: int, theta: float, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`grid_rotations`' real and imaginary parts in ``dtype`` (bf16 / fp16 for the
+    reduced-precision memory attention), converted once and kept."""
+    _, cos, sin = grid_rotations(head_dim, tokens, theta, device)
+    with torch.inference_mode(False):
+        return cos.to(dtype), sin.to(dtype)
+
+
 def rotate(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     """Rotate (..., N, D) by freqs (N, D/2) complex; consecutive channel pairs are the
     real and imaginary parts."""
@@ -65,11 +76,15 @@ def rotate(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(as_complex * freqs).flatten(-2).type_as(x)
 
 
-def rotate_real(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate_real(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, native: bool = False
+) -> torch.Tensor:
     """:func:`rotate` in real arithmetic, ``cos`` / ``sin`` (N, D/2) the rotations' real and
     imaginary parts: (a + bi)(c + di) = (ac - bd) + (ad + bc)i, each product rounded and
-    then summed, as torch's complex multiplication does, so the result is bit-identical."""
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    then summed, as torch's complex multiplication does, so the result is bit-identical.
+    ``native``: in ``x``'s own dtype (cos / sin in it too), not in float32: the
+    reduced-precision attention's way, with no round trip of x through float32."""
+    pairs = (x if native else x.float()).reshape(*x.shape[:-1], -1, 2)
     real, imag = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack([real * cos - imag * sin, real * sin + imag * cos], dim=-1)
     return rotated.flatten(-2).type_as(x)
@@ -109,8 +124,16 @@ class RoPEAttention(nn.Module):
 
     def _rotate(self, x: torch.Tensor, grid_tokens: int) -> torch.Tensor:
         """x (..., grid_tokens, D) rotated by the grid's positions."""
+        if x.dtype in (torch.bfloat16, torch.float16):
+            # Reduced precision (furious): rotate in it, never round-tripping via float32.
+            cos, sin = grid_rotations_as(
+                self.head_dim, int(grid_tokens), self.rope_theta, x.device, x.dtype
+            )
+            return rotate_real(x, cos, sin, native=True)
         freqs, cos, sin = self.frequencies(grid_tokens, x.device)
-        if torch.onnx.is_in_onnx_export():
+        # ONNX has no complex type, and Inductor generates no code for complex operators
+        # (it falls back to eager kernels): the same numbers in real arithmetic.
+        if torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():
             return rotate_real(x, cos, sin)
         return rotate(x, freqs)
 
@@ -119,10 +142,16 @@ class RoPEAttention(nn.Module):
         return x.reshape(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_k_exclude_rope: int = 0
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        num_k_exclude_rope: int = 0,
+        key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q (B, Nq, C) on a square grid; k, v (B, Nk, kv_in_dim), the last
-        ``num_k_exclude_rope`` keys without position."""
+        ``num_k_exclude_rope`` keys without position; ``key_mask`` (B, Nk) bool: the keys
+        attended to (None: all; a padded memory bank masks its padding)."""
         q = self._heads(self.q_proj(q))
         k = self._heads(self.k_proj(k))
         v = self._heads(self.v_proj(v))
@@ -138,6 +167,7 @@ class RoPEAttention(nn.Module):
             frames = k[:, :, :num_rope].reshape(b, heads, -1, grid, d)
             rotated = self._rotate(frames, grid).reshape(b, heads, num_rope, d)
             k = torch.cat([rotated, k[:, :, num_rope:]], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v)
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b, heads, n, d = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, n, heads * d))

@@ -14,6 +14,7 @@ every key. Which frames enter the memory bank is the predictor's business
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -90,6 +91,26 @@ def upload(values: list, device: torch.device) -> torch.Tensor:
     return torch.tensor(values).to(device, non_blocking=True)
 
 
+def pad_tokens(
+    tokens: torch.Tensor, pos: torch.Tensor, slots: int, tokens_per_slot: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tokens (B, M, D) and positions (B or 1, M, D) of slots of ``tokens_per_slot``
+    tokens each, padded with zeros to at least ``slots`` slots, and the (B, M') bool mask
+    of the real ones."""
+    b, m, d = tokens.shape
+    target = max(m, slots * tokens_per_slot)
+    mask = torch.ones((b, target), dtype=torch.bool, device=tokens.device)
+    if target == m:
+        return tokens, pos, mask
+    mask[:, m:] = False
+    pad = tokens.new_zeros((b, target - m, d))
+    return (
+        torch.cat([tokens, pad], dim=1),
+        torch.cat([pos.expand(b, -1, -1), pad], dim=1),
+        mask,
+    )
+
+
 @dataclass
 class HeadsOutput:
     """What the SAM heads give one frame for B objects."""
@@ -159,6 +180,7 @@ class SAM2Video(SAM2Image):
         memory_pos: torch.Tensor,
         pointers: ObjectPointers | None,
         autocast_dtype: torch.dtype | None = None,
+        static_bank: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """(batch, C, 64, 64) float32 features of a tracked frame, attended to the memory
         bank.
@@ -166,50 +188,96 @@ class SAM2Video(SAM2Image):
         ``memory_pos`` (1, mem_dim, 64, 64) is the memory encoder's (constant) position
         encoding. Memory tokens come in the given order, then the object-pointer tokens;
         ``batch`` objects' (the memories' and pointers' batch).
-        ``autocast_dtype``: the attention layers run under autocast to it (furious mode:
-        they are most of a tracked frame's work); the result is float32 either way.
+        ``autocast_dtype``: the attention runs in that dtype (furious mode: it is most of a
+        tracked frame's work) on weights kept in it (:meth:`memory_attention_in`), its
+        inputs converted once (the stored bf16 memories not at all); the result is float32
+        either way. ``static_bank`` (memory slots, pointer slots): the bank padded to at
+        least that many of each, its padding masked out of the attention (the same
+        answer): a compiled attention then sees one shape on every frame
+        (:mod:`sam2serve.engine.video.compiled`).
         """
         device = frame.vision_feats.device
+        dtype = torch.float32 if autocast_dtype is None else autocast_dtype
         features = torch.stack([memory.features for memory in memories], dim=1)
         slots = [memory.tpos_index for memory in memories]
         per_object = _per_object(slots, batch)
         tpos_index = upload(slots if per_object is None else per_object, device)
-        tokens, token_pos = self.memory_tokens(features, tpos_index, memory_pos)
+        tokens, token_pos = self.memory_tokens(features, tpos_index, memory_pos, dtype)
         num_ptr_tokens = 0
+        key_mask = None
+        if static_bank is not None:
+            grid = memory_pos.shape[-2] * memory_pos.shape[-1]
+            tokens, token_pos, key_mask = pad_tokens(tokens, token_pos, static_bank[0], grid)
         if pointers is not None and pointers.distances:
             per_object = _per_object(pointers.distances, batch)
             distances = upload(pointers.distances if per_object is None else per_object, device)
             ptr_tokens, ptr_pos = self.pointer_tokens(
                 pointers.pointers.permute(1, 0, 2), distances / pointers.max_distance
             )
+            ptr_tokens, ptr_pos = ptr_tokens.to(dtype), ptr_pos.to(dtype)
+            if static_bank is not None:
+                split = self.config.d_model // self.mem_dim
+                ptr_tokens, ptr_pos, ptr_mask = pad_tokens(
+                    ptr_tokens, ptr_pos, static_bank[1], split
+                )
+                key_mask = torch.cat([key_mask, ptr_mask], dim=1)
             tokens = torch.cat([tokens, ptr_tokens], dim=1)
             token_pos = torch.cat([token_pos, ptr_pos], dim=1)
             num_ptr_tokens = ptr_tokens.shape[1]
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            out = self.attend_memory(
-                frame.vision_feats, frame.vision_pos, tokens, token_pos, num_ptr_tokens
-            )
+        out = self.attend_memory(
+            frame.vision_feats.to(dtype),
+            frame.vision_pos.to(dtype),
+            tokens,
+            token_pos,
+            num_ptr_tokens,
+            self.memory_attention_in(dtype),
+            key_mask,
+        )
         if autocast_dtype == torch.float16:
             raise_on_overflow([out], "memory attention")
         return out.float()
 
+    def memory_attention_in(self, dtype: torch.dtype) -> nn.Module:
+        """The memory attention with its weights in ``dtype``: the module itself in its
+        own dtype, else a copy made once and kept (not a parameter: checkpoints and
+        ``.to()`` never see it; made again if the model moved). Running the reduced
+        precision on reduced weights, not under autocast, is what keeps a tracked frame
+        free of casts: autocast caches no weight cast under inference mode, so it would
+        convert every weight on every frame, and its fp32 residual stream would convert
+        every layer's input and the whole memory bank (up to 4 times) again."""
+        attention = self.memory_attention
+        weight = attention.norm.weight
+        if dtype == weight.dtype:
+            return attention
+        key = (dtype, weight.device)
+        cache = self.__dict__.setdefault("_reduced_attention", {})
+        if key not in cache:
+            cache.clear()
+            with torch.inference_mode(False), torch.no_grad():
+                cache[key] = copy.deepcopy(attention).to(dtype)
+        return cache[key]
+
     def memory_tokens(
-        self, features: torch.Tensor, tpos_index: torch.Tensor, memory_pos: torch.Tensor
+        self,
+        features: torch.Tensor,
+        tpos_index: torch.Tensor,
+        memory_pos: torch.Tensor,
+        dtype: torch.dtype = torch.float32,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Spatial memories (B, N, mem_dim, H, W) of N frames, any float dtype, and their
         slots in the temporal embedding, (N,) shared or (B, N) per object -> tokens and
-        their positions, both (B, N * H * W, mem_dim) float32, frame by frame: each position
+        their positions, both (B, N * H * W, mem_dim) in ``dtype``, frame by frame: each position
         is the memories' spatial encoding ``memory_pos`` (1, mem_dim, H, W) plus its frame's
         maskmem_tpos_enc.
         """
         b, n, c = features.shape[:3]
-        tokens = features.float().flatten(3).transpose(2, 3).reshape(b, -1, c)
+        tokens = features.to(dtype).flatten(3).transpose(2, 3).reshape(b, -1, c)
         spatial_pos = memory_pos.flatten(2).transpose(1, 2)  # (1, HW, mem_dim)
         if tpos_index.dim() == 2:  # per object: the same sums, one bank per row
             tpos = self.maskmem_tpos_enc[tpos_index].reshape(b, n, 1, c)
-            return tokens, (spatial_pos + tpos).reshape(b, -1, c)
+            return tokens, (spatial_pos + tpos).reshape(b, -1, c).to(dtype)
         tpos = self.maskmem_tpos_enc[tpos_index].reshape(-1, 1, c)  # (N, 1, mem_dim)
-        pos = (spatial_pos + tpos).reshape(1, -1, c).expand(b, -1, -1)
+        pos = (spatial_pos + tpos).reshape(1, -1, c).to(dtype).expand(b, -1, -1)
         return tokens, pos
 
     def pointer_tokens(
@@ -237,15 +305,19 @@ class SAM2Video(SAM2Image):
         memory: torch.Tensor,
         memory_pos: torch.Tensor,
         num_ptr_tokens: int,
+        attention: nn.Module | None = None,
+        key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """A frame's features (1, C, H, W) with their sine encoding (1, C, H, W) attended to
         B objects' memory tokens and positions (B, M, mem_dim), whose last ``num_ptr_tokens``
-        are object pointers (no rotary position) -> (B, C, H, W)."""
+        are object pointers (no rotary position) -> (B, C, H, W); ``attention``: the memory
+        attention to run (default: the model's own)."""
         batch = memory.shape[0]
         _, c, h, w = vision_feats.shape
         curr = vision_feats.flatten(2).transpose(1, 2).expand(batch, -1, -1)
         curr_pos = vision_pos.flatten(2).transpose(1, 2).expand(batch, -1, -1)
-        out = self.memory_attention(curr, curr_pos, memory, memory_pos, num_ptr_tokens)
+        attention = self.memory_attention if attention is None else attention
+        out = attention(curr, curr_pos, memory, memory_pos, num_ptr_tokens, key_mask)
         return out.transpose(1, 2).reshape(batch, c, h, w)
 
     # -- SAM heads ----------------------------------------------------------------------------

@@ -42,6 +42,7 @@ class TrackerInfo:
 
 
 EAGER_TRACKER = "eager"
+COMPILE_TRACKER = "compile"
 ONNX_TRACKER = "onnxruntime"
 
 TRACKERS: dict[str, TrackerInfo] = {
@@ -50,6 +51,14 @@ TRACKERS: dict[str, TrackerInfo] = {
         TrackerInfo(
             EAGER_TRACKER,
             "PyTorch eager, every video mode, from a checkpoint or random weights",
+            "sam2serve.runtime.video:build_eager_tracker",
+            ("cpu", "cuda"),
+            VIDEO_MODES,
+        ),
+        TrackerInfo(
+            COMPILE_TRACKER,
+            "the eager tracker on static memory banks, its frame step's parts through "
+            "torch.compile (kept in the compile cache), every video mode",
             "sam2serve.runtime.video:build_eager_tracker",
             ("cpu", "cuda"),
             VIDEO_MODES,
@@ -82,6 +91,7 @@ def get_tracker_info(name: str) -> TrackerInfo:
 
 
 __all__ = [
+    "COMPILE_TRACKER",
     "EAGER_TRACKER",
     "ONNX_TRACKER",
     "TRACKERS",

@@ -7,23 +7,31 @@ The modes' video meaning is declared in :mod:`sam2serve.runtime.modes`
 
 - ``baseline`` and ``fast``: Meta's tracker in eager fp32 (fast has no change of its own
   for tracking yet: see the modes' module).
-- ``furious``: the image encoder in the spec's reduced dtype the way the image path runs
-  it (:func:`~sam2serve.runtime.build.encoder_precision`: bf16 weights on the CPU,
-  autocast on CUDA) and memory attention under autocast to it; TF32 on CUDA where the
+- ``furious``: the image encoder on bf16 weights (the image path's CPU rule,
+  :func:`~sam2serve.runtime.build.encoder_precision`, on CUDA too: autocast would convert
+  every weight on every frame, since it caches no cast under inference mode) and memory
+  attention in it too, on a bf16 copy of its weights with its inputs converted once
+  (:meth:`~sam2serve.modeling.sam2_video.SAM2Video.memory_attention_in`: a tracked frame
+  converts a handful of tensors, ``tests/video/test_furious_dtypes.py``); TF32 on CUDA where the
   process allows it (the other modes keep it off for their calls). The dtype is
   resolved as for images (:func:`~sam2serve.runtime.build.resolve_dtype`): on a CPU
   without native bf16 it is float32, and furious tracks exactly as baseline does.
 
 Trackers (:mod:`sam2serve.runtime.trackers`, chosen by
-:func:`sam2serve.runtime.backend_choice.choose_tracker`): eager (every mode above), and
-``onnxruntime`` (mode fast, from the artifacts of ``sam2serve export --format onnx
---video``: the predictor's model calls run by the video graphs,
-:mod:`sam2serve.runtime.ort_video`). Both hand the predictor a
-:class:`~sam2serve.engine.video.model.VideoModel`. The other exported and compiled
+:func:`sam2serve.runtime.backend_choice.choose_tracker`): eager (every mode above),
+``compile`` (every mode above: the eager tracker on static memory banks with memory
+attention, memory encoder and the decoder's transformer through torch.compile,
+:mod:`sam2serve.engine.video.compiled`; ``--mode fast+compile``), and ``onnxruntime`` (mode
+fast, from the artifacts of ``sam2serve export --format onnx --video``: the predictor's model
+calls run by the video graphs, :mod:`sam2serve.runtime.ort_video`). All hand the predictor
+a :class:`~sam2serve.engine.video.model.VideoModel`. The other exported and compiled
 backends cover the image path only.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +43,7 @@ from sam2serve.runtime.build import encoder_precision, load_spec_model, resolve_
 from sam2serve.runtime.modes import get_mode, get_video_mode
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 from sam2serve.runtime.trackers import (
+    COMPILE_TRACKER,
     EAGER_TRACKER,
     ONNX_TRACKER,
     VIDEO_BACKENDS,
@@ -44,6 +53,10 @@ from sam2serve.runtime.trackers import (
 # The names this module has always offered.
 VIDEO_BACKEND = EAGER_TRACKER
 ONNX_VIDEO_BACKEND = ONNX_TRACKER
+COMPILE_VIDEO_BACKEND = COMPILE_TRACKER
+
+if TYPE_CHECKING:
+    from sam2serve.runtime.compile_cache import CompileReport
 
 __all__ = [
     "ONNX_VIDEO_BACKEND",
@@ -93,22 +106,52 @@ def video_predictor_for(
     model: SAM2Video, spec: RuntimeSpec, *, feature_cache_frames: int = 2
 ) -> VideoPredictor:
     """A VideoPredictor running ``model`` the way ``spec``'s mode says (it may convert the
-    model in place: furious on a bf16 CPU casts its image encoder); eager only."""
+    model in place: furious on a bf16 CPU casts its image encoder); eager, or compiled (backend compile)."""
     check_video_spec(spec)
-    if spec.backend != EAGER_TRACKER:
+    if spec.backend not in (EAGER_TRACKER, COMPILE_TRACKER):
         raise ValueError(
-            f"a loaded model tracks on backend {EAGER_TRACKER!r}, not {spec.backend!r}"
+            f"a loaded model tracks on backend {EAGER_TRACKER!r} or {COMPILE_TRACKER!r}, "
+            f"not {spec.backend!r}"
         )
     spec = resolve_dtype(spec)
     assert spec.dtype is not None
     reduced = getattr(torch, spec.dtype)
     mode = get_mode(spec.mode)
     attention = reduced if mode.reduced_precision_memory_attention else None
-    return VideoPredictor(
+    encoder_autocast = encoder_precision(model, spec)
+    if encoder_autocast is not None:
+        # CUDA: the tracker's encoder on reduced weights, as on the CPU, not autocast, which
+        # under inference mode converts every weight again on every frame.
+        model.image_encoder.to(encoder_autocast)
+    predictor = VideoPredictor(
         model,
         feature_cache_frames=feature_cache_frames,
-        encoder_autocast_dtype=encoder_precision(model, spec),
+        encoder_autocast_dtype=None,
         memory_attention_dtype=None if attention == torch.float32 else attention,
         runtime=spec,
         allow_tf32=mode.allow_tf32,
     )
+    if spec.backend == COMPILE_TRACKER:
+        compile_cached_tracker(predictor, spec)
+    return predictor
+
+
+def compile_cached_tracker(
+    predictor: VideoPredictor, spec: RuntimeSpec, root: Path | None = None
+) -> CompileReport:
+    """Compile ``predictor`` (backend compile) and warm it up (one object) through the
+    compile cache: the first process keeps its compilation in ``$SAM2SERVE_CACHE/compile``
+    (or ``root``), a later one with the same identity loads it instead of compiling."""
+    from sam2serve.engine.video.compiled import compile_tracker, warm_up
+    from sam2serve.runtime.compile_cache import CompileCached, compile_identity
+
+    compile_tracker(predictor)
+    assert spec.dtype is not None
+    identity = {
+        **compile_identity(spec.model, spec.mode, spec.dtype, predictor.device),
+        "task": "video tracker, warm-up with 1 object",
+        "image_size": predictor.model.image_size,
+    }
+    cached = CompileCached(lambda: warm_up(predictor), identity, root=root)
+    cached()
+    return cached.report

@@ -21,14 +21,18 @@ def model():
     return load_video_model("tiny", random_weights=True, seed=2)
 
 
-def test_the_tracker_runs_the_float_modes_on_eager_only():
+def test_the_tracker_runs_the_float_modes_on_eager_and_compile():
     assert VIDEO_MODES == ("baseline", "fast", "furious")
     with pytest.raises(ValueError, match="runs the modes baseline, fast, furious, not 'int8'"):
         get_video_mode("int8")
     with pytest.raises(ValueError, match="not 'int8'"):
         check_video_spec(RuntimeSpec(mode="int8"))  # its default backend is openvino
-    with pytest.raises(ValueError, match="backend 'eager' or 'onnxruntime', not 'compile'"):
-        check_video_spec(RuntimeSpec(mode="fast", backend="compile"))
+    check_video_spec(RuntimeSpec(mode="fast", backend="compile"))
+    check_video_spec(RuntimeSpec(mode="furious", backend="compile"))
+    with pytest.raises(
+        ValueError, match="backend 'eager' or 'onnxruntime' or 'compile', not 'openvino'"
+    ):
+        check_video_spec(RuntimeSpec(mode="fast", backend="openvino"))
 
 
 @pytest.mark.parametrize("mode", ["baseline", "fast"])

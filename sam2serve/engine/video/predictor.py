@@ -75,6 +75,7 @@ class VideoPredictor:
         memory_attention_dtype: torch.dtype | None = None,
         runtime: Any = None,
         allow_tf32: bool = False,
+        static_bank: tuple[int, int] | None = None,
     ) -> None:
         """``feature_cache_frames``: frames whose encoder features each state keeps (LRU;
         Meta keeps 1). ``storage_device``: where memories and masks are stored ("cpu"
@@ -86,7 +87,9 @@ class VideoPredictor:
         RuntimeSpec it was built for (None when built by hand); ``allow_tf32``: whether its
         CUDA fp32 work may run in TF32 where the process allows it (False keeps TF32 off
         for its calls: :mod:`sam2serve.engine.tf32`). Set from a mode by
-        ``sam2serve.runtime.video``, when it is built."""
+        ``sam2serve.runtime.video``, when it is built. ``static_bank`` (memory slots,
+        pointer slots): memory banks padded to that shape, the padding masked (the same
+        answers; a compiled tracker's: :mod:`sam2serve.engine.video.compiled`)."""
         if feature_cache_frames < 1:
             raise ValueError(f"feature_cache_frames must be at least 1, got {feature_cache_frames}")
         self.model = model
@@ -98,6 +101,7 @@ class VideoPredictor:
         self.memory_attention_dtype = memory_attention_dtype
         self.runtime = runtime
         self.allow_tf32 = allow_tf32
+        self.static_bank = static_bank
 
     @property
     def device(self) -> torch.device:
@@ -547,6 +551,7 @@ class VideoPredictor:
                     memory_pos,
                     pointers,
                     self.memory_attention_dtype,
+                    self.static_bank,
                 )
             )
             start = end
