@@ -107,7 +107,10 @@ class OrtVideoModel:
         memory_pos: torch.Tensor,
         pointers: ObjectPointers | None,
         autocast_dtype: torch.dtype | None = None,
+        static_bank: tuple[int, int] | None = None,
     ) -> torch.Tensor:
+        if static_bank is not None:  # the graphs take the bank as it is (never compiled)
+            raise ValueError("the onnxruntime tracker takes no padded (static) memory bank")
         features = torch.stack([memory.features for memory in memories], dim=1)
         if pointers is not None and pointers.distances:
             obj_ptrs = _numpy(pointers.pointers.permute(1, 0, 2))

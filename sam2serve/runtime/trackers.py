@@ -56,14 +56,6 @@ TRACKERS: dict[str, TrackerInfo] = {
             VIDEO_MODES,
         ),
         TrackerInfo(
-            COMPILE_TRACKER,
-            "the eager tracker on static memory banks, its frame step's parts through "
-            "torch.compile (kept in the compile cache), every video mode",
-            "sam2serve.runtime.video:build_eager_tracker",
-            ("cpu", "cuda"),
-            VIDEO_MODES,
-        ),
-        TrackerInfo(
             ONNX_TRACKER,
             "the video graphs of 'sam2serve export --format onnx --video' through ONNX "
             "Runtime (mode fast; no mask prompts)",
@@ -72,6 +64,14 @@ TRACKERS: dict[str, TrackerInfo] = {
             ("fast",),
             export_format="onnx",
             export_command="sam2serve export --format onnx --video",
+        ),
+        TrackerInfo(
+            COMPILE_TRACKER,
+            "the eager tracker on static memory banks, its frame step's parts through "
+            "torch.compile (kept in the compile cache), every video mode",
+            "sam2serve.runtime.video:build_eager_tracker",
+            ("cpu", "cuda"),
+            VIDEO_MODES,
         ),
     )
 }

@@ -54,14 +54,16 @@ TRACKS = [
     (None, "fast", "cpu", "missing", "onnxruntime"),
     ("onnxruntime", "fast", "cpu", "missing", "onnxruntime"),
     (None, "fast", "cpu", "onnx-image", "onnxruntime"),
+    # The compiled tracker (backend compile): every video mode, from weights.
+    *[("compile", mode, dev, None, "compile") for mode in VIDEO_MODES for dev in ("cpu", "cuda")],
 ]  # fmt: skip
 # (requested backend, mode, device, export kind) -> what the refusal names.
 REFUSED = [
     (None, "int8", "cpu", None, "runs the modes baseline, fast, furious, not 'int8'"),
     ("eager", "int8", "cpu", None, "not 'int8'"),
     (None, "turbo", "cpu", None, "unknown mode 'turbo'"),
-    ("openvino", "fast", "cpu", None, "backend 'eager' or 'onnxruntime', not 'openvino'"),
-    ("compile", "fast", "cpu", None, "backend 'eager' or 'onnxruntime', not 'compile'"),
+    ("openvino", "fast", "cpu", None, "'eager' or 'onnxruntime' or 'compile', not 'openvino'"),
+    ("compile", "fast", "cpu", "onnx-video", "compile tracking loads a checkpoint or random"),
     ("bogus", "fast", "cpu", None, "not 'bogus'"),
     ("eager", "fast", "tpu", None, "tracks on cpu, cuda, not on 'tpu'"),
     ("onnxruntime", "fast", "cpu", None, "give its directory as the artifacts"),
@@ -107,7 +109,8 @@ def test_build_video_predictor_asks_the_rule_before_loading(exports):
 
 def test_the_bench_tracks_the_rows_the_rule_gives_from_weights():
     assert _plan_video_modes(["baseline", "fast", "furious"], [], "cpu")
-    for label in ("int8", "fast+onnxruntime", "fast+openvino", "furious+compile"):
+    assert _plan_video_modes(["baseline", "fast+compile", "furious+compile"], [], "cpu")
+    for label in ("int8", "fast+onnxruntime", "fast+openvino"):
         with pytest.raises(BenchError, match=f"cannot run mode\\(s\\) {label.replace('+', '.')}"):
             _plan_video_modes(["baseline", label], [], "cpu")
 

@@ -66,8 +66,11 @@ class VideoModel(Protocol):
         memory_pos: torch.Tensor,
         pointers: ObjectPointers | None,
         autocast_dtype: torch.dtype | None = None,
+        static_bank: tuple[int, int] | None = None,
     ) -> torch.Tensor:
-        """A tracked frame's features (B, C, S/16, S/16) attended to B objects' memories."""
+        """A tracked frame's features (B, C, S/16, S/16) attended to B objects' memories
+        (``static_bank``: the bank padded to (memory slots, pointer slots), masked, for a
+        compiled tracker; None: as it is)."""
         ...
 
     def use_multimask(self, is_init_cond_frame: bool, num_points: int) -> bool:
