@@ -80,7 +80,7 @@ def test_every_surface_asks_the_same_rule(onnx_export):
     settings = ServerSettings.from_flat(mode="fast", artifacts=onnx_export)
     assert settings.runtime.spec().backend == "onnxruntime"
     with pytest.raises(ValueError, match="run it with backend 'onnxruntime'"):
-        ServerSettings.from_flat(mode="fast", backend="eager", artifacts=onnx_export).runtime_spec()
+        ServerSettings.from_flat(mode="fast", backend="eager", artifacts=onnx_export).runtime.spec()
     replica = ReplicaArgs(model="tiny", mode="fast", artifacts=onnx_export)
     replica.check()
     assert replica.runtime_spec(threads=1).backend == "onnxruntime"

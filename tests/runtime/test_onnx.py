@@ -312,5 +312,5 @@ def test_an_onnx_directory_runs_on_onnxruntime_without_naming_it(tmp_path):
         "onnxruntime"
     )
     assert runtime_spec(argparse.Namespace(artifacts=str(other), **flags)).backend == "artifacts"
-    assert ServerSettings.from_flat(artifacts=str(onnx_dir)).runtime_spec().backend == "onnxruntime"
-    assert ServerSettings.from_flat(artifacts=str(other)).runtime_spec().backend == "artifacts"
+    assert ServerSettings.from_flat(artifacts=str(onnx_dir)).runtime.spec().backend == "onnxruntime"
+    assert ServerSettings.from_flat(artifacts=str(other)).runtime.spec().backend == "artifacts"
