@@ -10,6 +10,8 @@ CPU), while everything else â€” HTTP, parsing, the worker, caches, the decoder â
 
 from __future__ import annotations
 
+import io
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -93,3 +95,29 @@ def chelsea_id(main_server, photos) -> str:
         response = client.post("/v1/embeddings", json={"image": b64(photos["chelsea"])})
     assert response.status_code == 200, response.text
     return response.json()["image_id"]
+
+
+class LogCapture(logging.Handler):
+    """Everything the server logs, formatted as a log file would be (tracebacks included)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.stream = io.StringIO()
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream.write(self.format(record) + "\n")
+
+    def text(self) -> str:
+        return self.stream.getvalue()
+
+
+@pytest.fixture
+def server_log():
+    capture = LogCapture()
+    loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "sam2serve")]
+    for logger in loggers:
+        logger.addHandler(capture)
+    yield capture
+    for logger in loggers:
+        logger.removeHandler(capture)

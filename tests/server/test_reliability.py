@@ -164,13 +164,18 @@ def _seed_case(
 OPEN_EXAMPLES = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 20}
 
 
-@pytest.mark.parametrize(
-    "examples",
-    [
-        pytest.param(OPEN_EXAMPLES, id="some"),
-        pytest.param(None, id="all", marks=pytest.mark.extended),
-    ],
-)
+def some_then_all(examples: dict[GenerationMode, int]) -> pytest.MarkDecorator:
+    """``examples`` per operation in the first tier ("some"), all of them in the second."""
+    return pytest.mark.parametrize(
+        "examples",
+        [
+            pytest.param(examples, id="some"),
+            pytest.param(None, id="all", marks=pytest.mark.extended),
+        ],
+    )
+
+
+@some_then_all(OPEN_EXAMPLES)
 def test_schemathesis_without_api_key(target, record_property, examples):
     live = target.ensure()
     report = FuzzReport.within(FUZZ_BUDGET_S)
@@ -187,13 +192,7 @@ def test_schemathesis_without_api_key(target, record_property, examples):
 KEYED_EXAMPLES = {GenerationMode.POSITIVE: 25, GenerationMode.NEGATIVE: 10}
 
 
-@pytest.mark.parametrize(
-    "examples",
-    [
-        pytest.param(KEYED_EXAMPLES, id="some"),
-        pytest.param(None, id="all", marks=pytest.mark.extended),
-    ],
-)
+@some_then_all(KEYED_EXAMPLES)
 def test_schemathesis_with_api_key(keyed_target, record_property, examples):
     live = keyed_target.ensure()
     report = FuzzReport.within(FUZZ_BUDGET_S)

@@ -13,9 +13,7 @@ this CPU (tests/video/ check the network's answers against Meta's)."""
 
 from __future__ import annotations
 
-import io
 import json
-import logging
 import threading
 import time
 from typing import Any
@@ -80,21 +78,6 @@ def frames(count: int, start: int = 0) -> list[np.ndarray]:
     return out
 
 
-class LogCapture(logging.Handler):
-    """Everything the server logs, formatted as a log file would be (tracebacks included)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.stream = io.StringIO()
-        self.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.stream.write(self.format(record) + "\n")
-
-    def text(self) -> str:
-        return self.stream.getvalue()
-
-
 @pytest.fixture(scope="module")
 def stub() -> PixelStubPredictor:
     return PixelStubPredictor(load_video_model("tiny", random_weights=True, seed=0))
@@ -117,17 +100,6 @@ def server(predictor, stub):
     yield live
     stub.gate.set()
     live.stop()
-
-
-@pytest.fixture
-def server_log():
-    capture = LogCapture()
-    loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "sam2serve")]
-    for logger in loggers:
-        logger.addHandler(capture)
-    yield capture
-    for logger in loggers:
-        logger.removeHandler(capture)
 
 
 def clean(log: str) -> None:

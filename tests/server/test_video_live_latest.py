@@ -12,7 +12,6 @@ that "faster than tracked" is made by the test, not by timing (nothing asserts a
 from __future__ import annotations
 
 import json
-import logging
 
 import numpy as np
 import pytest
@@ -21,7 +20,6 @@ from test_video_live import (
     HEIGHT,
     WAIT_S,
     WIDTH,
-    LogCapture,
     PixelStubPredictor,
     clean,
     frames,
@@ -63,17 +61,6 @@ def server(predictor, stub):
     yield live
     stub.gate.set()
     live.stop()
-
-
-@pytest.fixture
-def server_log():
-    capture = LogCapture()
-    loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "sam2serve")]
-    for logger in loggers:
-        logger.addHandler(capture)
-    yield capture
-    for logger in loggers:
-        logger.removeHandler(capture)
 
 
 @pytest.fixture
