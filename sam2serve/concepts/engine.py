@@ -19,10 +19,8 @@ from torch import Tensor
 
 CONTEXT_LENGTH = 32  # Meta's VETextEncoder context
 VISUAL_PHRASE = "visual"  # Meta's text stand-in when only exemplar boxes are given
-DEFAULT_SCORE_THRESH = 0.5
-PADDING = (
-    -10
-)  # transformers' label for a padding exemplar box  # Meta's Sam3Processor confidence_threshold
+DEFAULT_SCORE_THRESH = 0.5  # Meta's Sam3Processor confidence_threshold
+PADDING = -10  # transformers' label for a padding exemplar box
 
 
 @dataclass(frozen=True)
@@ -63,12 +61,16 @@ def token_batch(tokenize: Tokenize, phrases: Sequence[str]) -> tuple[Tensor, Ten
     return ids, (ids != 0).long()
 
 
-def preprocess(images: Sequence[np.ndarray], size: int) -> Tensor:
-    """uint8 RGB (H, W, 3) images -> (B, 3, size, size) in [-1, 1], resized as Meta's
-    processor does (bilinear, antialiased, on the uint8 image)."""
+def preprocess(
+    images: Sequence[np.ndarray], size: int, device: torch.device | str = "cpu"
+) -> Tensor:
+    """uint8 RGB (H, W, 3) images -> (B, 3, size, size) in [-1, 1] on ``device``, resized as
+    Meta's processor does (bilinear, antialiased, on the uint8 image). Each image crosses
+    to the device as uint8 and is resized and normalised there."""
     out = []
     for image in images:
-        chw = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))[None]
+        host = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))[None]
+        chw = host.to(device, non_blocking=True)
         if tuple(chw.shape[-2:]) != (size, size):
             chw = F.interpolate(
                 chw, size=(size, size), mode="bilinear", align_corners=False, antialias=True
@@ -102,9 +104,11 @@ def _select(vision, index: int, count: int):
 
 
 def postprocess(outputs, height: int, width: int, score_thresh: float) -> list[list[Instance]]:
-    """Meta's Sam3Processor._forward_grounding rule, per prompt of the batch."""
+    """Meta's Sam3Processor._forward_grounding rule, per prompt of the batch (on the
+    outputs' device; each prompt's kept masks, boxes and scores cross to the host once)."""
     probs = outputs.pred_logits.sigmoid() * outputs.presence_logits.sigmoid()
-    scale = torch.tensor([width, height, width, height], dtype=torch.float32)
+    device = probs.device
+    scale = torch.tensor([width, height, width, height], dtype=torch.float32, device=device)
     result = []
     for row in range(probs.shape[0]):
         keep = probs[row] > score_thresh
@@ -119,11 +123,12 @@ def postprocess(outputs, height: int, width: int, score_thresh: float) -> list[l
                 > 0.5
             )
         else:
-            masks = torch.zeros((0, height, width), dtype=torch.bool)
+            masks = torch.zeros((0, height, width), dtype=torch.bool, device=device)
+        masks, boxes, scores = masks.cpu().numpy(), boxes.cpu().tolist(), scores.cpu().tolist()
         result.append(
             [
-                Instance(mask=m.numpy(), box=tuple(b.tolist()), score=float(s))
-                for m, b, s in zip(masks, boxes, scores, strict=True)
+                Instance(mask=m, box=tuple(b), score=float(sc))
+                for m, b, sc in zip(masks, boxes, scores, strict=True)
             ]
         )
     return result
@@ -152,8 +157,9 @@ def segment_concepts(
     if not 0.0 <= score_thresh <= 1.0:
         raise ValueError(f"score_thresh must be in [0, 1]; got {score_thresh}")
     size = model.config.vision_config.backbone_config.image_size
-    vision = model.get_vision_features(pixel_values=preprocess(images, size))
-    ids, attention = token_batch(tokenize, phrases)
+    device = next(model.parameters()).device
+    vision = model.get_vision_features(pixel_values=preprocess(images, size, device))
+    ids, attention = (t.to(device) for t in token_batch(tokenize, phrases))
     text = model.get_text_features(input_ids=ids, attention_mask=attention, return_dict=True)
     results = []
     for index, image in enumerate(images):
@@ -166,6 +172,7 @@ def segment_concepts(
             # (label PADDING, masked out) makes transformers run it as Meta does.
             box_t = torch.tensor([[[0.5, 0.5, 1.0, 1.0]]])
             label_t = torch.tensor([[PADDING]])
+        box_t, label_t = box_t.to(device), label_t.to(device)
         extra = {
             "input_boxes": box_t.expand(len(phrases), -1, -1),
             "input_boxes_labels": label_t.expand(len(phrases), -1),

@@ -94,6 +94,19 @@ def test_image_encoded_once_for_all_phrases(pair):
     assert [sorted(r) for r in out] == [["box", "cat", "dog"]] * 2
 
 
+def test_inputs_go_to_the_models_device_as_uint8():
+    """Images cross to the model's device as uint8 and are resized there; a CPU host can
+    check the placement on the 'meta' device (no values computed)."""
+    from sam2serve.concepts.engine import preprocess
+
+    image = np.zeros((40, 60, 3), np.uint8)
+    placed = preprocess([image], 32, "meta")
+    assert placed.device.type == "meta" and placed.shape == (1, 3, 32, 32)
+    assert placed.dtype == torch.float32
+    on_cpu = preprocess([image], 32)
+    assert on_cpu.device.type == "cpu" and float(on_cpu.min()) == -1.0
+
+
 def test_strict_load_names_the_missing_key(pair):
     meta, _, _ = pair
     state = meta_to_transformers(meta.state_dict())
