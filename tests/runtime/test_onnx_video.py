@@ -417,7 +417,7 @@ def test_serve_video_tracks_with_the_onnx_export(exported, clip, engine_tracked)
     from sam2serve.server.settings import ServerSettings
 
     _, frames, prompts = clip
-    settings = ServerSettings(
+    settings = ServerSettings.from_flat(
         model="tiny",
         mode="fast",
         backend="onnxruntime",
