@@ -218,14 +218,30 @@ def preprocess(
         raise ImageError("preprocess expects a non-empty sequence of (H, W, 3) uint8 arrays")
     resized = [_resize_one(image, image_size, device, i) for i, image in enumerate(images)]
     batch = torch.stack(resized)
-    # Mean and std filled in on the device from Python floats: a tensor made from them
-    # on the host would be a blocking upload per call.
-    stats = torch.empty((2, 3, 1, 1), dtype=torch.float32, device=batch.device)
+    mean, std = imagenet_stats(batch.device)
+    batch = (batch - mean) / std
+    return batch.to(dtype)
+
+
+def imagenet_stats(device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """ImageNet mean and std as float32 (3, 1, 1) on ``device``, filled in there from
+    Python floats: a tensor made from them on the host would be a blocking upload."""
+    stats = torch.empty((2, 3, 1, 1), dtype=torch.float32, device=device)
     for channel in range(3):
         stats[0, channel] = IMAGENET_MEAN[channel]
         stats[1, channel] = IMAGENET_STD[channel]
-    batch = (batch - stats[0]) / stats[1]
-    return batch.to(dtype)
+    return stats[0], stats[1]
+
+
+def to_device(array: np.ndarray, device: torch.device | str) -> torch.Tensor:
+    """A host array on ``device``, in one copy: on CUDA from pinned memory without
+    blocking the host (the caching host allocator keeps the pinned buffer until the copy
+    is done). Read-only or strided arrays (Pillow's buffers) are copied to C order first."""
+    ready = array.flags.writeable and array.flags.c_contiguous
+    host = torch.from_numpy(array if ready else np.array(array, order="C"))
+    if torch.device(device).type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
 
 
 def _resize_one(
@@ -246,13 +262,7 @@ def _resize_one(
             f"images[{index}] is {described}; expected a uint8 (H, W, 3) array "
             "(use load_image to convert)"
         )
-    # Decoded images are read-only views of Pillow's buffer; torch wants writable memory.
-    writable = image.flags.writeable and image.flags.c_contiguous
-    host = torch.from_numpy(image if writable else np.array(image, order="C"))
-    device = torch.device(device)
-    if device.type == "cuda":  # one uint8 copy, from pinned memory, not blocking the host
-        host = host.pin_memory()
-    pixels = host.to(device, non_blocking=True)
+    pixels = to_device(image, device)  # one uint8 copy
     # CHW and contiguous, as ToTensor produces: interpolate's result depends on layout.
     chw = pixels.permute(2, 0, 1).contiguous()
     if chw[0].numel() <= _WHOLE_IMAGE_PIXELS:

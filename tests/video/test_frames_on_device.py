@@ -8,13 +8,13 @@ import pytest
 import torch
 from PIL import Image
 
+from sam2serve.engine.image import to_device
 from sam2serve.engine.video import frames as frames_module
 from sam2serve.engine.video.frames import (
     normalise,
     pillow_order_known,
     preprocess_frame,
     resize_like_pil,
-    upload_uint8,
 )
 from sam2serve.engine.video.sources import ArrayFrames, LiveFrames
 from sam2serve.runtime.sync_guard import SyncGuard
@@ -68,7 +68,7 @@ def test_device_path_equals_the_pillow_path_exactly():
     which is Meta's: PIL resize, /255, (x - mean) / std in float32."""
     frame = random_frame(240, 320)
     on_device = normalise(
-        resize_like_pil(upload_uint8(frame, torch.device("cpu")).permute(2, 0, 1), 1024)
+        resize_like_pil(to_device(frame, torch.device("cpu")).permute(2, 0, 1), 1024)
     )
     reference = preprocess_frame(frame, 1024)
     resized = np.asarray(Image.fromarray(frame).resize((1024, 1024)))
@@ -104,7 +104,7 @@ def test_dispatch_resizes_on_the_device_unless_pillows_order_is_unknown(
 def test_the_frame_step_preprocessing_asks_for_no_host_value():
     frame = random_frame(48, 64)
     with SyncGuard(device="cpu") as guard:
-        pixels = upload_uint8(frame, torch.device("cpu")).permute(2, 0, 1)
+        pixels = to_device(frame, torch.device("cpu")).permute(2, 0, 1)
         normalise(resize_like_pil(pixels, 128))
     assert guard.syncs == []
 

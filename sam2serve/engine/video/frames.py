@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from sam2serve.engine.image import IMAGENET_MEAN, IMAGENET_STD
+from sam2serve.engine.image import imagenet_stats, to_device
 
 
 class FrameError(ValueError):
@@ -68,9 +68,9 @@ def preprocess_frame(
     if device.type == "cpu" or not pillow_order_known(height, width):
         # Pillow on the host; only its uint8 result crosses to the device.
         resized = np.asarray(Image.fromarray(frame).resize((image_size, image_size)))
-        pixels = upload_uint8(resized, device).permute(2, 0, 1)
+        pixels = to_device(resized, device).permute(2, 0, 1)
     else:
-        pixels = resize_like_pil(upload_uint8(frame, device).permute(2, 0, 1), image_size)
+        pixels = resize_like_pil(to_device(frame, device).permute(2, 0, 1), image_size)
     return normalise(pixels).to(dtype)
 
 
@@ -83,28 +83,14 @@ def pillow_order_known(height: int, width: int) -> bool:
     return height <= width
 
 
-def upload_uint8(pixels: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host uint8 array on ``device``: one copy, from pinned memory without blocking
-    the host on CUDA (the caching host allocator keeps the pinned buffer until the copy
-    is done)."""
-    host = torch.from_numpy(pixels if pixels.flags.writeable else np.array(pixels))
-    if device.type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
-
-
 def normalise(pixels: torch.Tensor) -> torch.Tensor:
     """uint8 (3, S, S) -> float32 (pixels / 255 - mean) / std, where the pixels are.
 
     float32(u / 255) in float64, as Meta computes it, is the correctly rounded quotient,
     as float32 division gives it: the same numbers. Mean and std are filled in on the
     device from Python floats (a tensor made from them would be a blocking upload)."""
-    scaled = pixels.to(torch.float32).div_(255)
-    stats = torch.empty((2, 3, 1, 1), dtype=torch.float32, device=pixels.device)
-    for channel in range(3):
-        stats[0, channel] = IMAGENET_MEAN[channel]
-        stats[1, channel] = IMAGENET_STD[channel]
-    return scaled.sub_(stats[0]).div_(stats[1])
+    mean, std = imagenet_stats(pixels.device)
+    return pixels.to(torch.float32).div_(255).sub_(mean).div_(std)
 
 
 # Pillow's Resample.c: fixed-point coefficients with 22 fraction bits for 8-bit images.
@@ -152,25 +138,25 @@ def _coefficients(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _resample_last_axis(pixels: torch.Tensor, out_size: int) -> torch.Tensor:
     """Pillow's ImagingResampleHorizontal_8bpc over the last axis of uint8 ``pixels``."""
-    fixed, index = _coefficients(pixels.shape[-1], out_size)
     device = pixels.device
-    weights = upload_array(fixed, device)
-    positions = upload_array(index, device)
+    weights, positions = _device_coefficients(pixels.shape[-1], out_size, device)
     source = pixels.to(torch.int32)
     total = torch.full(
         (*pixels.shape[:-1], out_size), 1 << (_PRECISION_BITS - 1), dtype=torch.int32, device=device
     )
-    for k in range(fixed.shape[1]):  # integer sums: exact in any order, < 2**31 as in Pillow
+    for k in range(weights.shape[1]):  # integer sums: exact in any order, < 2**31 as in Pillow
         total += source[..., positions[:, k]] * weights[:, k]
     return (total >> _PRECISION_BITS).clamp_(0, 255).to(torch.uint8)
 
 
-def upload_array(values: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A small host array on ``device`` without blocking (pinned on CUDA)."""
-    host = torch.from_numpy(np.ascontiguousarray(values))
-    if device.type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
+@functools.lru_cache(maxsize=16)
+def _device_coefficients(
+    in_size: int, out_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_coefficients` on ``device``, uploaded once per size pair and device (a
+    video's frames share one size: no copy per frame)."""
+    fixed, index = _coefficients(in_size, out_size)
+    return to_device(fixed, device), to_device(index, device)
 
 
 def resize_like_pil(pixels: torch.Tensor, image_size: int) -> torch.Tensor:
