@@ -45,23 +45,13 @@ from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 from sam2serve.runtime.trackers import (
     COMPILE_TRACKER,
     EAGER_TRACKER,
-    ONNX_TRACKER,
-    VIDEO_BACKENDS,
     get_tracker_info,
 )
-
-# The names this module has always offered.
-VIDEO_BACKEND = EAGER_TRACKER
-ONNX_VIDEO_BACKEND = ONNX_TRACKER
-COMPILE_VIDEO_BACKEND = COMPILE_TRACKER
 
 if TYPE_CHECKING:
     from sam2serve.runtime.compile_cache import CompileReport
 
 __all__ = [
-    "ONNX_VIDEO_BACKEND",
-    "VIDEO_BACKEND",
-    "VIDEO_BACKENDS",
     "build_eager_tracker",
     "build_video_predictor",
     "check_video_spec",
