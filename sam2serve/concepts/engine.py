@@ -91,16 +91,32 @@ def _boxes_tensor(boxes: Sequence[ExemplarBox], width: int, height: int) -> tupl
     return torch.tensor([rows], dtype=torch.float32), torch.tensor([labels], dtype=torch.long)
 
 
-def _select(vision, index: int, count: int):
-    """Image ``index`` of a batched vision output, expanded to ``count`` prompts (a view)."""
+@dataclass(frozen=True)
+class ConceptEncoding:
+    """One image's SAM 3 vision features (batch of one, on the model's device) and its
+    size: what the detector needs to answer any phrase on that image, cacheable."""
 
-    def pick(tensors):
-        return tuple(t[index : index + 1].expand(count, *t.shape[1:]) for t in tensors)
+    fpn_hidden_states: tuple[Tensor, ...]
+    fpn_position_encoding: tuple[Tensor, ...]
+    height: int
+    width: int
 
-    return type(vision)(
-        fpn_hidden_states=pick(vision.fpn_hidden_states),
-        fpn_position_encoding=pick(vision.fpn_position_encoding),
-    )
+    @property
+    def nbytes(self) -> int:
+        tensors = (*self.fpn_hidden_states, *self.fpn_position_encoding)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def expanded(self, count: int):
+        """transformers' vision output for ``count`` prompts over this image (views)."""
+        from transformers.models.sam3.modeling_sam3 import Sam3VisionEncoderOutput
+
+        def grow(tensors):
+            return tuple(t.expand(count, *t.shape[1:]) for t in tensors)
+
+        return Sam3VisionEncoderOutput(
+            fpn_hidden_states=grow(self.fpn_hidden_states),
+            fpn_position_encoding=grow(self.fpn_position_encoding),
+        )
 
 
 def postprocess(outputs, height: int, width: int, score_thresh: float) -> list[list[Instance]]:
@@ -134,6 +150,88 @@ def postprocess(outputs, height: int, width: int, score_thresh: float) -> list[l
     return result
 
 
+def _check_images(images: Sequence[np.ndarray]) -> None:
+    for image in images:
+        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+            raise ValueError(f"images must be uint8 (H, W, 3); got {image.dtype} {image.shape}")
+
+
+@torch.inference_mode()
+def encode_images(model: torch.nn.Module, images: Sequence[np.ndarray]) -> list[ConceptEncoding]:
+    """Every image through the vision backbone in one batch; one encoding per image."""
+    _check_images(images)
+    if not images:
+        return []
+    size = model.config.vision_config.backbone_config.image_size
+    device = next(model.parameters()).device
+    vision = model.get_vision_features(pixel_values=preprocess(images, size, device))
+    return [
+        ConceptEncoding(
+            fpn_hidden_states=tuple(t[i : i + 1] for t in vision.fpn_hidden_states),
+            fpn_position_encoding=tuple(t[i : i + 1] for t in vision.fpn_position_encoding),
+            height=int(image.shape[0]),
+            width=int(image.shape[1]),
+        )
+        for i, image in enumerate(images)
+    ]
+
+
+def _prompt_phrases(phrases: Sequence[str], boxes: Sequence[ExemplarBox]) -> list[str]:
+    phrases = list(phrases) or ([VISUAL_PHRASE] if boxes else [])
+    if not phrases:
+        raise ValueError("give at least one phrase or one exemplar box")
+    return phrases
+
+
+@torch.inference_mode()
+def detect(
+    model: torch.nn.Module,
+    tokenize: Tokenize,
+    encoding: ConceptEncoding,
+    phrases: Sequence[str],
+    boxes: Sequence[ExemplarBox] = (),
+    score_thresh: float = DEFAULT_SCORE_THRESH,
+    text=None,
+) -> dict[str, list[Instance]]:
+    """Every phrase of one encoded image as one batch through the detector. Exemplar boxes
+    (image pixels) refine every phrase; with boxes and no phrase the phrase is Meta's
+    stand-in ``"visual"``. ``text`` is ``(ids, mask, features)`` already computed for
+    exactly these phrases (so many images share one text encoding)."""
+    phrases = _prompt_phrases(phrases, boxes)
+    if not 0.0 <= score_thresh <= 1.0:
+        raise ValueError(f"score_thresh must be in [0, 1]; got {score_thresh}")
+    device = next(model.parameters()).device
+    _ids, attention, features = text if text is not None else encode_text(model, tokenize, phrases)
+    height, width = encoding.height, encoding.width
+    if boxes:
+        box_t, label_t = _boxes_tensor(boxes, width, height)
+    else:
+        # Meta runs the exemplar encoder even with no box (its output then is the class
+        # token alone); transformers skips it when no box is given. One padding box
+        # (label PADDING, masked out) makes transformers run it as Meta does.
+        box_t = torch.tensor([[[0.5, 0.5, 1.0, 1.0]]])
+        label_t = torch.tensor([[PADDING]])
+    box_t, label_t = box_t.to(device), label_t.to(device)
+    outputs = model(
+        vision_embeds=encoding.expanded(len(phrases)),
+        text_embeds=features,
+        attention_mask=attention,
+        input_boxes=box_t.expand(len(phrases), -1, -1),
+        input_boxes_labels=label_t.expand(len(phrases), -1),
+    )
+    per_prompt = postprocess(outputs, height, width, score_thresh)
+    return dict(zip(phrases, per_prompt, strict=True))
+
+
+@torch.inference_mode()
+def encode_text(model: torch.nn.Module, tokenize: Tokenize, phrases: Sequence[str]):
+    """(ids, attention mask, text features) of ``phrases`` on the model's device."""
+    device = next(model.parameters()).device
+    ids, attention = (t.to(device) for t in token_batch(tokenize, phrases))
+    text = model.get_text_features(input_ids=ids, attention_mask=attention, return_dict=True)
+    return ids, attention, text
+
+
 @torch.inference_mode()
 def segment_concepts(
     model: torch.nn.Module,
@@ -143,46 +241,16 @@ def segment_concepts(
     boxes: Sequence[ExemplarBox] = (),
     score_thresh: float = DEFAULT_SCORE_THRESH,
 ) -> list[dict[str, list[Instance]]]:
-    """Per image, per phrase, the instances above ``score_thresh``. Exemplar boxes (image
-    pixels, applied to every image) refine every phrase; with boxes and no phrase the
-    phrase is Meta's stand-in ``"visual"``."""
+    """Per image, per phrase, the instances above ``score_thresh``: all images encoded in
+    one batch, the phrases encoded once, each image's phrases one detector batch."""
+    _check_images(images)
     if not images:
         return []
-    for image in images:
-        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
-            raise ValueError(f"images must be uint8 (H, W, 3); got {image.dtype} {image.shape}")
-    phrases = list(phrases) or ([VISUAL_PHRASE] if boxes else [])
-    if not phrases:
-        raise ValueError("give at least one phrase or one exemplar box")
+    phrases = _prompt_phrases(phrases, boxes)
     if not 0.0 <= score_thresh <= 1.0:
         raise ValueError(f"score_thresh must be in [0, 1]; got {score_thresh}")
-    size = model.config.vision_config.backbone_config.image_size
-    device = next(model.parameters()).device
-    vision = model.get_vision_features(pixel_values=preprocess(images, size, device))
-    ids, attention = (t.to(device) for t in token_batch(tokenize, phrases))
-    text = model.get_text_features(input_ids=ids, attention_mask=attention, return_dict=True)
-    results = []
-    for index, image in enumerate(images):
-        height, width = image.shape[:2]
-        if boxes:
-            box_t, label_t = _boxes_tensor(boxes, width, height)
-        else:
-            # Meta runs the exemplar encoder even with no box (its output then is the class
-            # token alone); transformers skips it when no box is given. One padding box
-            # (label PADDING, masked out) makes transformers run it as Meta does.
-            box_t = torch.tensor([[[0.5, 0.5, 1.0, 1.0]]])
-            label_t = torch.tensor([[PADDING]])
-        box_t, label_t = box_t.to(device), label_t.to(device)
-        extra = {
-            "input_boxes": box_t.expand(len(phrases), -1, -1),
-            "input_boxes_labels": label_t.expand(len(phrases), -1),
-        }
-        outputs = model(
-            vision_embeds=_select(vision, index, len(phrases)),
-            text_embeds=text,
-            attention_mask=attention,
-            **extra,
-        )
-        per_prompt = postprocess(outputs, height, width, score_thresh)
-        results.append(dict(zip(phrases, per_prompt, strict=True)))
-    return results
+    text = encode_text(model, tokenize, phrases)
+    return [
+        detect(model, tokenize, encoding, phrases, boxes, score_thresh, text=text)
+        for encoding in encode_images(model, images)
+    ]

@@ -1,0 +1,154 @@
+"""The concept model a surface runs: SAM 3 from the weights folder, or a seeded random one.
+
+Every surface (``run --task concepts``, the service, Label Studio, bench) loads it through
+:func:`load_concepts` from a :class:`ConceptsSpec`, and calls :class:`Concepts` methods,
+which are the engine's functions bound to the model and its tokenizer.
+
+Random weights (smoke tests, benches: Meta's weights are gated) come with a stand-in
+tokenizer: CLIP's byte-level BPE alphabet with no merges (each character a token; ids below
+CLIP's 49,408), written as ``vocab.json`` + ``merges.txt`` and read by the same loader as
+the real files, so the random path runs the real tokenizer code.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sam2serve.concepts.engine import (
+    DEFAULT_SCORE_THRESH,
+    ConceptEncoding,
+    ExemplarBox,
+    Instance,
+    Tokenize,
+    detect,
+    encode_images,
+    encode_text,
+    load_tokenizer,
+    segment_concepts,
+)
+from sam2serve.concepts.model import Sam3Size, build_model
+
+SIZES = {"full": Sam3Size.full, "tiny": Sam3Size.tiny}
+BPE_HEADER = "#version: 0.2"
+
+
+@dataclass(frozen=True)
+class ConceptsSpec:
+    """Where the concept model comes from. ``weights``: a folder holding ``sam3.pt``,
+    ``vocab.json`` and ``merges.txt`` (None: the download cache). ``random_weights``: a
+    seeded random model of ``size`` (``full`` is SAM 3's; ``tiny`` is for tests)."""
+
+    weights: Path | None = None
+    random_weights: bool = False
+    seed: int = 0
+    size: str = "full"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.size not in SIZES:
+            raise ValueError(f"SAM 3 size must be one of {', '.join(SIZES)}; got {self.size!r}")
+        if self.size != "full" and not self.random_weights:
+            raise ValueError(f"SAM 3 size {self.size!r} exists for --random-weights only")
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """CLIP's reversible byte -> printable character table (GPT-2's)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, map(chr, chars), strict=True))
+
+
+def write_stand_in_tokenizer(directory: Path) -> Path:
+    """CLIP's byte alphabet (bytes, bytes + ``</w>``, start/end tokens) with no merges, as
+    ``vocab.json`` + ``merges.txt`` in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    alphabet = list(_bytes_to_unicode().values())
+    vocab = [*alphabet, *(c + "</w>" for c in alphabet), "<|startoftext|>", "<|endoftext|>"]
+    (directory / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
+    (directory / "merges.txt").write_text(BPE_HEADER + "\n")
+    return directory
+
+
+def randomize_(model: torch.nn.Module, seed: int) -> None:
+    """Every floating tensor from ``seed``: norm scales 1 + noise, the rest noise (0.02)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if not tensor.is_floating_point():
+                continue
+            noise = torch.randn(tensor.shape, generator=generator) * 0.02
+            base = 1.0 if name.endswith("weight") and tensor.ndim == 1 else 0.0
+            tensor.copy_((noise + base).to(tensor.dtype))
+
+
+@dataclass
+class Concepts:
+    """A loaded concept model and its tokenizer: the engine's calls, bound."""
+
+    model: torch.nn.Module
+    tokenize: Tokenize
+    size: Sam3Size
+    spec: ConceptsSpec = field(default_factory=ConceptsSpec)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def encode(self, images: Sequence[np.ndarray]) -> list[ConceptEncoding]:
+        return encode_images(self.model, images)
+
+    def encode_text(self, phrases: Sequence[str]):
+        return encode_text(self.model, self.tokenize, phrases)
+
+    def detect(
+        self,
+        encoding: ConceptEncoding,
+        phrases: Sequence[str],
+        boxes: Sequence[ExemplarBox] = (),
+        score_thresh: float = DEFAULT_SCORE_THRESH,
+        text=None,
+    ) -> dict[str, list[Instance]]:
+        return detect(self.model, self.tokenize, encoding, phrases, boxes, score_thresh, text)
+
+    def segment(
+        self,
+        images: Sequence[np.ndarray],
+        phrases: Sequence[str],
+        boxes: Sequence[ExemplarBox] = (),
+        score_thresh: float = DEFAULT_SCORE_THRESH,
+    ) -> list[dict[str, list[Instance]]]:
+        return segment_concepts(self.model, self.tokenize, images, phrases, boxes, score_thresh)
+
+
+def load_concepts(spec: ConceptsSpec, scratch: Path | None = None) -> Concepts:
+    """The concept model of ``spec`` on its device. Real weights: strictly checked
+    (:func:`sam2serve.concepts.weights.load`; a one-line ``WeightsError`` when missing).
+    Random: ``scratch`` (default: the cache's ``sam3-stand-in``) holds the stand-in
+    tokenizer files."""
+    size = SIZES[spec.size]()
+    if spec.random_weights:
+        from sam2serve.cache import cache_path
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            model = build_model(size)
+        randomize_(model, spec.seed)
+        folder = write_stand_in_tokenizer(scratch or cache_path("sam3-stand-in"))
+        tokenize = load_tokenizer(folder)
+    else:
+        from sam2serve.concepts.weights import load
+
+        model, tokenize = load(spec.weights, size)
+    return Concepts(model.to(spec.device), tokenize, size, spec)
