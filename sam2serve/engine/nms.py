@@ -28,6 +28,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from sam2serve.engine.image import to_device
+
 __all__ = ["batched_nms", "box_area", "box_iou", "nms"]
 
 
@@ -116,9 +118,9 @@ def _greedy_keep_on_device(suppresses: torch.Tensor) -> torch.Tensor:
         if torch.equal(keep, previous):
             return keep
     positions = _greedy_keep(suppresses.cpu().numpy())  # a very long suppression chain
-    keep = torch.zeros(n, dtype=torch.bool, device=suppresses.device)
-    keep[torch.as_tensor(positions, dtype=torch.int64, device=suppresses.device)] = True
-    return keep
+    keep = np.zeros(n, dtype=bool)
+    keep[positions] = True
+    return to_device(keep, suppresses.device)
 
 
 def _nms_with_groups(
@@ -147,8 +149,7 @@ def _nms_with_groups(
     if on_device:
         return order[_greedy_keep_on_device(suppresses).nonzero()[:, 0]]
     keep_sorted = _greedy_keep(suppresses.cpu().numpy())  # the one host transfer
-    keep_positions = torch.as_tensor(keep_sorted, dtype=torch.int64, device=boxes.device)
-    return order[keep_positions]
+    return order[to_device(np.asarray(keep_sorted, dtype=np.int64), boxes.device)]
 
 
 def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
