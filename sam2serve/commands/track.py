@@ -2,7 +2,8 @@
 memory (Meta's video predictor semantics), one COCO RLE JSON file per frame.
 
 It checks the flags, the prompts file and the video before the model loads, adds every
-prompt (any frame, any object), propagates forward from the first prompted frame to the
+prompt (any frame, any object; or, with --text, the objects SAM 3 finds on one frame:
+:mod:`sam2serve.commands.track_concepts`), propagates forward from the first prompted frame to the
 end and, when that frame is not the first, in reverse to frame 0; each frame's file is
 written as soon as it is computed (a run stopped half way keeps what it wrote).
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sam2serve.commands import model as model_flags
+from sam2serve.commands import track_concepts
 from sam2serve.commands.common import (
     EXIT_OK,
     EXIT_STATUS_HELP,
@@ -83,6 +85,7 @@ run and serve) computes what baseline computes, furious is reduced precision onl
 device runs it natively (on a CPU without native bf16 it is float32: the same masks).
 {PROG} bench --task video measures them.
 
+{track_concepts.HELP}
 --backend onnxruntime (mode fast) tracks with the ONNX graphs of '{PROG} export --format
 onnx --video' in --artifacts DIR, run by ONNX Runtime (mask prompts have no graph); it is
 the default when --artifacts is given.
@@ -99,6 +102,7 @@ examples:
   {PROG} track frames/ --prompts prompts.json --out tracked/ --model large --device cuda \\
       --mode furious
   {PROG} track clip.mp4 --prompts prompts.json --out tracked/ --artifacts onnx-tiny-video/
+  {PROG} track clip.mp4 --text "cat,dog" --concept-frame 10 --out tracked/
 """
 
 
@@ -124,7 +128,8 @@ def add_arguments(parser: CommandParser) -> None:
         "--prompts",
         type=Path,
         metavar="FILE",
-        help=f"the prompts (JSON, see above); required unless the video is '{SAMPLE_VIDEO}'",
+        help=f"the prompts (JSON, see above); required unless the video is '{SAMPLE_VIDEO}' "
+        "or --text names concepts",
     )
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")
     parser.add_argument(
@@ -165,6 +170,7 @@ def add_arguments(parser: CommandParser) -> None:
         f"{EAGER_TRACKER})",
     )
     add_weights_flags(model)
+    track_concepts.add_arguments(parser)
 
 
 def track_command(args: argparse.Namespace) -> int:
@@ -172,9 +178,13 @@ def track_command(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--overlay {str(args.overlay)!r}: the file must end in {' or '.join(OVERLAY_SUFFIXES)}"
         )
+    phrases = track_concepts.check_flags(args)
     sample = args.video == SAMPLE_VIDEO
-    if args.prompts is None and not sample:
-        raise UsageError(f"--prompts FILE is required (unless the video is '{SAMPLE_VIDEO}')")
+    if args.prompts is None and not sample and phrases is None:
+        raise UsageError(
+            f'--prompts FILE or --text "PHRASES" is required (unless the video is '
+            f"'{SAMPLE_VIDEO}')"
+        )
     if not sample and not Path(args.video).exists():
         raise UsageError(f"no such video or frame folder: {args.video!r}")
     spec = video_spec(args)
@@ -182,15 +192,25 @@ def track_command(args: argparse.Namespace) -> int:
     out_dir = prepare_out_dir(args.out)
 
     frames, names, fps, source = _read_video(args, sample)
-    if prompts is None:
+    seeded: list[track_concepts.ConceptObject] = []
+    if phrases is not None:
+        track_concepts.check_frame(args, len(frames))
+        prompts = []
+    elif prompts is None:
         prompts = sample_prompts(frames)
     height, width = frames.height, frames.width
     check_prompts(prompts, len(frames), (height, width), args.prompts)
+    if phrases is not None:
+        _prepare_process(args, spec)
+        seeded = track_concepts.find_seeds(args, phrases, frames[args.concept_frame])
 
     predictor, weights = _load_predictor(args, spec)
     state = predictor.init_state(frames, retention=args.retention)
     for prompt in sorted(prompts, key=lambda p: (p.frame, p.obj_id)):
         predictor.add_prompt(state, prompt.frame, prompt.obj_id, prompt.prompt)
+    for obj in seeded:
+        predictor.add_mask(state, args.concept_frame, obj.obj_id, obj.mask)
+    object_names = {obj.obj_id: obj.phrase for obj in seeded}
     header = {
         "video": source,
         "frames": len(frames),
@@ -208,8 +228,15 @@ def track_command(args: argparse.Namespace) -> int:
         "runtime": predictor.runtime.as_dict(),
         "weights": weights,
     }
-    first = min(prompt.frame for prompt in prompts)
-    results = _propagate(predictor, state, first, names, out_dir, args.overlay is not None)
+    if phrases is not None:
+        header["names"] = {str(obj_id): name for obj_id, name in object_names.items()}
+        header["concepts"] = track_concepts.summary(args, phrases, seeded)
+        first = args.concept_frame
+    else:
+        first = min(prompt.frame for prompt in prompts)
+    results = _propagate(
+        predictor, state, first, names, out_dir, args.overlay is not None, object_names
+    )
     header["timings"] = results.summary()
     (out_dir / SUMMARY_NAME).write_text(json.dumps(json_safe(header), indent=2) + "\n")
     if args.overlay is not None:
@@ -274,12 +301,17 @@ def video_spec(args: argparse.Namespace) -> RuntimeSpec:
         raise UsageError(str(exc)) from None
 
 
-def _load_predictor(args: argparse.Namespace, spec: RuntimeSpec) -> tuple[Any, dict[str, Any]]:
+def _prepare_process(args: argparse.Namespace, spec: RuntimeSpec) -> None:
     from sam2serve.runtime.process import configure_process
-    from sam2serve.runtime.video import build_video_predictor
 
     model_flags.check_device(args.device)
     configure_process(spec)  # the command's process runs this one spec; before any loading
+
+
+def _load_predictor(args: argparse.Namespace, spec: RuntimeSpec) -> tuple[Any, dict[str, Any]]:
+    from sam2serve.runtime.video import build_video_predictor
+
+    _prepare_process(args, spec)
     start = time.perf_counter()
     with model_flags.load_errors_as_usage(args.checkpoint, args.model):
         predictor = build_video_predictor(spec, model_flags.weights_source(args))
@@ -318,10 +350,17 @@ class TrackResults:
 
 
 def _propagate(
-    predictor: Any, state: Any, first: int, names: Any, out_dir: Path, keep_records: bool
+    predictor: Any,
+    state: Any,
+    first: int,
+    names: Any,
+    out_dir: Path,
+    keep_records: bool,
+    object_names: dict[int, str] | None = None,
 ) -> TrackResults:
     """Each frame's file written as it is computed; the records kept only for the overlay
-    (``keep_records``), else a frame count."""
+    (``keep_records``), else a frame count. ``object_names``: each object's name (its
+    phrase, with --text), written beside its mask."""
     from tqdm import tqdm
 
     passes = [(first, False)] + ([(first, True)] if first > 0 else [])
@@ -341,7 +380,7 @@ def _propagate(
         tick = time.perf_counter()
         for result in frames:
             if not (reverse and result.frame_idx == start_frame):  # written going forward
-                written_records = _write_frame(result, names, out_dir)
+                written_records = _write_frame(result, names, out_dir, object_names or {})
                 if keep_records:
                     records[result.frame_idx] = written_records
                 written += 1
@@ -353,13 +392,16 @@ def _propagate(
     return TrackResults(records, written, seconds, time.perf_counter() - start)
 
 
-def _write_frame(result: Any, names: Any, out_dir: Path) -> list[dict[str, Any]]:
+def _write_frame(
+    result: Any, names: Any, out_dir: Path, object_names: dict[int, str]
+) -> list[dict[str, Any]]:
     from sam2serve.engine.rle import rle_to_coco
     from sam2serve.engine.video.outputs import object_masks
 
     records = [
         {
             "obj_id": obj.obj_id,
+            **({"name": object_names[obj.obj_id]} if obj.obj_id in object_names else {}),
             "segmentation": rle_to_coco(obj.rle),
             "area": obj.area,
             "bbox": obj.bbox,

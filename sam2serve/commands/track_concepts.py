@@ -1,0 +1,208 @@
+"""``sam2serve track --text "cat,dog"``: the objects to track found by SAM 3 on one frame.
+
+Instead of a prompts file, SAM 3's detector runs once on ``--concept-frame``; every
+instance of the phrases above ``--score-thresh`` (duplicates across phrases dropped,
+highest score first, at most ``--max-instances``; :mod:`sam2serve.concepts.video_seed`)
+becomes one object, its mask the object's prompt on that frame, its phrase its name. SAM
+2.1's propagation then tracks them as it tracks prompted objects. This is not Meta's SAM 3
+video model (which detects on every frame): an instance that enters later is not found.
+
+Everything here is checked before a model loads (torch-free until :func:`find_seeds`).
+SAM 3 is freed before the tracker loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sam2serve.commands.common import PROG, UsageError, info_line, positive_int, warning_line
+from sam2serve.commands.concepts_flags import add_concepts_flags, concepts_spec
+
+MAX_PHRASE_CHARS = 64  # as /v1/concepts and run --task concepts
+MAX_PHRASES = 64
+DEFAULT_MAX_INSTANCES = 20
+META_SCORE_THRESH = 0.5  # concepts.engine.DEFAULT_SCORE_THRESH, torch-free here
+
+HELP = f"""\
+concepts (--text, instead of --prompts):
+  SAM 3 finds every instance of the phrases on --concept-frame; each (duplicates across
+  phrases dropped: mask IoU > 0.7 with a higher-scoring one) becomes one object, numbered
+  1..N by decreasing score, its mask its prompt there and its phrase its name (track.json
+  "names", and "name" in each frame file's objects); SAM 2.1 then tracks them. Not Meta's
+  SAM 3 video model: instances that appear after that frame are not looked for.
+  e.g. {PROG} track clip.mp4 --text "cat,dog" --out tracked/
+"""
+
+
+@dataclass(frozen=True)
+class ConceptObject:
+    """One object seeded by SAM 3: its id, phrase, score and mask (bool (H, W))."""
+
+    obj_id: int
+    phrase: str
+    score: float
+    mask: Any
+    box: tuple[float, float, float, float]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "obj_id": self.obj_id,
+            "name": self.phrase,
+            "score": round(self.score, 6),
+            "box": [round(float(v), 2) for v in self.box],
+        }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("concepts (SAM 3 seeds the objects; docs/concepts.md)")
+    group.add_argument(
+        "--text",
+        metavar="PHRASES",
+        help='noun phrases, comma-separated: "cat,dog" (each 1..'
+        f"{MAX_PHRASE_CHARS} characters): track every instance SAM 3 finds on "
+        "--concept-frame, instead of --prompts",
+    )
+    group.add_argument(
+        "--concept-frame",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the frame SAM 3 looks at (0-based) (default: %(default)s)",
+    )
+    group.add_argument(
+        "--score-thresh",
+        type=float,
+        metavar="X",
+        help=f"seed instances scored above X, in [0, 1] (default: Meta's {META_SCORE_THRESH}; "
+        "0 with --random-weights, whose scores are about 0.25)",
+    )
+    group.add_argument(
+        "--max-instances",
+        type=positive_int,
+        default=DEFAULT_MAX_INSTANCES,
+        metavar="N",
+        help="track at most N objects, the highest scores first (default: %(default)s)",
+    )
+    add_concepts_flags(group)
+
+
+def parse_phrases(value: str) -> list[str]:
+    """--text "cat,dog": the phrases, each stripped, 1..64 characters, none twice."""
+    where = f"--text {value!r:.100}"
+    phrases: list[str] = []
+    for index, raw in enumerate(value.split(",")):
+        phrase = raw.strip()
+        if not phrase:
+            raise UsageError(f"{where}: phrase {index + 1} is empty")
+        if len(phrase) > MAX_PHRASE_CHARS:
+            raise UsageError(
+                f"{where}: phrase {index + 1} has {len(phrase)} characters; the limit is "
+                f"{MAX_PHRASE_CHARS}"
+            )
+        if phrase in phrases:
+            raise UsageError(f"{where}: phrase {phrase!r} is given twice")
+        phrases.append(phrase)
+    if len(phrases) > MAX_PHRASES:
+        raise UsageError(f"{where}: {len(phrases)} phrases; the limit is {MAX_PHRASES}")
+    return phrases
+
+
+def check_flags(args: argparse.Namespace) -> list[str] | None:
+    """The phrases of --text (None without it), the concept flags checked; concept flags
+    without --text, or --text with --prompts, are usage errors."""
+    if args.text is None:
+        given = [
+            flag
+            for flag, value, default in (
+                ("--concept-frame", args.concept_frame, 0),
+                ("--score-thresh", args.score_thresh, None),
+                ("--max-instances", args.max_instances, DEFAULT_MAX_INSTANCES),
+                ("--sam3-weights", args.sam3_weights, None),
+                ("--sam3-size", args.sam3_size, "full"),
+            )
+            if value != default
+        ]
+        if given:
+            raise UsageError(f"{given[0]} seeds objects from concepts: give --text PHRASES too")
+        return None
+    if args.prompts is not None:
+        raise UsageError(
+            "--text and --prompts exclude each other: the objects come from SAM 3's "
+            "instances of the phrases, or from the prompts file"
+        )
+    phrases = parse_phrases(args.text)
+    if args.score_thresh is not None and not 0.0 <= args.score_thresh <= 1.0:  # NaN too
+        raise UsageError(f"--score-thresh must be a number in [0, 1], got {args.score_thresh}")
+    if args.concept_frame < 0:
+        raise UsageError(f"--concept-frame must be >= 0, got {args.concept_frame}")
+    concepts_spec(args, args.device)  # contradictions (--sam3-size tiny without random)
+    return phrases
+
+
+def check_frame(args: argparse.Namespace, num_frames: int) -> None:
+    if args.concept_frame >= num_frames:
+        raise UsageError(
+            f"--concept-frame {args.concept_frame} is past the video's last frame "
+            f"({num_frames} frames: 0 to {num_frames - 1})"
+        )
+
+
+def score_thresh(args: argparse.Namespace) -> float:
+    if args.score_thresh is not None:
+        return args.score_thresh
+    return 0.0 if args.random_weights else META_SCORE_THRESH
+
+
+def find_seeds(args: argparse.Namespace, phrases: list[str], frame: Any) -> list[ConceptObject]:
+    """SAM 3 on the frame: the objects to track (ids 1..N by decreasing score). The model
+    is loaded for this and dropped before returning. No instance: a usage error saying
+    what was asked."""
+    from sam2serve.concepts.runtime import load_concepts
+    from sam2serve.concepts.video_seed import concept_seeds
+    from sam2serve.concepts.weights import WeightsError
+
+    thresh = score_thresh(args)
+    start = time.perf_counter()
+    try:
+        concepts = load_concepts(concepts_spec(args, args.device))
+    except WeightsError as exc:
+        raise UsageError(str(exc)) from None
+    what = "random weights" if args.random_weights else "weights"
+    info_line(f"SAM 3 ({args.sam3_size}, {what}) loaded in {time.perf_counter() - start:.1f} s")
+    if args.random_weights and args.score_thresh is None:
+        warning_line("random weights score about 0.25: seeding every instance (--score-thresh 0)")
+    seeds = concept_seeds(
+        concepts, frame, phrases, score_thresh=thresh, max_instances=args.max_instances
+    )
+    del concepts
+    gc.collect()
+    if not seeds:
+        raise UsageError(
+            f"SAM 3 found no instance of {', '.join(map(repr, phrases))} scored above "
+            f"{thresh:g} on frame {args.concept_frame}: nothing to track (lower "
+            "--score-thresh, or name the objects differently)"
+        )
+    info_line(
+        f"SAM 3 seeded {len(seeds)} object(s) on frame {args.concept_frame}: "
+        + ", ".join(f"{i + 1} {s.phrase} ({s.score:.2f})" for i, s in enumerate(seeds))
+    )
+    return [
+        ConceptObject(i + 1, seed.phrase, seed.score, seed.mask, seed.box)
+        for i, seed in enumerate(seeds)
+    ]
+
+
+def summary(args: argparse.Namespace, phrases: list[str], objects: list[ConceptObject]) -> dict:
+    """What track.json records of the concepts: the request and each seeded object."""
+    return {
+        "phrases": phrases,
+        "frame": args.concept_frame,
+        "score_thresh": score_thresh(args),
+        "max_instances": args.max_instances,
+        "sam3_size": args.sam3_size,
+        "objects": [obj.as_json() for obj in objects],
+    }
