@@ -182,8 +182,7 @@ def track_command(args: argparse.Namespace) -> int:
     sample = args.video == SAMPLE_VIDEO
     if args.prompts is None and not sample and phrases is None:
         raise UsageError(
-            f'--prompts FILE or --text "PHRASES" is required (unless the video is '
-            f"'{SAMPLE_VIDEO}')"
+            f"--prompts FILE is required (or --text \"PHRASES\", or the video '{SAMPLE_VIDEO}')"
         )
     if not sample and not Path(args.video).exists():
         raise UsageError(f"no such video or frame folder: {args.video!r}")
