@@ -27,6 +27,8 @@ from sam2serve.engine.rle import Rle, masks_to_rle
 from sam2serve.server.cache import ByteLRU, EmbeddingKey, image_id_of, looks_like_image_id
 from sam2serve.server.errors import ApiError
 
+MiB = 1024 * 1024
+
 if TYPE_CHECKING:
     from sam2serve.server.service import RequestClock, Service
 
@@ -155,6 +157,26 @@ class ConceptImages:
         pixels = size[0] * size[1]
         return phrases * kept * pixels + kept * pixels * (MASK_BYTES_PER_PIXEL - 1)
 
+    def check_mask_budget(self, phrases: int, max_instances: int, size: tuple[int, int]) -> None:
+        """413 before any model work when a detection's masks alone could never fit in the
+        decode budget (one that fits waits for room in :meth:`detect`)."""
+        need = self.mask_bytes(phrases, max_instances, size)
+        limit = self.service.decoding.limit
+        if need > limit:
+            raise ApiError(
+                413,
+                "over_decode_budget",
+                f"{self._masks_what(phrases, max_instances, size)} would take "
+                f"{need / MiB:,.0f} MiB, more than this server holds at once "
+                f"({limit / MiB:,.0f} MiB, max_decoded_bytes_in_flight); send fewer phrases, "
+                f"a lower max_instances or a smaller image",
+            )
+
+    def _masks_what(self, phrases: int, max_instances: int, size: tuple[int, int]) -> str:
+        height, width = size
+        kept = min(max_instances, self.queries)
+        return f"masks of {phrases} phrase(s) x {kept} instances on a {width}x{height} image"
+
     async def detect(
         self,
         image: ConceptImage,
@@ -166,11 +188,9 @@ class ConceptImages:
     ) -> list[DetectedConcept]:
         """Every phrase on the image in one detector job; the masks become RLEs off the
         event loop, and their bytes are held in the decode budget until then."""
-        height, width = image.size
         reservation = await self.service.decoding.reserve(
             self.mask_bytes(len(phrases), max_instances, image.size),
-            f"masks of {len(phrases)} phrase(s) x {min(max_instances, self.queries)} "
-            f"instances on a {width}x{height} image",
+            self._masks_what(len(phrases), max_instances, image.size),
         )
         try:
 

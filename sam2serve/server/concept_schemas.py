@@ -93,11 +93,12 @@ class ConceptsRequest(_Strict):
         description="Keep instances whose score (class x presence probability) is above this "
         "(Meta's default 0.5).",
     )
-    max_instances: int = Field(
-        100,
+    max_instances: int | None = Field(
+        None,
         ge=1,
         le=MAX_CONCEPT_INSTANCES,
-        description="Instances per phrase, highest scores first (at most max_concept_instances).",
+        description="Instances per phrase, highest scores first (at most "
+        "max_concept_instances; null or omitted: max_concept_instances, 100 by default).",
     )
     mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
 

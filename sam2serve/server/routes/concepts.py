@@ -18,6 +18,7 @@ from sam2serve.concepts.engine import ExemplarBox
 from sam2serve.engine.coco import coco_bbox
 from sam2serve.engine.rle import area_from_rle
 from sam2serve.server import concept_schemas as cs
+from sam2serve.server import schemas
 from sam2serve.server.concept_images import ConceptImage, ConceptImages, DetectedConcept
 from sam2serve.server.dependencies import ServiceDep, SettingsDep
 from sam2serve.server.errors import ApiError
@@ -89,6 +90,18 @@ def check_boxes_inside(body: cs.ConceptsRequest, size: tuple[int, int]) -> None:
     response_model=cs.ConceptsResponse,
     summary="Every instance of noun phrases / exemplar boxes (SAM 3; serve --concepts)",
     openapi_extra=body_doc(cs.ConceptsRequest),
+    responses={
+        404: {
+            "model": schemas.ErrorResponse,
+            "description": "Unknown image_id ('unknown_image_id'), or the server runs "
+            "without the concept model ('concepts_disabled': start it with --concepts)",
+        },
+        413: {
+            "model": schemas.ErrorResponse,
+            "description": "Upload or image too large, or the masks asked for would not fit "
+            "in max_decoded_bytes_in_flight",
+        },
+    },
 )
 async def concepts(request: Request, service: ServiceDep, settings: SettingsDep) -> Response:
     clock = RequestClock()
@@ -96,14 +109,17 @@ async def concepts(request: Request, service: ServiceDep, settings: SettingsDep)
     body, data = await read_body(request, cs.ConceptsRequest, service)
     check_concept_counts(body, settings)
     boxes = [ExemplarBox(tuple(b.box), b.positive) for b in body.boxes]  # type: ignore[arg-type]
+    phrases = body.prompt_phrases()
+    max_instances = body.max_instances or settings.concepts.max_concept_instances
+
+    def check_size(size: tuple[int, int]) -> None:  # before the image is encoded
+        check_boxes_inside(body, size)
+        model.check_mask_budget(len(phrases), max_instances, size)
 
     async def work() -> Response:
-        image = await model.resolve(
-            data, body.image_id, clock, check_size=lambda size: check_boxes_inside(body, size)
-        )
-        max_instances = body.max_instances or settings.concepts.max_concept_instances
+        image = await model.resolve(data, body.image_id, clock, check_size=check_size)
         detected = await model.detect(
-            image, body.prompt_phrases(), boxes, body.score_thresh, max_instances, clock
+            image, phrases, boxes, body.score_thresh, max_instances, clock
         )
         return json_response(
             cs.ConceptsResponse(
