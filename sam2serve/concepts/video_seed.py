@@ -132,13 +132,16 @@ def concept_seeds(
     dedupe_iou: float = DEFAULT_DEDUPE_IOU,
 ) -> list[Seed]:
     """The objects SAM 3 finds on one video frame (uint8 (H, W, 3)) for ``phrases`` and/or
-    exemplar ``boxes`` (frame pixels): every instance above ``score_thresh``, duplicates
-    dropped, highest score first, at most ``max_instances``. ``concepts`` is a loaded
+    exemplar ``boxes`` (frame pixels): the instances above ``score_thresh`` (each phrase's
+    ``max_instances`` best), duplicates dropped, highest score first, at most
+    ``max_instances``. ``concepts`` is a loaded
     :class:`~sam2serve.concepts.runtime.Concepts`."""
     if max_instances < 1:
         raise ValueError(f"max_instances must be >= 1; got {max_instances}")
     (encoding,) = concepts.encode([frame])
-    found = concepts.detect(encoding, phrases, boxes, score_thresh)
+    # Per phrase at most max_instances (the top scores, before any mask is upsampled): a
+    # bound on memory; duplicates are then dropped across phrases.
+    found = concepts.detect(encoding, phrases, boxes, score_thresh, max_instances=max_instances)
     return seeds_of(found, max_instances, dedupe_iou)
 
 

@@ -9,19 +9,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from sam2serve.concepts.engine import DEFAULT_SCORE_THRESH
+from sam2serve.concepts.video_seed import DEFAULT_DEDUPE_IOU
 from sam2serve.engine.prompts import Prompt
+from sam2serve.server.concept_schemas import MAX_PHRASE_CHARS, ExemplarBoxIn, Phrase
 from sam2serve.server.schemas import (
     MASK_FORMAT_DOC,
     SEGMENTATION_DOC,
     Coordinate,
+    FiniteFloat,
     MaskFormat,
     Point,
     Segmentation,
     _Strict,
 )
 from sam2serve.server.settings import MAX_POINTS_PER_OBJECT
+from sam2serve.server.settings_groups import MAX_CONCEPT_BOXES, MAX_CONCEPT_PHRASES
 
 MAX_OBJ_ID = 2**31 - 1
 MAX_FRAME_IDX = 2**31 - 1
@@ -101,6 +106,69 @@ class PropagateRequest(_Strict):
     mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
 
 
+class VideoConceptsRequest(_Strict):
+    """Every instance SAM 3 finds on one frame becomes a new object of the session (its
+    mask the object's prompt there, its phrase its name); propagate to track them."""
+
+    frame_idx: int = Field(ge=0, le=MAX_FRAME_IDX, description="The frame SAM 3 looks at.")
+    phrases: list[Phrase] = Field(
+        default_factory=list,
+        max_length=MAX_CONCEPT_PHRASES,
+        description=f"Noun phrases (1..{MAX_PHRASE_CHARS} characters after stripping, no two "
+        "the same; at most max_concept_phrases).",
+    )
+    boxes: list[ExemplarBoxIn] = Field(
+        default_factory=list,
+        max_length=MAX_CONCEPT_BOXES,
+        description="Exemplar boxes on that frame, applied to every phrase (at most "
+        "max_concept_boxes); boxes alone: the phrase 'visual'.",
+    )
+    score_thresh: FiniteFloat = Field(
+        DEFAULT_SCORE_THRESH,
+        ge=0,
+        le=1,
+        description="Seed instances scored above this (Meta's default 0.5).",
+    )
+    max_instances: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_OBJ_ID,
+        description="New objects at most, highest scores first (and per phrase before the "
+        "duplicates are dropped); at most the room the session has (max_video_objects minus "
+        "the objects it tracks: more is a 413 naming both) and max_concept_instances "
+        "(default: that room, within max_concept_instances).",
+    )
+    dedupe_iou: FiniteFloat = Field(
+        DEFAULT_DEDUPE_IOU,
+        ge=0,
+        le=1,
+        description="An instance whose mask IoU with a higher-scoring one (any phrase) is "
+        "above this is a duplicate, not a new object.",
+    )
+    mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
+
+    @field_validator("phrases")
+    @classmethod
+    def _phrases_are_names(cls, phrases: list[str]) -> list[str]:
+        stripped = [phrase.strip() for phrase in phrases]
+        for i, phrase in enumerate(stripped):
+            if not phrase:
+                raise ValueError(f"phrases[{i}] is empty; give a noun phrase such as 'cat'")
+            if len(phrase) > MAX_PHRASE_CHARS:
+                raise ValueError(
+                    f"phrases[{i}] has {len(phrase)} characters; at most {MAX_PHRASE_CHARS}"
+                )
+            if phrase in stripped[:i]:
+                raise ValueError(f"phrases[{i}] {phrase!r} is given twice")
+        return stripped
+
+    @model_validator(mode="after")
+    def _has_a_prompt(self) -> VideoConceptsRequest:
+        if not self.phrases and not self.boxes:
+            raise ValueError("give at least one phrase or one exemplar box")
+        return self
+
+
 # --------------------------------------------------------------------------- responses
 
 
@@ -120,6 +188,22 @@ class VideoFrameOut(BaseModel):
 
 class VideoPromptResponse(VideoFrameOut):
     session_id: str
+    inference_ms: float
+    queue_ms: float
+
+
+class VideoConceptObjectOut(VideoObjectOut):
+    name: str = Field(description="The phrase that found it ('visual' for boxes alone).")
+    score: float = Field(description="SAM 3's score of the instance that seeded it.")
+
+
+class VideoConceptsResponse(BaseModel):
+    """The new objects, highest score first, with their masks on the frame (SAM 2.1's
+    answer to each seed mask); empty when SAM 3 found nothing above score_thresh."""
+
+    session_id: str
+    frame_idx: int
+    objects: list[VideoConceptObjectOut]
     inference_ms: float
     queue_ms: float
 
@@ -163,6 +247,9 @@ __all__ = [
     "MaskPrompt",
     "PropagateDone",
     "PropagateRequest",
+    "VideoConceptObjectOut",
+    "VideoConceptsRequest",
+    "VideoConceptsResponse",
     "VideoFrameOut",
     "VideoObjectOut",
     "VideoPromptRequest",

@@ -187,6 +187,24 @@ class VideoSessions:
         tracking = (len(objects) + 1) * session.frames_counted * self.object_frame_bytes
         self._check_total(session.frames_bytes + tracking, f"obj_id {obj_id}", session)
 
+    def check_new_objects(self, session: VideoSession, count: int, what: str) -> None:
+        """413 if ``count`` more objects (``what`` names them) would pass the session's
+        object or byte limits, 429 the servers' total bytes; the message names the numbers."""
+        objects = session.state.obj_ids
+        limit = self.limits.max_objects
+        if len(objects) + count > limit:
+            raise ApiError(
+                413,
+                "too_many_objects",
+                f"{what}: {count} new object(s) beside the {len(objects)} the session tracks "
+                f"would pass its limit (max_video_objects {limit}); at most "
+                f"{max(0, limit - len(objects))} more: ask for fewer or remove objects first",
+            )
+        total = len(objects) + count
+        self._check_bytes(session.frames_bytes, session.frames_counted, objects=total, what=what)
+        tracking = total * session.frames_counted * self.object_frame_bytes
+        self._check_total(session.frames_bytes + tracking, what, session)
+
     def counted_bytes(self, session: VideoSession) -> int:
         """What the limits count a session as holding: its frames, and its objects (at
         least one) each tracked through every frame it may hold."""

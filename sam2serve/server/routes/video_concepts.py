@@ -1,0 +1,192 @@
+"""POST /v1/videos/{session_id}/concepts: SAM 3's instances on one frame become objects.
+
+SAM 3's detector runs on the session's frame; each instance above ``score_thresh``
+(duplicates across phrases dropped, highest score first, at most ``max_instances``:
+:mod:`sam2serve.concepts.video_seed`) is added as a new object of the session through
+the same mask-prompt path as ``POST /v1/videos/{session_id}/prompts`` with a mask, named by
+its phrase; ``POST .../propagate`` then tracks them with every other object. This is not
+Meta's SAM 3 video model: nothing is detected on later frames.
+
+Needs a server with video (``--video``) and concepts (``--concepts``). Every bound is
+checked before model work: the phrase and box counts (max_concept_phrases,
+max_concept_boxes), the frame index, the boxes inside the frame, ``max_instances``
+against max_concept_instances and against the room the session has (max_video_objects
+minus its objects, and its bytes), and the masks SAM 3 may hold against the decode budget.
+New objects get the smallest free ids from 1. If adding them fails half way, the ones
+added are removed again: a request adds every seed or none.
+"""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from sam2serve.concepts.engine import VISUAL_PHRASE, ExemplarBox
+from sam2serve.concepts.video_seed import Seed, concept_seeds
+from sam2serve.engine.video.outputs import ObjectMask, object_masks
+from sam2serve.engine.video.predictor import VideoPromptError
+from sam2serve.engine.video.sources import FrameGone
+from sam2serve.server import video_schemas as vs
+from sam2serve.server.batching import JobContext
+from sam2serve.server.dependencies import ServiceDep
+from sam2serve.server.errors import ApiError
+from sam2serve.server.routes.common import (
+    format_segmentations,
+    guarded,
+    json_body_doc,
+    json_response,
+    read_body,
+    v1_router,
+)
+from sam2serve.server.routes.concepts import check_boxes_inside, concepts_of
+from sam2serve.server.routes.videos import VideosDep, _check_frame, frame_gone
+from sam2serve.server.service import RequestClock, Service
+from sam2serve.server.settings import ConceptSettings
+from sam2serve.server.video_sessions import VideoSession, VideoSessions
+
+JOB = "video_concepts"
+
+router = v1_router()
+
+
+@router.post(
+    "/videos/{session_id}/concepts",
+    response_model=vs.VideoConceptsResponse,
+    summary="Every instance of noun phrases on one frame as new tracked objects (SAM 3 seeds "
+    "SAM 2.1; serve --video --concepts)",
+    openapi_extra=json_body_doc(vs.VideoConceptsRequest),
+)
+async def add_concepts(
+    request: Request, session_id: str, service: ServiceDep, videos: VideosDep
+) -> Response:
+    clock = RequestClock()
+    model = concepts_of(service)
+    body, _ = await read_body(request, vs.VideoConceptsRequest, service)
+    limits = service.settings.concepts
+    session = videos.get(session_id)
+    state = session.state
+    room = videos.limits.max_objects - len(state.obj_ids)
+    count = body.max_instances or max(1, min(room, limits.max_concept_instances))
+    _check_counts(body, count, limits)
+    _check_frame(body.frame_idx, state.num_frames, "frame_idx")
+    check_boxes_inside(body, (state.height, state.width))  # type: ignore[arg-type]
+    videos.check_new_objects(session, count, f"max_instances {count}")
+    phrases = list(body.phrases) or [VISUAL_PHRASE]
+    size = (state.height, state.width)
+    model.check_mask_budget(len(phrases), count, size)
+    boxes = [ExemplarBox(tuple(b.box), b.positive) for b in body.boxes]  # type: ignore[arg-type]
+
+    async def work() -> Response:
+        reservation = await service.decoding.reserve(
+            model.mask_bytes(len(phrases), count, size),
+            f"SAM 3's masks of {len(phrases)} phrase(s) on a {size[1]}x{size[0]} frame",
+        )
+        with reservation, videos.using(session, "concepts"):
+            videos.check_new_objects(session, count, "the objects asked for")
+            ids = _free_ids(session, count)
+            videos.check_live_prompt(
+                session, ids[0], body.frame_idx, service.settings.live.max_live_prompted_frames
+            )
+
+            def run(context: JobContext) -> tuple[list[Seed], list[ObjectMask]]:
+                frame = state.source.frame(body.frame_idx)
+                seeds = concept_seeds(
+                    model.concepts,
+                    frame,
+                    phrases,
+                    boxes,
+                    body.score_thresh,
+                    count,
+                    body.dedupe_iou,
+                )
+                return seeds, _add_objects(videos, session, body.frame_idx, ids, seeds)
+
+            try:
+                seeds, records = await service.run_job(JOB, run, clock)
+            except VideoPromptError as exc:
+                raise ApiError(422, "invalid_request", str(exc)) from None
+            except FrameGone as exc:  # a live frame dropped since the check above
+                raise frame_gone(exc) from None
+        objects = await _objects_out(ids, seeds, records, body.mask_format, service)
+        return json_response(
+            vs.VideoConceptsResponse(
+                session_id=session.session_id,
+                frame_idx=body.frame_idx,
+                objects=objects,
+                **clock.timed(),
+            )
+        )
+
+    return await guarded(request, work, service)
+
+
+def _check_counts(body: vs.VideoConceptsRequest, wanted: int, limits: ConceptSettings) -> None:
+    """The server's concept limits (the schema's bounds are the API's; these may be lower)."""
+    for field, count, limit, name in (
+        ("phrases", len(body.phrases), limits.max_concept_phrases, "max_concept_phrases"),
+        ("boxes", len(body.boxes), limits.max_concept_boxes, "max_concept_boxes"),
+        ("max_instances", wanted, limits.max_concept_instances, "max_concept_instances"),
+    ):
+        if count > limit:
+            raise ApiError(
+                422,
+                "too_many_prompts",
+                f"{field}: {count}; at most {limit} per request on this server ({name})",
+            )
+
+
+def _free_ids(session: VideoSession, count: int) -> list[int]:
+    """The ``count`` smallest object ids from 1 the session does not use."""
+    used = set(session.state.obj_ids)
+    ids: list[int] = []
+    candidate = 1
+    while len(ids) < count:
+        if candidate not in used:
+            ids.append(candidate)
+        candidate += 1
+    return ids
+
+
+def _add_objects(
+    videos: VideoSessions, session: VideoSession, frame_idx: int, ids: list[int], seeds: list[Seed]
+) -> list[ObjectMask]:
+    """(On the model worker.) Each seed's mask as a new object's prompt; the frame's masks
+    of the new objects. On any failure the objects added are removed again."""
+    added: list[int] = []
+    frame = None
+    try:
+        for obj_id, seed in zip(ids, seeds, strict=False):
+            added.append(obj_id)
+            frame = videos.predictor.add_mask(session.state, frame_idx, obj_id, seed.mask)
+    except BaseException:
+        for obj_id in added:
+            if obj_id in session.state.objects:
+                videos.predictor.remove_object(session.state, obj_id)
+        raise
+    if frame is None:
+        return []
+    new = set(added)
+    return [record for record in object_masks(frame) if record.obj_id in new]
+
+
+async def _objects_out(
+    ids: list[int],
+    seeds: list[Seed],
+    records: list[ObjectMask],
+    mask_format: str,
+    service: Service,
+) -> list[vs.VideoConceptObjectOut]:
+    by_id = {record.obj_id: record for record in records}
+    ordered = [by_id[obj_id] for obj_id in ids[: len(seeds)]]  # highest score first
+    segmentations = await format_segmentations([r.rle for r in ordered], mask_format, service)
+    return [
+        vs.VideoConceptObjectOut(
+            obj_id=r.obj_id,
+            name=seed.phrase,
+            score=seed.score,
+            area=r.area,
+            bbox=r.bbox,
+            segmentation=seg,
+        )
+        for r, seed, seg in zip(ordered, seeds, segmentations, strict=True)
+    ]
