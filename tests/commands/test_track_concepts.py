@@ -58,13 +58,29 @@ def test_concept_flags_are_checked_before_a_model_loads(no_models, two_frames, t
         assert expected in stderr and "Traceback" not in stderr, (argv, stderr)
 
 
-def test_text_seeds_named_objects_and_tracks_them(two_frames, tmp_path, concepts_tiny):
+def test_text_seeds_named_objects_and_tracks_them(two_frames, tmp_path, concepts_tiny, monkeypatch):
+    """One frame (the tier-1 budget: tracking seeded objects through frames is
+    tests/server/test_video_concepts.py's; the command's propagation is track's own). The
+    command's spec must be the fixture's (random, tiny, seed 0): it gets that very model
+    instead of building a second one."""
+    from sam2serve.concepts import runtime
     from sam2serve.concepts.video_seed import concept_seeds
 
+    specs = []
+
+    def loaded(spec, scratch=None):
+        specs.append(spec)
+        return concepts_tiny
+
+    monkeypatch.setattr(runtime, "load_concepts", loaded)
+
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "0.png").write_bytes((two_frames / "0.png").read_bytes())
     out = tmp_path / "out"
     code, stderr = run_cli(
         "track",
-        two_frames,
+        one,
         "--text",
         "disc,square",
         "--out",
@@ -78,11 +94,12 @@ def test_text_seeds_named_objects_and_tracks_them(two_frames, tmp_path, concepts
         "3",
     )
     assert code == EXIT_OK, stderr
+    assert specs == [concepts_tiny.spec]
     assert "SAM 3 seeded 3 object(s) on frame 0" in stderr
     summary = json.loads((out / track.SUMMARY_NAME).read_text())
     assert summary["objects"] == [1, 2, 3]
     # The seeds are the engine's for the same frame, phrases and seed (random SAM 3, seed 0).
-    frame0 = np.asarray(Image.open(two_frames / "0.png").convert("RGB"))
+    frame0 = np.asarray(Image.open(one / "0.png").convert("RGB"))
     expected = concept_seeds(
         concepts_tiny, frame0, ["disc", "square"], score_thresh=0.0, max_instances=3
     )
@@ -92,7 +109,7 @@ def test_text_seeds_named_objects_and_tracks_them(two_frames, tmp_path, concepts
     assert summary["names"] == {str(o["obj_id"]): o["name"] for o in seeded}
     assert summary["concepts"]["phrases"] == ["disc", "square"]
     assert summary["concepts"]["frame"] == 0 and summary["concepts"]["score_thresh"] == 0.0
-    for i in range(2):
+    for i in range(1):
         frame = json.loads((out / f"frame_{i:05d}.json").read_text())
         assert [(o["obj_id"], o["name"]) for o in frame["objects"]] == [
             (o["obj_id"], o["name"]) for o in seeded

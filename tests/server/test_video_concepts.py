@@ -30,7 +30,7 @@ SIZE = (64, 96)
 FRAMES, _ = sample_clip(2, SIZE)
 PHRASES = ["disc", "square"]
 LIMITS = {
-    "max_video_objects": 4,
+    "max_video_objects": 3,
     "max_concept_phrases": 2,
     "max_concept_boxes": 1,
     "max_concept_instances": 3,
@@ -71,9 +71,9 @@ def masks_of(objects: list[dict]) -> dict[int, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def seeded(client) -> tuple[str, dict[str, Any]]:
-    """A session with the 3 best instances of both phrases on frame 1 as objects."""
+    """A session with the 2 best instances of both phrases on frame 1 as objects."""
     sid = new_session(client)
-    body = {"frame_idx": 1, "phrases": PHRASES, "score_thresh": 0, "max_instances": 3}
+    body = {"frame_idx": 1, "phrases": PHRASES, "score_thresh": 0, "max_instances": 2}
     answer = client.post(f"/v1/videos/{sid}/concepts", json=body)
     assert answer.status_code == 200, answer.text
     return sid, answer.json()
@@ -81,15 +81,15 @@ def seeded(client) -> tuple[str, dict[str, Any]]:
 
 def test_the_seeds_are_the_engines_and_become_objects(client, seeded, concepts_tiny):
     sid, answer = seeded
-    expected = concept_seeds(concepts_tiny, FRAMES[1], PHRASES, score_thresh=0.0, max_instances=3)
+    expected = concept_seeds(concepts_tiny, FRAMES[1], PHRASES, score_thresh=0.0, max_instances=2)
     objects = answer["objects"]
     assert answer["frame_idx"] == 1 and answer["session_id"] == sid
-    assert [o["obj_id"] for o in objects] == [1, 2, 3]
+    assert [o["obj_id"] for o in objects] == [1, 2]
     assert [o["name"] for o in objects] == [s.phrase for s in expected]
     assert [o["score"] for o in objects] == pytest.approx([s.score for s in expected], abs=1e-6)
     for obj, mask in masks_of(objects).items():
         assert mask.shape == SIZE and objects[obj - 1]["area"] == int(mask.sum())
-    assert obj_ids(client, sid) == [1, 2, 3]
+    assert obj_ids(client, sid) == [1, 2]
 
 
 def test_the_propagation_tracks_every_seeded_object(client, seeded):
@@ -101,7 +101,7 @@ def test_the_propagation_tracks_every_seeded_object(client, seeded):
     frames = {e["frame_idx"]: e["objects"] for e in events if "frame_idx" in e}
     assert sorted(frames) == [0, 1] and events[-1]["frames"] == 2
     for objects in frames.values():
-        assert [o["obj_id"] for o in objects] == [1, 2, 3]
+        assert [o["obj_id"] for o in objects] == [1, 2]
         assert all(m.shape == SIZE for m in masks_of(objects).values())
     # the seeded frame's masks are the ones the concepts request answered
     seeded_masks, propagated = masks_of(answer["objects"]), masks_of(frames[1])
@@ -160,36 +160,37 @@ def test_a_bad_request_is_refused_before_any_work(client, body, status, code, wo
 
 
 def test_the_object_limit_names_the_room_left(client, seeded):
-    sid, _ = seeded  # 3 objects of max_video_objects 4
+    sid, _ = seeded  # 2 objects of max_video_objects 3
     answer = client.post(
         f"/v1/videos/{sid}/concepts", json={"frame_idx": 0, "phrases": ["cat"], "max_instances": 2}
     )
     assert answer.status_code == 413, answer.text
     error = error_of(answer)
     assert error["code"] == "too_many_objects"
-    assert "2 new object(s) beside the 3" in error["message"]
-    assert "max_video_objects 4" in error["message"] and "at most 1 more" in error["message"]
-    assert obj_ids(client, sid) == [1, 2, 3]
+    assert "2 new object(s) beside the 2" in error["message"]
+    assert "max_video_objects 3" in error["message"] and "at most 1 more" in error["message"]
+    assert obj_ids(client, sid) == [1, 2]
     unknown = client.post("/v1/videos/nope/concepts", json={"frame_idx": 0, "phrases": ["cat"]})
     assert unknown.status_code == 404 and error_of(unknown)["code"] == "session_not_found"
 
 
-def test_a_failure_half_way_adds_no_object(client, video_predictor, monkeypatch):
-    sid = new_session(client)
+def test_a_failure_half_way_adds_no_object(client, seeded, video_predictor, monkeypatch):
+    """The object is added, then its prompt fails: it is removed again, the session's
+    other objects stay (on the seeded session: its frame's features are already held)."""
+    sid, _ = seeded
     real = video_predictor.add_mask
     calls = []
 
-    def second_fails(state, frame_idx, obj_id, mask):
+    def fails_after_adding(state, frame_idx, obj_id, mask):
         calls.append(obj_id)
-        if len(calls) == 2:
-            raise VideoPromptError("injected failure")
-        return real(state, frame_idx, obj_id, mask)
+        real(state, frame_idx, obj_id, mask)
+        raise VideoPromptError("injected failure")
 
-    monkeypatch.setattr(video_predictor, "add_mask", second_fails)
-    body = {"frame_idx": 0, "phrases": ["cat"], "score_thresh": 0, "max_instances": 2}
+    monkeypatch.setattr(video_predictor, "add_mask", fails_after_adding)
+    body = {"frame_idx": 1, "phrases": ["cat"], "score_thresh": 0, "max_instances": 1}
     answer = client.post(f"/v1/videos/{sid}/concepts", json=body)
     assert answer.status_code == 422 and "injected failure" in error_of(answer)["message"]
-    assert calls == [1, 2] and obj_ids(client, sid) == []
+    assert calls == [3] and obj_ids(client, sid) == [1, 2]
 
 
 def test_concepts_or_video_disabled_say_how_to_enable_them(
