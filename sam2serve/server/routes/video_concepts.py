@@ -26,6 +26,7 @@ from sam2serve.concepts.video_seed import Seed, concept_seeds
 from sam2serve.engine.video.outputs import ObjectMask, object_masks
 from sam2serve.engine.video.predictor import VideoPromptError
 from sam2serve.engine.video.sources import FrameGone
+from sam2serve.server import schemas
 from sam2serve.server import video_schemas as vs
 from sam2serve.server.batching import JobContext
 from sam2serve.server.dependencies import ServiceDep
@@ -55,6 +56,20 @@ router = v1_router()
     summary="Every instance of noun phrases on one frame as new tracked objects (SAM 3 seeds "
     "SAM 2.1; serve --video --concepts)",
     openapi_extra=json_body_doc(vs.VideoConceptsRequest),
+    responses={
+        404: {
+            "model": schemas.ErrorResponse,
+            "description": "Unknown session ('session_not_found'), or the server runs without "
+            "video ('video_disabled': --video) or the concept model ('concepts_disabled': "
+            "--concepts)",
+        },
+        413: {
+            "model": schemas.ErrorResponse,
+            "description": "max_instances more objects than the session has room for "
+            "('too_many_objects', 'session_too_large'), or SAM 3's masks would not fit in "
+            "max_decoded_bytes_in_flight ('over_decode_budget')",
+        },
+    },
 )
 async def add_concepts(
     request: Request, session_id: str, service: ServiceDep, videos: VideosDep
