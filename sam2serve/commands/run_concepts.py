@@ -167,8 +167,6 @@ def _checked_numbers(args: argparse.Namespace) -> None:
         raise UsageError(f"--score-thresh must be a number in [0, 1], got {args.score_thresh}")
     if args.max_instances is not None and args.max_instances < 1:
         raise UsageError(f"--max-instances must be an integer >= 1, got {args.max_instances}")
-    if args.seed < 0:
-        raise UsageError(f"--seed must be >= 0, got {args.seed}")
 
 
 # --------------------------------------------------------------------------- the run
