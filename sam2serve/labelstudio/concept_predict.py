@@ -7,7 +7,8 @@ phrase typed on it is a detector pass only), then every phrase runs through the 
 one batch over that encoding, the batch cut only where its worst case of full-size masks
 (queries x phrases x pixels) would pass ``MASK_BATCH_BYTES``. Per phrase, the non-empty
 instances above ``--concept-score-thresh`` are kept, highest scores first, at most
-``--concept-max-instances``; each becomes a region with its phrase's label and its score:
+``--concept-max-instances``, their masks bit-packed (a bit per pixel) until they are
+written off the worker; each becomes a region with its phrase's label and its score:
 
 - BrushLabels: one brush region (Label Studio's RLE, :mod:`sam2serve.labelstudio.brush`);
 - PolygonLabels: one polygon region per outer boundary of the mask
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,6 +42,27 @@ MiB = 1024 * 1024
 # phrases per batch = this // (queries x height x width), at least one.
 MASK_BATCH_BYTES = 1024 * MiB
 MAX_POLYGONS = 8  # outer boundaries of one instance written as polygon regions
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """An instance held between the worker and the writing of its regions: its mask
+    bit-packed (eight times smaller than numpy's bool)."""
+
+    bits: np.ndarray
+    shape: tuple[int, int]
+    box: tuple[float, float, float, float]
+    score: float
+
+    @classmethod
+    def of(cls, instance: Instance) -> _Kept:
+        shape = (int(instance.mask.shape[0]), int(instance.mask.shape[1]))
+        return cls(np.packbits(instance.mask, axis=None), shape, instance.box, instance.score)
+
+    def instance(self) -> Instance:
+        count = self.shape[0] * self.shape[1]
+        mask = np.unpackbits(self.bits, count=count).reshape(self.shape).astype(bool)
+        return Instance(mask=mask, box=self.box, score=self.score)
 
 
 class ConceptAnswerer:
@@ -70,7 +93,7 @@ class ConceptAnswerer:
         with reservation:
             height, width = pixels.shape[:2]
 
-            def run(context: JobContext) -> dict[str, list[Instance]]:
+            def run(context: JobContext) -> dict[str, list[_Kept]]:
                 return self._detect(context, key, pixels, prompt.phrases)
 
             found = await service.run_job("concepts", run, clock, bulk=bulk)
@@ -78,7 +101,7 @@ class ConceptAnswerer:
 
     def _detect(
         self, context: JobContext, key: str, pixels: np.ndarray, phrases: tuple[str, ...]
-    ) -> dict[str, list[Instance]]:
+    ) -> dict[str, list[_Kept]]:
         """On the model worker: the image's encoding (cached), then the phrases in batches."""
         encoding = self.encodings.get(key)
         if encoding is None:
@@ -86,7 +109,7 @@ class ConceptAnswerer:
             self.encodings.put(key, encoding)
         worst = self.concepts.size.queries * encoding.height * encoding.width
         per_batch = max(1, MASK_BATCH_BYTES // max(1, worst))
-        found: dict[str, list[Instance]] = {}
+        found: dict[str, list[_Kept]] = {}
         for start in range(0, len(phrases), per_batch):
             context.check()
             batch = phrases[start : start + per_batch]
@@ -94,18 +117,19 @@ class ConceptAnswerer:
             for phrase in batch:
                 kept = [i for i in answers[phrase] if i.mask.any()]
                 kept.sort(key=lambda instance: -instance.score)
-                found[phrase] = kept[: self.options.concept_max_instances]
+                found[phrase] = [_Kept.of(i) for i in kept[: self.options.concept_max_instances]]
+            del answers  # this batch's full masks, before the next batch makes its own
         return found
 
 
 def _regions(
-    found: dict[str, list[Instance]], prompt: ConceptPrompt, width: int, height: int
+    found: dict[str, list[_Kept]], prompt: ConceptPrompt, width: int, height: int
 ) -> list[dict[str, Any]]:
     """Every instance as regions of the output tag, phrase by phrase, in score order."""
     regions: list[dict[str, Any]] = []
     for phrase, label in zip(prompt.phrases, prompt.labels, strict=True):
-        for instance in found.get(phrase, []):
-            regions.extend(instance_regions(instance, prompt, label, width, height))
+        for kept in found.get(phrase, []):
+            regions.extend(instance_regions(kept.instance(), prompt, label, width, height))
     return regions
 
 
