@@ -3,12 +3,12 @@
 One job on the service's model worker per task (a bulk job for pre-annotation, yielding to
 clicks between phrase batches; an interactive one for a typed phrase): the image is encoded
 once (the encoding kept in a byte-budgeted LRU by the image's content hash, so the next
-phrase typed on it is a detector pass only), then every phrase runs through the detector as
-one batch over that encoding, the batch cut only where its worst case of full-size masks
-(queries x phrases x pixels) would pass ``MASK_BATCH_BYTES``. Per phrase, the non-empty
-instances above ``--concept-score-thresh`` are kept, highest scores first, at most
-``--concept-max-instances``, their masks bit-packed (a bit per pixel) until they are
-written off the worker; each becomes a region with its phrase's label and its score:
+phrase typed on it is a detector pass only), the phrases' text once, then every phrase runs
+through the detector as one batch over that encoding, the batch cut only where its worst
+case of full-size masks (queries x phrases x pixels) would pass ``MASK_BATCH_BYTES``. Per
+phrase, the non-empty instances above ``--concept-score-thresh`` are kept, highest scores
+first, at most ``--concept-max-instances``, their masks bit-packed (a bit per pixel) until
+they are written off the worker; each becomes a region with its phrase's label and score:
 
 - BrushLabels: one brush region (Label Studio's RLE, :mod:`sam2serve.labelstudio.brush`);
 - PolygonLabels: one polygon region per outer boundary of the mask
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sam2serve.concepts.engine import ConceptEncoding, Instance
+from sam2serve.concepts.engine import ConceptEncoding, Instance, text_rows
 from sam2serve.concepts.runtime import Concepts
 from sam2serve.engine.formats import mask_to_polygons
 from sam2serve.labelstudio.brush import mask_to_brush_rle
@@ -109,11 +109,19 @@ class ConceptAnswerer:
             self.encodings.put(key, encoding)
         worst = self.concepts.size.queries * encoding.height * encoding.width
         per_batch = max(1, MASK_BATCH_BYTES // max(1, worst))
+        text = self.concepts.encode_text(phrases)  # once, sliced per batch
         found: dict[str, list[_Kept]] = {}
         for start in range(0, len(phrases), per_batch):
             context.check()
             batch = phrases[start : start + per_batch]
-            answers = self.concepts.detect(encoding, batch, (), self.options.concept_score_thresh)
+            rows = (
+                text
+                if len(batch) == len(phrases)
+                else text_rows(text, range(start, start + len(batch)))
+            )
+            answers = self.concepts.detect(
+                encoding, batch, (), self.options.concept_score_thresh, text=rows
+            )
             for phrase in batch:
                 kept = [i for i in answers[phrase] if i.mask.any()]
                 kept.sort(key=lambda instance: -instance.score)

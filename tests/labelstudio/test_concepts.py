@@ -15,6 +15,7 @@ from scipy import ndimage
 from skimage.draw import polygon2mask
 from support import data_uri, decode_brush, engine_mask, keypoint, picture, png, predict_body
 
+from sam2serve.labelstudio import concept_predict
 from sam2serve.labelstudio.app import create_labelstudio_app
 from sam2serve.labelstudio.concept_predict import MAX_POLYGONS, polygons_percent
 from sam2serve.labelstudio.concept_prompts import label_prompts, text_prompts
@@ -166,15 +167,20 @@ def test_a_rectangle_mask_is_a_polygon_on_its_pixel_edges():
     assert polygons_percent(np.zeros((4, 4), bool)) == []
 
 
-def test_a_textarea_phrase_is_answered_with_the_matching_label(make_client, expected):
+def test_textarea_phrases_are_answered_with_their_labels(make_client, expected, monkeypatch):
+    # One phrase per detector batch (as a large image's would be): the text encoded once
+    # for both, each batch its rows.
+    monkeypatch.setattr(concept_predict, "MASK_BATCH_BYTES", 1)
     client = make_client()
-    body = predict_body([IMAGE], [textarea("cat")], config=config())
+    body = predict_body([IMAGE], [textarea("cat, object")], config=config())
     response = client.post("/predict", json=body)
     assert response.status_code == 200, response.text
     regions = response.json()["results"][0]["result"]
     # CLIP's tokenizer lowercases: "cat" is the label "Cat"'s prompt, labelled Cat.
-    assert list(by_label(regions, "brushlabels")) == ["Cat"]
-    assert_engines(regions, expected["Cat"])
+    grouped = by_label(regions, "brushlabels")
+    assert list(grouped) == ["Cat", "Object"]
+    for label in grouped:
+        assert_engines(grouped[label], expected[label])
     empty = client.post("/predict", json=predict_body([IMAGE], [textarea(" , ")], config=config()))
     assert empty.status_code == 200 and empty.json()["results"][0]["result"] == []
 
