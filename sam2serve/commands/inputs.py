@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -203,12 +203,25 @@ def check_coco_file(path: Path) -> None:
 # The prompts of an image: engine.prompts reads each (a point [x, y], or an object
 # {"points": [[x, y], ...], "labels": [1, 0, ...], "box": [x0, y0, x1, y1]}) and checks it.
 Prompts = list[Prompt]
+T = TypeVar("T")
 
 
 def load_prompts(path: Path) -> dict[str, Prompts]:
     """A prompts file: a JSON object mapping image name (or stem) to a list of prompts,
     each a point [x, y] or an object with points, labels (1 foreground, 0 background)
     and a box."""
+    data = read_prompts_json(path, 'a JSON object like {"photo.jpg": [[x, y], ...], ...}')
+    prompts: dict[str, Prompts] = {}
+    for key, entry in data.items():
+        try:
+            prompts[key] = prompts_from_json(entry)
+        except PromptError as exc:
+            raise UsageError(exc.at(f"--prompts file {str(path)!r}, image {key!r}")) from None
+    return prompts
+
+
+def read_prompts_json(path: Path, expected: str) -> dict[str, Any]:
+    """The --prompts file's JSON object (``expected`` says what it should hold)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -219,18 +232,11 @@ def load_prompts(path: Path) -> dict[str, Prompts]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"--prompts file {str(path)!r} is not valid JSON: {exc}") from None
-    expected = 'a JSON object like {"photo.jpg": [[x, y], ...], ...}'
     if not isinstance(data, dict):
         raise UsageError(
             f"--prompts file {str(path)!r} must hold {expected}, got a {type(data).__name__}"
         )
-    prompts: dict[str, Prompts] = {}
-    for key, entry in data.items():
-        try:
-            prompts[key] = prompts_from_json(entry)
-        except PromptError as exc:
-            raise UsageError(exc.at(f"--prompts file {str(path)!r}, image {key!r}")) from None
-    return prompts
+    return data
 
 
 def match_prompts(
@@ -238,11 +244,20 @@ def match_prompts(
 ) -> dict[str, Prompts]:
     """Prompts by image name; every key must name a given image (by file name or stem),
     and every point and box must lie inside its image."""
+    matched = match_images(prompts, images, path)
+    for name, entry in matched.items():
+        _check_inside(entry, next(item for item in images if item.name == name), path)
+    return matched
+
+
+def match_images(entries: dict[str, T], images: list[ImageInput], path: Path) -> dict[str, T]:
+    """A --prompts file's entries by image name: every key must name a given image (by
+    file name or stem), and no image may have two entries."""
     by_name = {item.name: item for item in images}
     by_stem = {item.stem: item for item in images}
-    matched: dict[str, Prompts] = {}
+    matched: dict[str, T] = {}
     unknown = []
-    for key, entry in prompts.items():
+    for key, entry in entries.items():
         item = by_name.get(key) or by_stem.get(key)
         if item is None:
             unknown.append(key)
@@ -251,7 +266,6 @@ def match_prompts(
             raise UsageError(
                 f"--prompts file {str(path)!r} has two entries for image {item.name!r}"
             )
-        _check_inside(entry, item, path)
         matched[item.name] = entry
     if unknown:
         shown = ", ".join(repr(k) for k in unknown[:5]) + (" ..." if len(unknown) > 5 else "")

@@ -29,6 +29,7 @@ from sam2serve.commands.common import (
     info_line,
     warning_line,
 )
+from sam2serve.commands.concepts_flags import add_concepts_flags, concepts_spec
 from sam2serve.labelstudio.options import (
     DEFAULT_KEY_ENV,
     DEFAULT_URL_ENV,
@@ -82,6 +83,14 @@ BrushLabels on it, and KeyPointLabels / RectangleLabels with smart="true"
 pre-annotation (--preannotate), for tasks Label Studio asks about without a click:
 {described(PREANNOTATE_MODES)}
 
+concept prompts (--concepts, SAM 3; --sam3-weights DIR, or --random-weights --sam3-size):
+pre-annotation segments every label name of the config's BrushLabels or PolygonLabels tag
+on each task's image (one encoding per image, all labels in one batch) and answers every
+instance as a brush mask or polygon with its label and score; a TextArea on the image
+(<TextArea name="concept" toName="image"/>) is an interactive text prompt: the phrase
+typed gets its instances. Clicks and boxes stay SAM 2's (docs/labelling.md, "Concept
+prompts").
+
 {EXIT_STATUS_HELP} (3: e.g. the port is in use)
 """
 
@@ -91,6 +100,8 @@ examples:
   {DEFAULT_URL_ENV}=http://localhost:8080 {DEFAULT_KEY_ENV}=TOKEN \\
     {PROG} labelstudio --model large --checkpoint sam2.1_hiera_large.pt
   {PROG} labelstudio --local-root /srv/photos --preannotate none
+  {PROG} labelstudio --concepts --sam3-weights ~/sam3      # label names -> SAM 3 prompts
+  {PROG} labelstudio --random-weights --concepts --sam3-size tiny --concept-score-thresh 0
   {PROG} labelstudio --allow-fetch-host images.lan:8081 --allow-fetch-host 10.0.0.0/8
 
 task images are fetched from --label-studio-url's host, --allow-fetch-host hosts, and
@@ -119,7 +130,25 @@ def add_arguments(parser: CommandParser) -> None:
     add_option_groups(parser, LabelStudioOptions, ("url",))
     add_option_groups(parser, TokenSource)
     add_option_groups(parser, LabelStudioOptions, FLAGS[1:])
+    _add_concepts_flags(parser)
     parser.set_defaults(flags=flag_of(parser))
+
+
+def _add_concepts_flags(parser: CommandParser) -> None:
+    """--concepts, --sam3-weights and --sam3-size, unless the service's flags (which this
+    command takes) already have them."""
+    known = parser._option_string_actions  # the flags added so far
+    group = parser.add_argument_group("Concept prompts (SAM 3)")
+    if "--concepts" not in known:
+        group.add_argument(
+            "--concepts",
+            action="store_true",
+            help="the labelling config's label names (BrushLabels / PolygonLabels) are SAM 3 "
+            "concept prompts for pre-annotation, and a TextArea's text one for an "
+            "interaction (with --random-weights SAM 3 is random too)",
+        )
+    if "--sam3-weights" not in known:
+        add_concepts_flags(group)
 
 
 def options_from(args: argparse.Namespace) -> LabelStudioOptions:
@@ -132,6 +161,7 @@ def options_from(args: argparse.Namespace) -> LabelStudioOptions:
         values["url"] = os.environ.get(DEFAULT_URL_ENV) or None
         sources["url"] = f"${DEFAULT_URL_ENV}"
     values["api_key"] = os.environ.get(args.label_studio_key_env) or None
+    values["concepts"] = bool(args.concepts)
     sources["api_key"] = f"${args.label_studio_key_env}"
     for name in ("local_roots", "allow_fetch_hosts"):
         values[name] = tuple(values[name])
@@ -148,6 +178,7 @@ def labelstudio_command(args: argparse.Namespace) -> int:
     settings = serve.settings_from(args)
     serve.listen_from(args)
     options = options_from(args)
+    concepts = concepts_spec(args, spec.device) if options.concepts else None
     serve.check_store(settings)
     serve.check_address(args.host, args.port)
     if args.host not in serve.LOOPBACK_HOSTS and settings.access.api_key is None:
@@ -172,11 +203,16 @@ def labelstudio_command(args: argparse.Namespace) -> int:
 
     configure_process(spec)  # once, before the app builds its predictor
     loading = model_flags.load_errors_as_usage(settings.runtime.checkpoint, settings.runtime.model)
+    concept_model = _load_concepts(concepts)  # first: missing SAM 3 weights are told at once
     with loading, serve.store_errors_as_usage():
-        app = create_labelstudio_app(settings, options)
+        app = create_labelstudio_app(settings, options, concepts=concept_model)
     info = app.state.service.predictor.model.weights_info
     if info.is_random:
         warning_line(f"serving {info.describe()}")
+    if concepts is not None and concepts.random_weights:
+        warning_line(
+            f"SAM 3 concept prompts from random weights ({concepts.size}, seed {concepts.seed})"
+        )
     address = f"http://{args.host}:{args.port}"
     info_line(
         f"Label Studio ML backend: {spec.model} ({spec.label}, {spec.device}) on {address} - "
@@ -193,3 +229,16 @@ def labelstudio_command(args: argparse.Namespace) -> int:
     if not server.started:
         raise StartError(f"the server did not start on {args.host}:{args.port} (see above)")
     return EXIT_OK
+
+
+def _load_concepts(spec: Any) -> Any:
+    """SAM 3 of ``spec`` (None: none); missing or gated weights are one usage line."""
+    if spec is None:
+        return None
+    from sam2serve.concepts.runtime import load_concepts
+    from sam2serve.concepts.weights import WeightsError
+
+    try:
+        return load_concepts(spec)
+    except WeightsError as exc:
+        raise UsageError(f"--concepts: {exc}") from None

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sam2serve.commands import model as model_flags
+from sam2serve.commands import run_concepts
 from sam2serve.commands.amg_flags import AMG_GROUP_TITLE, add_amg_flags, amg_params_from
 from sam2serve.commands.common import (
     EXIT_FAILED,
@@ -66,14 +67,19 @@ from sam2serve.engine.formats import FORMATS, JSON_FORMATS
 from sam2serve.runtime.modes import MODES
 from sam2serve.samples import SAMPLE_NAMES
 
-TASKS = ("amg", "sps", "mps")  # engine.tasks.TASKS (checked by the tests), without torch
+# SAM 2.1's tasks: engine.tasks.TASKS (checked by the tests), without torch. --task also
+# takes "concepts", SAM 3's task (sam2serve.concepts, not engine.tasks), run by
+# run_concepts.py; bench and the cluster's burst run the SAM 2.1 tasks only.
+TASKS = ("amg", "sps", "mps")
+RUN_TASKS = (*TASKS, run_concepts.TASK)
 RANDOM_WEIGHTS_STAMP = "RANDOM WEIGHTS: masks are meaningless"
 # What amg keeps with random weights unless the flags are given: every mask (Meta's
 # defaults, 0.8 and 0.95, drop all of a random model's masks).
 RANDOM_WEIGHTS_THRESHOLDS = {"pred_iou_thresh": 0.0, "stability_score_thresh": 0.0}
 
 DESCRIPTION = f"""\
-Segment a batch of images with SAM 2.1 and write one JSON file of masks per image.
+Segment a batch of images with SAM 2.1 (or SAM 3's concepts) and write one JSON file of
+masks per image.
 
 tasks:
   amg  automatic mask generation: a grid of clicks over the whole image, masks filtered by
@@ -83,11 +89,13 @@ tasks:
        3 candidate masks, the one with the highest predicted IoU is kept
   mps  multi point segmentation: EVERY prompt of the image's --prompts entry is decoded
        on its own (all in one call); the best of 3 candidates is kept for each
+{run_concepts.TASK_HELP}
 
 prompts (--prompts FILE): a JSON object mapping image file name (or stem) to a list of
   prompts, each a click [x, y] or an object {{"points": [[x, y], ...], "labels": [1, 0, ...],
   "box": [x0, y0, x1, y1]}} (labels: 1 foreground, 0 background, default 1; a box alone
   is allowed); checked against each image's size before the model loads
+{run_concepts.PROMPTS_HELP}
 
 modes (--mode; the masks are the same in baseline and fast):
 {described({name: mode.description for name, mode in MODES.items()})}
@@ -112,6 +120,7 @@ outputs, in --out:
   --coco FILE         one COCO instances file for the run (images, annotations with COCO
                        RLE, area, bbox, score = predicted IoU, one category "object"),
                        loadable with pycocotools.coco.COCO
+{run_concepts.OUTPUTS_HELP}
   stderr              a progress bar, then per-image latency p50/p90/mean and images/s
   --min-score and --max-masks filter the masks of every output
 
@@ -137,6 +146,8 @@ examples:
       --coco amg/instances.json --min-score 0.9
   {PROG} annotate amg/                      # writes amg/{DEFAULT_PROMPTS_NAME}
   {PROG} run --task sps photos/ --out sps/ --prompts amg/{DEFAULT_PROMPTS_NAME}
+  {PROG} run --task concepts --text "cat,dog" photos/ --out concepts/ --coco concepts/coco.json \\
+      --overlay
 """
 
 
@@ -144,7 +155,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     add_command(
         subcommands,
         "run",
-        help="masks for a batch of images (amg, sps or mps)",
+        help="masks for a batch of images (amg, sps, mps, or concepts with SAM 3)",
         description=DESCRIPTION,
         epilog=EPILOG,
         handler=run_command,
@@ -156,9 +167,10 @@ def add_arguments(parser: CommandParser) -> None:
     add_images_argument(parser)
     parser.add_argument(
         "--task",
-        choices=TASKS,
+        choices=RUN_TASKS,
         required=True,
-        help="amg (automatic masks), sps (single point) or mps (multi point)",
+        help="amg (automatic masks), sps (single point), mps (multi point) or concepts "
+        "(every instance of --text phrases, SAM 3)",
     )
     parser.add_argument(
         "--out",
@@ -173,7 +185,8 @@ def add_arguments(parser: CommandParser) -> None:
         metavar="FILE",
         help="sps/mps: JSON object mapping image file name (or stem) to a list of prompts: "
         '[x, y] pixel points or {"points", "labels", "box"} objects (see "prompts" above), '
-        f"e.g. from '{PROG} annotate'",
+        f"e.g. from '{PROG} annotate'; concepts: exemplar boxes and phrases per image (see "
+        '"concepts prompts" above)',
     )
     parser.add_argument(
         "--overlay",
@@ -218,9 +231,13 @@ def add_arguments(parser: CommandParser) -> None:
         "(a loud warning is printed and recorded)",
     )
     add_amg_flags(parser.add_argument_group(AMG_GROUP_TITLE + "; --task amg"))
+    run_concepts.add_arguments(parser)
 
 
 def run_command(args: argparse.Namespace) -> int:
+    if args.task == run_concepts.TASK:
+        return run_concepts.run_concepts(args)
+    run_concepts.check_task_flags(args)  # no concepts flag on a SAM 2.1 task
     spec = model_flags.runtime_spec(args)
     if args.task == "amg" and args.prompts is not None:
         raise UsageError("--prompts is for --task sps and mps; amg needs no prompts")

@@ -264,3 +264,19 @@ def segment_concepts(
         detect(model, tokenize, encoding, phrases, boxes, score_thresh, text=text)
         for encoding in encode_images(model, images)
     ]
+
+
+def text_rows(text, rows: Sequence[int]):
+    """The ``(ids, mask, features)`` of :func:`encode_text` for the phrases at ``rows`` only
+    (a phrase list's subset answers from the one encoding of the whole list)."""
+    import copy
+
+    ids, attention, features = text
+    index = torch.as_tensor(list(rows), dtype=torch.long, device=ids.device)
+    picked = copy.copy(features)
+    for name, value in features.items():  # the output's fields (last_hidden_state, ...)
+        picked[name] = value.index_select(0, index) if isinstance(value, Tensor) else value
+    # Sam3Model.get_text_features sets pooler_output (what the detector reads) as an
+    # attribute, outside the output's fields.
+    picked.pooler_output = features.pooler_output.index_select(0, index)
+    return ids.index_select(0, index), attention.index_select(0, index), picked

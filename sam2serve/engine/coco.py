@@ -10,7 +10,8 @@ COCO's instances format (``images``, ``annotations``, ``categories``, ``info``),
   pycocotools' ``toBbox`` computes it (``w`` counts columns: one more than the XYWH of
   Meta's records, whose ``w`` is max column - min column), so detection tools read it;
 - ``score`` is the model's predicted IoU (what a prediction file needs), ``iscrowd`` 0;
-- one category (``{"id": 1, "name": "object"}``): SAM masks carry no class.
+- one category (``{"id": 1, "name": "object"}``) by default: SAM masks carry no class; a
+  writer given categories (concept phrases) takes each record's ``category_id``.
 
 The writer takes plain records (``segmentation`` as an uncompressed or compressed RLE,
 and a ``predicted_iou`` or ``score``), so ``sam2serve run --coco`` and the annotation
@@ -139,7 +140,8 @@ class CocoWriter:
     ``add_image(file_name, width, height, records)`` gives the image the next image id
     and each record the next annotation id (both from 1). A record needs a
     ``segmentation`` RLE of the image's size; its ``predicted_iou`` (or ``score``)
-    becomes the annotation's ``score``.
+    becomes the annotation's ``score``, and its ``category_id`` (one of ``categories``;
+    default the first) the annotation's.
     """
 
     def __init__(
@@ -152,6 +154,7 @@ class CocoWriter:
         self.info = dict(info or coco_info("masks by sam2serve"))
         self.categories = [dict(category) for category in categories]
         self.category_id = int(self.categories[0]["id"])
+        self.category_ids = {int(category["id"]) for category in self.categories}
         self.images: list[dict[str, Any]] = []
         self.annotations: list[dict[str, Any]] = []
 
@@ -177,10 +180,16 @@ class CocoWriter:
                 f"mask {index} of image {image_id} has size {rle['size']} but the image is "
                 f"{list(size)} (height, width)"
             )
+        category_id = int(record.get("category_id", self.category_id))
+        if category_id not in self.category_ids:
+            raise ValueError(
+                f"mask {index} of image {image_id} has category_id {category_id}, not one of "
+                f"the categories {sorted(self.category_ids)}"
+            )
         annotation: dict[str, Any] = {
             "id": len(self.annotations) + index + 1,
             "image_id": image_id,
-            "category_id": self.category_id,
+            "category_id": category_id,
             "segmentation": encode_mask(rle, "coco_rle"),
             "area": int(np.asarray(rle["counts"], dtype=np.int64)[1::2].sum()),
             "bbox": coco_bbox(rle),

@@ -3,7 +3,8 @@
 Each mask is alpha-blended in its own colour, largest first so small masks stay visible
 on top. Prompts, when asked for, are drawn over them: foreground clicks as white dots with
 a black edge, background clicks (label 0) as red dots with a white edge, boxes as
-rectangles in their mask's colour. A ``stamp`` (the CLI's "RANDOM WEIGHTS") is written in
+rectangles in their mask's colour. Labels (a concept's phrase and score) are drawn on a band
+of their mask's colour. A ``stamp`` (the CLI's "RANDOM WEIGHTS") is written in
 a red band across the top, so a picture of meaningless masks cannot pass for real ones.
 """
 
@@ -18,7 +19,15 @@ from PIL import Image, ImageDraw, ImageFont
 
 from sam2serve.engine.rle import coco_to_rle, rle_to_mask
 
-__all__ = ["OVERLAY_ALPHA", "STAMP_COLOUR", "colour", "draw_overlay", "draw_stamp"]
+__all__ = [
+    "OVERLAY_ALPHA",
+    "STAMP_COLOUR",
+    "colour",
+    "draw_labels",
+    "draw_legend",
+    "draw_overlay",
+    "draw_stamp",
+]
 
 OVERLAY_ALPHA = 0.5
 STAMP_COLOUR = (200, 0, 0)
@@ -83,6 +92,38 @@ def _draw_prompts(
                 outline=outline,
                 width=1,
             )
+
+
+def draw_labels(
+    image: Image.Image, labels: Sequence[tuple[tuple[float, float], str, np.ndarray]]
+) -> None:
+    """Each ``((x, y), text, colour)``: the text in black on a band of ``colour`` whose
+    top-left corner is at (x, y), moved inside the image where it would leave it."""
+    draw = ImageDraw.Draw(image)
+    font = _label_font(image)
+    for (x, y), text, fill in labels:
+        left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+        width, height = right - left + 4, bottom - top + 4
+        x = min(max(0.0, x), max(0.0, image.width - width))
+        y = min(max(0.0, y), max(0.0, image.height - height))
+        draw.rectangle((x, y, x + width, y + height), fill=tuple(int(v) for v in fill))
+        draw.text((x + 2 - left, y + 2 - top), text, fill=(0, 0, 0), font=font)
+
+
+def draw_legend(image: Image.Image, entries: Sequence[tuple[str, np.ndarray]]) -> None:
+    """``(text, colour)`` rows stacked in the bottom-left corner, the labels' style."""
+    draw = ImageDraw.Draw(image)
+    font = _label_font(image)
+    step = max((draw.textbbox((0, 0), text, font=font)[3] for text, _ in entries), default=0)
+    step += 6
+    top = image.height - len(entries) * step
+    draw_labels(
+        image, [((0, top + row * step), text, fill) for row, (text, fill) in enumerate(entries)]
+    )
+
+
+def _label_font(image: Image.Image) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    return _font(max(_MIN_FONT_SIZE, round(min(image.size) / 40)))
 
 
 def draw_stamp(image: Image.Image, text: str) -> None:

@@ -16,8 +16,10 @@ from collections.abc import AsyncIterator
 import httpx
 from fastapi import FastAPI
 
+from sam2serve.concepts.runtime import Concepts
 from sam2serve.engine.predictor import Predictor
 from sam2serve.engine.video.predictor import VideoPredictor
+from sam2serve.labelstudio.concept_predict import ConceptAnswerer
 from sam2serve.labelstudio.images import ImageFetcher
 from sam2serve.labelstudio.options import LabelStudioOptions
 from sam2serve.labelstudio.predict import LabelStudioBackend
@@ -32,12 +34,17 @@ def create_labelstudio_app(
     predictor: Predictor | None = None,
     *,
     video_predictor: VideoPredictor | None = None,
+    concepts: Concepts | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> FastAPI:
     """The service's app for ``settings`` plus Label Studio's endpoints; loads the model
     unless a ``predictor`` is given, and with ``settings.video.enabled`` the video model (which
-    tracks video tasks) unless a ``video_predictor`` is given. ``transport``: the HTTP
-    transport that fetches images and videos (tests hand in a mock)."""
+    tracks video tasks) unless a ``video_predictor`` is given. ``concepts``: SAM 3, loaded
+    by the caller when ``options.concepts`` (label names and TextArea text become concept
+    prompts). ``transport``: the HTTP transport that fetches images and videos (tests hand
+    in a mock)."""
+    if options.concepts and concepts is None:
+        raise ValueError("options.concepts needs the concept model (concepts=load_concepts(...))")
     app = create_app(settings, predictor, video_predictor, body_limits=BODY_LIMITS)
     fetcher = ImageFetcher(
         max_bytes=settings.limits.max_upload_bytes,
@@ -46,7 +53,10 @@ def create_labelstudio_app(
         local_roots=options.local_roots,
         transport=transport,
     )
-    app.state.labelstudio = LabelStudioBackend(options, fetcher)
+    answerer = None
+    if options.concepts and concepts is not None:
+        answerer = ConceptAnswerer(concepts, options)
+    app.state.labelstudio = LabelStudioBackend(options, fetcher, answerer)
     app.include_router(router)
 
     service_lifespan = app.router.lifespan_context

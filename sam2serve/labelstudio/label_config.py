@@ -5,7 +5,9 @@ The backend writes BrushLabels regions on an Image, reads KeyPointLabels / Recta
 the data field the Image tag's ``value`` names (``$image`` -> ``task["data"]["image"]``).
 On a Video it reads and writes VideoRectangle regions (boxes on keyframes, tracked through
 the clip), and reads the Video tag's ``frameRate`` (Label Studio numbers frames by it).
-Tag names are compared without case, as Label Studio does.
+With concepts (``labelstudio --concepts``) the label names of a BrushLabels or PolygonLabels
+tag are the concept prompts, and that tag is written. Tag names are compared without case,
+as Label Studio does.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 BRUSH = "brushlabels"
+POLYGON = "polygonlabels"
+# The tags concept pre-annotation writes (labelstudio.concept_prompts): their label names
+# are the prompts.
+CONCEPT_OUTPUTS = (BRUSH, POLYGON)
 LABELS = "labels"
 PROMPT_TAGS = ("keypointlabels", "keypoint", "rectanglelabels", "rectangle")
 IMAGE = "image"
@@ -39,6 +45,8 @@ EXAMPLE_CONFIG = """\
 </View>"""
 _HINT = "see docs/labelling.md, 'Label Studio', for a config that works"
 _VIDEO_HINT = "see docs/labelling.md, 'Video', for a config that works"
+_CONCEPT_HINT = "see docs/labelling.md, 'Concept prompts', for a config that works"
+_TAG_NAMES = {BRUSH: "BrushLabels", POLYGON: "PolygonLabels"}
 # The frame rates taken (Label Studio's frame f is at (f - 1) / rate seconds): within them
 # the seek arithmetic of the highest frame number stays finite and inside FFmpeg's int64.
 MIN_FRAME_RATE = 0.01
@@ -143,14 +151,37 @@ class LabelConfig:
         targets = [t for t in brush.to_names if t in self.images]
         return image_name if image_name in targets else targets[0]
 
+    def concept_output_for(self, image_name: str | None = None) -> ControlTag:
+        """The first BrushLabels or PolygonLabels tag (in the config's order) on
+        ``image_name`` (any Image when None): with concepts, its label names are the
+        prompts and its regions the answers."""
+        for control in self.controls:
+            if control.kind in CONCEPT_OUTPUTS and any(
+                t in self.images and (image_name is None or t == image_name)
+                for t in control.to_names
+            ):
+                if not control.labels:
+                    raise LabelConfigError(
+                        f"label_config: the {_TAG_NAMES[control.kind]} tag {control.name!r} "
+                        "has no <Label value=...>; with concepts its labels are the prompts"
+                    )
+                return control
+        where = "an Image" if image_name is None else f"the Image named {image_name!r}"
+        raise LabelConfigError(
+            f"label_config: no BrushLabels or PolygonLabels tag with toName {where}; with "
+            f"concepts their label names are the prompts ({_CONCEPT_HINT})"
+        )
+
     def label_for(self, brush: ControlTag, wanted: str | None) -> str:
         """The brush label of a region: the label chosen on the click or box when the
         BrushLabels tag has it, else the tag's first label."""
         return wanted if wanted in brush.labels else brush.labels[0]
 
 
-def parse_label_config(xml: str) -> LabelConfig:
-    """The tags of ``xml``; LabelConfigError when it is not XML or has no image to label."""
+def parse_label_config(xml: str, concepts: bool = False) -> LabelConfig:
+    """The tags of ``xml``; LabelConfigError when it is not XML or has no image to label.
+    ``concepts``: an Image needs a BrushLabels or a PolygonLabels tag with labels (the
+    prompts), not necessarily a BrushLabels one."""
     try:
         root = ET.fromstring(xml)
     except ET.ParseError as exc:
@@ -169,7 +200,7 @@ def parse_label_config(xml: str) -> LabelConfig:
             value = element.get("value", "")
             if value.startswith("$") and len(value) > 1:
                 videos[name] = _video_tag(element, name, value[1:])
-        elif kind in (BRUSH, VIDEO_RECTANGLE, LABELS, *PROMPT_TAGS) and name:
+        elif kind in (BRUSH, POLYGON, VIDEO_RECTANGLE, LABELS, *PROMPT_TAGS) and name:
             to_names = tuple(t.strip() for t in element.get("toName", "").split(",") if t.strip())
             labels = tuple(
                 label.get("value", "")
@@ -188,6 +219,9 @@ def parse_label_config(xml: str) -> LabelConfig:
         if not any(control.kind == BRUSH for control in controls):
             return config  # images without brushes: their tasks answer 422 when asked
     if not images:
+        return config
+    if concepts:
+        config.concept_output_for()
         return config
     brush = config.brush_for()
     if not brush.labels:
@@ -235,10 +269,12 @@ def _shown(value: object) -> str:
 
 
 __all__ = [
+    "CONCEPT_OUTPUTS",
     "DEFAULT_FRAME_RATE",
     "EXAMPLE_CONFIG",
     "EXAMPLE_VIDEO_CONFIG",
     "MIN_FRAME_RATE",
+    "POLYGON",
     "ControlTag",
     "LabelConfig",
     "LabelConfigError",

@@ -31,6 +31,9 @@ PREANNOTATE_MODES = {
 DEFAULT_PREANNOTATE = "center"
 DEFAULT_VIDEO_MAX_FRAMES = 100
 DEFAULT_URL_ENV = "LABEL_STUDIO_URL"
+# A concept phrase's longest form (the service's /v1/concepts rule): SAM 3's text encoder
+# reads 32 tokens anyway.
+MAX_PHRASE_CHARS = 64
 DEFAULT_KEY_ENV = "LABEL_STUDIO_API_KEY"
 GROUP = "Label Studio"  # the help group of 'labelstudio --help' these flags are listed in
 
@@ -131,6 +134,47 @@ class LabelStudioOptions:
         group=GROUP,
     )
 
+    # Concept prompts (--concepts, SAM 3): the label names of the config's BrushLabels or
+    # PolygonLabels tag are the prompts of pre-annotation, a TextArea's text the prompt of
+    # an interaction. Set by the command from --concepts (not a field flag: the service's
+    # own concept flags are shared with it).
+    concepts: bool = False
+    concept_score_thresh: float = option(
+        0.5,
+        help="with --concepts: the score an instance needs to be answered (SAM 3's rule; "
+        "Meta's default 0.5; random weights score about 0.25)",
+        metavar="P",
+        low=0.0,
+        high=1.0,
+        group=GROUP,
+    )
+    concept_max_labels: int = option(
+        32,
+        help="with --concepts: the most label names of a config used as prompts, and "
+        "phrases of one TextArea interaction (a config with more is refused, 422)",
+        metavar="N",
+        low=1,
+        high=1000,
+        group=GROUP,
+    )
+    concept_max_instances: int = option(
+        100,
+        help="with --concepts: the most instances answered per label or phrase of a task, "
+        "highest scores first",
+        metavar="N",
+        low=1,
+        high=10_000,
+        group=GROUP,
+    )
+    concept_cache_mib: int = option(
+        512,
+        help="with --concepts: MiB of SAM 3 image encodings kept (an image's phrases typed "
+        "one after another reuse its encoding; 0: none kept)",
+        metavar="MIB",
+        low=0,
+        group=GROUP,
+    )
+
     def __post_init__(self) -> None:
         if self.url is not None:
             parts = urlsplit(self.url)
@@ -173,6 +217,7 @@ __all__ = [
     "DEFAULT_PREANNOTATE",
     "DEFAULT_URL_ENV",
     "DEFAULT_VIDEO_MAX_FRAMES",
+    "MAX_PHRASE_CHARS",
     "PREANNOTATE_MODES",
     "LabelStudioOptions",
 ]

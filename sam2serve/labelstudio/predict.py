@@ -15,6 +15,10 @@ Two kinds of request:
 - pre-annotation (no ``context``): what ``--preannotate`` says for every task (a centre
   click, AMG, or nothing). Whatever it is, each task's image is fetched and encoded, so
   its embedding is cached for the clicks that follow.
+- with concepts (``--concepts``, SAM 3): pre-annotation answers every label name of the
+  config's BrushLabels or PolygonLabels tag as a concept prompt, and an interaction holding
+  a TextArea result answers its text (:mod:`sam2serve.labelstudio.concept_prompts`,
+  :mod:`sam2serve.labelstudio.concept_predict`); clicks and boxes stay SAM 2's;
 - a video interaction (``context`` of VideoRectangle keyframes): the objects tracked
   through the clip (:mod:`sam2serve.labelstudio.video_predict`); a video project asked
   without keyframes gets empty predictions (there is nothing to track).
@@ -43,6 +47,13 @@ from sam2serve.engine.amg_params import AMGParams
 from sam2serve.engine.prompts import FOREGROUND, Prompt
 from sam2serve.engine.rle import Rle, rle_to_mask
 from sam2serve.labelstudio.brush import mask_to_brush_rle
+from sam2serve.labelstudio.concept_predict import ConceptAnswerer
+from sam2serve.labelstudio.concept_prompts import (
+    ConceptPrompt,
+    is_text_context,
+    label_prompts,
+    text_prompts,
+)
 from sam2serve.labelstudio.context import ClickPrompt, prompt_from_context
 from sam2serve.labelstudio.images import ImageFetcher, LabelStudioAccess
 from sam2serve.labelstudio.label_config import (
@@ -88,9 +99,16 @@ def check_task_count(tasks: int, limit: int) -> None:
 class LabelStudioBackend:
     """Answers Label Studio's ML backend calls with the service's model."""
 
-    def __init__(self, options: LabelStudioOptions, fetcher: ImageFetcher) -> None:
+    def __init__(
+        self,
+        options: LabelStudioOptions,
+        fetcher: ImageFetcher,
+        concepts: ConceptAnswerer | None = None,
+    ) -> None:
         self.options = options
         self.fetcher = fetcher
+        # SAM 3 with its options and encoding cache (--concepts), else None.
+        self.concepts = concepts
         # What /setup said per project id: Label Studio's address (only one the operator
         # allowed) and the owner's token; bounded.
         self._setup_access: collections.OrderedDict[str, LabelStudioAccess] = (
@@ -108,13 +126,14 @@ class LabelStudioBackend:
             identity = f"random-seed{weights.get('seed')}"
         else:
             identity = str(weights.get("source"))
-        return f"sam2serve-{service.model_name}-{service.settings.runtime.mode}-{identity}"
+        version = f"sam2serve-{service.model_name}-{service.settings.runtime.mode}-{identity}"
+        return version if self.concepts is None else f"{version}+{self.concepts.identity()}"
 
     async def setup(self, body: SetupRequest, service: Service) -> SetupResponse:
         """Remember the project's token, and its address when the operator allowed that
         host (without --label-studio-url); check its config when it is sent."""
         if body.schema_:
-            await asyncio.to_thread(_config, body.schema_)
+            await asyncio.to_thread(_config, body.schema_, self.concepts is not None)
         key = project_id(body.project)
         hostname = body.hostname.rstrip("/") if body.hostname else None
         if (
@@ -155,7 +174,7 @@ class LabelStudioBackend:
     # ------------------------------------------------------------------ /predict
     async def predict(self, body: PredictRequest, service: Service, client: str) -> PredictResponse:
         check_task_count(len(body.tasks), service.settings.limits.max_predict_tasks)
-        config = await asyncio.to_thread(_config, body.label_config)
+        config = await asyncio.to_thread(_config, body.label_config, self.concepts is not None)
         context = body.params.context
         version = self.model_version(service)
         if is_video_context(context):
@@ -164,6 +183,9 @@ class LabelStudioBackend:
         if not config.images:  # a video project asking without keyframes: nothing to track
             empty = Prediction(result=[], score=None, model_version=version)
             return PredictResponse(results=[empty] * len(body.tasks), model_version=version)
+        concept = self._concept_prompt(config, context)
+        if concept is not None:
+            return await self._predict_concepts(body, config, concept, service, client)
         prompt = prompt_from_context(context) if context is not None else None
         if (
             prompt is not None
@@ -180,15 +202,30 @@ class LabelStudioBackend:
         else:
             mode = "click" if prompt is not None else self.options.preannotate
         access = self.access_for(body.project)
+
+        async def regions_of(index: int, task: Task) -> list[dict[str, Any]]:
+            return await self._task_regions(task, index, config, prompt, mode, service, access)
+
+        slot = self._bulk_slot(mode, service, client)
+        return await self._answer(body, regions_of, slot, version, client)
+
+    async def _answer(
+        self,
+        body: PredictRequest,
+        regions_of: Callable[[int, Task], Awaitable[list[dict[str, Any]]]],
+        slot: contextlib.AbstractContextManager,
+        version: str,
+        client: str,
+    ) -> PredictResponse:
+        """Every task's regions as its prediction (a task of several that fails: empty),
+        ``max_concurrent_tasks`` at a time, within ``slot``."""
         alone = len(body.tasks) == 1
         predictions: list[Prediction | None] = [None] * len(body.tasks)
         refused = _Refusals()
 
         async def one(index: int, task: Task) -> None:
             try:
-                regions = await self._task_regions(
-                    task, index, config, prompt, mode, service, access
-                )
+                regions = await regions_of(index, task)
             except ApiError as exc:
                 if alone:
                     raise
@@ -198,12 +235,45 @@ class LabelStudioBackend:
             score = sum(scores) / len(scores) if scores else None
             predictions[index] = Prediction(result=regions, score=score, model_version=version)
 
-        with self._bulk_slot(mode, service, client):
+        with slot:
             await _each(list(enumerate(body.tasks)), one, self.options.max_concurrent_tasks)
         refused.log(len(body.tasks), client)
         return PredictResponse(
             results=[p for p in predictions if p is not None], model_version=version
         )
+
+    def _concept_prompt(self, config: LabelConfig, context: Context | None) -> ConceptPrompt | None:
+        """With concepts: the label names (no context) or the TextArea's text (a context
+        holding one); None for clicks and boxes, and without concepts."""
+        if self.concepts is None:
+            return None
+        limit = self.options.concept_max_labels
+        if context is None:
+            return label_prompts(config, limit)
+        if is_text_context(context):
+            return text_prompts(context, config, limit)
+        return None
+
+    async def _predict_concepts(
+        self,
+        body: PredictRequest,
+        config: LabelConfig,
+        concept: ConceptPrompt,
+        service: Service,
+        client: str,
+    ) -> PredictResponse:
+        """Every task's instances of the phrases (pre-annotation holds a bulk slot)."""
+        assert self.concepts is not None
+        answerer = self.concepts
+        access = self.access_for(body.project)
+        bulk = body.params.context is None
+
+        async def regions_of(index: int, task: Task) -> list[dict[str, Any]]:
+            data = await self._task_image(task, index, config, concept.image_name, access)
+            return await answerer.regions(service, data, concept, bulk=bulk)
+
+        slot = service.bulk_slot(client) if bulk else contextlib.nullcontext()
+        return await self._answer(body, regions_of, slot, self.model_version(service), client)
 
     async def _predict_video(
         self,
@@ -255,23 +325,13 @@ class LabelStudioBackend:
     ) -> list[dict[str, Any]]:
         if mode == "empty":
             return []
-        where = f"tasks[{index}]" + (f" (task {task.id})" if task.id is not None else "")
         wanted_image = prompt.image_name if prompt is not None else None
         try:
             brush = config.brush_for(wanted_image)
         except LabelConfigError as exc:
             raise ApiError(422, "invalid_label_config", str(exc)) from None
         image_name = config.image_of(brush, wanted_image)
-        field = config.images[image_name]
-        if field not in task.data:
-            fields = ", ".join(sorted(map(str, task.data))[:10]) or "none"
-            raise ApiError(
-                422,
-                "invalid_request",
-                f"{where}.data: no field {field!r} (the Image tag {image_name!r} shows "
-                f"${field}); the task's fields: {fields}",
-            )
-        data = await self.fetcher.fetch(task.data[field], access, f"{where}.data.{field}")
+        data = await self._task_image(task, index, config, image_name, access)
         clock = RequestClock()
         draw = _RegionMaker(
             brush, image_name, config.label_for(brush, prompt.label if prompt else None)
@@ -295,6 +355,27 @@ class LabelStudioBackend:
             return []
         rle, score = await _best_mask(service, image, obj, multimask, clock)
         return [await asyncio.to_thread(draw.region, rle, score)]
+
+    async def _task_image(
+        self,
+        task: Task,
+        index: int,
+        config: LabelConfig,
+        image_name: str,
+        access: LabelStudioAccess,
+    ) -> bytes:
+        """The bytes of the task's image shown by the Image tag ``image_name``."""
+        where = f"tasks[{index}]" + (f" (task {task.id})" if task.id is not None else "")
+        field = config.images[image_name]
+        if field not in task.data:
+            fields = ", ".join(sorted(map(str, task.data))[:10]) or "none"
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"{where}.data: no field {field!r} (the Image tag {image_name!r} shows "
+                f"${field}); the task's fields: {fields}",
+            )
+        return await self.fetcher.fetch(task.data[field], access, f"{where}.data.{field}")
 
 
 async def _each(
@@ -407,13 +488,13 @@ async def _amg(
 
 
 @functools.lru_cache(maxsize=32)
-def _parsed(xml: str) -> LabelConfig:
-    return parse_label_config(xml)
+def _parsed(xml: str, concepts: bool) -> LabelConfig:
+    return parse_label_config(xml, concepts)
 
 
-def _config(xml: str) -> LabelConfig:
+def _config(xml: str, concepts: bool = False) -> LabelConfig:
     try:
-        return _parsed(xml)
+        return _parsed(xml, concepts)
     except LabelConfigError as exc:
         raise ApiError(422, "invalid_label_config", str(exc)) from None
 

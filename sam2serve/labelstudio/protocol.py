@@ -92,6 +92,11 @@ class RegionValue(_Open):
         None, ge=0, le=MAX_FRAME_NUMBER, description="VideoRectangle: the video's frames."
     )
     duration: float | None = Field(None, ge=0, description="VideoRectangle: seconds.")
+    text: list[str] | str | None = Field(
+        None,
+        description="TextArea: the text typed, one entry per submission (with --concepts: "
+        "the concept prompt, phrases split at commas and line breaks).",
+    )
 
     @field_validator("x", "y", "width", "height", "rotation")
     @classmethod

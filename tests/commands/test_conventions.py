@@ -190,7 +190,10 @@ def test_names_kept_without_torch_match_their_source():
     from sam2serve.engine.tasks import TASKS
     from sam2serve.runtime.export import BACKENDS, DECODERS
 
+    # run.TASKS are SAM 2.1's tasks (bench and the burst run them); --task also takes
+    # "concepts", SAM 3's task in sam2serve.concepts, which is not an engine.tasks task.
     assert run.TASKS == TASKS
+    assert run.RUN_TASKS == (*TASKS, "concepts")
     assert export.EXPORT_IMAGE_PATHS == BACKENDS and export.EXPORT_DECODERS == DECODERS
 
 

@@ -41,11 +41,11 @@ def pair(tmp_path_factory):
     return meta, ours, load_tokenizer(tokens)
 
 
-def meta_segment(meta, image, phrase, boxes, thresh):
+def meta_segment(meta, image, phrase, boxes, thresh, size=SIZE):
     from PIL import Image
     from sam3.model.sam3_image_processor import Sam3Processor
 
-    processor = Sam3Processor(meta, SIZE.image_size, "cpu", confidence_threshold=thresh)
+    processor = Sam3Processor(meta, size.image_size, "cpu", confidence_threshold=thresh)
     h, w = image.shape[:2]
     # Meta pins a 4-float scale tensor; there is no accelerator on a CPU host
     with mock.patch.object(torch.Tensor, "pin_memory", lambda self, *a, **k: self):
@@ -151,3 +151,34 @@ def test_full_size_meta_model_maps_strictly_onto_ours(tmp_path):
     state.pop("detector.transformer.decoder.presence_token.weight")
     with pytest.raises(CheckpointMismatch, match="missing"):
         check_keys(state, Sam3Size.full())
+
+
+@pytest.mark.extended
+def test_full_size_equal_to_meta(tmp_path):
+    """Second tier: SAM 3's full configuration (ViT-L 1008 px, 24-layer text encoder, 6+6
+    DETR layers, 200 queries) on identical seeded weights, through Meta's Sam3Processor and
+    ours, text and text + a positive and a negative box: the same instances, scores, boxes
+    and masks within the reduced size's tolerances."""
+    full = Sam3Size.full()
+    tokens = write_tokenizer_files(tmp_path)
+    meta = build_meta_image_model(full.as_dict(), tokens / "bpe_simple_vocab.txt.gz")
+    randomize_(meta, 1)
+    ours = build_model(full)
+    load_strict(ours, meta_to_transformers(meta.state_dict()))
+    tokenize = load_tokenizer(tokens)
+    image = np.random.default_rng(0).integers(0, 256, (300, 420, 3), dtype=np.uint8)
+    boxes = [ExemplarBox((30, 40, 160, 200), True), ExemplarBox((250, 20, 400, 120), False)]
+    thresh = 0.2
+    for prompt_boxes in ([], boxes):
+        expected = meta_segment(meta, image, "red cat", prompt_boxes, thresh, full)
+        got = segment_concepts(ours, tokenize, [image], ["red cat"], prompt_boxes, thresh)
+        got = got[0]["red cat"]
+        assert len(got) == len(expected["scores"]) > 0
+        np.testing.assert_allclose(
+            [i.score for i in got], expected["scores"].numpy(), atol=SCORE_ATOL
+        )
+        np.testing.assert_allclose(
+            np.array([i.box for i in got]), expected["boxes"].numpy(), atol=BOX_ATOL_PX
+        )
+        masks = np.stack([i.mask for i in got])
+        assert (masks != expected["masks"][:, 0].numpy()).mean() < MASK_MISMATCH

@@ -112,6 +112,19 @@ def test_a_mask_of_another_size_is_refused_naming_it():
         writer.add_image("x.png", 5, 4, [{"segmentation": [[0, 0, 1, 1]]}])
 
 
+def test_records_take_their_category_and_an_unknown_one_is_refused():
+    categories = [{"id": 1, "name": "cat"}, {"id": 2, "name": "dog"}]
+    writer = CocoWriter(categories=categories)
+    mask = pycoco_rle(np.eye(2, 3, dtype=bool))
+    writer.add_image(
+        "a.png", 3, 2, [{"segmentation": mask, "category_id": 2}, {"segmentation": mask}]
+    )
+    assert [a["category_id"] for a in writer.annotations] == [2, 1]  # default: the first
+    with pytest.raises(ValueError, match=r"mask 0 of image 2 has category_id 3, not one of"):
+        writer.add_image("b.png", 3, 2, [{"segmentation": mask, "category_id": 3}])
+    assert len(writer.images) == 1  # the refused image was not added
+
+
 def test_write_is_atomic_and_replaces(tmp_path):
     path = tmp_path / "instances.json"
     path.write_text("old")

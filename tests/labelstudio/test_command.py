@@ -30,6 +30,10 @@ def test_help_names_the_endpoints_and_flags():
         "--allow-fetch-host",
         "--no-public-fetch",
         "--video-max-frames",
+        "--concepts",
+        "--sam3-size",
+        "--concept-score-thresh",
+        "--concept-max-instances",
     ):
         assert text in out
     assert "(default: 9090;" in out
@@ -51,6 +55,14 @@ def test_help_names_the_endpoints_and_flags():
         (["--port", "70000"], {}, "--port must be an integer in [1, 65535], got 70000"),
         (["--max-objects", "0"], {}, "--max-objects"),
         (["--random-weight"], {}, "unknown flag --random-weight; did you mean --random-weights?"),
+        (
+            ["--concept-score-thresh", "2"],
+            {},
+            "--concept-score-thresh: concept_score_thresh must be a number in [0, 1]",
+        ),
+        (["--concept-max-labels", "0"], {}, "--concept-max-labels: concept_max_labels must be"),
+        (["--concepts", "--sam3-weights", "/x"], {}, "--sam3-weights and --random-weights"),
+        (["--concepts", "--sam3-size", "huge"], {}, "--sam3-size: invalid choice"),
     ],
 )
 def test_usage_errors_are_one_line(monkeypatch, argv, env, fragment):

@@ -1,0 +1,198 @@
+"""A task's concept prompts answered by SAM 3, as Label Studio regions.
+
+One job on the service's model worker per task (a bulk job for pre-annotation, yielding to
+clicks between phrase batches; an interactive one for a typed phrase): the image is encoded
+once (the encoding kept in a byte-budgeted LRU by the image's content hash, so the next
+phrase typed on it is a detector pass only), the phrases' text once, then every phrase runs
+through the detector as one batch over that encoding, the batch cut only where its worst
+case of full-size masks (queries x phrases x pixels) would pass ``MASK_BATCH_BYTES``. Per
+phrase, the non-empty instances above ``--concept-score-thresh`` are kept, highest scores
+first, at most ``--concept-max-instances``, their masks bit-packed (a bit per pixel) until
+they are written off the worker; each becomes a region with its phrase's label and score:
+
+- BrushLabels: one brush region (Label Studio's RLE, :mod:`sam2serve.labelstudio.brush`);
+- PolygonLabels: one polygon region per outer boundary of the mask
+  (:func:`sam2serve.engine.formats.mask_to_polygons`: through the pixel edges' midpoints,
+  holes left out; the largest ``MAX_POLYGONS`` kept, points on straight runs dropped), in
+  percent of the image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sam2serve.concepts.engine import ConceptEncoding, Instance, text_rows
+from sam2serve.concepts.runtime import Concepts
+from sam2serve.engine.formats import mask_to_polygons
+from sam2serve.labelstudio.brush import mask_to_brush_rle
+from sam2serve.labelstudio.concept_prompts import ConceptPrompt
+from sam2serve.labelstudio.label_config import BRUSH
+from sam2serve.labelstudio.options import LabelStudioOptions
+from sam2serve.server.batching import JobContext
+from sam2serve.server.cache import ByteLRU, image_id_of
+from sam2serve.server.service import RequestClock, Service
+
+MiB = 1024 * 1024
+# The most bytes of bool masks one detector batch may produce at worst (every query kept):
+# phrases per batch = this // (queries x height x width), at least one.
+MASK_BATCH_BYTES = 1024 * MiB
+MAX_POLYGONS = 8  # outer boundaries of one instance written as polygon regions
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """An instance held between the worker and the writing of its regions: its mask
+    bit-packed (eight times smaller than numpy's bool)."""
+
+    bits: np.ndarray
+    shape: tuple[int, int]
+    box: tuple[float, float, float, float]
+    score: float
+
+    @classmethod
+    def of(cls, instance: Instance) -> _Kept:
+        shape = (int(instance.mask.shape[0]), int(instance.mask.shape[1]))
+        return cls(np.packbits(instance.mask, axis=None), shape, instance.box, instance.score)
+
+    def instance(self) -> Instance:
+        count = self.shape[0] * self.shape[1]
+        mask = np.unpackbits(self.bits, count=count).reshape(self.shape).astype(bool)
+        return Instance(mask=mask, box=self.box, score=self.score)
+
+
+class ConceptAnswerer:
+    """SAM 3 bound to the backend's concept options, with its encoding cache."""
+
+    def __init__(self, concepts: Concepts, options: LabelStudioOptions) -> None:
+        self.concepts = concepts
+        self.options = options
+        self.encodings: ByteLRU[str, ConceptEncoding] = ByteLRU(
+            options.concept_cache_mib * MiB, lambda encoding: encoding.nbytes
+        )
+
+    def identity(self) -> str:
+        """The concept model in the model version: size and weights."""
+        spec = self.concepts.spec
+        weights = f"random-seed{spec.seed}" if spec.random_weights else "weights"
+        return f"sam3-{spec.size}-{weights}"
+
+    async def regions(
+        self, service: Service, data: bytes, prompt: ConceptPrompt, *, bulk: bool
+    ) -> list[dict[str, Any]]:
+        """The regions of every phrase of ``prompt`` on the image ``data``."""
+        if not prompt.phrases:
+            return []
+        key = image_id_of(data)
+        clock = RequestClock()
+        pixels, reservation = await service.decode(data)
+        with reservation:
+            height, width = pixels.shape[:2]
+
+            def run(context: JobContext) -> dict[str, list[_Kept]]:
+                return self._detect(context, key, pixels, prompt.phrases)
+
+            found = await service.run_job("concepts", run, clock, bulk=bulk)
+        return await asyncio.to_thread(_regions, found, prompt, width, height)
+
+    def _detect(
+        self, context: JobContext, key: str, pixels: np.ndarray, phrases: tuple[str, ...]
+    ) -> dict[str, list[_Kept]]:
+        """On the model worker: the image's encoding (cached), then the phrases in batches."""
+        encoding = self.encodings.get(key)
+        if encoding is None:
+            encoding = self.concepts.encode([pixels])[0]
+            self.encodings.put(key, encoding)
+        worst = self.concepts.size.queries * encoding.height * encoding.width
+        per_batch = max(1, MASK_BATCH_BYTES // max(1, worst))
+        text = self.concepts.encode_text(phrases)  # once, sliced per batch
+        found: dict[str, list[_Kept]] = {}
+        for start in range(0, len(phrases), per_batch):
+            context.check()
+            batch = phrases[start : start + per_batch]
+            rows = (
+                text
+                if len(batch) == len(phrases)
+                else text_rows(text, range(start, start + len(batch)))
+            )
+            answers = self.concepts.detect(
+                encoding, batch, (), self.options.concept_score_thresh, text=rows
+            )
+            for phrase in batch:
+                kept = [i for i in answers[phrase] if i.mask.any()]
+                kept.sort(key=lambda instance: -instance.score)
+                found[phrase] = [_Kept.of(i) for i in kept[: self.options.concept_max_instances]]
+            del answers  # this batch's full masks, before the next batch makes its own
+        return found
+
+
+def _regions(
+    found: dict[str, list[_Kept]], prompt: ConceptPrompt, width: int, height: int
+) -> list[dict[str, Any]]:
+    """Every instance as regions of the output tag, phrase by phrase, in score order."""
+    regions: list[dict[str, Any]] = []
+    for phrase, label in zip(prompt.phrases, prompt.labels, strict=True):
+        for kept in found.get(phrase, []):
+            regions.extend(instance_regions(kept.instance(), prompt, label, width, height))
+    return regions
+
+
+def instance_regions(
+    instance: Instance, prompt: ConceptPrompt, label: str, width: int, height: int
+) -> list[dict[str, Any]]:
+    """One instance as a brush region, or as polygon regions (one per outer boundary)."""
+    kind = prompt.output.kind
+    base = {
+        "from_name": prompt.output.name,
+        "to_name": prompt.image_name,
+        "type": kind,
+        "original_width": width,
+        "original_height": height,
+        "image_rotation": 0,
+        "score": float(instance.score),
+        "readonly": False,
+    }
+    if kind == BRUSH:
+        value = {"format": "rle", "rle": mask_to_brush_rle(instance.mask), "brushlabels": [label]}
+        return [{"id": secrets.token_hex(5), **base, "value": value}]
+    return [
+        {
+            "id": secrets.token_hex(5),
+            **base,
+            "value": {"points": points, "closed": True, "polygonlabels": [label]},
+        }
+        for points in polygons_percent(instance.mask)
+    ]
+
+
+def polygons_percent(mask: np.ndarray) -> list[list[list[float]]]:
+    """The mask's outer boundaries, largest first (at most MAX_POLYGONS), as Label Studio's
+    polygon points: ``[x, y]`` in percent of the image, the image's left edge at 0 (a
+    pixel index ``c`` spans ``c`` to ``c + 1``). Points on a straight run are dropped (the
+    boundary is unchanged: they lie exactly on it)."""
+    height, width = mask.shape
+    shapes = []
+    for flat in mask_to_polygons(mask):
+        xy = np.asarray(flat, dtype=np.float64).reshape(-1, 2)
+        before, after = xy - np.roll(xy, 1, axis=0), np.roll(xy, -1, axis=0) - xy
+        turns = before[:, 0] * after[:, 1] - before[:, 1] * after[:, 0] != 0
+        corners = xy[turns]
+        if len(corners) < 3:
+            continue
+        area = 0.5 * abs(
+            float(np.dot(xy[:, 0], np.roll(xy[:, 1], -1)) - np.dot(xy[:, 1], np.roll(xy[:, 0], -1)))
+        )
+        shapes.append((area, corners))
+    shapes.sort(key=lambda shape: -shape[0])
+    scale = np.array([100.0 / width, 100.0 / height])
+    return [
+        np.round(np.clip((corners + 0.5) * scale, 0.0, 100.0), 4).tolist()
+        for _, corners in shapes[:MAX_POLYGONS]
+    ]
+
+
+__all__ = ["ConceptAnswerer", "instance_regions", "polygons_percent"]
