@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sam2serve.commands.common import PROG, UsageError, info_line, positive_int, warning_line
+from sam2serve.commands.concept_prompts import MAX_PHRASE_CHARS, parse_text
 from sam2serve.commands.concepts_flags import add_concepts_flags, concepts_spec
 
-MAX_PHRASE_CHARS = 64  # as /v1/concepts and run --task concepts
-MAX_PHRASES = 64
 DEFAULT_MAX_INSTANCES = 20
 META_SCORE_THRESH = 0.5  # concepts.engine.DEFAULT_SCORE_THRESH, torch-free here
 
@@ -90,27 +89,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_concepts_flags(group)
 
 
-def parse_phrases(value: str) -> list[str]:
-    """--text "cat,dog": the phrases, each stripped, 1..64 characters, none twice."""
-    where = f"--text {value!r:.100}"
-    phrases: list[str] = []
-    for index, raw in enumerate(value.split(",")):
-        phrase = raw.strip()
-        if not phrase:
-            raise UsageError(f"{where}: phrase {index + 1} is empty")
-        if len(phrase) > MAX_PHRASE_CHARS:
-            raise UsageError(
-                f"{where}: phrase {index + 1} has {len(phrase)} characters; the limit is "
-                f"{MAX_PHRASE_CHARS}"
-            )
-        if phrase in phrases:
-            raise UsageError(f"{where}: phrase {phrase!r} is given twice")
-        phrases.append(phrase)
-    if len(phrases) > MAX_PHRASES:
-        raise UsageError(f"{where}: {len(phrases)} phrases; the limit is {MAX_PHRASES}")
-    return phrases
-
-
 def check_flags(args: argparse.Namespace) -> list[str] | None:
     """The phrases of --text (None without it), the concept flags checked; concept flags
     without --text, or --text with --prompts, are usage errors."""
@@ -134,7 +112,7 @@ def check_flags(args: argparse.Namespace) -> list[str] | None:
             "--text and --prompts exclude each other: the objects come from SAM 3's "
             "instances of the phrases, or from the prompts file"
         )
-    phrases = parse_phrases(args.text)
+    phrases = list(parse_text(args.text))  # run --task concepts' rules
     if args.score_thresh is not None and not 0.0 <= args.score_thresh <= 1.0:  # NaN too
         raise UsageError(f"--score-thresh must be a number in [0, 1], got {args.score_thresh}")
     if args.concept_frame < 0:

@@ -41,7 +41,7 @@ def test_concept_flags_are_checked_before_a_model_loads(no_models, two_frames, t
     random = ("--random-weights", "--sam3-size", "tiny")
     cases = [
         (("--text", "cat", "--prompts", prompts), "--text and --prompts exclude each other"),
-        (("--text", "cat,,dog", *random), "phrase 2 is empty"),
+        (("--text", "cat,,dog", *random), "phrase 2: a phrase is empty"),
         (("--text", "cat, cat", *random), "phrase 'cat' is given twice"),
         (("--text", "x" * 65, *random), "65 characters; the limit is 64"),
         (("--text", "cat", "--score-thresh", "2", *random), "--score-thresh must be"),
