@@ -18,8 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from hostile import free_port
+from fuzzing import FuzzReport, fuzz
+from hostile import free_port, spawn_cli_server
+from hypothesis import strategies as st
 from pycocotools import mask as mask_utils
+from schemathesis import GenerationMode
 from server_support import b64, photo, png_bytes, sha256
 
 from sam2serve.server.app import create_app
@@ -287,3 +290,41 @@ def test_serve_concepts_without_weights_is_one_line_exit_2(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "SAM 3 weights not found" in lines[0] and "download --model sam3" in lines[0]
+
+
+def _real_image(case, operation, mode, data) -> None:
+    """Half the JSON cases carry the real picture, so they reach the model."""
+    if isinstance(case.body, dict) and data.draw(st.booleans(), label="a real image"):
+        case.body.pop("image_id", None)
+        case.body["image"] = b64(PNG)
+
+
+@pytest.mark.extended
+def test_schemathesis_on_a_served_concept_model():
+    """The real command with a tiny random SAM 3: every answer of /v1/concepts as the
+    OpenAPI document says (no 5xx), positive and negative cases."""
+    live = spawn_cli_server(["--random-weights", "--concepts", "--sam3-size", "tiny"])
+    try:
+        with live.client() as client:
+            assert client.get("/readyz").json()["concepts"] is True
+            response = client.post(
+                "/v1/concepts", json={"image": b64(PNG), "phrases": ["cat"], "score_thresh": 0}
+            )
+            assert response.status_code == 200, response.text
+            assert len(response.json()["concepts"][0]["instances"]) == 20
+        report = FuzzReport.within(300)
+        examples = {GenerationMode.POSITIVE: 60, GenerationMode.NEGATIVE: 30}
+        fuzz(
+            live.url,
+            report,
+            "concepts",
+            examples=examples,
+            seed=_real_image,
+            paths=("/v1/concepts",),
+        )
+        print(f"\nschemathesis, /v1/concepts: {report.summary()}")
+        assert not report.failures, report.describe()
+        assert report.statuses, "nothing was sent"
+        assert live.alive()
+    finally:
+        live.stop()
