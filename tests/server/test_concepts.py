@@ -29,7 +29,7 @@ from sam2serve.server.app import create_app
 from sam2serve.server.settings import MiB, ServerSettings
 
 LIMITS = {
-    "max_concept_phrases": 3,
+    "max_concept_phrases": 5,
     "max_concept_boxes": 2,
     "max_concept_instances": 12,
     "max_pixels": 20_000,
@@ -130,6 +130,25 @@ def test_boxes_alone_are_the_phrase_visual_and_a_high_threshold_keeps_nothing(cl
     assert response.json()["concepts"] == [{"phrase": "visual", "instances": []}]
 
 
+def test_odd_phrases_and_degenerate_boxes_are_answered(client, answer):
+    phrases = ["\u0000", "\U0001f600", "<|endoftext|>", "\u202e x", "a" * 64]
+    response = client.post(
+        "/v1/concepts",
+        json={
+            "image_id": answer["image_id"],
+            "phrases": phrases,
+            "boxes": [{"box": [0, 0, 0, 0]}, {"box": [64, 43, 64, 43], "positive": False}],
+            "score_thresh": 0,
+            "max_instances": 2,
+            "mask_format": "polygon",
+        },
+    )
+    assert response.status_code == 200, response.text
+    concepts = response.json()["concepts"]
+    assert [c["phrase"] for c in concepts] == phrases
+    assert all(len(c["instances"]) == 2 for c in concepts)
+
+
 def test_ready_metrics_and_docs_name_the_route(client, answer, predictor):
     assert client.get("/readyz").json()["concepts"] is True
     metrics = client.get("/metrics").text
@@ -161,7 +180,7 @@ def test_an_evicted_encoding_is_counted_and_its_id_is_404(predictor, concepts_ti
 # --------------------------------------------------------------------------- hostile
 
 IMAGE_ID = sha256(PNG)
-TOO_MANY = [f"thing {i}" for i in range(4)]
+TOO_MANY = [f"thing {i}" for i in range(6)]
 
 
 @pytest.mark.parametrize(
