@@ -9,12 +9,14 @@ The start-up error of ``serve --concepts`` without SAM 3's weights runs the real
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -147,6 +149,40 @@ def test_odd_phrases_and_degenerate_boxes_are_answered(client, answer):
     concepts = response.json()["concepts"]
     assert [c["phrase"] for c in concepts] == phrases
     assert all(len(c["instances"]) == 2 for c in concepts)
+
+
+def test_concurrent_uploads_of_one_image_share_one_encode(client, concepts_tiny):
+    images = client.app.state.service.concepts
+    calls = []
+
+    class Counting:  # the session's model, its encodes counted
+        size = concepts_tiny.size
+
+        def encode(self, pixels):
+            calls.append(len(pixels))
+            return concepts_tiny.encode(pixels)
+
+        def detect(self, *args, **kwargs):
+            return concepts_tiny.detect(*args, **kwargs)
+
+    fresh = png_bytes(photo("coffee", 32))
+    body = {"image": b64(fresh), "phrases": ["cup"], "score_thresh": 0, "max_instances": 2}
+
+    async def both() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            return await asyncio.gather(*(http.post("/v1/concepts", json=body) for _ in "ab"))
+
+    images.concepts = Counting()
+    try:
+        answers = client.portal.call(both)
+    finally:
+        images.concepts = concepts_tiny
+    assert [a.status_code for a in answers] == [200, 200], answers[0].text
+    assert calls == [1]  # one encode of one image
+    first, second = (a.json() for a in answers)
+    assert first["concepts"] == second["concepts"]
+    assert not images._flights
 
 
 def test_ready_metrics_and_docs_name_the_route(client, answer, predictor):
