@@ -38,6 +38,7 @@ from sam2serve.commands.common import (
     info_line,
     warning_line,
 )
+from sam2serve.commands.concepts_flags import add_concepts_flags, concepts_spec
 from sam2serve.options import (
     OptionError,
     add_option_groups,
@@ -47,6 +48,7 @@ from sam2serve.options import (
 )
 from sam2serve.server.settings import (
     ACCESS,
+    CONCEPTS,
     DEFAULT_API_KEY_ENV,
     RUNTIME,
     ServerSettings,
@@ -125,8 +127,15 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         handler=serve_command,
         environment=True,
-        add_arguments=add_arguments,
+        add_arguments=add_serve_arguments,
     )
+
+
+def add_serve_arguments(parser: CommandParser) -> None:
+    """``serve``'s flags: the shared ones (:func:`add_arguments`, which ``labelstudio``
+    reuses) and SAM 3's (--sam3-weights, --sam3-size) beside --concepts."""
+    add_arguments(parser)
+    add_concepts_flags(argument_group(parser, CONCEPTS))
 
 
 def add_arguments(parser: CommandParser) -> None:
@@ -240,10 +249,35 @@ def check_store(settings: ServerSettings) -> None:
             check_location(settings.store.location)
 
 
+def check_concepts_flags(args: argparse.Namespace, settings: ServerSettings) -> None:
+    """SAM 3's flags mean something only with --concepts."""
+    if not settings.concepts.enabled and getattr(args, "sam3_weights", None):
+        raise UsageError("--sam3-weights needs --concepts (SAM 3 is loaded only with it)")
+
+
+def load_concepts_flags(args: argparse.Namespace, settings: ServerSettings, device: str):
+    """SAM 3 as --sam3-weights / --sam3-size / --random-weights choose it (with
+    --concepts; else None); missing or wrong weights are one usage-error line."""
+    if not settings.concepts.enabled:
+        return None
+    import pickle
+
+    from sam2serve.concepts.runtime import load_concepts
+
+    concepts = concepts_spec(args, device)
+    try:
+        return load_concepts(concepts)
+    # WeightsError (missing: how to download), CheckpointMismatch (not SAM 3's keys), a
+    # file torch cannot read: one line each.
+    except (OSError, ValueError, RuntimeError, pickle.UnpicklingError) as exc:
+        raise UsageError(f"--concepts: {exc}") from None
+
+
 def serve_command(args: argparse.Namespace) -> int:
     spec = model_flags.runtime_spec(args)
     settings = settings_from(args)
     listen_from(args)
+    check_concepts_flags(args, settings)
     check_store(settings)
     check_address(args.host, args.port)
     if args.host not in LOOPBACK_HOSTS and settings.access.api_key is None:
@@ -260,13 +294,15 @@ def serve_command(args: argparse.Namespace) -> int:
     from sam2serve.server.http_server import uvicorn_config
 
     configure_process(spec)  # once, before the app builds its predictors
+    concepts = load_concepts_flags(args, settings, spec.device)
     loading = model_flags.load_errors_as_usage(settings.runtime.checkpoint, settings.runtime.model)
     with loading, store_errors_as_usage():
-        app = create_app(settings)
+        app = create_app(settings, concepts=concepts)
     info = app.state.service.predictor.model.weights_info
     if info.is_random:
         warning_line(f"serving {info.describe()}")
     video = " and video sessions at /v1/videos" if settings.video.enabled else ""
+    video += " and concept prompts at /v1/concepts" if concepts is not None else ""
     info_line(
         f"serving {spec.model} ({spec.label}, {spec.device}) on http://{args.host}:{args.port} "
         f"- annotation page at /, API docs at /docs{video}"

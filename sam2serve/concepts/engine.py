@@ -119,15 +119,23 @@ class ConceptEncoding:
         )
 
 
-def postprocess(outputs, height: int, width: int, score_thresh: float) -> list[list[Instance]]:
+def postprocess(
+    outputs, height: int, width: int, score_thresh: float, max_instances: int | None = None
+) -> list[list[Instance]]:
     """Meta's Sam3Processor._forward_grounding rule, per prompt of the batch (on the
-    outputs' device; each prompt's kept masks, boxes and scores cross to the host once)."""
+    outputs' device; each prompt's kept masks, boxes and scores cross to the host once).
+    ``max_instances``: keep only that many per prompt, highest scores first, before any
+    mask is upsampled (a service's bound on memory; None: Meta's, every query above the
+    threshold in query order)."""
     probs = outputs.pred_logits.sigmoid() * outputs.presence_logits.sigmoid()
     device = probs.device
     scale = torch.tensor([width, height, width, height], dtype=torch.float32, device=device)
     result = []
     for row in range(probs.shape[0]):
         keep = probs[row] > score_thresh
+        if max_instances is not None:
+            ranked = torch.where(keep, probs[row], -1.0).argsort(descending=True, stable=True)
+            keep = ranked[: min(max_instances, int(keep.sum()))]
         scores = probs[row][keep]
         boxes = outputs.pred_boxes[row][keep].float() * scale
         logits = outputs.pred_masks[row][keep].float()
@@ -192,11 +200,13 @@ def detect(
     boxes: Sequence[ExemplarBox] = (),
     score_thresh: float = DEFAULT_SCORE_THRESH,
     text=None,
+    max_instances: int | None = None,
 ) -> dict[str, list[Instance]]:
     """Every phrase of one encoded image as one batch through the detector. Exemplar boxes
     (image pixels) refine every phrase; with boxes and no phrase the phrase is Meta's
     stand-in ``"visual"``. ``text`` is ``(ids, mask, features)`` already computed for
-    exactly these phrases (so many images share one text encoding)."""
+    exactly these phrases (so many images share one text encoding). ``max_instances``: at
+    most that many per phrase, highest scores first (:func:`postprocess`)."""
     phrases = _prompt_phrases(phrases, boxes)
     if not 0.0 <= score_thresh <= 1.0:
         raise ValueError(f"score_thresh must be in [0, 1]; got {score_thresh}")
@@ -219,7 +229,7 @@ def detect(
         input_boxes=box_t.expand(len(phrases), -1, -1),
         input_boxes_labels=label_t.expand(len(phrases), -1),
     )
-    per_prompt = postprocess(outputs, height, width, score_thresh)
+    per_prompt = postprocess(outputs, height, width, score_thresh, max_instances)
     return dict(zip(phrases, per_prompt, strict=True))
 
 

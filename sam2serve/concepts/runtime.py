@@ -119,8 +119,11 @@ class Concepts:
         boxes: Sequence[ExemplarBox] = (),
         score_thresh: float = DEFAULT_SCORE_THRESH,
         text=None,
+        max_instances: int | None = None,
     ) -> dict[str, list[Instance]]:
-        return detect(self.model, self.tokenize, encoding, phrases, boxes, score_thresh, text)
+        return detect(
+            self.model, self.tokenize, encoding, phrases, boxes, score_thresh, text, max_instances
+        )
 
     def segment(
         self,

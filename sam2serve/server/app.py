@@ -11,8 +11,9 @@ queues, clicks before AMG). After the body, the work runs under
 encode. Every error a client can cause is a 4xx in the one error shape of
 :mod:`sam2serve.server.errors`, and leaves the server and its caches as they were.
 
-Endpoints: POST /v1/embeddings, /v1/segment, /v1/amg; /v1/videos (video tracking
-sessions, with ``settings.video.enabled``); GET /healthz, /readyz, /metrics; OpenAPI at /docs. Request bodies are JSON (the image base64) or multipart/form-data (the
+Endpoints: POST /v1/embeddings, /v1/segment, /v1/amg; /v1/concepts (SAM 3, with
+``settings.concepts.enabled``); /v1/videos (video tracking sessions, with
+``settings.video.enabled``); GET /healthz, /readyz, /metrics; OpenAPI at /docs. Request bodies are JSON (the image base64) or multipart/form-data (the
 image as a file part named ``image``, the other fields as JSON in a part named
 ``request``).
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -37,7 +38,7 @@ from pydantic.json_schema import models_json_schema
 from sam2serve.engine.predictor import Predictor
 from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
-from sam2serve.server import schemas, video_schemas
+from sam2serve.server import concept_schemas, schemas, video_schemas
 from sam2serve.server.api_docs import install_offline_docs
 from sam2serve.server.body_limit import BodyLimitMiddleware
 from sam2serve.server.errors import install_error_handlers
@@ -47,6 +48,9 @@ from sam2serve.server.routes.videos import VIDEOS_PATH
 from sam2serve.server.service import Service
 from sam2serve.server.settings import ServerSettings
 
+if TYPE_CHECKING:
+    from sam2serve.concepts.runtime import Concepts
+
 
 def create_app(
     settings: ServerSettings,
@@ -54,9 +58,12 @@ def create_app(
     video_predictor: VideoPredictor | None = None,
     *,
     body_limits: Mapping[str, tuple[int, str]] | None = None,
+    concepts: Concepts | None = None,
 ) -> FastAPI:
-    """The app for ``settings``; loads the model unless a ``predictor`` is given, and with
-    ``settings.video.enabled`` the video model too unless a ``video_predictor`` is given.
+    """The app for ``settings``; loads the model unless a ``predictor`` is given, with
+    ``settings.video.enabled`` the video model too unless a ``video_predictor`` is given,
+    and with ``settings.concepts.enabled`` SAM 3 unless ``concepts`` is given (a
+    ``WeightsError`` when its weights are missing).
     ``body_limits``: body limits of paths an app built on this one adds (``{path: (bytes,
     what the 413 names)}``); every other path has the service's."""
     if predictor is None:
@@ -65,7 +72,14 @@ def create_app(
         predictor = build_predictor(settings.runtime.spec(), settings.runtime.weights_source())
     if settings.video.enabled and video_predictor is None:
         video_predictor = load_video_predictor(settings, predictor)
-    service = Service(settings, predictor, video_predictor if settings.video.enabled else None)
+    if settings.concepts.enabled and concepts is None:
+        concepts = load_concepts_model(settings)
+    service = Service(
+        settings,
+        predictor,
+        video_predictor if settings.video.enabled else None,
+        concepts if settings.concepts.enabled else None,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -144,6 +158,18 @@ def load_video_predictor(settings: ServerSettings, predictor: Predictor) -> Vide
     return video_predictor_for(model, spec)
 
 
+def load_concepts_model(settings: ServerSettings) -> Concepts:
+    """SAM 3 as the settings choose it: random (same seed) with random SAM 2 weights, else
+    from the download cache's sam3 folder ('serve' passes its --sam3-weights model)."""
+    from sam2serve.concepts.runtime import ConceptsSpec, load_concepts
+
+    runtime = settings.runtime
+    spec = ConceptsSpec(
+        random_weights=runtime.random_weights, seed=runtime.seed, device=runtime.device
+    )
+    return load_concepts(spec)
+
+
 def endpoint_paths(app: FastAPI) -> frozenset[str]:
     """The paths of the app's endpoints: its own routes (the docs pages) and those of the
     routers it includes. The routers are read directly because FastAPI may keep an included
@@ -159,6 +185,7 @@ def _document_request_models(app: FastAPI) -> None:
         schemas.EmbeddingRequest,
         schemas.SegmentRequest,
         schemas.AMGRequest,
+        concept_schemas.ConceptsRequest,
         video_schemas.VideoPromptRequest,
         video_schemas.PropagateRequest,
     )
@@ -181,4 +208,4 @@ def _document_request_models(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-__all__ = ["create_app", "endpoint_paths", "load_video_predictor"]
+__all__ = ["create_app", "endpoint_paths", "load_concepts_model", "load_video_predictor"]

@@ -159,7 +159,8 @@ class Metrics:
         )
         self.stage_latency = Histogram(
             f"{PREFIX}_stage_duration_seconds",
-            "Time per stage: read_body, decode_image, encode, decode_masks, amg, format.",
+            "Time per stage: read_body, decode_image, encode, decode_masks, amg, format, "
+            "concepts_encode, concepts_detect.",
             ["stage"],
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -245,7 +246,13 @@ class Metrics:
         self.batch_size.labels(kind).observe(size)
         for waited in queue_s:
             self.queue_wait.labels(kind).observe(waited)
-        stage = {"encode": "encode", "decode": "decode_masks", "amg": "amg"}.get(kind)
+        stage = {
+            "encode": "encode",
+            "decode": "decode_masks",
+            "amg": "amg",
+            "concepts_encode": "concepts_encode",
+            "concepts_detect": "concepts_detect",
+        }.get(kind)
         if stage is not None:
             self.stage_latency.labels(stage).observe(run_s)
 

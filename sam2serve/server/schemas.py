@@ -327,6 +327,11 @@ class Ready(BaseModel):
         description="Where the weights came from: source ('checkpoint' or 'random'), the "
         "checkpoint's file name (never its path) and the seed of random weights."
     )
+    concepts: bool = Field(
+        False,
+        description="true: the server runs SAM 3 too (serve --concepts) and answers "
+        "POST /v1/concepts; false: that endpoint answers 404 'concepts_disabled'.",
+    )
 
 
 class ErrorDetail(BaseModel):

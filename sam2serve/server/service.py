@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -59,6 +59,10 @@ from sam2serve.server.video_sessions import SessionLimits, VideoSessions
 from sam2serve.store.embedding_store import EmbeddingStore
 from sam2serve.store.identity import StoreIdentity, embedding_dtype, weights_identity
 from sam2serve.store.location import StoreError
+
+if TYPE_CHECKING:
+    from sam2serve.concepts.runtime import Concepts
+    from sam2serve.server.concept_images import ConceptImages
 
 log = logging.getLogger("sam2serve.server")
 # Longest a request waits for room in the decode budget (less if request_timeout_s is).
@@ -113,6 +117,7 @@ class Service:
         settings: ServerSettings,
         predictor: Predictor,
         video_predictor: VideoPredictor | None = None,
+        concepts: Concepts | None = None,
     ) -> None:
         self.settings = settings
         self.predictor = predictor
@@ -139,8 +144,17 @@ class Service:
             on_cancel=self.metrics.observe_cancel,
             on_idle=release_free_memory,
         )
+        # SAM 3 beside SAM 2.1 (settings.concepts.enabled): None when this server has no
+        # concept model (/v1/concepts answers 404 "concepts_disabled").
+        self.concepts: ConceptImages | None = None
+        caches = {"embeddings": self.cache.stats, "masks": self.masks.stats}
+        if concepts is not None:
+            from sam2serve.server.concept_images import ConceptImages
+
+            self.concepts = ConceptImages(self, concepts)
+            caches["concepts"] = self.concepts.cache.stats
         self.metrics.watch(
-            {"embeddings": self.cache.stats, "masks": self.masks.stats},
+            caches,
             self.worker.depths,
             {INTERACTIVE: settings.batching.max_queue, BULK: settings.batching.max_bulk_queue},
         )

@@ -3,7 +3,8 @@
 :class:`ServerSettings` composes one small frozen dataclass per concern
 (sam2serve.server.settings_groups): ``runtime`` (the model and how it starts), ``access``
 (API key, CORS, allowed hosts), ``page``, ``limits``, ``connections``, ``batching``,
-``caches``, ``store``, ``video`` and ``live``; code reads ``settings.limits.max_pixels``.
+``caches``, ``store``, ``video``, ``live`` and ``concepts``; code reads
+``settings.limits.max_pixels``.
 Each group checks its own values on construction, ServerSettings the checks that span
 groups. Every setting also has a flat name (its key: ``max_pixels``, ``video``,
 ``store_dtype``), which the flags, their ``SAM2SERVE_*`` variables and cluster config
@@ -23,6 +24,7 @@ from sam2serve.server.settings_groups import (
     ACCESS,
     BATCHING,
     CACHES,
+    CONCEPTS,
     CONNECTIONS,
     DEFAULT_API_KEY_ENV,
     DEFAULT_CACHE_BYTES,
@@ -38,6 +40,7 @@ from sam2serve.server.settings_groups import (
     AccessSettings,
     BatchingSettings,
     CacheSettings,
+    ConceptSettings,
     ConnectionSettings,
     LimitSettings,
     LiveSettings,
@@ -52,6 +55,7 @@ __all__ = [
     "ACCESS",
     "BATCHING",
     "CACHES",
+    "CONCEPTS",
     "CONNECTIONS",
     "DEFAULT_API_KEY_ENV",
     "DEFAULT_CACHE_BYTES",
@@ -67,6 +71,7 @@ __all__ = [
     "AccessSettings",
     "BatchingSettings",
     "CacheSettings",
+    "ConceptSettings",
     "ConnectionSettings",
     "LimitSettings",
     "LiveSettings",
@@ -95,6 +100,7 @@ class ServerSettings:
     store: StoreSettings = field(default_factory=StoreSettings)
     video: VideoSettings = field(default_factory=VideoSettings)
     live: LiveSettings = field(default_factory=LiveSettings)
+    concepts: ConceptSettings = field(default_factory=ConceptSettings)
 
     def __post_init__(self) -> None:
         for group in dataclasses.fields(self):

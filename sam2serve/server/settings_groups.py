@@ -44,6 +44,14 @@ VIDEO = "video tracking sessions (--video; docs/api.md)"
 LIVE = "live video sessions (--video; WebSocket, docs/video.md)"
 CACHES = "caches"
 STORE = "embedding store (docs/labelling.md)"
+CONCEPTS = "concept prompts (--concepts; SAM 3, docs/concepts.md)"
+# The API schema's own bounds on a /v1/concepts request (concept_schemas.py); the
+# max_concept_* settings may only lower them.
+MAX_CONCEPT_PHRASES = 64
+MAX_CONCEPT_BOXES = 64
+MAX_CONCEPT_INSTANCES = 200  # SAM 3's queries: no phrase can find more
+# One SAM 3 image encoding (its FPN features, fp32) is ~225 MiB at 1008 px.
+DEFAULT_CONCEPT_CACHE_BYTES = 1024 * MiB
 
 
 @dataclass(frozen=True)
@@ -370,6 +378,16 @@ class CacheSettings:
         low=0,
         group=CACHES,
     )
+    concept_cache_bytes: int = option(
+        DEFAULT_CONCEPT_CACHE_BYTES,
+        help="budget for SAM 3 image encodings (--concepts), ~225 MiB each, so more phrases "
+        "on an image skip its encoder (0 disables)",
+        flag="--concept-cache-mib",
+        metavar="MIB",
+        scale=MiB,
+        low=0,
+        group=CACHES,
+    )
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -538,6 +556,48 @@ class LiveSettings:
         metavar="N",
         low=1,
         group=LIVE,
+    )
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
+
+@dataclass(frozen=True)
+class ConceptSettings:
+    """Concept prompts (POST /v1/concepts; serve --concepts): SAM 3 beside SAM 2.1."""
+
+    # Load SAM 3 (--sam3-weights / --sam3-size; random with --random-weights) and answer
+    # /v1/concepts; off: that endpoint answers 404 "concepts_disabled".
+    enabled: bool = option(
+        False,
+        key="concepts",
+        help="also load SAM 3 (--sam3-weights, or random with --random-weights) and answer "
+        "POST /v1/concepts: every instance of a noun phrase or exemplar box (off: no concepts)",
+        group=CONCEPTS,
+    )
+    max_concept_phrases: int = option(
+        16,
+        help="noun phrases per /v1/concepts request (each one detector pass on the image)",
+        metavar="N",
+        low=1,
+        high=MAX_CONCEPT_PHRASES,
+        group=CONCEPTS,
+    )
+    max_concept_boxes: int = option(
+        16,
+        help="exemplar boxes per /v1/concepts request",
+        metavar="N",
+        low=1,
+        high=MAX_CONCEPT_BOXES,
+        group=CONCEPTS,
+    )
+    max_concept_instances: int = option(
+        100,
+        help="instances one phrase may return (a request's max_instances may only lower it)",
+        metavar="N",
+        low=1,
+        high=MAX_CONCEPT_INSTANCES,
+        group=CONCEPTS,
     )
 
     def __post_init__(self) -> None:

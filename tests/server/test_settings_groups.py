@@ -28,13 +28,15 @@ GROUPS = (
     "store",
     "video",
     "live",
+    "concepts",
 )
 
 
 def test_the_groups_and_every_flat_name_routed_to_one_field():
     assert tuple(f.name for f in dataclasses.fields(ServerSettings)) == GROUPS
     routes = flat_keys()
-    assert len(routes) == 50  # the 50 flat fields ServerSettings had before the groups
+    # The 50 flat fields ServerSettings had before the groups, and the 5 of concepts.
+    assert len(routes) == 55
     assert routes["max_pixels"] == ("limits", "max_pixels")
     assert routes["video"] == ("video", "enabled")
     assert (routes["store"], routes["store_dtype"]) == (("store", "location"), ("store", "dtype"))

@@ -3,6 +3,7 @@
 - embeddings.py: POST /v1/embeddings (encode and cache an image)
 - segment.py: POST /v1/segment (masks for prompts, the interactive path)
 - amg.py: POST /v1/amg (automatic mask generation, the bulk path)
+- concepts.py: POST /v1/concepts (every instance of a noun phrase, SAM 3; serve --concepts)
 - health.py: GET /healthz, /readyz (probes) and /metrics (Prometheus)
 - coco.py: POST /v1/coco (masks a client holds -> a COCO file, by the engine's writer)
 - images.py: GET /v1/images, /v1/images/file (the server's image folder, serve --images)
@@ -27,6 +28,7 @@ from fastapi import APIRouter
 from sam2serve.server.routes import (
     amg,
     coco,
+    concepts,
     embeddings,
     health,
     images,
@@ -43,6 +45,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     embeddings.router,
     segment.router,
     amg.router,
+    concepts.router,
     coco.router,
     images.router,
     videos.router,

@@ -48,6 +48,7 @@ async def readyz(
         device=str(predictor.device),
         dtype=service.dtype_name,
         weights=service.weights,
+        concepts=service.concepts is not None,
     )
 
 

@@ -1,0 +1,218 @@
+"""SAM 3 beside SAM 2.1 in one service: images' concept encodings, cached, and detection.
+
+:class:`ConceptImages` is what /v1/concepts asks of the service when it runs with
+``--concepts``: an image's SAM 3 encoding (from a byte-budgeted LRU keyed like the SAM 2
+embeddings, by the image's content hash, so its ``image_id`` is the one /v1/embeddings and
+/v1/segment use), and the detection of phrases on it. Uploads go through the service's own
+decoding (``max_pixels`` checked from the header, the bytes reserved in the decode budget)
+and every model call through its model worker (``Service.run_job``: the bounded
+interactive queue, cancelled when the client goes), so concept requests are bounded like
+every other model work. The masks a detection will hold are reserved in the decode budget
+before it runs: concurrent requests cannot multiply that memory either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from sam2serve.concepts.engine import ConceptEncoding, ExemplarBox, Instance
+from sam2serve.concepts.runtime import Concepts
+from sam2serve.engine.rle import Rle, masks_to_rle
+from sam2serve.server.cache import ByteLRU, EmbeddingKey, image_id_of, looks_like_image_id
+from sam2serve.server.errors import ApiError
+
+MiB = 1024 * 1024
+
+if TYPE_CHECKING:
+    from sam2serve.server.service import RequestClock, Service
+
+ENCODE_JOB = "concepts_encode"
+DETECT_JOB = "concepts_detect"
+# Per kept instance and pixel while a phrase's masks are made: its float logits upsampled
+# (4) and their sigmoid (4), the bool mask (1) and its copy stacked for the RLE (1).
+MASK_BYTES_PER_PIXEL = 10
+
+
+class ConceptCache(ByteLRU[EmbeddingKey, ConceptEncoding]):
+    """SAM 3 encodings of single images, sized by :attr:`ConceptEncoding.nbytes`."""
+
+    def __init__(self, budget: int) -> None:
+        super().__init__(budget, lambda encoding: encoding.nbytes)
+
+
+@dataclass
+class ConceptImage:
+    """An image's SAM 3 encoding and whether this request found it cached."""
+
+    key: EmbeddingKey
+    encoding: ConceptEncoding
+    cached: bool
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.encoding.height, self.encoding.width
+
+
+@dataclass(frozen=True)
+class DetectedConcept:
+    """One phrase's instances, highest score first, as RLEs (the masks already dropped)."""
+
+    phrase: str
+    scores: list[float]
+    rles: list[Rle]
+
+
+class ConceptImages:
+    """The concept model of a service, its encoding cache, and its two model jobs."""
+
+    def __init__(self, service: Service, concepts: Concepts) -> None:
+        self.service = service
+        self.concepts = concepts
+        spec = concepts.spec
+        self.model_name = "sam3" if spec.size == "full" else f"sam3-{spec.size}"
+        self.dtype_name = str(next(concepts.model.parameters()).dtype).removeprefix("torch.")
+        self.cache = ConceptCache(service.settings.caches.concept_cache_bytes)
+
+    @property
+    def queries(self) -> int:
+        """The most instances one phrase can have (SAM 3's detector queries)."""
+        return self.concepts.size.queries
+
+    def key_for(self, image_id: str) -> EmbeddingKey:
+        return EmbeddingKey(image_id, self.model_name, "concepts", self.dtype_name)
+
+    async def resolve(
+        self,
+        data: bytes | None,
+        image_id: str | None,
+        clock: RequestClock,
+        check_size: Callable[[tuple[int, int]], None] | None = None,
+    ) -> ConceptImage:
+        """The image's encoding: by ``image_id`` from the cache (else 404), or from the
+        uploaded bytes (cached, else decoded within the service's budgets and encoded on
+        the model worker). ``check_size(size)`` runs before anything is encoded."""
+        if (data is None) == (image_id is None):
+            raise ApiError(
+                422,
+                "invalid_request",
+                "give exactly one of: the image (base64 'image' field, or a multipart file "
+                "part named 'image') or an 'image_id' from a previous response",
+            )
+        if image_id is not None:
+            image = self._cached(image_id)
+        else:
+            assert data is not None
+            image = await self._from_bytes(data, clock, check_size)
+        if check_size is not None:
+            check_size(image.size)
+        return image
+
+    def _cached(self, image_id: str) -> ConceptImage:
+        if not looks_like_image_id(image_id):  # the schema's pattern checks it first
+            raise ApiError(422, "invalid_request", f"image_id: not an id, {image_id[:80]!r}")
+        key = self.key_for(image_id)
+        encoding = self.cache.get(key)
+        if encoding is None:
+            raise ApiError(
+                404,
+                "unknown_image_id",
+                f"image_id {image_id!r} has no SAM 3 encoding in the concept cache (evicted, "
+                "or the image was only sent to /v1/embeddings or /v1/segment); send the "
+                "image itself",
+            )
+        return ConceptImage(key, encoding, cached=True)
+
+    async def _from_bytes(
+        self,
+        data: bytes,
+        clock: RequestClock,
+        check_size: Callable[[tuple[int, int]], None] | None,
+    ) -> ConceptImage:
+        key = self.key_for(image_id_of(data))
+        encoding = self.cache.get(key)
+        if encoding is not None:
+            return ConceptImage(key, encoding, cached=True)
+        pixels, reservation = await self.service.decode(data)
+        try:
+            if check_size is not None:
+                check_size(pixels.shape[:2])
+            (encoding,) = await self.service.run_job(
+                ENCODE_JOB, lambda context: self.concepts.encode([pixels]), clock
+            )
+        finally:
+            reservation.release()
+        self.cache.put(key, encoding)
+        return ConceptImage(key, encoding, cached=False)
+
+    def mask_bytes(self, phrases: int, max_instances: int, size: tuple[int, int]) -> int:
+        """What a detection's masks hold at most: every phrase's kept bool masks, plus one
+        phrase's upsampling and RLE copies (``MASK_BYTES_PER_PIXEL``)."""
+        kept = min(max_instances, self.queries)
+        pixels = size[0] * size[1]
+        return phrases * kept * pixels + kept * pixels * (MASK_BYTES_PER_PIXEL - 1)
+
+    def check_mask_budget(self, phrases: int, max_instances: int, size: tuple[int, int]) -> None:
+        """413 before any model work when a detection's masks alone could never fit in the
+        decode budget (one that fits waits for room in :meth:`detect`)."""
+        need = self.mask_bytes(phrases, max_instances, size)
+        limit = self.service.decoding.limit
+        if need > limit:
+            raise ApiError(
+                413,
+                "over_decode_budget",
+                f"{self._masks_what(phrases, max_instances, size)} would take "
+                f"{need / MiB:,.0f} MiB, more than this server holds at once "
+                f"({limit / MiB:,.0f} MiB, max_decoded_bytes_in_flight); send fewer phrases, "
+                f"a lower max_instances or a smaller image",
+            )
+
+    def _masks_what(self, phrases: int, max_instances: int, size: tuple[int, int]) -> str:
+        height, width = size
+        kept = min(max_instances, self.queries)
+        return f"masks of {phrases} phrase(s) x {kept} instances on a {width}x{height} image"
+
+    async def detect(
+        self,
+        image: ConceptImage,
+        phrases: Sequence[str],
+        boxes: Sequence[ExemplarBox],
+        score_thresh: float,
+        max_instances: int,
+        clock: RequestClock,
+    ) -> list[DetectedConcept]:
+        """Every phrase on the image in one detector job; the masks become RLEs off the
+        event loop, and their bytes are held in the decode budget until then."""
+        reservation = await self.service.decoding.reserve(
+            self.mask_bytes(len(phrases), max_instances, image.size),
+            self._masks_what(len(phrases), max_instances, image.size),
+        )
+        try:
+
+            def run(context) -> dict[str, list[Instance]]:
+                return self.concepts.detect(
+                    image.encoding, phrases, boxes, score_thresh, max_instances=max_instances
+                )
+
+            found = await self.service.run_job(DETECT_JOB, run, clock)
+            return await asyncio.to_thread(_as_rles, found, image.size)
+        finally:
+            reservation.release()
+
+
+def _as_rles(found: dict[str, list[Instance]], size: tuple[int, int]) -> list[DetectedConcept]:
+    out = []
+    for phrase, instances in found.items():
+        ranked = sorted(instances, key=lambda inst: -inst.score)  # stable: query order on ties
+        if ranked:
+            masks = torch.from_numpy(np.stack([inst.mask for inst in ranked]))
+        else:
+            masks = torch.zeros((0, *size), dtype=torch.bool)
+        rles = masks_to_rle(masks)
+        out.append(DetectedConcept(phrase, [inst.score for inst in ranked], rles))
+    return out

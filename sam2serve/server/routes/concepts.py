@@ -1,0 +1,165 @@
+"""POST /v1/concepts: every instance of a noun phrase or exemplar box (SAM 3), on a server
+started with ``--concepts``.
+
+The image comes in the body or by ``image_id`` (the content hash every image route uses;
+here it names the image's cached SAM 3 encoding). The phrase and box counts are checked
+against the server's limits before any image work, the boxes against the image once its
+size is known; the encode (on a cache miss) and the detection of every phrase are jobs on
+the service's model worker (:mod:`sam2serve.server.concept_images`). A server without the
+concept model answers 404 ``concepts_disabled``, naming how to enable it.
+"""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from sam2serve.concepts.engine import ExemplarBox
+from sam2serve.engine.coco import coco_bbox
+from sam2serve.engine.rle import area_from_rle
+from sam2serve.server import concept_schemas as cs
+from sam2serve.server import schemas
+from sam2serve.server.concept_images import ConceptImage, ConceptImages, DetectedConcept
+from sam2serve.server.dependencies import ServiceDep, SettingsDep
+from sam2serve.server.errors import ApiError
+from sam2serve.server.routes.common import (
+    body_doc,
+    format_segmentations,
+    guarded,
+    json_response,
+    read_body,
+    v1_router,
+)
+from sam2serve.server.service import RequestClock, Service
+from sam2serve.server.settings import ServerSettings
+
+router = v1_router()
+
+
+def concepts_of(service: Service) -> ConceptImages:
+    """The service's concept model, or 404 when the server was started without it."""
+    if service.concepts is None:
+        raise ApiError(
+            404,
+            "concepts_disabled",
+            "this server has no concept model: start it with 'sam2serve serve --concepts' "
+            "(SAM 3's weights from --sam3-weights or 'sam2serve download --model sam3'; "
+            "random with --random-weights) to answer /v1/concepts",
+        )
+    return service.concepts
+
+
+def check_concept_counts(body: cs.ConceptsRequest, settings: ServerSettings) -> None:
+    """The server's limits on a request, before any image work (the schema's bounds are
+    the API's; these may be lower)."""
+    limits = settings.concepts
+    for field, count, limit, name in (
+        ("phrases", len(body.phrases), limits.max_concept_phrases, "max_concept_phrases"),
+        ("boxes", len(body.boxes), limits.max_concept_boxes, "max_concept_boxes"),
+        (
+            "max_instances",
+            body.max_instances or 0,
+            limits.max_concept_instances,
+            "max_concept_instances",
+        ),
+    ):
+        if count > limit:
+            raise ApiError(
+                422,
+                "too_many_prompts",
+                f"{field}: {count}; at most {limit} per request on this server ({name})",
+            )
+
+
+def check_boxes_inside(body: cs.ConceptsRequest, size: tuple[int, int]) -> None:
+    """422 naming the first exemplar box that is not inside the image."""
+    height, width = size
+    for i, exemplar in enumerate(body.boxes):
+        _, _, x1, y1 = exemplar.box  # x0 <= x1, y0 <= y1, both >= 0: the schema's
+        if x1 > width or y1 > height:
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"boxes[{i}].box: {exemplar.box} is not inside the {width}x{height} image "
+                f"(x in 0..{width}, y in 0..{height})",
+            )
+
+
+@router.post(
+    "/concepts",
+    response_model=cs.ConceptsResponse,
+    summary="Every instance of noun phrases / exemplar boxes (SAM 3; serve --concepts)",
+    openapi_extra=body_doc(cs.ConceptsRequest),
+    responses={
+        404: {
+            "model": schemas.ErrorResponse,
+            "description": "Unknown image_id ('unknown_image_id'), or the server runs "
+            "without the concept model ('concepts_disabled': start it with --concepts)",
+        },
+        413: {
+            "model": schemas.ErrorResponse,
+            "description": "Upload or image too large, or the masks asked for would not fit "
+            "in max_decoded_bytes_in_flight",
+        },
+    },
+)
+async def concepts(request: Request, service: ServiceDep, settings: SettingsDep) -> Response:
+    clock = RequestClock()
+    model = concepts_of(service)
+    body, data = await read_body(request, cs.ConceptsRequest, service)
+    check_concept_counts(body, settings)
+    boxes = [ExemplarBox(tuple(b.box), b.positive) for b in body.boxes]  # type: ignore[arg-type]
+    phrases = body.prompt_phrases()
+    max_instances = body.max_instances or settings.concepts.max_concept_instances
+
+    def check_size(size: tuple[int, int]) -> None:  # before the image is encoded
+        check_boxes_inside(body, size)
+        model.check_mask_budget(len(phrases), max_instances, size)
+
+    async def work() -> Response:
+        image = await model.resolve(data, body.image_id, clock, check_size=check_size)
+        detected = await model.detect(
+            image, phrases, boxes, body.score_thresh, max_instances, clock
+        )
+        return json_response(
+            cs.ConceptsResponse(
+                **_image_fields(image, model),
+                concepts=await _concepts_out(detected, body.mask_format, service),
+                **clock.timed(),
+            )
+        )
+
+    return await guarded(request, work, service)
+
+
+def _image_fields(image: ConceptImage, model: ConceptImages) -> dict[str, object]:
+    height, width = image.size
+    return {
+        "image_id": image.key.image_id,
+        "width": width,
+        "height": height,
+        "model": model.model_name,
+        "cached": image.cached,
+    }
+
+
+async def _concepts_out(
+    detected: list[DetectedConcept], mask_format: str, service: Service
+) -> list[cs.ConceptOut]:
+    flat = [rle for concept in detected for rle in concept.rles]
+    segmentations = iter(await format_segmentations(flat, mask_format, service))
+    return [
+        cs.ConceptOut(
+            phrase=concept.phrase,
+            instances=[
+                cs.InstanceOut(
+                    score=score,
+                    bbox=coco_bbox(rle),
+                    area=area_from_rle(rle),
+                    segmentation=next(segmentations),
+                )
+                for score, rle in zip(concept.scores, concept.rles, strict=True)
+            ],
+        )
+        for concept in detected
+    ]
