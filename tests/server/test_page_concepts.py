@@ -96,6 +96,25 @@ def test_the_concepts_panel_is_hidden_until_the_server_says_it_runs_concepts():
     assert 'import { ConceptPanel } from "./concepts.js"' in scripts()["app.js"]
 
 
+def test_the_fields_the_page_sends_are_the_concepts_requests():
+    from sam2serve.server.concept_schemas import ConceptsRequest
+
+    text = scripts()["concepts.js"]
+    sent = {"image", "image_id", "phrases", "score_thresh", "mask_format"}
+    for field in sent:
+        assert re.search(rf"\b{field}\b\s*:", text) or f"{{ {field}," in text, field
+    assert sent <= set(ConceptsRequest.model_fields)
+    assert 'mask_format: "uncompressed_rle"' in text  # what rle.js reads
+    ConceptsRequest.model_validate(
+        {
+            "image_id": "a" * 64,
+            "phrases": ["cat"],
+            "score_thresh": 0,
+            "mask_format": "uncompressed_rle",
+        }
+    )
+
+
 REVIEW_PROBE = """
 import { ConceptReview, boxOf, parsePhrases } from "./concepts.js";
 

@@ -126,7 +126,8 @@ def test_concepts_in_the_page_end_to_end(page, concepts_server, tmp_path, monkey
     assert "score_thresh" in refused, refused
     assert tab.evaluate("document.querySelector('#concept-review').hidden")
 
-    # "cat, dog" at threshold 0: every instance of both phrases, on the image_id.
+    # "cat, dog" at threshold 0: every instance of both phrases. The image goes once, its
+    # answer's image_id is SAM 2.1's id of the same image.
     tab.fill("#concept-thresh", "0")
     tab.fill("#concept-text", " cat, dog ,")
     with answer_of(tab, "/v1/concepts") as concepts:
@@ -134,9 +135,10 @@ def test_concepts_in_the_page_end_to_end(page, concepts_server, tmp_path, monkey
     wait_until(tab, "document.body.dataset.concepts === 'review'")
     sent = [r for r in requests if r["url"].endswith("/v1/concepts")][-1]
     assert sent["phrases"] == ["cat", "dog"] and sent["score_thresh"] == 0
-    assert sent["image_id"] == encoded.value.json()["image_id"]  # SAM 2.1's id of the image
-    assert "image" not in sent
+    assert sent["image"] and "image_id" not in sent
     answer = concepts.value.json()
+    image_id = encoded.value.json()["image_id"]
+    assert answer["image_id"] == image_id
     assert [c["phrase"] for c in answer["concepts"]] == ["cat", "dog"]
     found = {c["phrase"]: c["instances"] for c in answer["concepts"]}
     assert len(found["cat"]) == len(found["dog"]) == TINY_QUERIES
@@ -198,9 +200,20 @@ def test_concepts_in_the_page_end_to_end(page, concepts_server, tmp_path, monkey
     assert prompt["box"] == pytest.approx([x, y, x + w, y + h])
     assert [p["label"] for p in prompt["points"]] == [1]
     assert prompt["points"][0]["x"] == pytest.approx(x + w / 2, abs=1.5)
-    assert segment["image_id"] == sent["image_id"] and segment["multimask_output"] is False
+    assert segment["image_id"] == image_id and segment["multimask_output"] is False
     refined = object_pixels(tab, 0)
     assert refined.any() and not np.array_equal(refined, masks["cat"][0])
+
+    # Another search names the image by its id; nothing scores over 0.99 (random weights).
+    tab.fill("#concept-thresh", "0.99")
+    tab.fill("#concept-text", "cat")
+    with answer_of(tab, "/v1/concepts") as again:
+        tab.press("#concept-text", "Enter")
+    assert again.value.json()["concepts"] == [{"phrase": "cat", "instances": []}]
+    wait_until(tab, "document.querySelector('#message').textContent.includes('No instance')")
+    resent = [r for r in requests if r["url"].endswith("/v1/concepts")][-1]
+    assert resent["image_id"] == image_id and "image" not in resent
+    assert tab.locator("#object-list li").count() == 2
 
     # COCO export: the phrases are the categories, the masks are the objects'.
     with tab.expect_download() as download:

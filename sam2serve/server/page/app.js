@@ -58,7 +58,6 @@ const concepts = new ConceptPanel({
   fail,
   busyNotice,
   image: () => state.image,
-  encode: () => encode(),
   render: () => render(),
   closeOtherReview: () => closeReview(),
 });
@@ -231,6 +230,7 @@ async function openImage(blob, name) {
   stage.setImage(bitmap);
   $("#drop-hint").hidden = true;
   state.image = { name, blob, width: bitmap.width, height: bitmap.height, imageId: null };
+  state.image.conceptsId = null; // the image_id of its SAM 3 encoding (concepts.js)
   state.image.token = ++imageTokens;
   markFolder(name);
   render();

@@ -1,6 +1,7 @@
 // Concept prompts (SAM 3): the person types noun phrases ("cat, dog"), POST /v1/concepts
-// finds every instance of each on the image (by the image_id /v1/embeddings gave), and a
-// review shows them, a colour per phrase with their scores. An accepted instance becomes an
+// finds every instance of each on the image (sent once; later searches name it by the
+// image_id the answer gave, which is SAM 2.1's id of the same image too), and a review
+// shows them, a colour per phrase with their scores. An accepted instance becomes an
 // object named by its phrase (its COCO category) whose box is its box prompt: a click on it
 // later refines it through /v1/segment (SAM 2.1), as any object. A rejected one is dropped.
 //
@@ -42,7 +43,7 @@ export class ConceptReview {
         rank, // 0: the phrase's highest score
         colour: PHRASE_COLOURS[p % PHRASE_COLOURS.length],
         score: instance.score,
-        box: boxOf(instance.bbox),
+        box: instance.area > 0 ? boxOf(instance.bbox) : null, // an empty mask has no box
         area: instance.area,
         mask: fromServer(instance.segmentation),
         rejected: false,
@@ -106,9 +107,20 @@ export class ConceptReview {
   }
 }
 
+/** The image's bytes as base64 (the "image" field of a JSON request). */
+export async function base64Of(blob) {
+  const url = await new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(blob);
+  });
+  return url.slice(url.indexOf(",") + 1);
+}
+
 /** The "Concepts" panel: the text box, the threshold, the request and the review.
  * `host` gives it the page's parts: api, store, say, fail, busyNotice, image() (the open
- * image or null), encode() (encodes it again), render() (the whole page) and
+ * image: {name, blob, imageId, conceptsId, ...} or null), render() (the whole page) and
  * closeOtherReview() (AMG's review, which shares the clicks and keys). */
 export class ConceptPanel {
   constructor(host) {
@@ -148,9 +160,7 @@ export class ConceptPanel {
   async find() {
     const { say, fail, busyNotice } = this.host;
     const image = this.host.image();
-    if (!image?.imageId) {
-      return say(image ? "Wait until the image is encoded." : "Open an image first.");
-    }
+    if (!image) return say("Open an image first.");
     const phrases = parsePhrases($("#concept-text").value);
     if (!phrases.length) return say('Type a phrase first, e.g. "cat" or "cat, dog".', "error");
     const thresh = Number($("#concept-thresh").value.trim() || "0.5");
@@ -164,14 +174,9 @@ export class ConceptPanel {
     const what = phrases.map((phrase) => `"${phrase}"`).join(", ");
     say(`Finding ${what}…`, "busy");
     this.host.render();
-    const body = () => ({
-      image_id: image.imageId,
-      phrases,
-      score_thresh: thresh,
-      mask_format: "uncompressed_rle",
-    });
+    const request = { phrases, score_thresh: thresh, mask_format: "uncompressed_rle" };
     try {
-      const answer = await this.request(image, body, controller, busyNotice);
+      const answer = await this.request(image, request, controller, busyNotice);
       if (image !== this.host.image() || controller.signal.aborted) return;
       this.review = new ConceptReview(answer);
       const seconds = ((performance.now() - started) / 1000).toFixed(1);
@@ -196,25 +201,29 @@ export class ConceptPanel {
     }
   }
 
-  /** The request, retried while the server is busy; an image the server evicted is
-   * encoded again and asked for once more. */
-  async request(image, body, controller, busyNotice) {
+  /** The request, retried while the server is busy: by the image's id once the server
+   * has its SAM 3 encoding, else (or once it evicted it) with the image itself. */
+  async request(image, request, controller, busyNotice) {
     const { api } = this.host;
-    const ask = () =>
-      api.retrying(
-        () => api.call("POST", "/v1/concepts", { json: body(), signal: controller.signal }),
+    const ask = async () => {
+      const json = image.conceptsId
+        ? { image_id: image.conceptsId, ...request }
+        : { image: await base64Of(image.blob), ...request };
+      return api.retrying(
+        () => api.call("POST", "/v1/concepts", { json, signal: controller.signal }),
         { onWait: busyNotice("finding concepts"), signal: controller.signal },
       );
+    };
+    let answer;
     try {
-      return await ask();
+      answer = await ask();
     } catch (error) {
-      if (error.code !== "unknown_image_id" || image !== this.host.image()) throw error;
-      this.host.say("The server evicted this image: encoding it again.", "busy");
-      image.imageId = null;
-      await this.host.encode();
-      if (!image.imageId || image !== this.host.image()) throw error;
-      return ask();
+      if (error.code !== "unknown_image_id" || !image.conceptsId) throw error;
+      image.conceptsId = null; // evicted: send the image again
+      answer = await ask();
     }
+    image.conceptsId = answer.image_id;
+    return answer;
   }
 
   cancel() {
@@ -304,8 +313,7 @@ export class ConceptPanel {
 
   /** The panel's controls and list. */
   render(objects) {
-    const ready = Boolean(this.host.image()?.imageId);
-    $("#concept-find").disabled = !ready || this.running !== null;
+    $("#concept-find").disabled = !this.host.image() || this.running !== null;
     $("#concept-cancel").hidden = this.running === null;
     const review = this.review;
     $("#concept-review").hidden = review === null;

@@ -133,6 +133,7 @@ export class Stage {
     context.font = `${Math.round(12 * unit)}px system-ui, sans-serif`;
     context.textBaseline = "bottom";
     for (const instance of candidates) {
+      if (!instance.box) continue; // an empty mask
       const [x0, y0, x1, y1] = instance.box;
       context.globalAlpha = instance.selected ? 1 : 0.7;
       context.setLineDash(instance.selected ? [] : [5 * unit, 3 * unit]);
