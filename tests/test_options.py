@@ -278,6 +278,7 @@ def test_serve_help_lists_the_settings_in_groups(capsys):
         "embedding store (docs/labelling.md)",
         "video tracking sessions (--video; docs/api.md)",
         "live video sessions (--video; WebSocket, docs/video.md)",
+        "concept prompts (--concepts; SAM 3, docs/concepts.md)",
     ):
         assert title in titles, titles
     assert "Label Studio" in [

@@ -95,6 +95,8 @@ multipart file part 'image'):
                        [x0, y0, x1, y1], mask_id of a previous mask) -> masks with score,
                        bbox, area, as coco_rle | uncompressed_rle | png_base64 | polygon
   POST /v1/amg         image + AMG parameters -> every mask (the library's AMG records)
+  POST /v1/concepts    image or image_id + noun phrases / exemplar boxes -> every instance
+                       of each phrase (SAM 3; with --concepts)
   GET  /healthz        alive;  GET /readyz: model loaded and warm;  GET /metrics: Prometheus
   GET  /               the annotation page (click to segment, AMG, COCO / PNG export);
                        GET /v1/images lists the --images folder, /v1/images/file?name= reads one

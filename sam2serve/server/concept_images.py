@@ -37,6 +37,7 @@ DETECT_JOB = "concepts_detect"
 # Per kept instance and pixel while a phrase's masks are made: its float logits upsampled
 # (4) and their sigmoid (4), the bool mask (1) and its copy stacked for the RLE (1).
 MASK_BYTES_PER_PIXEL = 10
+WARM_UP_SIDE = 64
 
 
 class ConceptCache(ByteLRU[EmbeddingKey, ConceptEncoding]):
@@ -83,6 +84,12 @@ class ConceptImages:
     def queries(self) -> int:
         """The most instances one phrase can have (SAM 3's detector queries)."""
         return self.concepts.size.queries
+
+    def warm_up(self) -> None:
+        """One encode and one detection (on the model thread, in the service's warm-up), so
+        the first request does not pay for lazy initialisation."""
+        encoding = self.concepts.encode([np.zeros((WARM_UP_SIDE, WARM_UP_SIDE, 3), np.uint8)])
+        self.concepts.detect(encoding[0], ["object"], (), 1.0, max_instances=1)
 
     def key_for(self, image_id: str) -> EmbeddingKey:
         return EmbeddingKey(image_id, self.model_name, "concepts", self.dtype_name)

@@ -63,6 +63,7 @@ def test_every_documented_endpoint_is_a_route_of_a_router(keyed):
         "/v1/embeddings",
         "/v1/segment",
         "/v1/amg",
+        "/v1/concepts",
         "/v1/coco",
         "/v1/images",
         "/v1/images/file",
