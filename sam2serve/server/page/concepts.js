@@ -164,7 +164,9 @@ export class ConceptPanel {
     const phrases = parsePhrases($("#concept-text").value);
     if (!phrases.length) return say('Type a phrase first, e.g. "cat" or "cat, dog".', "error");
     const thresh = Number($("#concept-thresh").value.trim() || "0.5");
-    if (!Number.isFinite(thresh)) return say("The score threshold is a number from 0 to 1.", "error");
+    if (!Number.isFinite(thresh)) {
+      return say("The score threshold is a number from 0 to 1.", "error");
+    }
     this.cancel();
     this.host.closeOtherReview();
     const controller = new AbortController();
@@ -188,12 +190,12 @@ export class ConceptPanel {
         this.review = null;
         say(`No instance of ${what} scored over ${thresh} (${seconds} s): lower the threshold.`);
       } else {
-        say(`Found ${found} in ${seconds} s: Enter accepts, Del rejects, ↑/↓ move, or click one.`);
+        say(`Found ${found} in ${seconds} s: Enter accepts, Del rejects, ↑/↓ move, or click.`);
         if (document.activeElement?.closest("#concept-form")) document.activeElement.blur();
       }
     } catch (error) {
-      if (error?.name === "AbortError") say("Concept search cancelled.");
-      else fail(error, "Finding concepts", () => this.find());
+      if (error?.name !== "AbortError") fail(error, "Finding concepts", () => this.find());
+      else if (this.running === controller) say("Concept search cancelled."); // not replaced
     } finally {
       if (this.running === controller) this.running = null;
       document.body.dataset.concepts = this.review ? "review" : "idle";
