@@ -159,6 +159,19 @@ def test_concepts_in_the_page_end_to_end(page, concepts_server, tmp_path, monkey
     assert len(colour_of["cat"]) == len(colour_of["dog"]) == 1  # a colour per phrase
     assert colour_of["cat"] != colour_of["dog"]
 
+    # ↓ and ↑ move the current instance through the list.
+    current = (
+        "[...document.querySelectorAll('#concept-list li')]"
+        ".findIndex((li) => li.classList.contains('current'))"
+    )
+    assert tab.evaluate(current) == 0
+    tab.keyboard.press("ArrowDown")
+    tab.keyboard.press("ArrowDown")
+    assert tab.evaluate(current) == 2
+    tab.keyboard.press("ArrowUp")
+    tab.keyboard.press("ArrowUp")
+    assert tab.evaluate(current) == 0
+
     # Accept the current cat (Enter), reject the next (Del), accept a dog (its ✓ button).
     tab.keyboard.press("Enter")
     wait_until(tab, "document.querySelectorAll('#object-list li').length === 1")
