@@ -45,6 +45,8 @@ def create_labelstudio_app(
     in a mock)."""
     if options.concepts and concepts is None:
         raise ValueError("options.concepts needs the concept model (concepts=load_concepts(...))")
+    if options.concepts and not settings.concepts.enabled:
+        raise ValueError("options.concepts needs settings.concepts.enabled (one --concepts flag)")
     # One SAM 3 for both: the service's /v1/concepts (settings.concepts.enabled, the same
     # --concepts flag) gets the model loaded here instead of loading its own.
     app = create_app(

@@ -58,7 +58,7 @@ def make_client(ls_predictor, concepts_tiny):
 
     def make(concepts: bool = True, **options) -> TestClient:
         app = create_labelstudio_app(
-            SETTINGS,
+            SETTINGS.replace(concepts=concepts),
             LabelStudioOptions(concepts=concepts, concept_score_thresh=0.0, **options),
             ls_predictor,
             concepts=concepts_tiny if concepts else None,
