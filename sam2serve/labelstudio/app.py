@@ -45,7 +45,13 @@ def create_labelstudio_app(
     in a mock)."""
     if options.concepts and concepts is None:
         raise ValueError("options.concepts needs the concept model (concepts=load_concepts(...))")
-    app = create_app(settings, predictor, video_predictor, body_limits=BODY_LIMITS)
+    if options.concepts and not settings.concepts.enabled:
+        raise ValueError("options.concepts needs settings.concepts.enabled (one --concepts flag)")
+    # One SAM 3 for both: the service's /v1/concepts (settings.concepts.enabled, the same
+    # --concepts flag) gets the model loaded here instead of loading its own.
+    app = create_app(
+        settings, predictor, video_predictor, body_limits=BODY_LIMITS, concepts=concepts
+    )
     fetcher = ImageFetcher(
         max_bytes=settings.limits.max_upload_bytes,
         timeout_s=options.fetch_timeout_s,

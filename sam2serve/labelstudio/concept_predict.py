@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sam2serve.concepts.engine import ConceptEncoding, Instance, text_rows
+from sam2serve.concepts.engine import Instance, text_rows
 from sam2serve.concepts.runtime import Concepts
 from sam2serve.engine.formats import mask_to_polygons
 from sam2serve.labelstudio.brush import mask_to_brush_rle
@@ -34,7 +34,8 @@ from sam2serve.labelstudio.concept_prompts import ConceptPrompt
 from sam2serve.labelstudio.label_config import BRUSH
 from sam2serve.labelstudio.options import LabelStudioOptions
 from sam2serve.server.batching import JobContext
-from sam2serve.server.cache import ByteLRU, image_id_of
+from sam2serve.server.cache import image_id_of
+from sam2serve.server.concept_images import ConceptImages
 from sam2serve.server.service import RequestClock, Service
 
 MiB = 1024 * 1024
@@ -66,14 +67,13 @@ class _Kept:
 
 
 class ConceptAnswerer:
-    """SAM 3 bound to the backend's concept options, with its encoding cache."""
+    """SAM 3 bound to the backend's concept options. Image encodings live in the
+    service's concept cache (``--concept-cache-mib``; the service and Label Studio share one
+    SAM 3), under the key /v1/concepts uses for the same image bytes."""
 
     def __init__(self, concepts: Concepts, options: LabelStudioOptions) -> None:
         self.concepts = concepts
         self.options = options
-        self.encodings: ByteLRU[str, ConceptEncoding] = ByteLRU(
-            options.concept_cache_mib * MiB, lambda encoding: encoding.nbytes
-        )
 
     def identity(self) -> str:
         """The concept model in the model version: size and weights."""
@@ -93,20 +93,30 @@ class ConceptAnswerer:
         with reservation:
             height, width = pixels.shape[:2]
 
+            images = service.concepts  # the service's: its cache and key (same model)
+            if images is None:
+                raise RuntimeError("Label Studio's concepts need the service's (--concepts)")
+
             def run(context: JobContext) -> dict[str, list[_Kept]]:
-                return self._detect(context, key, pixels, prompt.phrases)
+                return self._detect(context, images, key, pixels, prompt.phrases)
 
             found = await service.run_job("concepts", run, clock, bulk=bulk)
         return await asyncio.to_thread(_regions, found, prompt, width, height)
 
     def _detect(
-        self, context: JobContext, key: str, pixels: np.ndarray, phrases: tuple[str, ...]
+        self,
+        context: JobContext,
+        images: ConceptImages,
+        image_id: str,
+        pixels: np.ndarray,
+        phrases: tuple[str, ...],
     ) -> dict[str, list[_Kept]]:
         """On the model worker: the image's encoding (cached), then the phrases in batches."""
-        encoding = self.encodings.get(key)
+        key = images.key_for(image_id)
+        encoding = images.cache.get(key)
         if encoding is None:
             encoding = self.concepts.encode([pixels])[0]
-            self.encodings.put(key, encoding)
+            images.cache.put(key, encoding)
         worst = self.concepts.size.queries * encoding.height * encoding.width
         per_batch = max(1, MASK_BATCH_BYTES // max(1, worst))
         text = self.concepts.encode_text(phrases)  # once, sliced per batch

@@ -166,14 +166,6 @@ class LabelStudioOptions:
         high=10_000,
         group=GROUP,
     )
-    concept_cache_mib: int = option(
-        512,
-        help="with --concepts: MiB of SAM 3 image encodings kept (an image's phrases typed "
-        "one after another reuse its encoding; 0: none kept)",
-        metavar="MIB",
-        low=0,
-        group=GROUP,
-    )
 
     def __post_init__(self) -> None:
         if self.url is not None:

@@ -7,8 +7,9 @@ embeddings, by the image's content hash, so its ``image_id`` is the one /v1/embe
 decoding (``max_pixels`` checked from the header, the bytes reserved in the decode budget)
 and every model call through its model worker (``Service.run_job``: the bounded
 interactive queue, cancelled when the client goes), so concept requests are bounded like
-every other model work. The masks a detection will hold are reserved in the decode budget
-before it runs: concurrent requests cannot multiply that memory either.
+every other model work; concurrent requests for the same uncached image share one encode.
+The masks a detection will hold are reserved in the decode budget before it runs:
+concurrent requests cannot multiply that memory either.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ DETECT_JOB = "concepts_detect"
 # Per kept instance and pixel while a phrase's masks are made: its float logits upsampled
 # (4) and their sigmoid (4), the bool mask (1) and its copy stacked for the RLE (1).
 MASK_BYTES_PER_PIXEL = 10
+WARM_UP_SIDE = 64
 
 
 class ConceptCache(ByteLRU[EmbeddingKey, ConceptEncoding]):
@@ -68,6 +70,14 @@ class DetectedConcept:
     rles: list[Rle]
 
 
+@dataclass
+class _Flight:
+    """An encode under way that every request for the same image bytes waits on."""
+
+    task: asyncio.Task
+    waiters: int = 0
+
+
 class ConceptImages:
     """The concept model of a service, its encoding cache, and its two model jobs."""
 
@@ -78,11 +88,18 @@ class ConceptImages:
         self.model_name = "sam3" if spec.size == "full" else f"sam3-{spec.size}"
         self.dtype_name = str(next(concepts.model.parameters()).dtype).removeprefix("torch.")
         self.cache = ConceptCache(service.settings.caches.concept_cache_bytes)
+        self._flights: dict[EmbeddingKey, _Flight] = {}
 
     @property
     def queries(self) -> int:
         """The most instances one phrase can have (SAM 3's detector queries)."""
         return self.concepts.size.queries
+
+    def warm_up(self) -> None:
+        """One encode and one detection (on the model thread, in the service's warm-up), so
+        the first request does not pay for lazy initialisation."""
+        encoding = self.concepts.encode([np.zeros((WARM_UP_SIDE, WARM_UP_SIDE, 3), np.uint8)])
+        self.concepts.detect(encoding[0], ["object"], (), 1.0, max_instances=1)
 
     def key_for(self, image_id: str) -> EmbeddingKey:
         return EmbeddingKey(image_id, self.model_name, "concepts", self.dtype_name)
@@ -134,21 +151,71 @@ class ConceptImages:
         clock: RequestClock,
         check_size: Callable[[tuple[int, int]], None] | None,
     ) -> ConceptImage:
+        """From the cache, from an encode of the same bytes already under way (shared), or
+        decoded (its size checked) and encoded on the model worker."""
         key = self.key_for(image_id_of(data))
         encoding = self.cache.get(key)
         if encoding is not None:
             return ConceptImage(key, encoding, cached=True)
-        pixels, reservation = await self.service.decode(data)
+        flight = self._flights.get(key)
+        if flight is None:
+            pixels, reservation = await self.service.decode(data)
+            try:
+                if check_size is not None:
+                    check_size(pixels.shape[:2])
+                encoding = self.cache.get(key)  # finished by another request meanwhile
+                flight = self._flights.get(key)
+            except BaseException:
+                reservation.release()
+                raise
+            if encoding is not None or flight is not None:
+                reservation.release()
+                if encoding is not None:
+                    return ConceptImage(key, encoding, cached=True)
+            else:  # the pixels' bytes stay reserved until the encode ends
+                flight = self._start_flight(key, pixels, reservation)
+        assert flight is not None
+        flight.waiters += 1
         try:
-            if check_size is not None:
-                check_size(pixels.shape[:2])
-            (encoding,) = await self.service.run_job(
-                ENCODE_JOB, lambda context: self.concepts.encode([pixels]), clock
-            )
+            encoding, timing = await asyncio.shield(flight.task)
+        except asyncio.CancelledError:
+            if flight.waiters == 1 and not flight.task.done():
+                flight.task.cancel()  # nobody else waits: drop the encode job
+            current = asyncio.current_task()
+            if current is not None and current.cancelling() == 0:  # the encode, not us
+                raise ApiError(
+                    503,
+                    "cancelled",
+                    "the shared encode of this image was dropped; retry",
+                    headers=self.service.retry_headers(),
+                ) from None
+            raise
         finally:
-            reservation.release()
-        self.cache.put(key, encoding)
+            flight.waiters -= 1
+        clock.queue_s += timing.queue_s
+        clock.run_s += timing.run_s
         return ConceptImage(key, encoding, cached=False)
+
+    def _start_flight(self, key: EmbeddingKey, pixels: np.ndarray, reservation) -> _Flight:
+        from sam2serve.server.service import RequestClock
+
+        async def encode() -> tuple[ConceptEncoding, RequestClock]:
+            timing = RequestClock()
+            try:
+                (encoding,) = await self.service.run_job(
+                    ENCODE_JOB, lambda context: self.concepts.encode([pixels]), timing
+                )
+                self.cache.put(key, encoding)
+                return encoding, timing
+            finally:
+                self._flights.pop(key, None)
+                reservation.release()
+
+        task = asyncio.create_task(encode())
+        task.add_done_callback(_consume_exception)
+        flight = _Flight(task)
+        self._flights[key] = flight
+        return flight
 
     def mask_bytes(self, phrases: int, max_instances: int, size: tuple[int, int]) -> int:
         """What a detection's masks hold at most: every phrase's kept bool masks, plus one
@@ -203,6 +270,12 @@ class ConceptImages:
             return await asyncio.to_thread(_as_rles, found, image.size)
         finally:
             reservation.release()
+
+
+def _consume_exception(task: asyncio.Task) -> None:
+    """Mark a shared encode's exception as seen (its waiters got it, or there were none)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _as_rles(found: dict[str, list[Instance]], size: tuple[int, int]) -> list[DetectedConcept]:

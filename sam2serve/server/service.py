@@ -226,6 +226,8 @@ class Service:
 
         def run(context: JobContext) -> None:
             warm_up(self.predictor)
+            if self.concepts is not None:
+                self.concepts.warm_up()
 
         try:
             await asyncio.wrap_future(self.worker.submit("warmup", run).future)

@@ -58,7 +58,7 @@ def make_client(ls_predictor, concepts_tiny):
 
     def make(concepts: bool = True, **options) -> TestClient:
         app = create_labelstudio_app(
-            SETTINGS,
+            SETTINGS.replace(concepts=concepts),
             LabelStudioOptions(concepts=concepts, concept_score_thresh=0.0, **options),
             ls_predictor,
             concepts=concepts_tiny if concepts else None,
@@ -269,3 +269,23 @@ def test_prompt_errors_are_api_errors():
     parsed = parse_label_config(config(labels=tuple(f"L{i}" for i in range(5))), concepts=True)
     with pytest.raises(ApiError, match="at most 4 "):
         label_prompts(parsed, 4)
+
+
+def test_one_sam3_serves_label_studio_and_the_service(ls_predictor, concepts_tiny, monkeypatch):
+    """With --concepts the service's /v1/concepts and Label Studio share the one model the
+    command loaded: the service never loads its own (a second full SAM 3 is 3.4 GB)."""
+    import sam2serve.server.app as server_app
+
+    def no_second_load(settings):
+        raise AssertionError("the service loaded a second SAM 3")
+
+    monkeypatch.setattr(server_app, "load_concepts_model", no_second_load)
+    settings = SETTINGS.replace(concepts=True)
+    app = create_labelstudio_app(
+        settings,
+        LabelStudioOptions(concepts=True, concept_score_thresh=0.0),
+        ls_predictor,
+        concepts=concepts_tiny,
+        transport=httpx.MockTransport(lambda request: httpx.Response(404)),
+    )
+    assert app.state.service.concepts.concepts is concepts_tiny

@@ -9,24 +9,29 @@ The start-up error of ``serve --concepts`` without SAM 3's weights runs the real
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from hostile import free_port
+from fuzzing import FuzzReport, fuzz
+from hostile import free_port, spawn_cli_server
+from hypothesis import strategies as st
 from pycocotools import mask as mask_utils
+from schemathesis import GenerationMode
 from server_support import b64, photo, png_bytes, sha256
 
 from sam2serve.server.app import create_app
 from sam2serve.server.settings import MiB, ServerSettings
 
 LIMITS = {
-    "max_concept_phrases": 3,
+    "max_concept_phrases": 5,
     "max_concept_boxes": 2,
     "max_concept_instances": 12,
     "max_pixels": 20_000,
@@ -127,6 +132,59 @@ def test_boxes_alone_are_the_phrase_visual_and_a_high_threshold_keeps_nothing(cl
     assert response.json()["concepts"] == [{"phrase": "visual", "instances": []}]
 
 
+def test_odd_phrases_and_degenerate_boxes_are_answered(client, answer):
+    phrases = ["\u0000", "\U0001f600", "<|endoftext|>", "\u202e x", "a" * 64]
+    response = client.post(
+        "/v1/concepts",
+        json={
+            "image_id": answer["image_id"],
+            "phrases": phrases,
+            "boxes": [{"box": [0, 0, 0, 0]}, {"box": [64, 43, 64, 43], "positive": False}],
+            "score_thresh": 0,
+            "max_instances": 2,
+            "mask_format": "polygon",
+        },
+    )
+    assert response.status_code == 200, response.text
+    concepts = response.json()["concepts"]
+    assert [c["phrase"] for c in concepts] == phrases
+    assert all(len(c["instances"]) == 2 for c in concepts)
+
+
+def test_concurrent_uploads_of_one_image_share_one_encode(client, concepts_tiny):
+    images = client.app.state.service.concepts
+    calls = []
+
+    class Counting:  # the session's model, its encodes counted
+        size = concepts_tiny.size
+
+        def encode(self, pixels):
+            calls.append(len(pixels))
+            return concepts_tiny.encode(pixels)
+
+        def detect(self, *args, **kwargs):
+            return concepts_tiny.detect(*args, **kwargs)
+
+    fresh = png_bytes(photo("coffee", 32))
+    body = {"image": b64(fresh), "phrases": ["cup"], "score_thresh": 0, "max_instances": 2}
+
+    async def both() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            return await asyncio.gather(*(http.post("/v1/concepts", json=body) for _ in "ab"))
+
+    images.concepts = Counting()
+    try:
+        answers = client.portal.call(both)
+    finally:
+        images.concepts = concepts_tiny
+    assert [a.status_code for a in answers] == [200, 200], answers[0].text
+    assert calls == [1]  # one encode of one image
+    first, second = (a.json() for a in answers)
+    assert first["concepts"] == second["concepts"]
+    assert not images._flights
+
+
 def test_ready_metrics_and_docs_name_the_route(client, answer, predictor):
     assert client.get("/readyz").json()["concepts"] is True
     metrics = client.get("/metrics").text
@@ -158,7 +216,7 @@ def test_an_evicted_encoding_is_counted_and_its_id_is_404(predictor, concepts_ti
 # --------------------------------------------------------------------------- hostile
 
 IMAGE_ID = sha256(PNG)
-TOO_MANY = [f"thing {i}" for i in range(4)]
+TOO_MANY = [f"thing {i}" for i in range(6)]
 
 
 @pytest.mark.parametrize(
@@ -287,3 +345,41 @@ def test_serve_concepts_without_weights_is_one_line_exit_2(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "SAM 3 weights not found" in lines[0] and "download --model sam3" in lines[0]
+
+
+def _real_image(case, operation, mode, data) -> None:
+    """Half the JSON cases carry the real picture, so they reach the model."""
+    if isinstance(case.body, dict) and data.draw(st.booleans(), label="a real image"):
+        case.body.pop("image_id", None)
+        case.body["image"] = b64(PNG)
+
+
+@pytest.mark.extended
+def test_schemathesis_on_a_served_concept_model():
+    """The real command with a tiny random SAM 3: every answer of /v1/concepts as the
+    OpenAPI document says (no 5xx), positive and negative cases."""
+    live = spawn_cli_server(["--random-weights", "--concepts", "--sam3-size", "tiny"])
+    try:
+        with live.client() as client:
+            assert client.get("/readyz").json()["concepts"] is True
+            response = client.post(
+                "/v1/concepts", json={"image": b64(PNG), "phrases": ["cat"], "score_thresh": 0}
+            )
+            assert response.status_code == 200, response.text
+            assert len(response.json()["concepts"][0]["instances"]) == 20
+        report = FuzzReport.within(300)
+        examples = {GenerationMode.POSITIVE: 60, GenerationMode.NEGATIVE: 30}
+        fuzz(
+            live.url,
+            report,
+            "concepts",
+            examples=examples,
+            seed=_real_image,
+            paths=("/v1/concepts",),
+        )
+        print(f"\nschemathesis, /v1/concepts: {report.summary()}")
+        assert not report.failures, report.describe()
+        assert report.statuses, "nothing was sent"
+        assert live.alive()
+    finally:
+        live.stop()

@@ -128,6 +128,7 @@ def test_the_page_calls_only_public_api_endpoints(main_server):
         "/v1/embeddings",
         "/v1/segment",
         "/v1/amg",
+        "/v1/concepts",
         "/v1/coco",
         "/v1/images",
         "/v1/images/file",

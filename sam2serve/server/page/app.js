@@ -1,12 +1,14 @@
 // The annotation page: open an image, encode it once (POST /v1/embeddings), then every
 // click, negative click or box asks POST /v1/segment for the active object's mask by
 // image_id, with the object's previous mask_id as its mask input; "Everything" runs
-// POST /v1/amg and opens a review; export goes through POST /v1/coco (the server's COCO
-// writer) or to PNG masks made here. A video (a file, frame images, or a video of the
+// POST /v1/amg and opens a review; "Concepts" (when the server runs SAM 3) POST
+// /v1/concepts and opens concepts.js's review; export goes through POST /v1/coco (the
+// server's COCO writer) or to PNG masks made here. A video (a file, frame images, or a video of the
 // server's folder) switches the page to player.js's video mode. Only the public API,
 // with the person's API key.
 
 import { Api, ApiError } from "./api.js";
+import { ConceptPanel } from "./concepts.js";
 import { button, element } from "./dom.js";
 import { download, maskPng, zip } from "./files.js";
 import { ObjectStore } from "./objects.js";
@@ -32,6 +34,8 @@ const INTEGER_FIELDS = new Set(["points_per_side", "min_mask_region_area", "crop
 const VIDEO_FILE = /\.(mp4|m4v|mov|mkv|avi|webm|gif)$/i;
 // The page's keys that also work in video mode (the others are the image mode's).
 const KEYS_IN_VIDEO = new Set(["o", "v", "[", "]"]);
+// The keys of concepts.js's review while it is open (before the page's own).
+const CONCEPT_KEYS = new Set(["Enter", "Delete", "Backspace", "ArrowDown", "ArrowUp"]);
 
 const api = new Api();
 const stage = new Stage($("#stage"));
@@ -47,6 +51,16 @@ const state = {
   folder: { names: [], kinds: new Map(), total: 0, current: null },
 };
 let imageTokens = 0;
+const concepts = new ConceptPanel({
+  api,
+  store,
+  say,
+  fail,
+  busyNotice,
+  image: () => state.image,
+  render: () => render(),
+  closeOtherReview: () => closeReview(),
+});
 const player = new Player({
   api,
   stage,
@@ -100,10 +114,13 @@ function fail(error, what, retry = null) {
 
 function render() {
   if (player.active) return player.render();
-  stage.renderMasks(store.objects, state.review?.candidates ?? []);
+  const instances = concepts.candidates(store.objects);
+  stage.renderMasks(store.objects, [...(state.review?.candidates ?? []), ...instances]);
   stage.renderPrompts(store.objects, store.activeId, state.drag?.boxing ? state.drag : null);
+  stage.renderInstances(instances);
   renderObjects();
   renderReview();
+  concepts.render(store.objects);
   const ready = Boolean(state.image?.imageId);
   $("#amg").disabled = !ready || state.amg !== null;
   $("#amg-cancel").hidden = state.amg === null;
@@ -207,11 +224,13 @@ async function openImage(blob, name) {
     return;
   }
   state.review = null;
+  concepts.close();
   state.pending.clear();
   store.clear();
   stage.setImage(bitmap);
   $("#drop-hint").hidden = true;
   state.image = { name, blob, width: bitmap.width, height: bitmap.height, imageId: null };
+  state.image.conceptsId = null; // the image_id of its SAM 3 encoding (concepts.js)
   state.image.token = ++imageTokens;
   markFolder(name);
   render();
@@ -367,7 +386,9 @@ function onPointerMove(event) {
   const drag = state.drag;
   if (!drag) return;
   const moved = Math.hypot(event.clientX - drag.start.clientX, event.clientY - drag.start.clientY);
-  if (moved > DRAG_PX && drag.label === 1 && !state.review) drag.boxing = true;
+  if (moved > DRAG_PX && drag.label === 1 && !state.review && !concepts.reviewing) {
+    drag.boxing = true;
+  }
   if (!drag.boxing) return;
   const at = stage.toImage(event);
   Object.assign(drag, { x1: at.x, y1: at.y });
@@ -384,6 +405,12 @@ function onPointerUp(event) {
     const at = stage.toImage(event);
     const candidate = state.review.at(at.x, at.y);
     if (candidate) state.review.toggle(candidate);
+    render();
+    return;
+  }
+  if (concepts.reviewing) {
+    const at = stage.toImage(event);
+    concepts.pick(at.x, at.y);
     render();
     return;
   }
@@ -418,6 +445,7 @@ function amgParams() {
 async function runAmg() {
   const image = state.image;
   if (!image?.imageId || state.amg) return;
+  concepts.close();
   const controller = new AbortController();
   state.amg = controller;
   document.body.dataset.amg = "running";
@@ -492,6 +520,7 @@ function finishReviewStep(chosen, message) {
 }
 
 function closeReview() {
+  if (!state.review) return;
   state.review = null;
   say("");
   render();
@@ -671,6 +700,7 @@ function openVideoFiles(files) {
 async function openVideo(source, name) {
   cancelAmg();
   state.review = null;
+  concepts.close();
   state.pending.clear();
   state.image = null;
   store.clear();
@@ -691,6 +721,7 @@ const KEYS = {
   h: () => store.active() && store.set(store.activeId, { visible: !store.active().visible }),
   "[": () => stepFolder(-1),
   "]": () => stepFolder(1),
+  t: focusConcepts,
   Enter: acceptSelected,
   Delete: removeOrReject,
   Backspace: removeOrReject,
@@ -705,6 +736,12 @@ function newObject() {
     return say(`${active.name} has no prompt yet: click on the image to make its mask.`);
   }
   store.create();
+}
+
+function focusConcepts() {
+  if (!concepts.enabled) return say("This server does not run concepts (serve --concepts).");
+  $("#concept-text").focus();
+  $("#concept-text").select();
 }
 
 function undo() {
@@ -722,6 +759,8 @@ function escape() {
     render();
   } else if (state.amg) {
     cancelAmg();
+  } else if (concepts.running) {
+    concepts.cancel();
   } else if (state.review) {
     state.review.selectAll(false);
     render();
@@ -736,6 +775,10 @@ function onKey(event) {
     if (event.ctrlKey || event.metaKey || event.altKey) return;
     if (player.key(event)) return event.preventDefault();
     if (!KEYS_IN_VIDEO.has(event.key)) return;
+  }
+  if (concepts.reviewing && CONCEPT_KEYS.has(event.key) && !event.ctrlKey && !event.metaKey) {
+    event.preventDefault();
+    if (concepts.key(event)) return;
   }
   if ((event.ctrlKey || event.metaKey) && event.key.toLowerCase() === "z") {
     event.preventDefault();
@@ -822,6 +865,7 @@ function wire() {
   $("#export-coco").addEventListener("click", exportCoco);
   $("#export-png").addEventListener("click", exportPngs);
   $("#folder-filter").addEventListener("input", renderFolder);
+  concepts.wire();
   $("#folder-more").addEventListener("click", () => loadFolder(state.folder.names.length));
 }
 
@@ -831,6 +875,7 @@ async function showModel() {
     const ready = await api.call("GET", "/readyz");
     $("#model").textContent = `${ready.model} · ${ready.mode} · ${ready.device}`;
     if (ready.weights?.source === "random") $("#model").textContent += " · RANDOM WEIGHTS";
+    concepts.enable(ready.concepts === true);
   } catch (error) {
     $("#model").textContent = error.status === 503 ? "warming up…" : "server unreachable";
     setTimeout(showModel, 1000);

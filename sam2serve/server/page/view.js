@@ -124,6 +124,33 @@ export class Stage {
     }
   }
 
+  /** Outline concept instances under review (`candidates`: {box, colour, phrase, score,
+   * selected}): the current one solid, the others dashed, each labelled with its score. */
+  renderInstances(candidates) {
+    if (!candidates.length) return;
+    const context = this.prompts.getContext("2d");
+    const unit = this.scale;
+    context.font = `${Math.round(12 * unit)}px system-ui, sans-serif`;
+    context.textBaseline = "bottom";
+    for (const instance of candidates) {
+      if (!instance.box) continue; // an empty mask
+      const [x0, y0, x1, y1] = instance.box;
+      context.globalAlpha = instance.selected ? 1 : 0.7;
+      context.setLineDash(instance.selected ? [] : [5 * unit, 3 * unit]);
+      context.lineWidth = (instance.selected ? 3 : 1.5) * unit;
+      context.strokeStyle = instance.colour;
+      context.strokeRect(x0, y0, x1 - x0, y1 - y0);
+      const label = `${instance.phrase} ${instance.score.toFixed(2)}`;
+      const top = Math.max(y0, 14 * unit);
+      context.fillStyle = "#000000a0";
+      context.fillRect(x0, top - 14 * unit, context.measureText(label).width + 6 * unit, 14 * unit);
+      context.fillStyle = instance.colour;
+      context.fillText(label, x0 + 3 * unit, top - unit);
+    }
+    context.setLineDash([]);
+    context.globalAlpha = 1;
+  }
+
   marker(context, point, colour, radius) {
     context.beginPath();
     context.arc(point.x, point.y, radius, 0, 2 * Math.PI);
