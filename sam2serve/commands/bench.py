@@ -9,6 +9,11 @@ from pathlib import Path
 
 from sam2serve.commands import model as model_flags
 from sam2serve.commands.amg_flags import AMG_GROUP_TITLE, add_amg_flags, amg_params_from
+from sam2serve.commands.bench_concepts import (
+    CONCEPTS_TASK,
+    add_concepts_bench_flags,
+    concepts_bench_command,
+)
 from sam2serve.commands.common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -52,6 +57,15 @@ memory, and mIoU / fails against the baseline (and the sample clip's true masks)
 image tasks: a tracked frame costs several image tasks' time, so video runs only when
 asked for.
 
+--task concepts measures SAM 3 concept segmentation instead (--sam3-size, --sam3-weights
+or --random-weights), in one process on one loaded model: per stage (preprocess + upload,
+vision backbone, text encoder, detector + heads, post-processing) for one phrase and for
+ten phrases on one image encoding (--phrases), p50/min/max over --repeats, FLOPs per stage
+and, with --host-peak, each stage's share of the host's peak; modes baseline (fp32), int8
+(the backbone's Linear layers dynamically quantised) and furious (the backbone in bf16,
+not timed on a CPU without native bf16), each with mIoU and score difference against the
+baseline. It writes NAME.md and NAME.csv (default NAME: concepts_SIZE_DEVICE).
+
 outputs, in --out (default bench/results): NAME.csv (every number), NAME.md (tables
 shaped like the published ones, with the command, machine and date) and NAME.png (where
 the time goes, by stage; for video, per-frame latency). The Markdown tables are also
@@ -68,6 +82,7 @@ examples:
       --checkpoint sam2.1_hiera_tiny.pt --points-per-side 16
   {PROG} bench --task video --model tiny --modes reference,baseline,fast,furious \\
       --random-weights --frames 8 --objects 1,3
+  {PROG} bench --task concepts --sam3-size full --random-weights --repeats 3
 """
 
 
@@ -93,9 +108,10 @@ def add_arguments(parser: CommandParser) -> None:
 
     parser.add_argument(
         "--task",
-        choices=(*TASKS, "all", VIDEO_TASK),
+        choices=tuple(dict.fromkeys((*TASKS, "all", VIDEO_TASK, CONCEPTS_TASK))),
         default="all",
-        help="which image task to measure, all three, or video tracking (default: %(default)s)",
+        help="which image task to measure, all three, video tracking, or SAM 3 concepts "
+        "(default: %(default)s)",
     )
     add_model_flag(parser)
     parser.add_argument(
@@ -117,7 +133,6 @@ def add_arguments(parser: CommandParser) -> None:
     add_weights_flags(
         parser,
         artifacts=False,
-        required=True,
         random_help="seeded random weights, written once as an official-shaped checkpoint "
         "that every mode loads (masks are meaningless, the work is real)",
     )
@@ -158,6 +173,7 @@ def add_arguments(parser: CommandParser) -> None:
         + " (default: %(default)s)",
     )
     add_amg_flags(amg)
+    add_concepts_bench_flags(parser)
 
 
 def modes_value(text: str) -> str:
@@ -209,6 +225,8 @@ def bench_command(args: argparse.Namespace) -> int:
     from sam2serve.bench.video import VIDEO_TASK, run_video_bench
     from sam2serve.bench.video_report import video_markdown, write_video_outputs
 
+    if args.task == CONCEPTS_TASK:
+        return concepts_bench_command(args)
     video = args.task == VIDEO_TASK
     modes_text = args.modes if args.modes is not None else _default_modes(video)
     modes = tuple(m.strip() for m in modes_text.split(",") if m.strip())
@@ -227,7 +245,13 @@ def bench_command(args: argparse.Namespace) -> int:
     )
     try:
         config = BenchConfig(
-            tasks=TASKS if args.task == "all" else () if video else (args.task,),
+            tasks=(
+                tuple(t for t in TASKS if t != CONCEPTS_TASK)
+                if args.task == "all"
+                else ()
+                if video
+                else (args.task,)
+            ),
             model=args.model,
             modes=modes,
             checkpoint=None if args.checkpoint is None else Path(args.checkpoint),

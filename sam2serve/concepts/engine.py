@@ -173,6 +173,11 @@ def encode_images(model: torch.nn.Module, images: Sequence[np.ndarray]) -> list[
     size = model.config.vision_config.backbone_config.image_size
     device = next(model.parameters()).device
     vision = model.get_vision_features(pixel_values=preprocess(images, size, device))
+    return split_encodings(vision, images)
+
+
+def split_encodings(vision, images: Sequence[np.ndarray]) -> list[ConceptEncoding]:
+    """A batch's vision output -> one encoding per image (views, no copy)."""
     return [
         ConceptEncoding(
             fpn_hidden_states=tuple(t[i : i + 1] for t in vision.fpn_hidden_states),
@@ -210,8 +215,24 @@ def detect(
     phrases = _prompt_phrases(phrases, boxes)
     if not 0.0 <= score_thresh <= 1.0:
         raise ValueError(f"score_thresh must be in [0, 1]; got {score_thresh}")
+    text = text if text is not None else encode_text(model, tokenize, phrases)
+    outputs = run_detector(model, encoding, len(phrases), boxes, text)
+    per_prompt = postprocess(outputs, encoding.height, encoding.width, score_thresh, max_instances)
+    return dict(zip(phrases, per_prompt, strict=True))
+
+
+@torch.inference_mode()
+def run_detector(
+    model: torch.nn.Module,
+    encoding: ConceptEncoding,
+    prompts: int,
+    boxes: Sequence[ExemplarBox],
+    text,
+):
+    """The detector and its heads (geometry/exemplar encoder, DETR encoder and decoder,
+    mask decoder, scoring) for ``prompts`` text prompts over one encoding: raw outputs."""
     device = next(model.parameters()).device
-    _ids, attention, features = text if text is not None else encode_text(model, tokenize, phrases)
+    _ids, attention, features = text
     height, width = encoding.height, encoding.width
     if boxes:
         box_t, label_t = _boxes_tensor(boxes, width, height)
@@ -222,15 +243,13 @@ def detect(
         box_t = torch.tensor([[[0.5, 0.5, 1.0, 1.0]]])
         label_t = torch.tensor([[PADDING]])
     box_t, label_t = box_t.to(device), label_t.to(device)
-    outputs = model(
-        vision_embeds=encoding.expanded(len(phrases)),
+    return model(
+        vision_embeds=encoding.expanded(prompts),
         text_embeds=features,
         attention_mask=attention,
-        input_boxes=box_t.expand(len(phrases), -1, -1),
-        input_boxes_labels=label_t.expand(len(phrases), -1),
+        input_boxes=box_t.expand(prompts, -1, -1),
+        input_boxes_labels=label_t.expand(prompts, -1),
     )
-    per_prompt = postprocess(outputs, height, width, score_thresh, max_instances)
-    return dict(zip(phrases, per_prompt, strict=True))
 
 
 @torch.inference_mode()

@@ -1,0 +1,131 @@
+"""``sam2serve bench --task concepts``: the flags and the handler of the SAM 3 concept bench
+(:mod:`sam2serve.bench.concepts`); ``commands/bench.py`` adds them and hands over."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sam2serve.commands.common import EXIT_OK, PROG, UsageError, command_line
+from sam2serve.commands.concepts_flags import add_concepts_flags, concepts_spec
+
+CONCEPTS_TASK = "concepts"
+CONCEPT_MODES = ("baseline", "int8", "furious")  # sam2serve.concepts.modes.CONCEPT_MODES
+
+
+def add_concepts_bench_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(f"concepts (--task {CONCEPTS_TASK}: SAM 3)")
+    add_concepts_flags(group)
+    group.add_argument(
+        "--repeats", type=int, default=3, metavar="N", help="timed repeats (default: %(default)s)"
+    )
+    group.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        metavar="N",
+        help="untimed repeats first (default: %(default)s)",
+    )
+    group.add_argument(
+        "--phrases",
+        default="1,10",
+        metavar="LIST",
+        help="phrase counts, each a row run on the same image encoding (default: %(default)s)",
+    )
+    group.add_argument(
+        "--score-thresh",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="score threshold (default: %(default)s: every query kept, which the accuracy "
+        "comparison needs and which makes post-processing its largest)",
+    )
+    group.add_argument(
+        "--top-k",
+        type=int,
+        default=20,
+        metavar="K",
+        help="instances per phrase compared with the baseline, by baseline score "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--host-peak",
+        metavar="FILE",
+        help="host-peak.py's output saved to a file (fp32/bf16/int8 GFLOP/s lines): each "
+        "stage is then also reported as a share of the host's peak",
+    )
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UsageError(f"--phrases must list phrase counts, e.g. 1,10; got {text!r}") from None
+
+
+def concepts_bench_command(args: argparse.Namespace) -> int:
+    from sam2serve.bench.concepts import (
+        ConceptsBenchConfig,
+        ConceptsBenchError,
+        load_images,
+        parse_host_peak,
+        run_concepts_bench,
+    )
+    from sam2serve.bench.concepts_report import concepts_markdown, write_concepts_outputs
+
+    if args.checkpoint:
+        raise UsageError("--checkpoint is SAM 2.1's; the concept bench reads --sam3-weights DIR")
+    modes = tuple(
+        m.strip() for m in (args.modes or ",".join(CONCEPT_MODES)).split(",") if m.strip()
+    )
+    unknown = [m for m in modes if m not in CONCEPT_MODES]
+    if unknown:
+        raise UsageError(
+            f"--task {CONCEPTS_TASK} runs the modes {', '.join(CONCEPT_MODES)}; got "
+            f"{', '.join(map(repr, unknown))}"
+        )
+    spec = concepts_spec(args, args.device)
+    peak = None
+    if args.host_peak:
+        try:
+            text = Path(args.host_peak).read_text()
+        except OSError as exc:
+            raise UsageError(f"--host-peak {args.host_peak!r}: {exc.strerror}") from None
+        try:
+            peak = parse_host_peak(text, Path(args.host_peak).name)
+        except ConceptsBenchError as exc:
+            raise UsageError(str(exc)) from None
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        config = ConceptsBenchConfig(
+            spec=spec,
+            modes=modes,
+            images=load_images(args.images, args.n),
+            phrase_counts=_counts(args.phrases),
+            repeats=args.repeats,
+            warmup=args.warmup,
+            score_thresh=args.score_thresh,
+            top_k=args.top_k,
+            host_peak=peak,
+            command=command_line(args),
+        )
+    except ConceptsBenchError as exc:
+        raise UsageError(str(exc)) from None
+    name = args.name or f"concepts_{spec.size}_{args.device.replace(':', '')}"
+
+    def partial(result) -> None:  # each finished mode on disk, in case a later one fails
+        write_concepts_outputs(result, Path(args.out_dir), name)
+
+    result = run_concepts_bench(
+        config,
+        log=lambda line: print(f"{PROG}: bench: {line}", file=sys.stderr),
+        after_mode=partial,
+    )
+    paths = write_concepts_outputs(result, Path(args.out_dir), name)
+    print(concepts_markdown(result))
+    print(f"{PROG}: bench: wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    return EXIT_OK
