@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: the CUDA test suite and a short CUDA benchmark, results in one folder.
 #
-#   scripts/gpu-check.sh [--part tests|bench|compile|tracker|tracker-meta|blog|blog-compile|coldstart|aoti|all]
+#   scripts/gpu-check.sh [--part tests|bench|compile|tracker|tracker-meta|blog|blog-compile|coldstart|aoti|concepts|all]
 #                        [--dry-run] [OUT_DIR]
 #                                                        (default: all, gpu-check/)
 #   scripts/gpu-check.sh --download-wheels                      (on a connected machine)
@@ -30,6 +30,10 @@
 #            empty compile cache and then from the cache the first process wrote
 #            (scripts/coldstart.py; the target is <= 10 s from the cache on an H100);
 #            the cuda test test_compile_cache_on_cuda (part tests) checks hits and answers.
+#   concepts SAM 3 concept prompts, full size, random weights: one image, 1 and 10
+#            phrases on one encoding, per stage, baseline (fp32) and furious (bf16
+#            backbone) (`sam2serve bench --task concepts`; the CPU rows are in
+#            bench/results/concepts_cpu_avx512vnni.md). Not yet run on a GPU.
 #   aoti     where AOTInductor packages compiled for CUDA crash when loaded: a ladder of
 #            probes from a one-layer package through torch's own loader to tiny's image
 #            path (scripts/aoti_cuda_probe.py; each load in its own process).
@@ -50,7 +54,9 @@ NEEDED=(fastapi==0.165.0 starlette==1.10.0 pydantic==2.13.4 pydantic-core==2.46.
         typing-extensions==4.16.0 uvicorn==0.54.0 h11==0.16.0 python-multipart==0.0.34
         fastapi-offline==1.7.7 hydra-core==1.3.8 omegaconf==2.3.1
         portalocker==4.4.2 pycocotools==2.0.11
-        opentelemetry-api==1.45.2)
+        opentelemetry-api==1.45.2
+        transformers==5.24.0 tokenizers==0.23.3 huggingface-hub==2.4.0 safetensors==0.8.0
+        regex==2026.5.9 filelock==4.3.1 fsspec==2026.9.0)
 # Source packages (no wheel exists): Meta's sam2 (the oracle), hydra's parser runtime, iopath.
 SOURCES=(sam2==1.1.0 antlr4-python3-runtime==4.9.3 iopath==0.1.10)
 
@@ -72,8 +78,8 @@ if [ "${1:-}" = "--part" ]; then
     shift 2
 fi
 case "$PART" in
-    tests|bench|compile|tracker|tracker-meta|blog|blog-compile|coldstart|aoti|all) ;;
-    *) echo "--part: tests, bench, compile, tracker, tracker-meta, blog, blog-compile, coldstart, aoti or all, not $PART" >&2
+    tests|bench|compile|tracker|tracker-meta|blog|blog-compile|coldstart|aoti|concepts|all) ;;
+    *) echo "--part: tests, bench, compile, tracker, tracker-meta, blog, blog-compile, coldstart, aoti, concepts or all, not $PART" >&2
        exit 2;;
 esac
 DRY_RUN=0
@@ -186,6 +192,13 @@ if [ "$PART" = coldstart ] || [ "$PART" = all ]; then
 fi
 if [ "$PART" = aoti ] || [ "$PART" = all ]; then
     timeout 560 python3 scripts/aoti_cuda_probe.py "$OUT/aoti" 2>&1 | tee "$OUT/aoti.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+fi
+if [ "$PART" = concepts ] || [ "$PART" = all ]; then
+    uptime | tee -a "$OUT/load.txt"
+    timeout 560 python3 -m sam2serve bench --task concepts --device cuda --sam3-size full \
+        --random-weights --modes baseline,furious --repeats 3 --warmup 1 --phrases 1,10 \
+        --out "$OUT" --name concepts_full_cuda 2>&1 | tee "$OUT/concepts.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 fi
 set -e
