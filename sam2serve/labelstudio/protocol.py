@@ -39,6 +39,11 @@ MAX_FRAME_NUMBER = 100_000_000
 SETUP_BODY_BYTES = 2 * MAX_LABEL_CONFIG_CHARS + 64 * 1024
 
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
+# A TextArea entry: concept prompts check it finer (labelstudio/concept_prompts.py: at most
+# --concept-max-labels phrases of 64 characters, <= 1,000 x 65); this bounds any entry.
+MAX_TEXT_CHARS = 65_536
+MAX_TEXT_ENTRIES = 1_000
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 
 
 class _Open(BaseModel):
@@ -92,7 +97,7 @@ class RegionValue(_Open):
         None, ge=0, le=MAX_FRAME_NUMBER, description="VideoRectangle: the video's frames."
     )
     duration: float | None = Field(None, ge=0, description="VideoRectangle: seconds.")
-    text: list[str] | str | None = Field(
+    text: Annotated[list[Text], Field(max_length=MAX_TEXT_ENTRIES)] | Text | None = Field(
         None,
         description="TextArea: the text typed, one entry per submission (with --concepts: "
         "the concept prompt, phrases split at commas and line breaks).",

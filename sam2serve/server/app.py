@@ -188,6 +188,7 @@ def _document_request_models(app: FastAPI) -> None:
         concept_schemas.ConceptsRequest,
         video_schemas.VideoPromptRequest,
         video_schemas.PropagateRequest,
+        video_schemas.VideoConceptsRequest,
     )
 
     def openapi() -> dict[str, Any]:

@@ -219,7 +219,13 @@ POLYGON_ONLY = (
 @pytest.mark.parametrize(
     ("context", "xml", "status", "message"),
     [
-        ([textarea("x" * 1_000_000)], config(), 422, "1000000 characters; a TextArea prompt"),
+        (
+            [textarea("x" * 1_000_000)],
+            config(),
+            422,
+            "value.text.list[constrained-str][0]: String should have at most 65536",
+        ),
+        ([textarea("x," * 5_000)], config(), 422, "10000 characters; a TextArea prompt"),
         ([textarea("y" * 65)], config(), 422, "is 65 characters; a concept prompt is at most 64"),
         ([textarea(",".join(f"p{i}" for i in range(40)))], config(), 422, "more than 32 phrases"),
         ([{**textarea(), "value": {"text": {"a": 1}}}], config(), 422, "text"),
@@ -231,6 +237,7 @@ POLYGON_ONLY = (
     ],
     ids=[
         "huge-text",
+        "long-text",
         "long-phrase",
         "many-phrases",
         "text-not-a-list",
