@@ -108,7 +108,8 @@ def test_building_sets_nothing_process_wide(process_settings):
     ("first", "second"),
     [
         pytest.param("fast", "furious", marks=pytest.mark.extended),
-        ("baseline", "fast"),
+        # Second tier too (30 s): the first tier checks each mode's process settings alone.
+        pytest.param("baseline", "fast", marks=pytest.mark.extended),
     ],
 )
 def test_two_modes_in_one_process_answer_as_each_alone(process_settings, first, second):

@@ -161,7 +161,7 @@ def _seed_case(
 # The first tier sends each operation of the open server this many examples per generation
 # mode (every operation, both modes, every answer checked against the document); the second
 # tier sends all schemathesis generates.
-OPEN_EXAMPLES = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 20}
+OPEN_EXAMPLES = {GenerationMode.POSITIVE: 25, GenerationMode.NEGATIVE: 12}
 
 
 def some_then_all(examples: dict[GenerationMode, int]) -> pytest.MarkDecorator:
@@ -189,7 +189,7 @@ def test_schemathesis_without_api_key(target, record_property, examples):
 # Past its key check the keyed server runs the same handlers as the open one above: the first
 # tier sends it fewer examples still per operation (every operation, both modes, still checked
 # against the document); the second tier all of them.
-KEYED_EXAMPLES = {GenerationMode.POSITIVE: 25, GenerationMode.NEGATIVE: 10}
+KEYED_EXAMPLES = {GenerationMode.POSITIVE: 15, GenerationMode.NEGATIVE: 6}
 
 
 @some_then_all(KEYED_EXAMPLES)
