@@ -61,6 +61,22 @@ class ExemplarBoxIn(_Strict):
         return box
 
 
+def clean_phrases(phrases: list[str]) -> list[str]:
+    """Request phrases stripped; an empty, overlong or repeated one is a ValueError naming
+    its index (the image and the video concept requests share the rule)."""
+    stripped = [phrase.strip() for phrase in phrases]
+    for i, phrase in enumerate(stripped):
+        if not phrase:
+            raise ValueError(f"phrases[{i}] is empty; give a noun phrase such as 'cat'")
+        if len(phrase) > MAX_PHRASE_CHARS:
+            raise ValueError(
+                f"phrases[{i}] has {len(phrase)} characters; at most {MAX_PHRASE_CHARS}"
+            )
+        if phrase in stripped[:i]:
+            raise ValueError(f"phrases[{i}] {phrase!r} is given twice")
+    return stripped
+
+
 class ConceptsRequest(_Strict):
     """Every instance of one or more concepts on one image."""
 
@@ -105,17 +121,7 @@ class ConceptsRequest(_Strict):
     @field_validator("phrases")
     @classmethod
     def _phrases_are_names(cls, phrases: list[str]) -> list[str]:
-        stripped = [phrase.strip() for phrase in phrases]
-        for i, phrase in enumerate(stripped):
-            if not phrase:
-                raise ValueError(f"phrases[{i}] is empty; give a noun phrase such as 'cat'")
-            if len(phrase) > MAX_PHRASE_CHARS:
-                raise ValueError(
-                    f"phrases[{i}] has {len(phrase)} characters; at most {MAX_PHRASE_CHARS}"
-                )
-            if phrase in stripped[:i]:
-                raise ValueError(f"phrases[{i}] {phrase!r} is given twice")
-        return stripped
+        return clean_phrases(phrases)
 
     @model_validator(mode="after")
     def _has_a_prompt(self) -> ConceptsRequest:

@@ -14,7 +14,12 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from sam2serve.concepts.engine import DEFAULT_SCORE_THRESH
 from sam2serve.concepts.video_seed import DEFAULT_DEDUPE_IOU
 from sam2serve.engine.prompts import Prompt
-from sam2serve.server.concept_schemas import MAX_PHRASE_CHARS, ExemplarBoxIn, Phrase
+from sam2serve.server.concept_schemas import (
+    MAX_PHRASE_CHARS,
+    ExemplarBoxIn,
+    Phrase,
+    clean_phrases,
+)
 from sam2serve.server.schemas import (
     MASK_FORMAT_DOC,
     SEGMENTATION_DOC,
@@ -150,17 +155,7 @@ class VideoConceptsRequest(_Strict):
     @field_validator("phrases")
     @classmethod
     def _phrases_are_names(cls, phrases: list[str]) -> list[str]:
-        stripped = [phrase.strip() for phrase in phrases]
-        for i, phrase in enumerate(stripped):
-            if not phrase:
-                raise ValueError(f"phrases[{i}] is empty; give a noun phrase such as 'cat'")
-            if len(phrase) > MAX_PHRASE_CHARS:
-                raise ValueError(
-                    f"phrases[{i}] has {len(phrase)} characters; at most {MAX_PHRASE_CHARS}"
-                )
-            if phrase in stripped[:i]:
-                raise ValueError(f"phrases[{i}] {phrase!r} is given twice")
-        return stripped
+        return clean_phrases(phrases)
 
     @model_validator(mode="after")
     def _has_a_prompt(self) -> VideoConceptsRequest:

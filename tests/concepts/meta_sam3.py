@@ -20,6 +20,8 @@ from unittest import mock
 
 import torch
 
+from sam2serve.concepts.runtime import randomize_  # noqa: F401 - the tests' seeded weights
+
 SHIM_DIR = Path(__file__).resolve().parents[1] / "shim"
 
 
@@ -115,21 +117,6 @@ def build_meta_image_model(reduced: dict | None, bpe_path: Path, seed: int = 0) 
                 bpe_path=str(bpe_path), device="cpu", load_from_HF=False
             )
     return model.eval()
-
-
-def randomize_(model: torch.nn.Module, seed: int) -> None:
-    """Every floating parameter and persistent buffer set from ``seed``: Meta leaves some
-    tensors uninitialised (``torch.empty``, filled by the checkpoint), which can hold NaN.
-    Vectors named ``weight`` (norm scales) become 1 + noise, everything else noise, so each
-    tensor matters and the activations stay finite."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            if not tensor.is_floating_point():
-                continue
-            noise = torch.randn(tensor.shape, generator=generator) * 0.02
-            base = 1.0 if name.endswith("weight") and tensor.ndim == 1 else 0.0
-            tensor.copy_((noise + base).to(tensor.dtype))
 
 
 SYNTHETIC_MERGES = ["c a", "ca t</w>", "d o", "do g</w>", "r e", "re d</w>", "b o", "bo x</w>"]
