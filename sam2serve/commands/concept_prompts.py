@@ -25,11 +25,10 @@ from typing import Any
 
 from sam2serve.commands.common import UsageError
 from sam2serve.commands.inputs import ImageInput, match_images, read_prompts_json
+from sam2serve.concepts.phrases import MAX_PHRASE_CHARS, VISUAL_PHRASE
 
-MAX_PHRASE_CHARS = 64  # the service's rule too (docs/concepts_api: 1..64 chars after strip)
 MAX_PHRASES = 64  # phrases per image: they run as one detector batch
 MAX_BOXES = 64  # exemplar boxes per image
-VISUAL_PHRASE = "visual"  # concepts.engine.VISUAL_PHRASE (checked by the tests), torch-free
 ENTRY_KEYS = ("boxes", "text")
 EXAMPLE = '{"photo.jpg": {"boxes": [{"box": [x1, y1, x2, y2], "positive": true}], "text": [...]}}'
 

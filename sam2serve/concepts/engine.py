@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sam2serve.concepts.phrases import VISUAL_PHRASE
+
 CONTEXT_LENGTH = 32  # Meta's VETextEncoder context
-VISUAL_PHRASE = "visual"  # Meta's text stand-in when only exemplar boxes are given
 DEFAULT_SCORE_THRESH = 0.5  # Meta's Sam3Processor confidence_threshold
 PADDING = -10  # transformers' label for a padding exemplar box
 

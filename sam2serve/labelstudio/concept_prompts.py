@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sam2serve.concepts.phrases import MAX_PHRASE_CHARS
 from sam2serve.labelstudio.label_config import ControlTag, LabelConfig, LabelConfigError
-from sam2serve.labelstudio.options import MAX_PHRASE_CHARS
 from sam2serve.labelstudio.protocol import Context, ContextRegion
 from sam2serve.server.errors import ApiError
 

@@ -31,9 +31,6 @@ PREANNOTATE_MODES = {
 DEFAULT_PREANNOTATE = "center"
 DEFAULT_VIDEO_MAX_FRAMES = 100
 DEFAULT_URL_ENV = "LABEL_STUDIO_URL"
-# A concept phrase's longest form (the service's /v1/concepts rule): SAM 3's text encoder
-# reads 32 tokens anyway.
-MAX_PHRASE_CHARS = 64
 DEFAULT_KEY_ENV = "LABEL_STUDIO_API_KEY"
 GROUP = "Label Studio"  # the help group of 'labelstudio --help' these flags are listed in
 
@@ -209,7 +206,6 @@ __all__ = [
     "DEFAULT_PREANNOTATE",
     "DEFAULT_URL_ENV",
     "DEFAULT_VIDEO_MAX_FRAMES",
-    "MAX_PHRASE_CHARS",
     "PREANNOTATE_MODES",
     "LabelStudioOptions",
 ]

@@ -13,7 +13,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from sam2serve.concepts.engine import DEFAULT_SCORE_THRESH, VISUAL_PHRASE
+from sam2serve.concepts.engine import DEFAULT_SCORE_THRESH
+from sam2serve.concepts.phrases import MAX_PHRASE_CHARS, VISUAL_PHRASE
 from sam2serve.server.errors import IMAGE_ID_PATTERN
 from sam2serve.server.schemas import (
     IMAGE_BASE64_DOC,
@@ -31,7 +32,6 @@ from sam2serve.server.settings_groups import (
     MAX_CONCEPT_PHRASES,
 )
 
-MAX_PHRASE_CHARS = 64  # after stripping; SAM 3's text context is 32 tokens anyway
 # Before stripping: a phrase padded with spaces is still a bounded string.
 MAX_RAW_PHRASE_CHARS = 256
 
@@ -77,7 +77,48 @@ def clean_phrases(phrases: list[str]) -> list[str]:
     return stripped
 
 
-class ConceptsRequest(_Strict):
+class ConceptPrompts(_Strict):
+    """The prompt fields the image and the video concept requests share, with their rules:
+    phrases stripped, 1..64 characters, none twice; at least a phrase or a box."""
+
+    phrases: list[Phrase] = Field(
+        default_factory=list,
+        max_length=MAX_CONCEPT_PHRASES,
+        description=f"Noun phrases, e.g. 'cat', 'yellow school bus' (1..{MAX_PHRASE_CHARS} "
+        "characters after stripping, no two the same; at most max_concept_phrases). With "
+        f"boxes and no phrase the phrase is {VISUAL_PHRASE!r} (Meta's rule).",
+    )
+    boxes: list[ExemplarBoxIn] = Field(
+        default_factory=list,
+        max_length=MAX_CONCEPT_BOXES,
+        description="Exemplar boxes on the image, applied to every phrase (at most "
+        "max_concept_boxes).",
+    )
+    score_thresh: FiniteFloat = Field(
+        DEFAULT_SCORE_THRESH,
+        ge=0,
+        le=1,
+        description="Keep instances whose score (class x presence probability) is above this "
+        "(Meta's default 0.5).",
+    )
+
+    @field_validator("phrases")
+    @classmethod
+    def _phrases_are_names(cls, phrases: list[str]) -> list[str]:
+        return clean_phrases(phrases)
+
+    @model_validator(mode="after")
+    def _has_a_prompt(self) -> ConceptPrompts:
+        if not self.phrases and not self.boxes:
+            raise ValueError("give at least one phrase or one exemplar box")
+        return self
+
+    def prompt_phrases(self) -> list[str]:
+        """The phrases the detector answers (boxes alone: Meta's stand-in phrase)."""
+        return list(self.phrases) or [VISUAL_PHRASE]
+
+
+class ConceptsRequest(ConceptPrompts):
     """Every instance of one or more concepts on one image."""
 
     image: str | None = Field(
@@ -90,25 +131,6 @@ class ConceptsRequest(_Strict):
         "cached SAM 3 encoding (404 'unknown_image_id' once evicted, or if only SAM 2.1 has "
         "seen it: send the image again). The same id /v1/embeddings and /v1/segment use.",
     )
-    phrases: list[Phrase] = Field(
-        default_factory=list,
-        max_length=MAX_CONCEPT_PHRASES,
-        description=f"Noun phrases, e.g. 'cat', 'yellow school bus' (1..{MAX_PHRASE_CHARS} "
-        "characters after stripping, no two the same; at most max_concept_phrases). With "
-        f"boxes and no phrase the phrase is {VISUAL_PHRASE!r} (Meta's rule).",
-    )
-    boxes: list[ExemplarBoxIn] = Field(
-        default_factory=list,
-        max_length=MAX_CONCEPT_BOXES,
-        description="Exemplar boxes, applied to every phrase (at most max_concept_boxes).",
-    )
-    score_thresh: FiniteFloat = Field(
-        DEFAULT_SCORE_THRESH,
-        ge=0,
-        le=1,
-        description="Keep instances whose score (class x presence probability) is above this "
-        "(Meta's default 0.5).",
-    )
     max_instances: int | None = Field(
         None,
         ge=1,
@@ -117,21 +139,6 @@ class ConceptsRequest(_Strict):
         "max_concept_instances; null or omitted: max_concept_instances, 100 by default).",
     )
     mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
-
-    @field_validator("phrases")
-    @classmethod
-    def _phrases_are_names(cls, phrases: list[str]) -> list[str]:
-        return clean_phrases(phrases)
-
-    @model_validator(mode="after")
-    def _has_a_prompt(self) -> ConceptsRequest:
-        if not self.phrases and not self.boxes:
-            raise ValueError("give at least one phrase or one exemplar box")
-        return self
-
-    def prompt_phrases(self) -> list[str]:
-        """The phrases the detector answers (boxes alone: Meta's stand-in phrase)."""
-        return list(self.phrases) or [VISUAL_PHRASE]
 
 
 class InstanceOut(BaseModel):

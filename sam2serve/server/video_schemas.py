@@ -9,17 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from sam2serve.concepts.engine import DEFAULT_SCORE_THRESH
 from sam2serve.concepts.video_seed import DEFAULT_DEDUPE_IOU
 from sam2serve.engine.prompts import Prompt
-from sam2serve.server.concept_schemas import (
-    MAX_PHRASE_CHARS,
-    ExemplarBoxIn,
-    Phrase,
-    clean_phrases,
-)
+from sam2serve.server.concept_schemas import ConceptPrompts
 from sam2serve.server.schemas import (
     MASK_FORMAT_DOC,
     SEGMENTATION_DOC,
@@ -31,7 +25,6 @@ from sam2serve.server.schemas import (
     _Strict,
 )
 from sam2serve.server.settings import MAX_POINTS_PER_OBJECT
-from sam2serve.server.settings_groups import MAX_CONCEPT_BOXES, MAX_CONCEPT_PHRASES
 
 MAX_OBJ_ID = 2**31 - 1
 MAX_FRAME_IDX = 2**31 - 1
@@ -111,29 +104,11 @@ class PropagateRequest(_Strict):
     mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
 
 
-class VideoConceptsRequest(_Strict):
+class VideoConceptsRequest(ConceptPrompts):
     """Every instance SAM 3 finds on one frame becomes a new object of the session (its
     mask the object's prompt there, its phrase its name); propagate to track them."""
 
     frame_idx: int = Field(ge=0, le=MAX_FRAME_IDX, description="The frame SAM 3 looks at.")
-    phrases: list[Phrase] = Field(
-        default_factory=list,
-        max_length=MAX_CONCEPT_PHRASES,
-        description=f"Noun phrases (1..{MAX_PHRASE_CHARS} characters after stripping, no two "
-        "the same; at most max_concept_phrases).",
-    )
-    boxes: list[ExemplarBoxIn] = Field(
-        default_factory=list,
-        max_length=MAX_CONCEPT_BOXES,
-        description="Exemplar boxes on that frame, applied to every phrase (at most "
-        "max_concept_boxes); boxes alone: the phrase 'visual'.",
-    )
-    score_thresh: FiniteFloat = Field(
-        DEFAULT_SCORE_THRESH,
-        ge=0,
-        le=1,
-        description="Seed instances scored above this (Meta's default 0.5).",
-    )
     max_instances: int | None = Field(
         None,
         ge=1,
@@ -151,17 +126,6 @@ class VideoConceptsRequest(_Strict):
         "above this is a duplicate, not a new object.",
     )
     mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
-
-    @field_validator("phrases")
-    @classmethod
-    def _phrases_are_names(cls, phrases: list[str]) -> list[str]:
-        return clean_phrases(phrases)
-
-    @model_validator(mode="after")
-    def _has_a_prompt(self) -> VideoConceptsRequest:
-        if not self.phrases and not self.boxes:
-            raise ValueError("give at least one phrase or one exemplar box")
-        return self
 
 
 # --------------------------------------------------------------------------- responses

@@ -21,7 +21,7 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import Response
 
-from sam2serve.concepts.engine import VISUAL_PHRASE, ExemplarBox
+from sam2serve.concepts.engine import ExemplarBox
 from sam2serve.concepts.video_seed import Seed, concept_seeds
 from sam2serve.engine.video.outputs import ObjectMask, object_masks
 from sam2serve.engine.video.predictor import VideoPromptError
@@ -86,7 +86,7 @@ async def add_concepts(
     _check_frame(body.frame_idx, state.num_frames, "frame_idx")
     check_boxes_inside(body, (state.height, state.width))  # type: ignore[arg-type]
     videos.check_new_objects(session, count, f"max_instances {count}")
-    phrases = list(body.phrases) or [VISUAL_PHRASE]
+    phrases = body.prompt_phrases()
     size = (state.height, state.width)
     model.check_mask_budget(len(phrases), count, size)
     boxes = [ExemplarBox(tuple(b.box), b.positive) for b in body.boxes]  # type: ignore[arg-type]
