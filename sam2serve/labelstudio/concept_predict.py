@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sam2serve.concepts.engine import Instance, text_rows
+from sam2serve.concepts.engine import ConceptEncoding, Instance, text_rows
 from sam2serve.concepts.runtime import Concepts
 from sam2serve.engine.formats import mask_to_polygons
 from sam2serve.labelstudio.brush import mask_to_brush_rle
@@ -34,8 +34,6 @@ from sam2serve.labelstudio.concept_prompts import ConceptPrompt
 from sam2serve.labelstudio.label_config import BRUSH
 from sam2serve.labelstudio.options import LabelStudioOptions
 from sam2serve.server.batching import JobContext
-from sam2serve.server.cache import image_id_of
-from sam2serve.server.concept_images import ConceptImages
 from sam2serve.server.service import RequestClock, Service
 
 MiB = 1024 * 1024
@@ -87,36 +85,24 @@ class ConceptAnswerer:
         """The regions of every phrase of ``prompt`` on the image ``data``."""
         if not prompt.phrases:
             return []
-        key = image_id_of(data)
+        images = service.concepts  # the service's: its cache, key and shared encodes
+        if images is None:
+            raise RuntimeError("Label Studio's concepts need the service's (--concepts)")
         clock = RequestClock()
-        pixels, reservation = await service.decode(data)
-        with reservation:
-            height, width = pixels.shape[:2]
+        # Cached (a phrase typed after another decodes nothing), joined, or decoded within
+        # the service's budgets and encoded, as /v1/concepts does.
+        encoding = (await images.resolve(data, None, clock, bulk=bulk)).encoding
 
-            images = service.concepts  # the service's: its cache and key (same model)
-            if images is None:
-                raise RuntimeError("Label Studio's concepts need the service's (--concepts)")
+        def run(context: JobContext) -> dict[str, list[_Kept]]:
+            return self._detect(context, encoding, prompt.phrases)
 
-            def run(context: JobContext) -> dict[str, list[_Kept]]:
-                return self._detect(context, images, key, pixels, prompt.phrases)
-
-            found = await service.run_job("concepts", run, clock, bulk=bulk)
-        return await asyncio.to_thread(_regions, found, prompt, width, height)
+        found = await service.run_job("concepts", run, clock, bulk=bulk)
+        return await asyncio.to_thread(_regions, found, prompt, encoding.width, encoding.height)
 
     def _detect(
-        self,
-        context: JobContext,
-        images: ConceptImages,
-        image_id: str,
-        pixels: np.ndarray,
-        phrases: tuple[str, ...],
+        self, context: JobContext, encoding: ConceptEncoding, phrases: tuple[str, ...]
     ) -> dict[str, list[_Kept]]:
-        """On the model worker: the image's encoding (cached), then the phrases in batches."""
-        key = images.key_for(image_id)
-        encoding = images.cache.get(key)
-        if encoding is None:
-            encoding = self.concepts.encode([pixels])[0]
-            images.cache.put(key, encoding)
+        """On the model worker: the phrases in batches over the image's encoding."""
         worst = self.concepts.size.queries * encoding.height * encoding.width
         per_batch = max(1, MASK_BATCH_BYTES // max(1, worst))
         text = self.concepts.encode_text(phrases)  # once, sliced per batch

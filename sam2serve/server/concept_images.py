@@ -110,10 +110,13 @@ class ConceptImages:
         image_id: str | None,
         clock: RequestClock,
         check_size: Callable[[tuple[int, int]], None] | None = None,
+        *,
+        bulk: bool = False,
     ) -> ConceptImage:
         """The image's encoding: by ``image_id`` from the cache (else 404), or from the
         uploaded bytes (cached, else decoded within the service's budgets and encoded on
-        the model worker). ``check_size(size)`` runs before anything is encoded."""
+        the model worker, as a bulk job with ``bulk``). ``check_size(size)`` runs before
+        anything is encoded."""
         if (data is None) == (image_id is None):
             raise ApiError(
                 422,
@@ -125,7 +128,7 @@ class ConceptImages:
             image = self._cached(image_id)
         else:
             assert data is not None
-            image = await self._from_bytes(data, clock, check_size)
+            image = await self._from_bytes(data, clock, check_size, bulk)
         if check_size is not None:
             check_size(image.size)
         return image
@@ -150,6 +153,7 @@ class ConceptImages:
         data: bytes,
         clock: RequestClock,
         check_size: Callable[[tuple[int, int]], None] | None,
+        bulk: bool = False,
     ) -> ConceptImage:
         """From the cache, from an encode of the same bytes already under way (shared), or
         decoded (its size checked) and encoded on the model worker."""
@@ -173,7 +177,7 @@ class ConceptImages:
                 if encoding is not None:
                     return ConceptImage(key, encoding, cached=True)
             else:  # the pixels' bytes stay reserved until the encode ends
-                flight = self._start_flight(key, pixels, reservation)
+                flight = self._start_flight(key, pixels, reservation, bulk)
         assert flight is not None
         flight.waiters += 1
         try:
@@ -196,14 +200,16 @@ class ConceptImages:
         clock.run_s += timing.run_s
         return ConceptImage(key, encoding, cached=False)
 
-    def _start_flight(self, key: EmbeddingKey, pixels: np.ndarray, reservation) -> _Flight:
+    def _start_flight(
+        self, key: EmbeddingKey, pixels: np.ndarray, reservation, bulk: bool = False
+    ) -> _Flight:
         from sam2serve.server.service import RequestClock
 
         async def encode() -> tuple[ConceptEncoding, RequestClock]:
             timing = RequestClock()
             try:
                 (encoding,) = await self.service.run_job(
-                    ENCODE_JOB, lambda context: self.concepts.encode([pixels]), timing
+                    ENCODE_JOB, lambda context: self.concepts.encode([pixels]), timing, bulk=bulk
                 )
                 self.cache.put(key, encoding)
                 return encoding, timing
