@@ -85,7 +85,8 @@ def test_allowed_callers_are_counted_and_stages_named():
 
 @pytest.fixture(scope="module")
 def tracker():
-    return VideoPredictor(small_tiny_tracker(seed=2), feature_cache_frames=3)
+    # All objects in one frame step, as on a GPU (a CPU's default runs them one by one).
+    return VideoPredictor(small_tiny_tracker(seed=2), feature_cache_frames=3, objects_per_call=8)
 
 
 def tracked_state(tracker, retention="exact"):

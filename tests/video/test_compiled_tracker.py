@@ -52,6 +52,7 @@ def test_a_static_bank_is_the_eager_answer(frames, eager):
     padded = VideoPredictor(
         small_tiny_tracker(seed=5),
         static_bank=(config.num_maskmem, config.max_obj_ptrs_in_encoder),
+        objects_per_call=2,  # both objects in one padded batch, as on a GPU
     )
     logits, _ = track(padded, frames)
     assert (eager > 0).any() and (eager < 0).any()  # real masks, not all absent
@@ -61,7 +62,7 @@ def test_a_static_bank_is_the_eager_answer(frames, eager):
 def test_a_bank_shorter_than_its_padding_still_masks_the_padding(frames, eager):
     """Padded far beyond what the bank ever holds: still the eager answer (the padding is
     masked, not merely small)."""
-    padded = VideoPredictor(small_tiny_tracker(seed=5), static_bank=(12, 40))
+    padded = VideoPredictor(small_tiny_tracker(seed=5), static_bank=(12, 40), objects_per_call=2)
     logits, _ = track(padded, frames)
     torch.testing.assert_close(logits, eager, atol=LOGIT_ATOL, rtol=0)
 

@@ -25,7 +25,10 @@ LOGIT_ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def tracker():
-    return VideoPredictor(small_tiny_tracker(seed=5), feature_cache_frames=NUM_FRAMES)
+    # Every object in one frame step (a GPU's default; a CPU's runs them one at a time).
+    return VideoPredictor(
+        small_tiny_tracker(seed=5), feature_cache_frames=NUM_FRAMES, objects_per_call=8
+    )
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +165,54 @@ def test_gathered_banks_must_have_one_shape(tracker, frames):
         gather_memories(tracks, [one, two], torch.device("cpu"))
     with pytest.raises(ValueError, match="2 memory selections for 1 objects"):
         gather_memories(tracks[:1], [one, one], torch.device("cpu"))
+
+
+def test_objects_per_call_splits_the_frame_step_and_keeps_the_answers(tracker, frames):
+    """8 objects, at most 3 per call: each tracked frame's heads and memory encoder run in
+    batches of 3, 3 and the rest, and the masks are the all-at-once batch's."""
+    clicks = prompts(8)
+    shared = tracker.init_state(frames)
+    for frame_idx in range(NUM_FRAMES):
+        tracker.frame_features(shared, frame_idx)
+
+    def run(predictor, calls=None):
+        state = predictor.init_state(frames)
+        for frame_idx in range(NUM_FRAMES):
+            state.features.put(frame_idx, shared.features.get(frame_idx))
+        for obj, obj_clicks in clicks.items():
+            prompt(predictor, state, obj, obj_clicks)
+        predictor.commit_prompts(state)
+        out = {}
+        generator = predictor.propagate(state, start_frame_idx=0)
+        for frame_idx in range(NUM_FRAMES):
+            if calls is not None:
+                calls.frame = frame_idx
+            out[frame_idx] = next(generator).mask_logits
+            if calls is not None:
+                calls.frame = None
+        return out
+
+    whole = run(tracker)
+    chunked = VideoPredictor(tracker.model, feature_cache_frames=NUM_FRAMES, objects_per_call=3)
+    calls = Calls(tracker.model)
+    try:
+        split = run(chunked, calls)
+    finally:
+        for name in ("condition_on_memory", "forward_heads", "encode_memory"):
+            tracker.model.__dict__.pop(name, None)
+    for frame_idx in range(NUM_FRAMES):
+        tracked = len([o for o, c in clicks.items() if frame_idx not in {f for f, _ in c}])
+        want = [3] * (tracked // 3) + ([tracked % 3] if tracked % 3 else [])
+        assert calls.calls[(frame_idx, "forward_heads")] == want
+        assert calls.calls[(frame_idx, "encode_memory")] == want
+        torch.testing.assert_close(split[frame_idx], whole[frame_idx], atol=LOGIT_ATOL, rtol=0)
+
+
+def test_the_cpu_tracks_one_object_per_call_by_default():
+    from sam2serve.engine.video.predictor import default_objects_per_call
+
+    assert default_objects_per_call(torch.device("cpu")) == 1
+    assert default_objects_per_call(torch.device("cuda")) > 64
+    assert VideoPredictor(small_tiny_tracker(seed=5)).objects_per_call == 1
+    with pytest.raises(ValueError, match="objects_per_call must be at least 1, got 0"):
+        VideoPredictor(small_tiny_tracker(seed=5), objects_per_call=0)

@@ -13,6 +13,8 @@ encoder once.
 
 from __future__ import annotations
 
+import sys
+
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +66,16 @@ class FrameMasks:
         return self.mask_logits[:, 0] > 0.0
 
 
+def default_objects_per_call(device: torch.device) -> int:
+    """How many tracked objects one frame step batches on ``device``: all of them on an
+    accelerator, where one batched call beats a loop of small ones; one at a time on a
+    CPU, where a frame step's work per object is already large enough to keep the cores
+    busy and an 8-object batch's activations (8 x 4096 x 2048 floats in the memory
+    attention's MLP alone) spill out of the caches: measured 1.2-1.3x slower per frame
+    than one object at a time at 8 objects (docs/benchmarks.md, "Objects per call")."""
+    return 1 if device.type == "cpu" else sys.maxsize
+
+
 class VideoPredictor:
     def __init__(
         self,
@@ -76,6 +88,7 @@ class VideoPredictor:
         runtime: Any = None,
         allow_tf32: bool = False,
         static_bank: tuple[int, int] | None = None,
+        objects_per_call: int | None = None,
     ) -> None:
         """``feature_cache_frames``: frames whose encoder features each state keeps (LRU;
         Meta keeps 1). ``storage_device``: where memories and masks are stored ("cpu"
@@ -89,9 +102,14 @@ class VideoPredictor:
         for its calls: :mod:`sam2serve.engine.tf32`). Set from a mode by
         ``sam2serve.runtime.video``, when it is built. ``static_bank`` (memory slots,
         pointer slots): memory banks padded to that shape, the padding masked (the same
-        answers; a compiled tracker's: :mod:`sam2serve.engine.video.compiled`)."""
+        answers; a compiled tracker's: :mod:`sam2serve.engine.video.compiled`).
+        ``objects_per_call``: the most tracked objects one frame step runs as a batch
+        (None: the device's :func:`default_objects_per_call`); more objects run in
+        consecutive batches of that size, with the same answers."""
         if feature_cache_frames < 1:
             raise ValueError(f"feature_cache_frames must be at least 1, got {feature_cache_frames}")
+        if objects_per_call is not None and objects_per_call < 1:
+            raise ValueError(f"objects_per_call must be at least 1, got {objects_per_call}")
         self.model = model
         self.config = model.video_config
         self.feature_cache_frames = feature_cache_frames
@@ -102,6 +120,9 @@ class VideoPredictor:
         self.runtime = runtime
         self.allow_tf32 = allow_tf32
         self.static_bank = static_bank
+        self.objects_per_call = (
+            default_objects_per_call(model.device) if objects_per_call is None else objects_per_call
+        )
 
     @property
     def device(self) -> torch.device:
@@ -365,10 +386,12 @@ class VideoPredictor:
                 )
                 groups.setdefault(self._batch_key(selection), []).append((i, selection))
         members = [member for group in groups.values() for member in group]
-        if members:
+        step = self.objects_per_call
+        for start in range(0, len(members), step):
+            chunk = members[start : start + step]
             outputs, low_res = self._track_frame(
                 state,
-                [tracks[i] for i, _ in members],
+                [tracks[i] for i, _ in chunk],
                 frame_idx,
                 is_init_cond=False,
                 reverse=reverse,
@@ -376,9 +399,9 @@ class VideoPredictor:
                 mask=None,
                 prev_mask_logits=None,
                 run_memory_encoder=True,
-                selection=tuple(selection for _, selection in members),
+                selection=tuple(selection for _, selection in chunk),
             )
-            for row, ((i, _), out) in enumerate(zip(members, outputs, strict=True)):
+            for row, ((i, _), out) in enumerate(zip(chunk, outputs, strict=True)):
                 tracks[i].non_cond_outputs[frame_idx] = out
                 masks[i] = low_res[row : row + 1]
         for track in tracks:
