@@ -14,7 +14,6 @@ encoder once.
 from __future__ import annotations
 
 import sys
-
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
