@@ -122,7 +122,8 @@ class VideoExportRequest(_Strict):
         pattern=r"^vs-[0-9a-f]{32}$",
         description="A live session of these objects: an object given without a name "
         "takes the session's name for it (404 'session_not_found' once it is closed or "
-        "expired: send the names then). Omitted: every name is the request's.",
+        "expired: send the names then; in the cluster, send it as the "
+        "serve_multiplexed_model_id header too). Omitted: every name is the request's.",
     )
 
 
