@@ -48,7 +48,7 @@ def check_object_name(name: str) -> str:
     for i, char in enumerate(stripped):
         if char in _BIDI_CONTROLS or unicodedata.category(char) in _REFUSED_CATEGORIES:
             raise ValueError(
-                f"the name holds U+{ord(char):04X} at character {i}: control characters, "
+                f"the name holds U+{ord(char):04X} at index {i}: control characters, "
                 "line separators, bidirectional controls, private-use and unassigned code "
                 "points are not taken"
             )

@@ -66,10 +66,12 @@ from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError, ClientGone, error_body
 from sam2serve.server.event_stream import EVENT_STREAM, EventStream
 from sam2serve.server.prompts import check_inside
+from sam2serve.server.request_body import JSON_MEDIA
 from sam2serve.server.routes.common import (
     client_address,
     format_segmentations,
     guarded,
+    inline_schema,
     json_body_doc,
     json_response,
     read_body,
@@ -206,7 +208,12 @@ async def remove_object(
     "/videos/{session_id}/objects/{obj_id}",
     response_model=vs.VideoSessionOut,
     summary="Name or rename one object (its class or label; null: unnamed)",
-    openapi_extra=json_body_doc(vs.ObjectRenameRequest),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {JSON_MEDIA: {"schema": inline_schema(vs.ObjectRenameRequest)}},
+        }
+    },
 )
 async def rename_object(
     request: Request, session_id: str, obj_id: int, service: ServiceDep, videos: VideosDep
