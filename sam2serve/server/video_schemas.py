@@ -1,8 +1,9 @@
 """The video sessions API's bodies (/v1/videos): prompts, propagation and what comes back.
 
 Coordinates are pixels of the video's frames, as in the image API. Objects are named by
-an integer ``obj_id`` the client chooses (as in Meta's video predictor); frames by their
-0-based index in the uploaded video.
+an integer ``obj_id`` the client chooses (as in Meta's video predictor), and may carry a
+name (their class or label, :mod:`sam2serve.server.object_names`) that the session keeps
+and every answer repeats; frames by their 0-based index in the uploaded video.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pydantic import BaseModel, Field, model_validator
 from sam2serve.concepts.video_seed import DEFAULT_DEDUPE_IOU
 from sam2serve.engine.prompts import Prompt
 from sam2serve.server.concept_schemas import ConceptPrompts
+from sam2serve.server.object_names import NAME_DOC, ObjectName, check_object_name
 from sam2serve.server.schemas import (
     MASK_FORMAT_DOC,
     SEGMENTATION_DOC,
@@ -70,6 +72,11 @@ class VideoPromptRequest(_Strict):
         "false: they are added to them (a correction click).",
     )
     mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
+    name: ObjectName | None = Field(
+        None,
+        description=NAME_DOC + " Names (or renames) the object once the prompt is taken; "
+        "null or omitted: its name stays as it is.",
+    )
 
     @model_validator(mode="after")
     def _one_kind_of_prompt(self) -> VideoPromptRequest:
@@ -127,12 +134,32 @@ class VideoConceptsRequest(ConceptPrompts):
     )
     mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
 
+    @model_validator(mode="after")
+    def _phrases_are_object_names(self) -> VideoConceptsRequest:
+        # Each phrase becomes its objects' name: it must be one.
+        for i, phrase in enumerate(self.phrases):
+            try:
+                check_object_name(phrase)
+            except ValueError as exc:
+                raise ValueError(f"phrases[{i}]: {exc}") from None
+        return self
+
+
+class ObjectRenameRequest(_Strict):
+    """A tracked object's new name."""
+
+    name: ObjectName | None = Field(description=NAME_DOC + " null: the object has no name.")
+
 
 # --------------------------------------------------------------------------- responses
 
 
+NAME_OUT_DOC = "The object's name (prompts, renames, concept seeding); null when unnamed."
+
+
 class VideoObjectOut(BaseModel):
     obj_id: int
+    name: str | None = Field(None, description=NAME_OUT_DOC)
     area: int = Field(description="Pixels in the mask.")
     bbox: list[float] = Field(description="[x, y, width, height] of the mask; zeros if empty.")
     segmentation: Segmentation = Field(description=SEGMENTATION_DOC)
@@ -167,6 +194,11 @@ class VideoConceptsResponse(BaseModel):
     queue_ms: float
 
 
+class VideoSessionObjectOut(BaseModel):
+    obj_id: int
+    name: str | None = Field(description=NAME_OUT_DOC)
+
+
 class VideoSessionOut(BaseModel):
     session_id: str = Field(
         description="Names the session in every later request. In the cluster, send it as "
@@ -178,6 +210,9 @@ class VideoSessionOut(BaseModel):
     fps: float | None = Field(description="The video's frame rate; null for frame images.")
     source: str = Field(description="What the frames came from (the upload's file name).")
     obj_ids: list[int] = Field(description="The objects prompted so far.")
+    objects: list[VideoSessionObjectOut] = Field(
+        default_factory=list, description="The objects prompted so far, with their names."
+    )
     frames_bytes: int = Field(description="Memory the decoded frames hold.")
     tracking_bytes: int = Field(description="Memory the objects' memories and masks hold.")
     busy: bool = Field(description="A prompt or a propagation is running on it now.")
@@ -204,6 +239,7 @@ def session_out(description: dict[str, Any], model: str) -> VideoSessionOut:
 
 __all__ = [
     "MaskPrompt",
+    "ObjectRenameRequest",
     "PropagateDone",
     "PropagateRequest",
     "VideoConceptObjectOut",
@@ -213,6 +249,7 @@ __all__ = [
     "VideoObjectOut",
     "VideoPromptRequest",
     "VideoPromptResponse",
+    "VideoSessionObjectOut",
     "VideoSessionOut",
     "session_out",
 ]

@@ -12,7 +12,9 @@ and touches it. The limits:
   ``too_many_sessions_per_client``, so one client cannot hold every session;
 - ``max_video_frames`` frames and ``max_video_session_bytes`` bytes per session (decoded
   frames, plus what tracking every object through every frame would hold): 413;
-- ``max_video_objects`` objects per session: 413;
+- ``max_video_objects`` objects per session: 413; each may have a name (its class or
+  label, :mod:`sam2serve.server.object_names`: at most 64 characters), so a session's
+  names are bounded too;
 - ``max_video_total_bytes`` for every session's bytes together (each counted as the
   per-session limit counts it): a session or an object that does not fit is 429
   ``video_memory_full``, so the memory of sessions is bounded whatever their number;
@@ -30,7 +32,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.engine.video.sources import LiveFrames
@@ -74,6 +76,9 @@ class VideoSession:
     # A live session's default for frames faster than tracking: "every" or "latest"
     # (server/live_modes.py); a connection may choose its own.
     live_mode: str = "every"
+    # The objects' names (obj_id -> name), set by prompts, renames and concept seeding: the
+    # session's metadata, not its tracking state (a rename needs no model work).
+    names: dict[int, str] = field(default_factory=dict)
 
     @property
     def live(self) -> bool:
@@ -84,6 +89,22 @@ class VideoSession:
         """Frames the byte limit counts each object's tracking state for."""
         return self.state.num_frames if self.tracked_frames is None else self.tracked_frames
 
+    def name_of(self, obj_id: int) -> str | None:
+        """The object's name, or None (unnamed, or not tracked)."""
+        return self.names.get(obj_id) if obj_id in self.state.objects else None
+
+    def set_name(self, obj_id: int, name: str | None) -> None:
+        """Name (None: unname) a tracked object (the caller checked that it is)."""
+        if name is None:
+            self.names.pop(obj_id, None)
+        else:
+            self.names[obj_id] = name
+
+    def forget_names(self) -> None:
+        """Drop the names of objects the state no longer tracks (removed, or reset)."""
+        for obj_id in [i for i in self.names if i not in self.state.objects]:
+            del self.names[obj_id]
+
     def describe(self, limits: SessionLimits, now: float) -> dict[str, object]:
         return {
             "session_id": self.session_id,
@@ -93,6 +114,9 @@ class VideoSession:
             "fps": self.fps,
             "source": self.source,
             "obj_ids": self.state.obj_ids,
+            "objects": [
+                {"obj_id": obj_id, "name": self.name_of(obj_id)} for obj_id in self.state.obj_ids
+            ],
             "frames_bytes": self.frames_bytes,
             "tracking_bytes": self.state.memory_bytes(),
             "busy": self.busy_with is not None,

@@ -120,7 +120,7 @@ def test_the_page_calls_only_public_api_endpoints(main_server):
     for asset in page.ASSETS.values():
         text = asset.content.decode("utf-8")
         found = re.findall(
-            r'api\s*\.(?:call|stream)\("(?:GET|POST|DELETE)", [`"](/[\w/.${}()-]+)', text
+            r'api\s*\.(?:call|stream)\("(?:GET|POST|PATCH|DELETE)", [`"](/[\w/.${}()-]+)', text
         )
         # A template's ${...} is a path parameter: {} on both sides.
         calls |= {re.sub(r"\$\{[^}]*\}+", "{}", path) for path in found}

@@ -5,9 +5,11 @@
 // and propagation again, and the export as COCO or YouTube-VIS. app.js hands it the
 // stage, the pointer's prompts and the keys while a video is open.
 //
-// An object: {id (the session's obj_id), name, colour, visible, prompts: Map(frame ->
+// An object: {id (the session's obj_id), name (null: unnamed), serverName (the name the
+// session holds), onServer (the session tracks it), colour, visible, prompts: Map(frame ->
 // {points: [{x, y, label}], box | null}), corrections: Set(frame)}; its masks are the
-// session's, per frame.
+// session's, per frame. A name goes with the object's first prompt, later ones as a
+// rename (video_names.js), in the order of the prompts.
 //
 // Corrections follow SAM 2.1's video predictor (Meta's, which the server reproduces): a
 // prompt on a frame a propagation has already tracked for the object is a correction, and
@@ -21,6 +23,7 @@ import { download } from "./files.js";
 import { PALETTE } from "./objects.js";
 import { record } from "./timings.js";
 import { VideoSession } from "./video.js";
+import { MAX_NAME_CHARS, checkName, displayName, drawNames, namesOf, renameObject } from "./video_names.js";
 
 const $ = (selector) => document.querySelector(selector);
 const PLAY_FPS = 10; // frames per second when the video has no rate (uploaded frames)
@@ -153,12 +156,14 @@ export class Player {
   newObject() {
     const active = this.activeObject();
     if (active && active.prompts.size === 0) {
-      return this.say(`${active.name} has no prompt yet: click on the frame to make its mask.`);
+      return this.say(`${displayName(active)} has no prompt yet: click on the frame to make its mask.`);
     }
     const id = this.nextId++;
     const object = {
       id,
-      name: `object ${id}`,
+      name: null,
+      serverName: null,
+      onServer: false,
       colour: PALETTE[(id - 1) % PALETTE.length],
       visible: true,
       prompts: new Map(),
@@ -185,6 +190,40 @@ export class Player {
       this.fail(error, "Removing the object");
     }
     this.render();
+  }
+
+  /** Name the object from its field's text (empty: unnamed): checked here by the server's
+   * rule, then sent after the prompts already queued. */
+  rename(object, text) {
+    const { name, error } = checkName(text);
+    if (error) {
+      this.say(`Not renamed: ${error}.`, "error");
+      return this.renderObjects(true);
+    }
+    object.name = name;
+    this.renderStage();
+    this.queue = this.queue.then(() => this.sendName(object));
+  }
+
+  async sendName(object) {
+    const session = this.session;
+    // Before its first prompt the session does not know the object: the prompt names it.
+    if (!session || !object.onServer || object.name === object.serverName) return;
+    if (!this.objects.includes(object)) return;
+    try {
+      const described = await renameObject(session, object.id, object.name);
+      if (session !== this.session) return;
+      object.serverName = namesOf(described).get(object.id) ?? null;
+    } catch (error) {
+      this.fail(error, `Naming ${displayName(object)}`);
+    }
+  }
+
+  /** Put the cursor in the active object's name field. */
+  focusName() {
+    const field = $(`#object-list li[data-id="${this.activeId}"] input.name`);
+    field?.focus();
+    field?.select();
   }
 
   toggleVisible(id) {
@@ -216,8 +255,12 @@ export class Player {
     const prompts = object.prompts.get(frame);
     if (!session || !prompts || !this.objects.includes(object)) return;
     try {
-      const answer = await session.prompt(frame, object.id, prompts);
+      const name = object.name !== object.serverName ? object.name : null;
+      const answer = await session.prompt(frame, object.id, prompts, name);
       if (session !== this.session) return;
+      object.onServer = true;
+      const mine = answer.objects.find((o) => o.obj_id === object.id);
+      if (mine) object.serverName = mine.name ?? null;
       record("video-click", performance.now() - clickedAt, {
         server_ms: answer.inference_ms,
         queue_ms: answer.queue_ms,
@@ -376,6 +419,15 @@ export class Player {
     this.renderPrompts(drag);
   }
 
+  /** The visible objects' names beside their masks on the frame shown. */
+  renderNames() {
+    const boxes = this.session.boxes[this.current];
+    const labels = this.objects
+      .filter((object) => object.visible && boxes.get(object.id)?.[2] > 0)
+      .map((object) => ({ name: displayName(object), colour: object.colour, bbox: boxes.get(object.id) }));
+    drawNames(this.stage, labels);
+  }
+
   /** The clicks and boxes on the frame shown (and a box being dragged). */
   renderPrompts(drag = null) {
     if (!this.session) return;
@@ -390,12 +442,13 @@ export class Player {
       };
     });
     this.stage.renderPrompts(here, this.activeId, drag);
+    this.renderNames();
   }
 
-  renderObjects() {
+  renderObjects(force = false) {
     const session = this.session;
     // A name being typed keeps its field (the list is drawn again at the next change).
-    if ($("#object-list").contains(document.activeElement)) return;
+    if (!force && $("#object-list").contains(document.activeElement)) return;
     $("#object-list").replaceChildren(
       ...this.objects.map((object, index) => {
         const item = document.createElement("li");
@@ -405,9 +458,16 @@ export class Player {
         const swatch = element("span", "swatch");
         swatch.style.background = object.colour;
         const name = element("input", "name");
-        name.value = object.name;
-        name.title = `Object ${index + 1} (obj_id ${object.id}): its name is its category`;
-        name.addEventListener("input", () => (object.name = name.value));
+        name.value = object.name ?? "";
+        name.placeholder = displayName({ id: object.id, name: null });
+        name.maxLength = MAX_NAME_CHARS;
+        name.title =
+          `Object ${index + 1} (obj_id ${object.id}): its name (class or label) is its ` +
+          "category in the export; the session keeps it (r: name the selected object)";
+        name.addEventListener("change", () => this.rename(object, name.value));
+        name.addEventListener("keydown", (event) => {
+          if (event.key === "Enter") name.blur(); // blurring commits: "change"
+        });
         name.addEventListener("focus", () => {
           this.activeId = object.id;
           this.renderPrompts();
@@ -450,6 +510,7 @@ export class Player {
       b: () => this.propagate(true),
       Escape: () => (this.run ? this.stop() : this.pause()),
       n: () => this.newObject(),
+      r: () => this.activeId !== null && this.focusName(),
       h: () => this.activeId !== null && this.toggleVisible(this.activeId),
       Delete: () => this.activeId !== null && this.remove(this.activeId),
       Backspace: () => this.activeId !== null && this.remove(this.activeId),

@@ -2,11 +2,13 @@
 // frames it shows (GET /v1/videos/{id}/frames/{i}: the server's own decoding, so frame i
 // of the masks is frame i of the picture; the last few kept as bitmaps), the masks it
 // received per frame and object (rle.js runs, a few KB each), prompts, the streamed
-// propagation and the export of the masks (POST /v1/video-export, the server's writer).
+// propagation and the export of the masks (POST /v1/video-export, the server's writer),
+// each object under its name (video_names.js: the session keeps the names).
 
 import { ApiError } from "./api.js";
 import { area, fromServer, toCoco } from "./rle.js";
 import { serverEvents } from "./sse.js";
+import { displayName } from "./video_names.js";
 
 const KEPT_FRAMES = 64; // decoded frames kept for scrubbing back and forth
 // A stopped propagation frees the session once its frame in flight is done: seconds on a
@@ -25,6 +27,8 @@ export class VideoSession {
     this.name = name;
     this.frameNames = frameNames;
     this.masks = Array.from({ length: this.numFrames }, () => new Map()); // obj_id -> mask
+    // obj_id -> [x, y, width, height] of the mask (where the overlay writes its name)
+    this.boxes = Array.from({ length: this.numFrames }, () => new Map());
     // The objects a propagation has tracked on each frame: a prompt there is a correction.
     this.tracked = Array.from({ length: this.numFrames }, () => new Set());
     this.bitmaps = new Map(); // frame -> Promise<ImageBitmap>, least recently used first
@@ -61,9 +65,10 @@ export class VideoSession {
     return bitmap;
   }
 
-  /** The object's clicks and box on one frame (they replace its earlier ones there); the
-   * answer's masks of every object on that frame are kept. */
-  async prompt(frameIdx, objId, { points, box }) {
+  /** The object's clicks and box on one frame (they replace its earlier ones there), and
+   * its `name` when it has one the session does not know yet; the answer's masks of every
+   * object on that frame are kept. */
+  async prompt(frameIdx, objId, { points, box }, name = null) {
     const body = {
       frame_idx: frameIdx,
       obj_id: objId,
@@ -72,6 +77,7 @@ export class VideoSession {
       mask_format: "uncompressed_rle",
     };
     if (box) body.box = box;
+    if (name) body.name = name;
     const answer = await this.whenFree(() =>
       this.api.call("POST", `/v1/videos/${encodeURIComponent(this.id)}/prompts`, { json: body }),
     );
@@ -113,8 +119,7 @@ export class VideoSession {
         if (error.code !== "object_not_found") throw error; // never prompted: nothing to drop
       });
     }
-    for (const frame of this.masks) frame.delete(objId);
-    for (const frame of this.tracked) frame.delete(objId);
+    for (const frame of [...this.masks, ...this.boxes, ...this.tracked]) frame.delete(objId);
   }
 
   /** Close the session on the server (its memory is freed); the bitmaps go too. */
@@ -132,8 +137,13 @@ export class VideoSession {
 
   keep(frameOut) {
     const masks = new Map();
-    for (const object of frameOut.objects) masks.set(object.obj_id, fromServer(object.segmentation));
+    const boxes = new Map();
+    for (const object of frameOut.objects) {
+      masks.set(object.obj_id, fromServer(object.segmentation));
+      boxes.set(object.obj_id, object.bbox);
+    }
     this.masks[frameOut.frame_idx] = masks;
+    this.boxes[frameOut.frame_idx] = boxes;
   }
 
   /** Frames where the object has a non-empty mask. */
@@ -161,7 +171,7 @@ export class VideoSession {
     return {
       format,
       video,
-      objects: objects.map((object) => ({ obj_id: object.id, name: object.name.trim() || "object" })),
+      objects: objects.map((object) => ({ obj_id: object.id, name: displayName(object) })),
       frames,
     };
   }

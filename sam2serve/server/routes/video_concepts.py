@@ -12,8 +12,10 @@ checked before model work: the phrase and box counts (max_concept_phrases,
 max_concept_boxes), the frame index, the boxes inside the frame, ``max_instances``
 against max_concept_instances and against the room the session has (max_video_objects
 minus its objects, and its bytes), and the masks SAM 3 may hold against the decode budget.
-New objects get the smallest free ids from 1. If adding them fails half way, the ones
-added are removed again: a request adds every seed or none.
+New objects get the smallest free ids from 1, and their phrase as their name (the
+session keeps it: every later answer and GET carry it; PATCH .../objects/{obj_id} renames).
+If adding them fails half way, the ones added are removed again: a request adds every seed
+or none.
 """
 
 from __future__ import annotations
@@ -122,6 +124,8 @@ async def add_concepts(
                 raise ApiError(422, "invalid_request", str(exc)) from None
             except FrameGone as exc:  # a live frame dropped since the check above
                 raise frame_gone(exc) from None
+            for obj_id, seed in zip(ids, seeds, strict=False):  # the session keeps the phrases
+                session.set_name(obj_id, seed.phrase)
         objects = await _objects_out(ids, seeds, records, body.mask_format, service)
         return json_response(
             vs.VideoConceptsResponse(

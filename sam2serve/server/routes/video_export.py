@@ -10,7 +10,9 @@ it is absent).
 Stateless, like POST /v1/coco, and for the same reasons: what is exported is exactly what
 the person saw and corrected, the server keeps no copy of a clip's masks at the frames'
 size (a session holds low-resolution logits), and the export works after the session
-has expired. No model work. What a request may make the process allocate is bounded
+has expired. Only the objects' names may come from a live session: with ``session_id``,
+an object given without a name takes the name the session keeps for it (prompts,
+renames, concept seeding), so every name is a category. No model work. What a request may make the process allocate is bounded
 before the work: the body by the server's body and JSON limits, the frames by
 ``max_video_frames``, the objects by :data:`MAX_OBJECTS`, YouTube-VIS's per-frame lists by
 :data:`MAX_TRACK_CELLS` (objects x frames), the frame by ``max_pixels``; every mask's runs
@@ -49,7 +51,9 @@ from sam2serve.server.routes.coco import (
     _Strict,
 )
 from sam2serve.server.routes.common import inline_schema, read_body, v1_router
+from sam2serve.server.service import Service
 from sam2serve.server.settings import ServerSettings
+from sam2serve.server.video_sessions import VideoSession
 
 EXPORT_PATH = "/v1/video-export"
 MAX_OBJECTS = 1000
@@ -113,6 +117,14 @@ class VideoExportRequest(_Strict):
         default_factory=list, description="The frames with masks (others: no mask)."
     )
     description: str = Field("tracked with the sam2serve page", max_length=1000)
+    session_id: str | None = Field(
+        None,
+        pattern=r"^vs-[0-9a-f]{32}$",
+        description="A live session of these objects: an object given without a name "
+        "takes the session's name for it (404 'session_not_found' once it is closed or "
+        "expired: send the names then; in the cluster, send it as the "
+        "serve_multiplexed_model_id header too). Omitted: every name is the request's.",
+    )
 
 
 @router.post(
@@ -131,9 +143,10 @@ async def video_export(request: Request, service: ServiceDep) -> Response:
     if image is not None:
         raise ApiError(422, "invalid_request", "image: /v1/video-export takes masks, not images")
     check_bounds(body, service.settings)
+    names = session_names(body, service)
     reservation = await service.decoding.reserve(decode_bytes(body), "the masks' runs")
     with reservation:
-        text = await asyncio.to_thread(dataset_json, body)
+        text = await asyncio.to_thread(dataset_json, body, names)
     return Response(text, media_type=JSON_MEDIA)
 
 
@@ -164,6 +177,22 @@ def check_bounds(body: VideoExportRequest, settings: ServerSettings) -> None:
         raise ApiError(422, "invalid_request", "; ".join(problems))
 
 
+def session_names(body: VideoExportRequest, service: Service) -> dict[int, str]:
+    """The names the request's session keeps for its objects ({} without a session_id);
+    404 for a session this server does not hold (or a server without video)."""
+    if body.session_id is None:
+        return {}
+    if service.videos is None:
+        raise ApiError(
+            404,
+            "video_disabled",
+            "session_id: this server does not track video (serve --video); send each "
+            "object's name instead",
+        )
+    session: VideoSession = service.videos.get(body.session_id, touch=False)
+    return {obj.obj_id: name for obj in body.objects if (name := session.name_of(obj.obj_id))}
+
+
 def decode_bytes(body: VideoExportRequest) -> int:
     """What checking and re-encoding the masks holds at most, from their strings' sizes."""
     from sam2serve.engine.rle import PIECE_CHARS
@@ -177,15 +206,17 @@ def decode_bytes(body: VideoExportRequest) -> int:
     )
 
 
-def dataset_json(body: VideoExportRequest) -> str:
+def dataset_json(body: VideoExportRequest, names: dict[int, str] | None = None) -> str:
     """(In a worker thread.) The dataset as JSON text, or a 422 naming the bad mask."""
     try:
-        return json.dumps(build_dataset(body), allow_nan=False)
+        return json.dumps(build_dataset(body, names), allow_nan=False)
     finally:
         release_free_memory()
 
 
-def build_dataset(body: VideoExportRequest) -> dict[str, Any]:
+def build_dataset(body: VideoExportRequest, names: dict[int, str] | None = None) -> dict[str, Any]:
+    """The dataset; an object without a name of its own in the request is named by
+    ``names`` (the session's) where it has one there, else the default name."""
     video = body.video
     info = VideoInfo(
         name=video.name,
@@ -195,7 +226,14 @@ def build_dataset(body: VideoExportRequest) -> dict[str, Any]:
         frame_names=video.frame_names,
         fps=video.fps,
     )
-    objects = [TrackedObject(obj.obj_id, obj.name) for obj in body.objects]
+    names = names or {}
+    objects = [
+        TrackedObject(
+            obj.obj_id,
+            obj.name if "name" in obj.model_fields_set else names.get(obj.obj_id, obj.name),
+        )
+        for obj in body.objects
+    ]
     masks = [
         FrameMask(frame.frame_idx, mask.obj_id, checked_rle(mask, video, i, j), mask.score)
         for i, frame in enumerate(body.frames)

@@ -9,7 +9,8 @@
 - WebSocket /v1/videos/{session_id}/live: the client sends each frame as a binary
   message (raw RGB, W*H*3 bytes, row-major; or an image file: JPEG, PNG, ...) and
   prompts as text messages (``{"type": "prompt", "frame_idx", "obj_id", "points",
-  "labels", "box", "clear_old_points"}``, as POST .../prompts without masks). The server
+  "labels", "box", "clear_old_points", "name"}``, as POST .../prompts without masks; each
+  answered object carries its ``name``, null when unnamed). The server
   answers, in the order they came, every frame (``{"type": "frame", "seq", "frame_idx",
   "objects", "received_ms", "latency_ms", "track_ms"}``) and prompt (``{"type": "prompt",
   ...}``), and refuses one it cannot take with ``{"type": "error", "seq"?, "code",
@@ -343,7 +344,7 @@ class _Connection:
         with reservation:
             index, records, seconds = await self.service.run_job("video_live", run, RequestClock())
         self.seqs.tracked(item.seq, index)
-        objects = await _objects_out(records, "coco_rle", self.service)
+        objects = await _objects_out(records, "coco_rle", self.service, self.session.names)
         answer: dict[str, Any] = {
             "type": "frame",
             "seq": item.seq,
@@ -415,7 +416,9 @@ class _Connection:
             records = await self.service.run_job("video_live", run, RequestClock())
         except VideoPromptError as exc:
             raise ApiError(422, "invalid_request", str(exc)) from None
-        objects = await _objects_out(records, body.mask_format, self.service)
+        if body.name is not None:  # the object exists now: its name is kept
+            session.set_name(body.obj_id, body.name)
+        objects = await _objects_out(records, body.mask_format, self.service, session.names)
         await self.send(
             {
                 "type": "prompt",

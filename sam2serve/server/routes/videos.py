@@ -11,6 +11,9 @@
   (``event: frame``), then ``event: done`` (or ``event: error``).
 - GET /v1/videos/{session_id}: the session; DELETE: close it (its memory is freed).
 - DELETE /v1/videos/{session_id}/objects/{obj_id}: stop tracking an object;
+  PATCH /v1/videos/{session_id}/objects/{obj_id} ``{"name": ...}``: name or rename it
+  (its class or label; a prompt's optional ``name`` does the same); every answer carries
+  each object's ``name`` (null when unnamed);
   POST /v1/videos/{session_id}/reset: forget every object and prompt (frames stay).
 
 All model work runs on the app's model worker, as the image endpoints' does: a prompt is
@@ -26,7 +29,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from typing import Annotated, Any
 
 import numpy as np
@@ -63,10 +66,12 @@ from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError, ClientGone, error_body
 from sam2serve.server.event_stream import EVENT_STREAM, EventStream
 from sam2serve.server.prompts import check_inside
+from sam2serve.server.request_body import JSON_MEDIA
 from sam2serve.server.routes.common import (
     client_address,
     format_segmentations,
     guarded,
+    inline_schema,
     json_body_doc,
     json_response,
     read_body,
@@ -175,6 +180,7 @@ async def reset_session(session_id: str, service: ServiceDep, videos: VideosDep)
         await service.run_job(
             "video_edit", lambda _: videos.predictor.reset(session.state), RequestClock()
         )
+        session.forget_names()
     return json_response(_session_out(session, videos, service))
 
 
@@ -187,6 +193,42 @@ async def remove_object(
     session_id: str, obj_id: int, service: ServiceDep, videos: VideosDep
 ) -> Response:
     session = videos.get(session_id)
+    _check_tracked(session, obj_id)
+    with videos.using(session, "remove_object"):
+        await service.run_job(
+            "video_edit",
+            lambda _: videos.predictor.remove_object(session.state, obj_id),
+            RequestClock(),
+        )
+        session.forget_names()
+    return json_response(_session_out(session, videos, service))
+
+
+@router.patch(
+    "/videos/{session_id}/objects/{obj_id}",
+    response_model=vs.VideoSessionOut,
+    summary="Name or rename one object (its class or label; null: unnamed)",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {JSON_MEDIA: {"schema": inline_schema(vs.ObjectRenameRequest)}},
+        }
+    },
+)
+async def rename_object(
+    request: Request, session_id: str, obj_id: int, service: ServiceDep, videos: VideosDep
+) -> Response:
+    body, _ = await read_body(request, vs.ObjectRenameRequest, service)
+    session = videos.get(session_id)
+    _check_tracked(session, obj_id)
+    # A name is the session's metadata, not tracking state: no model work, so a rename is
+    # taken while a propagation or a live connection holds the session (its next frames
+    # carry the new name).
+    session.set_name(obj_id, body.name)
+    return json_response(_session_out(session, videos, service))
+
+
+def _check_tracked(session: VideoSession, obj_id: int) -> None:
     if obj_id not in session.state.objects:
         raise ApiError(
             404,
@@ -194,13 +236,6 @@ async def remove_object(
             f"obj_id {obj_id} is not tracked in this session (its objects: "
             f"{session.state.obj_ids})",
         )
-    with videos.using(session, "remove_object"):
-        await service.run_job(
-            "video_edit",
-            lambda _: videos.predictor.remove_object(session.state, obj_id),
-            RequestClock(),
-        )
-    return json_response(_session_out(session, videos, service))
 
 
 def _session_out(session: VideoSession, videos: VideoSessions, service: Service) -> Any:
@@ -262,7 +297,9 @@ async def add_prompt(
                 raise ApiError(422, "invalid_request", str(exc)) from None
             except FrameGone as exc:  # a live frame dropped since the check above
                 raise frame_gone(exc) from None
-        objects = await _objects_out(records, body.mask_format, service)
+            if body.name is not None:  # the object exists now: its name is kept
+                session.set_name(body.obj_id, body.name)
+        objects = await _objects_out(records, body.mask_format, service, session.names)
         return json_response(
             vs.VideoPromptResponse(
                 session_id=session.session_id,
@@ -351,11 +388,23 @@ def _decode_mask(mask: vs.MaskPrompt, height: int, width: int) -> np.ndarray:
 
 
 async def _objects_out(
-    records: list[ObjectMask], mask_format: str, service: Service
+    records: list[ObjectMask],
+    mask_format: str,
+    service: Service,
+    names: Mapping[int, str] | None = None,
 ) -> list[vs.VideoObjectOut]:
+    """The masks in the wire format, each with its object's name (``names``: the
+    session's, read now: a rename during a propagation shows in its next frames)."""
     segmentations = await format_segmentations([r.rle for r in records], mask_format, service)
+    names = names or {}
     return [
-        vs.VideoObjectOut(obj_id=r.obj_id, area=r.area, bbox=r.bbox, segmentation=seg)
+        vs.VideoObjectOut(
+            obj_id=r.obj_id,
+            name=names.get(r.obj_id),
+            area=r.area,
+            bbox=r.bbox,
+            segmentation=seg,
+        )
         for r, seg in zip(records, segmentations, strict=True)
     ]
 
@@ -434,11 +483,13 @@ async def propagate(
     handle.future.add_done_callback(lambda _: loop.call_soon_threadsafe(held.close))
     # The stream ends the job when it ends: a client that leaves stops the propagation at
     # its next frame (a finished job is not affected).
-    return EventStream(_frame_events(handle, frames, body.mask_format, service), handle.cancel)
+    return EventStream(
+        _frame_events(handle, frames, body.mask_format, service, session.names), handle.cancel
+    )
 
 
 async def _frame_events(
-    handle: Any, frames: asyncio.Queue, mask_format: str, service: Service
+    handle: Any, frames: asyncio.Queue, mask_format: str, service: Service, names: Mapping[int, str]
 ) -> AsyncGenerator[bytes, None]:
     """The stream: each frame as it comes, then done (or error)."""
     started = time.perf_counter()
@@ -453,10 +504,10 @@ async def _frame_events(
             await asyncio.wait({getter, finished}, return_when=asyncio.FIRST_COMPLETED)
             if not getter.done():
                 break
-            yield await _frame_event(getter.result(), mask_format, service)
+            yield await _frame_event(getter.result(), mask_format, service, names)
             sent += 1
         while not frames.empty():  # frames queued before the job's end was seen
-            yield await _frame_event(frames.get_nowait(), mask_format, service)
+            yield await _frame_event(frames.get_nowait(), mask_format, service, names)
             sent += 1
         try:
             finished.result()
@@ -489,11 +540,11 @@ def _outcome_seen(future: asyncio.Future) -> None:
 
 
 async def _frame_event(
-    item: tuple[int, list[ObjectMask]], mask_format: str, service: Service
+    item: tuple[int, list[ObjectMask]], mask_format: str, service: Service, names: Mapping[int, str]
 ) -> bytes:
     frame_idx, records = item
     out = vs.VideoFrameOut(
-        frame_idx=frame_idx, objects=await _objects_out(records, mask_format, service)
+        frame_idx=frame_idx, objects=await _objects_out(records, mask_format, service, names)
     )
     return f"event: frame\ndata: {out.model_dump_json()}\n\n".encode()
 
