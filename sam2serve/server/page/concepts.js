@@ -116,7 +116,7 @@ export function describe(phrases, boxes) {
     ? `${boxes.length} exemplar box${boxes.length > 1 ? "es" : ""}` +
       (negative ? ` (${negative} negative)` : "")
     : "";
-  if (!phrases.length) return `the examples of ${counted}`;
+  if (!phrases.length) return `the concept of ${counted}`;
   const named = phrases.map((phrase) => `"${phrase}"`).join(", ");
   return counted ? `${named} with ${counted}` : named;
 }
