@@ -399,8 +399,8 @@ function onPointerMove(event) {
   const at = stage.toImage(event);
   Object.assign(drag, { x1: at.x, y1: at.y });
   if (player.active) player.renderPrompts(drag);
-  else if (drag.exemplar) render();
-  else stage.renderPrompts(store.objects, store.activeId, drag);
+  else stage.renderPrompts(store.objects, store.activeId, drag.exemplar ? null : drag);
+  if (drag.exemplar) concepts.exemplars.draw(stage, drag);
 }
 
 function onPointerUp(event) {
