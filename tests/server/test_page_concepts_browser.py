@@ -290,9 +290,9 @@ def prompt_colours(tab: Any) -> set[str]:
                 const seen = new Set();
                 for (let i = 0; i < data.length; i += 4) {
                     const [r, g, b, a] = [data[i], data[i + 1], data[i + 2], data[i + 3]];
-                    if (a < 250) continue;
-                    if (Math.abs(r - 0x22) + Math.abs(g - 0xc5) + Math.abs(b - 0x5e) < 12) seen.add("green");
-                    if (Math.abs(r - 0xef) + Math.abs(g - 0x44) + Math.abs(b - 0x44) < 12) seen.add("red");
+                    if (a < 128) continue;  // antialiased edges: their colour, less alpha
+                    if (Math.abs(r - 0x22) + Math.abs(g - 0xc5) + Math.abs(b - 0x5e) < 24) seen.add("green");
+                    if (Math.abs(r - 0xef) + Math.abs(g - 0x44) + Math.abs(b - 0x44) < 24) seen.add("red");
                 }
                 return [...seen];
             }"""
