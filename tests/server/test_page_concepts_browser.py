@@ -15,7 +15,8 @@ Shift-drag (negative) drawn green and red, a third refused by the server's
 "cat" and alone (the server's phrase "visual"). A server without concepts never shows the
 panel.
 
-``SAM2SERVE_CONCEPTS_SCREENSHOT=PATH`` saves a screenshot of the review there.
+``SAM2SERVE_CONCEPTS_SCREENSHOT=PATH`` saves a screenshot of the review there,
+``SAM2SERVE_EXEMPLARS_SCREENSHOT=PATH`` one of the review of "cat" with exemplar boxes.
 """
 
 from __future__ import annotations
@@ -356,6 +357,8 @@ def test_exemplar_boxes_in_the_page(page, concepts_server):
     answer = concepts.value.json()
     assert [c["phrase"] for c in answer["concepts"]] == ["cat"]
     assert tab.locator("#concept-list li").count() == len(answer["concepts"][0]["instances"])
+    if os.environ.get("SAM2SERVE_EXEMPLARS_SCREENSHOT"):
+        tab.screenshot(path=os.environ["SAM2SERVE_EXEMPLARS_SCREENSHOT"])
     tab.click("#concept-done")
 
     # The boxes alone: a search too, answered under Meta's stand-in phrase.
