@@ -5,10 +5,13 @@ clicks between phrase batches; an interactive one for a typed phrase): the image
 once (the encoding kept in a byte-budgeted LRU by the image's content hash, so the next
 phrase typed on it is a detector pass only), the phrases' text once, then every phrase runs
 through the detector as one batch over that encoding, the batch cut only where its worst
-case of full-size masks (queries x phrases x pixels) would pass ``MASK_BATCH_BYTES``. Per
-phrase, the non-empty instances above ``--concept-score-thresh`` are kept, highest scores
-first, at most ``--concept-max-instances``, their masks bit-packed (a bit per pixel) until
-they are written off the worker; each becomes a region with its phrase's label and score:
+case of full-size masks (queries x phrases x pixels) would pass ``MASK_BATCH_BYTES``;
+phrases with exemplar boxes (rectangles labelled with their concept label) are batched
+with the phrases of the same boxes only, converted from percent to the image's pixels once
+its size is known. Per phrase, the non-empty instances above ``--concept-score-thresh``
+are kept, highest scores first, at most ``--concept-max-instances``, their masks
+bit-packed (a bit per pixel) until they are written off the worker; each becomes a region
+with its phrase's label and score:
 
 - BrushLabels: one brush region (Label Studio's RLE, :mod:`sam2serve.labelstudio.brush`);
 - PolygonLabels: one polygon region per outer boundary of the mask
@@ -26,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from sam2serve.concepts.engine import ConceptEncoding, Instance, text_rows
+from sam2serve.concepts.engine import ConceptEncoding, ExemplarBox, Instance, text_rows
 from sam2serve.concepts.runtime import Concepts
 from sam2serve.engine.formats import mask_to_polygons
 from sam2serve.labelstudio.brush import mask_to_brush_rle
@@ -94,29 +97,25 @@ class ConceptAnswerer:
         encoding = (await images.resolve(data, None, clock, bulk=bulk)).encoding
 
         def run(context: JobContext) -> dict[str, list[_Kept]]:
-            return self._detect(context, encoding, prompt.phrases)
+            return self._detect(context, encoding, prompt)
 
         found = await service.run_job("concepts", run, clock, bulk=bulk)
         return await asyncio.to_thread(_regions, found, prompt, encoding.width, encoding.height)
 
     def _detect(
-        self, context: JobContext, encoding: ConceptEncoding, phrases: tuple[str, ...]
+        self, context: JobContext, encoding: ConceptEncoding, prompt: ConceptPrompt
     ) -> dict[str, list[_Kept]]:
         """On the model worker: the phrases in batches over the image's encoding."""
+        phrases = prompt.phrases
         worst = self.concepts.size.queries * encoding.height * encoding.width
-        per_batch = max(1, MASK_BATCH_BYTES // max(1, worst))
         text = self.concepts.encode_text(phrases)  # once, sliced per batch
         found: dict[str, list[_Kept]] = {}
-        for start in range(0, len(phrases), per_batch):
+        for indices, boxes in detector_batches(prompt, encoding.width, encoding.height, worst):
             context.check()
-            batch = phrases[start : start + per_batch]
-            rows = (
-                text
-                if len(batch) == len(phrases)
-                else text_rows(text, range(start, start + len(batch)))
-            )
+            batch = tuple(phrases[i] for i in indices)
+            rows = text if len(batch) == len(phrases) else text_rows(text, indices)
             answers = self.concepts.detect(
-                encoding, batch, (), self.options.concept_score_thresh, text=rows
+                encoding, batch, boxes, self.options.concept_score_thresh, text=rows
             )
             for phrase in batch:
                 kept = [i for i in answers[phrase] if i.mask.any()]
@@ -124,6 +123,25 @@ class ConceptAnswerer:
                 found[phrase] = [_Kept.of(i) for i in kept[: self.options.concept_max_instances]]
             del answers  # this batch's full masks, before the next batch makes its own
         return found
+
+
+def detector_batches(
+    prompt: ConceptPrompt, width: int, height: int, worst_bytes: int
+) -> list[tuple[list[int], tuple[ExemplarBox, ...]]]:
+    """The phrases' detector batches as (phrase indices, exemplar boxes in pixels): the
+    detector applies a batch's boxes to every phrase in it, so phrases are batched with
+    those that have the same boxes (none, or one label's), and every batch is cut at
+    ``MASK_BATCH_BYTES // worst_bytes`` phrases."""
+    per_batch = max(1, MASK_BATCH_BYTES // max(1, worst_bytes))
+    groups: dict[tuple, list[int]] = {}  # the phrases of each set of boxes, in order
+    for i in range(len(prompt.phrases)):
+        groups.setdefault(prompt.exemplars_of(i), []).append(i)
+    batches: list[tuple[list[int], tuple[ExemplarBox, ...]]] = []
+    for exemplars, indices in groups.items():
+        boxes = tuple(ExemplarBox(e.box.in_pixels(width, height), e.positive) for e in exemplars)
+        for start in range(0, len(indices), per_batch):
+            batches.append((indices[start : start + per_batch], boxes))
+    return batches
 
 
 def _regions(
@@ -191,4 +209,4 @@ def polygons_percent(mask: np.ndarray) -> list[list[list[float]]]:
     ]
 
 
-__all__ = ["ConceptAnswerer", "instance_regions", "polygons_percent"]
+__all__ = ["ConceptAnswerer", "detector_batches", "instance_regions", "polygons_percent"]

@@ -37,6 +37,15 @@ class PercentBox:
     x1: float
     y1: float
 
+    def in_pixels(self, width: int, height: int) -> tuple[float, float, float, float]:
+        """``[x0, y0, x1, y1]`` on a ``width`` x ``height`` image: ``x% of the width``."""
+        return (
+            self.x0 / 100 * width,
+            self.y0 / 100 * height,
+            self.x1 / 100 * width,
+            self.y1 / 100 * height,
+        )
+
 
 @dataclass(frozen=True)
 class ClickPrompt:
@@ -57,10 +66,7 @@ class ClickPrompt:
         """The prompt on a ``width`` x ``height`` image, as the engine's Prompt."""
         points = [(p.x / 100 * width, p.y / 100 * height) for p in self.points]
         labels = [FOREGROUND if p.positive else BACKGROUND for p in self.points]
-        box = None
-        if self.box is not None:
-            b = self.box
-            box = [b.x0 / 100 * width, b.y0 / 100 * height, b.x1 / 100 * width, b.y1 / 100 * height]
+        box = list(self.box.in_pixels(width, height)) if self.box is not None else None
         return Prompt(points, labels, box)
 
 
@@ -79,11 +85,7 @@ def prompt_from_context(context: Context) -> ClickPrompt | None:
                 f"{where}.type: {region.type!r} is not a prompt; accepted: "
                 f"{', '.join((*KEYPOINT_TYPES, *BOX_TYPES))}"
             )
-        if region.image_rotation:
-            raise _bad(
-                f"{where}.image_rotation: {region.image_rotation:g} degrees; the backend "
-                "takes clicks on the unrotated image only (rotation 0)"
-            )
+        check_unrotated(region, where)
         if image_name is not None and region.to_name not in (None, image_name):
             raise _bad(
                 f"{where}.to_name: {region.to_name!r}, but earlier regions are on "
@@ -98,13 +100,24 @@ def prompt_from_context(context: Context) -> ClickPrompt | None:
             )
             points.append(PercentPoint(x, y, region.is_positive is not False))
         else:
-            box = _box(region, where)
+            box = percent_box(region, where)
     if not points and box is None:
         return None
     return ClickPrompt(tuple(points), box, label, image_name)
 
 
-def _box(region: ContextRegion, where: str) -> PercentBox:
+def check_unrotated(region: ContextRegion, where: str) -> None:
+    """422 for a region on a rotated image: the editor's rotation is not SAM's frame."""
+    if region.image_rotation:
+        raise _bad(
+            f"{where}.image_rotation: {region.image_rotation:g} degrees; the backend "
+            "takes clicks on the unrotated image only (rotation 0)"
+        )
+
+
+def percent_box(region: ContextRegion, where: str) -> PercentBox:
+    """A rectangle region's box in percent of the image (corners clamped to 0..100); a
+    rotated, incomplete, negative or outside one is a 422 naming ``where``."""
     value = region.value
     if value.rotation:
         raise _bad(
@@ -142,4 +155,11 @@ def _bad(message: str) -> ApiError:
     return ApiError(422, "invalid_request", message)
 
 
-__all__ = ["ClickPrompt", "PercentBox", "PercentPoint", "prompt_from_context"]
+__all__ = [
+    "ClickPrompt",
+    "PercentBox",
+    "PercentPoint",
+    "check_unrotated",
+    "percent_box",
+    "prompt_from_context",
+]

@@ -17,8 +17,10 @@ Two kinds of request:
   its embedding is cached for the clicks that follow.
 - with concepts (``--concepts``, SAM 3): pre-annotation answers every label name of the
   config's BrushLabels or PolygonLabels tag as a concept prompt, and an interaction holding
-  a TextArea result answers its text (:mod:`sam2serve.labelstudio.concept_prompts`,
-  :mod:`sam2serve.labelstudio.concept_predict`); clicks and boxes stay SAM 2's;
+  a TextArea result answers its text, one holding rectangles labelled with a concept label
+  their concepts refined by those exemplar boxes (``not <label>``: negative)
+  (:mod:`sam2serve.labelstudio.concept_prompts`, :mod:`sam2serve.labelstudio.concept_predict`);
+  clicks, and boxes labelled otherwise, stay SAM 2's;
 - a video interaction (``context`` of VideoRectangle keyframes): the objects tracked
   through the clip (:mod:`sam2serve.labelstudio.video_predict`); a video project asked
   without keyframes gets empty predictions (there is nothing to track).
@@ -50,9 +52,8 @@ from sam2serve.labelstudio.brush import mask_to_brush_rle
 from sam2serve.labelstudio.concept_predict import ConceptAnswerer
 from sam2serve.labelstudio.concept_prompts import (
     ConceptPrompt,
-    is_text_context,
+    context_prompts,
     label_prompts,
-    text_prompts,
 )
 from sam2serve.labelstudio.context import ClickPrompt, prompt_from_context
 from sam2serve.labelstudio.images import ImageFetcher, LabelStudioAccess
@@ -183,7 +184,7 @@ class LabelStudioBackend:
         if not config.images:  # a video project asking without keyframes: nothing to track
             empty = Prediction(result=[], score=None, model_version=version)
             return PredictResponse(results=[empty] * len(body.tasks), model_version=version)
-        concept = self._concept_prompt(config, context)
+        concept = self._concept_prompt(config, context, service)
         if concept is not None:
             return await self._predict_concepts(body, config, concept, service, client)
         prompt = prompt_from_context(context) if context is not None else None
@@ -242,17 +243,19 @@ class LabelStudioBackend:
             results=[p for p in predictions if p is not None], model_version=version
         )
 
-    def _concept_prompt(self, config: LabelConfig, context: Context | None) -> ConceptPrompt | None:
-        """With concepts: the label names (no context) or the TextArea's text (a context
-        holding one); None for clicks and boxes, and without concepts."""
+    def _concept_prompt(
+        self, config: LabelConfig, context: Context | None, service: Service
+    ) -> ConceptPrompt | None:
+        """With concepts: the label names (no context), or the TextArea's text and the
+        exemplar boxes of rectangles labelled with a concept label (a context holding
+        them); None for clicks and other boxes, and without concepts."""
         if self.concepts is None:
             return None
         limit = self.options.concept_max_labels
         if context is None:
             return label_prompts(config, limit)
-        if is_text_context(context):
-            return text_prompts(context, config, limit)
-        return None
+        max_boxes = service.settings.concepts.max_concept_boxes
+        return context_prompts(context, config, limit, max_boxes)
 
     async def _predict_concepts(
         self,

@@ -332,6 +332,16 @@ class Ready(BaseModel):
         description="true: the server runs SAM 3 too (serve --concepts) and answers "
         "POST /v1/concepts; false: that endpoint answers 404 'concepts_disabled'.",
     )
+    max_concept_phrases: int | None = Field(
+        None,
+        description="With concepts: the most phrases one /v1/concepts request may name "
+        "(--max-concept-phrases); null without concepts.",
+    )
+    max_concept_boxes: int | None = Field(
+        None,
+        description="With concepts: the most exemplar boxes one /v1/concepts request may "
+        "carry (--max-concept-boxes); null without concepts.",
+    )
 
 
 class ErrorDetail(BaseModel):

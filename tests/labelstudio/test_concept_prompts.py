@@ -2,8 +2,9 @@
 session's tiny random SAM 3 (``concepts_tiny``, score threshold 0: every non-empty query is
 an instance): pre-annotation answers every label name of the config with the engine's own
 instances (brush RLE decoded by the test's own decoder; polygons rasterised), a TextArea's
-text is an interactive prompt, SAM 2's clicks are unchanged, and every hostile request is a
-4xx naming what is wrong, before any model work."""
+text is an interactive prompt, rectangles labelled with a concept label are its exemplar
+boxes (``not <label>``: negative), SAM 2's clicks and other boxes are unchanged, and every
+hostile request is a 4xx naming what is wrong, before any model work."""
 
 from __future__ import annotations
 
@@ -13,12 +14,32 @@ import pytest
 from fastapi.testclient import TestClient
 from scipy import ndimage
 from skimage.draw import polygon2mask
-from support import data_uri, decode_brush, engine_mask, keypoint, picture, png, predict_body
+from support import (
+    data_uri,
+    decode_brush,
+    engine_mask,
+    keypoint,
+    picture,
+    png,
+    predict_body,
+    rectangle,
+)
 
+from sam2serve.concepts.engine import ExemplarBox
 from sam2serve.labelstudio import concept_predict
 from sam2serve.labelstudio.app import create_labelstudio_app
-from sam2serve.labelstudio.concept_predict import MAX_POLYGONS, polygons_percent
-from sam2serve.labelstudio.concept_prompts import label_prompts, text_prompts
+from sam2serve.labelstudio.concept_predict import (
+    MASK_BATCH_BYTES,
+    MAX_POLYGONS,
+    detector_batches,
+    polygons_percent,
+)
+from sam2serve.labelstudio.concept_prompts import (
+    PercentExemplar,
+    context_prompts,
+    label_prompts,
+)
+from sam2serve.labelstudio.context import PercentBox
 from sam2serve.labelstudio.label_config import parse_label_config
 from sam2serve.labelstudio.options import LabelStudioOptions
 from sam2serve.labelstudio.protocol import Context
@@ -39,6 +60,8 @@ def config(tag: str = "BrushLabels", labels: tuple[str, ...] = LABELS) -> str:
         f'<{tag} name="mask" toName="image">{values}</{tag}>'
         '<KeyPointLabels name="click" toName="image" smart="true"><Label value="Object"/>'
         "</KeyPointLabels>"
+        '<RectangleLabels name="box" toName="image" smart="true"><Label value="Cat"/>'
+        '<Label value="not Cat"/><Label value="Box"/></RectangleLabels>'
         '<TextArea name="concept" toName="image" editable="true"/></View>'
     )
 
@@ -56,9 +79,9 @@ def textarea(*texts: str) -> dict:
 def make_client(ls_predictor, concepts_tiny):
     clients: list[TestClient] = []
 
-    def make(concepts: bool = True, **options) -> TestClient:
+    def make(concepts: bool = True, settings: ServerSettings = SETTINGS, **options) -> TestClient:
         app = create_labelstudio_app(
-            SETTINGS.replace(concepts=concepts),
+            settings.replace(concepts=concepts),
             LabelStudioOptions(concepts=concepts, concept_score_thresh=0.0, **options),
             ls_predictor,
             concepts=concepts_tiny if concepts else None,
@@ -200,13 +223,14 @@ def test_phrases_labels_and_the_selected_label():
     parsed = parse_label_config(config(labels=("Object", "Cat", "Cat")), concepts=True)
     prompt = label_prompts(parsed, 32)
     assert (prompt.phrases, prompt.labels, prompt.output.name) == (LABELS, LABELS, "mask")
-    chosen = {"type": "rectanglelabels", "value": {"rectanglelabels": ["Cat"]}}
+    chosen = {"type": "keypointlabels", "value": {"x": 1, "y": 1, "keypointlabels": ["Cat"]}}
     context = Context.model_validate({"result": [chosen, textarea("red car,\nOBJECT", "cat")]})
-    prompt = text_prompts(context, parsed, 32)
+    prompt = context_prompts(context, parsed, 32, 16)
     assert prompt.phrases == ("red car", "OBJECT", "cat")
     assert prompt.labels == ("Cat", "Object", "Cat")  # a label's name, else the chosen one
+    assert prompt.exemplars == () and prompt.exemplars_of(2) == ()
     plain = Context.model_validate({"result": [textarea("red car")]})
-    assert text_prompts(plain, parsed, 32).labels == ("Object",)  # the tag's first label
+    assert context_prompts(plain, parsed, 32, 16).labels == ("Object",)  # the first label
 
 
 POLYGON_ONLY = (
@@ -296,3 +320,188 @@ def test_one_sam3_serves_label_studio_and_the_service(ls_predictor, concepts_tin
         transport=httpx.MockTransport(lambda request: httpx.Response(404)),
     )
     assert app.state.service.concepts.concepts is concepts_tiny
+
+
+# --------------------------------------------------------------------------- exemplar boxes
+
+
+def parsed_config():
+    return parse_label_config(config(), concepts=True)
+
+
+def prompt_of(*regions: dict, max_phrases: int = 32, max_boxes: int = 16):
+    context = Context.model_validate({"result": list(regions)})
+    return context_prompts(context, parsed_config(), max_phrases, max_boxes)
+
+
+def test_rectangles_labelled_with_a_concept_are_its_exemplar_boxes():
+    negative_flag = {**rectangle(0, 0, 5, 5, "cat"), "is_positive": False}
+    prompt = prompt_of(
+        rectangle(10, 20, 30, 40, "Cat"),
+        rectangle(50, 10, 20, 20, " NOT cat "),  # the convention, any case
+        negative_flag,  # Label Studio's negative flag, as on clicks
+        rectangle(60, 60, 10, 10, "Box"),  # not a concept label: no exemplar, ignored here
+        keypoint(5, 5, label="Object"),
+    )
+    assert prompt is not None
+    assert (prompt.phrases, prompt.labels) == (("Cat",), ("Cat",))  # asked by its name
+    assert prompt.exemplars_of(0) == (
+        PercentExemplar(PercentBox(10, 20, 40, 60), True),
+        PercentExemplar(PercentBox(50, 10, 70, 30), False),
+        PercentExemplar(PercentBox(0, 0, 5, 5), False),
+    )
+    assert (prompt.output.name, prompt.image_name) == ("mask", "image")
+    # Percent -> pixels of the 96 x 64 image, once its size is known: x% of the width.
+    [(indices, boxes)] = detector_batches(prompt, W, H, worst_bytes=1)
+    assert indices == [0]
+    assert [b.positive for b in boxes] == [True, False, False]
+    assert [b.xyxy for b in boxes] == [
+        pytest.approx((9.6, 12.8, 38.4, 38.4)),
+        pytest.approx((48.0, 6.4, 67.2, 19.2)),
+        pytest.approx((0.0, 0.0, 4.8, 3.2)),
+    ]
+    # Label Studio's rounding past 100 % is clamped, as for SAM 2's boxes.
+    [edge] = prompt_of(rectangle(90, 90, 10.0004, 10, "Cat")).exemplars_of(0)
+    assert edge.box == PercentBox(90, 90, 100, 100)
+
+
+def test_typed_phrases_take_the_exemplars_of_their_label():
+    # "tabby" has no label of its own: the label chosen on the context (the first
+    # rectangle's concept) answers it, with that concept's boxes; "object" is Object's and
+    # gets Object's negative box. No label is asked twice.
+    prompt = prompt_of(
+        textarea("tabby, object"),
+        rectangle(10, 10, 20, 20, "Cat"),
+        rectangle(40, 40, 10, 10, "not Object"),
+    )
+    assert prompt.phrases == ("tabby", "object")
+    assert prompt.labels == ("Cat", "Object")
+    cat = (PercentExemplar(PercentBox(10, 10, 30, 30), True),)
+    not_object = (PercentExemplar(PercentBox(40, 40, 50, 50), False),)
+    assert prompt.exemplars == (cat, not_object)
+    # A concept shown by example only is asked by its name after the typed phrases.
+    prompt = prompt_of(textarea("object"), rectangle(10, 10, 20, 20, "cat"))
+    assert (prompt.phrases, prompt.labels) == (("object", "Cat"), ("Object", "Cat"))
+    assert prompt.exemplars == ((), cat)
+    # Phrases of the same boxes share a detector batch; the others go without boxes.
+    prompt = prompt_of(textarea("tabby, kitten, object"), rectangle(10, 10, 20, 20, "Cat"))
+    assert prompt.labels == ("Cat", "Cat", "Object")
+    batches = detector_batches(prompt, W, H, worst_bytes=1)
+    assert [(indices, len(boxes)) for indices, boxes in batches] == [([0, 1], 1), ([2], 0)]
+    # ... each cut where its masks would pass the batch's byte budget.
+    cut = detector_batches(prompt, W, H, worst_bytes=MASK_BATCH_BYTES)
+    assert [indices for indices, _ in cut] == [[0], [1], [2]]
+
+
+def test_contexts_without_a_concept_stay_sam2s():
+    assert prompt_of(keypoint(10, 10)) is None
+    assert prompt_of(rectangle(10, 10, 20, 20, "Box")) is None  # not a concept label
+    assert prompt_of(rectangle(10, 10, 20, 20, "not Dog")) is None  # no concept "Dog"
+    assert prompt_of(rectangle(10, 10, 20, 20, "not ")) is None
+    unlabelled = {"type": "rectangle", "to_name": "image", "value": {"x": 1, "y": 1}}
+    assert prompt_of(unlabelled) is None
+
+
+def test_exemplar_rectangles_are_answered_with_the_engines_instances(
+    make_client, concepts_tiny, expected
+):
+    client = make_client()
+    context = [rectangle(20, 25, 30, 50, "Cat"), rectangle(60, 33, 36, 67, "not cat")]
+    response = client.post("/predict", json=predict_body([IMAGE], context, config=config()))
+    assert response.status_code == 200, response.text
+    regions = response.json()["results"][0]["result"]
+    assert {(r["type"], r["from_name"], r["to_name"]) for r in regions} == {
+        ("brushlabels", "mask", "image")
+    }
+    boxes = [
+        ExemplarBox((0.2 * W, 0.25 * H, 0.5 * W, 0.75 * H), True),
+        ExemplarBox((0.6 * W, 0.33 * H, 0.96 * W, 1.0 * H), False),
+    ]
+    [found] = concepts_tiny.segment([PIXELS], ["Cat"], boxes, 0.0)
+    want = sorted((i for i in found["Cat"] if i.mask.any()), key=lambda i: -i.score)
+    grouped = by_label(regions, "brushlabels")
+    assert list(grouped) == ["Cat"]
+    assert_engines(grouped["Cat"], want)
+    # The boxes were used: the phrase alone scores otherwise.
+    alone = [i.score for i in expected["Cat"]]
+    assert [r["score"] for r in grouped["Cat"]] != pytest.approx(alone, abs=1e-4)
+
+
+def test_more_exemplar_boxes_than_the_service_takes_are_refused_first(make_client):
+    client = make_client(settings=SETTINGS.replace(max_concept_boxes=2))
+    context = [rectangle(10 * i, 10, 5, 5, "Cat") for i in range(3)]
+    broken = data_uri(b"not an image")  # never fetched: the prompt is refused before
+    response = client.post("/predict", json=predict_body([broken], context, config=config()))
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "too_many_prompts"
+    assert "context.result[2]: more than 2 exemplar boxes" in error["message"]
+    assert "max_concept_boxes" in error["message"]
+    # Rectangles that are no exemplar do not count (they are SAM 2's box, one per object).
+    fine = [*context[:2], rectangle(50, 50, 5, 5, "Box")]
+    body = predict_body([IMAGE], fine, config=config())
+    assert client.post("/predict", json=body).status_code == 200
+
+
+def cat_box(**value) -> dict:
+    region = rectangle(10, 10, 20, 20, "Cat")
+    region["value"] = {**region["value"], **value}
+    return region
+
+
+@pytest.mark.parametrize(
+    ("context", "message"),
+    [
+        ([cat_box(rotation=30)], "context.result[0].value.rotation: 30 degrees"),
+        ([cat_box(x=150)], "context.result[0].value.x: 150 is outside the image"),
+        ([cat_box(x=90, width=20)], "value.x + width: 110 is outside the image"),
+        ([cat_box(width=None)], "a rectangle needs width and height"),
+        ([cat_box(y=None)], "a rectangle needs x and y"),
+        ([cat_box(height=-5)], "must be >= 0"),
+        ([cat_box(x="ten")], "value.x"),
+        ([{**cat_box(), "image_rotation": 90}], "image_rotation: 90 degrees"),
+        (
+            [textarea("cat"), {**cat_box(), "to_name": "other"}],
+            "context.result[1].to_name: 'other', but an earlier concept prompt is on 'image'",
+        ),
+        ([cat_box(rectanglelabels=["Cat" * 100])], "String should have at most 256"),
+        (
+            [cat_box(rectanglelabels=[f"L{i}" for i in range(5)] + ["Cat"])],
+            # the first label names the region: L0 is no concept, so a SAM 2 box it is
+            None,
+        ),
+    ],
+    ids=[
+        "rotated",
+        "outside",
+        "past-the-edge",
+        "no-width",
+        "no-y",
+        "negative-height",
+        "not-a-number",
+        "rotated-image",
+        "other-image",
+        "huge-label",
+        "first-label-counts",
+    ],
+)
+def test_hostile_exemplar_rectangles_are_422_naming_the_region(make_client, context, message):
+    client = make_client()
+    response = client.post("/predict", json=predict_body([IMAGE], context, config=config()))
+    if message is None:
+        assert response.status_code == 200, response.text
+        return
+    assert response.status_code == 422, response.text
+    assert message in response.json()["error"]["message"], response.json()
+
+
+def test_other_rectangles_stay_sam2_boxes_with_concepts_on(make_client, ls_predictor):
+    client = make_client()
+    body = predict_body([IMAGE], [rectangle(10, 20, 50, 60, "Box")], config=config())
+    response = client.post("/predict", json=body)
+    assert response.status_code == 200, response.text
+    [region] = response.json()["results"][0]["result"]
+    box = [0.1 * W, 0.2 * H, 0.6 * W, 0.8 * H]
+    want, score = engine_mask(ls_predictor, PIXELS, [], [], box=box)
+    assert (decode_brush(region["value"]["rle"], H, W) != want).mean() <= 1e-3
+    assert region["score"] == pytest.approx(score, abs=1e-4)

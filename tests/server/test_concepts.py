@@ -186,7 +186,10 @@ def test_concurrent_uploads_of_one_image_share_one_encode(client, concepts_tiny)
 
 
 def test_ready_metrics_and_docs_name_the_route(client, answer, predictor):
-    assert client.get("/readyz").json()["concepts"] is True
+    ready = client.get("/readyz").json()
+    assert ready["concepts"] is True
+    # The server's own limits, which the page bounds its searches with.
+    assert (ready["max_concept_phrases"], ready["max_concept_boxes"]) == (5, 2)
     metrics = client.get("/metrics").text
     assert 'endpoint="/v1/concepts"' in metrics
     assert 'sam2serve_cache_entries{cache="concepts"}' in metrics
@@ -316,7 +319,9 @@ def test_a_server_without_concepts_says_how_to_enable_them(predictor):
         assert response.status_code == 404, response.text
         error = error_of(response)
         assert error["code"] == "concepts_disabled" and "serve --concepts" in error["message"]
-        assert client.get("/readyz").json()["concepts"] is False
+        ready = client.get("/readyz").json()
+        assert ready["concepts"] is False
+        assert ready["max_concept_phrases"] is None and ready["max_concept_boxes"] is None
 
 
 def test_the_mask_budget_bounds_a_detection_before_the_encode(predictor, concepts_tiny):

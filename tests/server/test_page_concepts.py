@@ -1,9 +1,11 @@
 """The annotation page's concept prompts, without a browser (the first tier): every page
 script parses as an ES module (Node's parser, when Node is installed), every element a
 script looks up by id is in index.html, the concepts panel is hidden until /readyz says
-the server runs concepts, and concepts.js's review (phrases typed, instances decided,
-objects made from them) run under Node on a /v1/concepts-shaped answer. The whole session
-in Chromium against ``serve --concepts`` is test_page_concepts_browser.py's."""
+the server runs concepts, concepts.js's review (phrases typed, instances decided,
+objects made from them) runs under Node on a /v1/concepts-shaped answer, and so do
+exemplars.js's exemplar boxes (drawn, bounded by /readyz's limits, sent as the request's
+``boxes``). The whole session in Chromium against ``serve --concepts`` is
+test_page_concepts_browser.py's."""
 
 from __future__ import annotations
 
@@ -100,15 +102,18 @@ def test_the_fields_the_page_sends_are_the_concepts_requests():
     from sam2serve.server.concept_schemas import ConceptsRequest
 
     text = scripts()["concepts.js"]
-    sent = {"image", "image_id", "phrases", "score_thresh", "mask_format"}
-    for field in sent:
-        assert re.search(rf"\b{field}\b\s*:", text) or f"{{ {field}," in text, field
+    sent = {"image", "image_id", "phrases", "boxes", "score_thresh", "mask_format"}
+    for field in sent:  # a key of an object literal, written out or shorthand
+        assert re.search(rf"\b{field}\b\s*:", text) or re.search(
+            rf"[{{,]\s*{field}\s*[,}}]", text
+        ), field
     assert sent <= set(ConceptsRequest.model_fields)
     assert 'mask_format: "uncompressed_rle"' in text  # what rle.js reads
     ConceptsRequest.model_validate(
         {
             "image_id": "a" * 64,
             "phrases": ["cat"],
+            "boxes": [],
             "score_thresh": 0,
             "mask_format": "uncompressed_rle",
         }
@@ -197,3 +202,108 @@ def test_the_concept_review_decides_instances_and_makes_objects(module_dir):
     assert out["afterUndo"] == ["cat 0.9", "dog 0.7"]
     assert out["overlap"] == "dog"
     assert out["moved"] == ["cat", "dog"]
+
+
+def test_the_exemplar_controls_are_wired_in_the_page():
+    from sam2serve.server.schemas import Ready
+
+    html = index_html()
+    [concepts] = re.findall(r'<section id="concepts".*?</section>', html, re.DOTALL)
+    for element_id in ("exemplar-mode", "exemplar-clear", "exemplar-list"):
+        assert f'id="{element_id}"' in concepts, element_id  # inside the Concepts box
+    exemplars, app, panel = (scripts()[name] for name in ("exemplars.js", "app.js", "concepts.js"))
+    assert {"exemplar-mode", "exemplar-clear", "exemplar-list"} <= set(
+        re.findall(r"""\$\(\s*["'`]#([\w-]+)""", exemplars)
+    )
+    assert 'import { ExemplarPanel } from "./exemplars.js"' in panel
+    assert "b: () => concepts.exemplars.toggle()" in app  # the key
+    assert "concepts.exemplars.setLimits(ready)" in app  # /readyz's limits
+    assert "concepts.exemplars.finish(drag)" in app  # a drag in exemplar mode
+    # The limits the page reads are /readyz's fields.
+    for field in ("max_concept_phrases", "max_concept_boxes"):
+        assert field in Ready.model_fields and f"ready?.{field}" in exemplars, field
+
+
+EXEMPLAR_PROBE = """
+import { ExemplarSet, drawExemplars, NEGATIVE_COLOUR, POSITIVE_COLOUR } from "./exemplars.js";
+import { describe } from "./concepts.js";
+
+const out = {};
+const set = new ExemplarSet();
+set.setLimits({ concepts: true, max_concept_phrases: 2, max_concept_boxes: 2 });
+out.limits = set.limits;
+// Dragged up and to the left, past the 100 x 80 image: corners ordered, clamped, rounded.
+out.added = [set.add([90.04, 70.06, 10.01, -5], true, 100, 80)];
+out.added.push(set.add([20, 20, 40, 30], false, 100, 80));
+out.thin = set.add([5, 5, 5.5, 50], true, 100, 80);
+out.third = set.add([1, 1, 9, 9], true, 100, 80);
+out.nan = set.add([1, Number.NaN, 9, 9], true, 100, 80);
+out.request = set.request();
+out.describe = [describe(["cat"], out.request), describe([], out.request), describe(["cat", "dog"], [])];
+out.refusals = {
+  ok: set.refusal(["cat"]),
+  boxesOnly: set.refusal([]),
+  phrases: set.refusal(["a", "b", "c"]),
+};
+set.remove(set.boxes[0].id);
+out.afterRemove = set.request();
+set.clear();
+out.nothing = set.refusal([]);
+// A server that did not say its limits (an older one): the page does not guess.
+const open = new ExemplarSet();
+open.setLimits({ concepts: true, max_concept_boxes: "many" });
+for (let i = 0; i < 5; i++) open.add([i, i, i + 10, i + 10], true, 100, 80);
+out.unbounded = [open.count, open.limits];
+// What is drawn: each box dashed in its colour, a drag in progress too.
+const calls = [];
+const context = {
+  save() {}, restore() {}, fillText() {},
+  setLineDash(dash) { calls.push(["dash", dash.length > 0]); },
+  strokeRect(x, y, w, h) { calls.push(["rect", this.strokeStyle, [x, y, w, h]]); },
+};
+drawExemplars(context, [{ box: [1, 2, 11, 22], positive: true }, { box: [0, 0, 5, 5], positive: false }], 1,
+  { x0: 30, y0: 30, x1: 20, y1: 25, label: 0 });
+out.drawn = calls;
+console.log(JSON.stringify({ ...out, colours: [POSITIVE_COLOUR, NEGATIVE_COLOUR] }));
+"""
+
+
+@needs_node
+def test_exemplar_boxes_are_drawn_bounded_and_sent(module_dir):
+    from sam2serve.server.concept_schemas import ConceptsRequest
+
+    done = node(module_dir, EXEMPLAR_PROBE)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["limits"] == {"phrases": 2, "boxes": 2}
+    assert out["added"] == [None, None]
+    assert "width and height" in out["thin"]
+    assert "at most 2 exemplar boxes" in out["third"] and "max_concept_boxes" in out["third"]
+    assert "four numbers" in out["nan"]
+    assert out["request"] == [
+        {"box": [10, 0, 90, 70.1], "positive": True},
+        {"box": [20, 20, 40, 30], "positive": False},
+    ]
+    assert out["describe"] == [
+        '"cat" with 2 exemplar boxes (1 negative)',
+        "the concept of 2 exemplar boxes (1 negative)",
+        '"cat", "dog"',
+    ]
+    assert out["refusals"]["ok"] is None and out["refusals"]["boxesOnly"] is None
+    assert "3 phrases" in out["refusals"]["phrases"]
+    assert "max_concept_phrases" in out["refusals"]["phrases"]
+    assert out["afterRemove"] == [{"box": [20, 20, 40, 30], "positive": False}]
+    assert "draw an exemplar box (b)" in out["nothing"]
+    assert out["unbounded"] == [5, {"phrases": None, "boxes": None}]
+    positive, negative = out["colours"]
+    rects = [call[1:] for call in out["drawn"] if call[0] == "rect"]
+    assert rects == [
+        [positive, [1, 2, 10, 20]],
+        [negative, [0, 0, 5, 5]],
+        [negative, [20, 25, 10, 5]],  # a Shift-drag in progress: negative
+    ]
+    assert ["dash", True] in out["drawn"]
+    # What the page sends is a request the server takes: boxes alone are a search.
+    ConceptsRequest.model_validate(
+        {"image_id": "a" * 64, "phrases": [], "boxes": out["request"], "score_thresh": 0.5}
+    )

@@ -9,9 +9,14 @@ of the answer's masks), two instances are accepted (Enter, the list's ✓), one 
 (Del), an undo brings one back to the review, the review is closed; the accepted cat is
 refined with a click through /v1/segment (its box is the box prompt, the click is added);
 the COCO export has the phrases as categories, the refined mask as the page drew it and
-the dog exactly as the server found it. A server without concepts never shows the panel.
+the dog exactly as the server found it. Exemplar boxes: `b`, a drag (positive) and a
+Shift-drag (negative) drawn green and red, a third refused by the server's
+``--max-concept-boxes 2`` (read from /readyz), one removed and drawn again, then sent with
+"cat" and alone (the server's phrase "visual"). A server without concepts never shows the
+panel.
 
-``SAM2SERVE_CONCEPTS_SCREENSHOT=PATH`` saves a screenshot of the review there.
+``SAM2SERVE_CONCEPTS_SCREENSHOT=PATH`` saves a screenshot of the review there,
+``SAM2SERVE_EXEMPLARS_SCREENSHOT=PATH`` one of the review of "cat" with exemplar boxes.
 """
 
 from __future__ import annotations
@@ -58,7 +63,8 @@ def folder(tmp_path_factory) -> Path:
 def concepts_server(folder) -> Any:
     with serve(
         "--model", "tiny", "--random-weights", "--no-warmup", "--concepts",
-        "--sam3-size", "tiny", "--images", str(folder), env={"SAM2SERVE_API_KEY": API_KEY},
+        "--sam3-size", "tiny", "--images", str(folder), "--max-concept-boxes", "2",
+        env={"SAM2SERVE_API_KEY": API_KEY},
     ) as url:  # fmt: skip
         yield url
 
@@ -256,3 +262,119 @@ def test_a_server_without_concepts_never_shows_the_panel(page):
         assert tab.evaluate("document.querySelector('#concepts').hidden")
         tab.keyboard.press("t")
         assert "does not run concepts" in message(tab)
+
+
+def drag(tab: Any, start: tuple[float, float], end: tuple[float, float], shift: bool = False):
+    """A drag on the image from one fraction of it to another (Shift held: negative)."""
+    box = tab.locator("#prompts").bounding_box()
+
+    def at(f: tuple[float, float]) -> tuple[float, float]:
+        return box["x"] + box["width"] * f[0], box["y"] + box["height"] * f[1]
+
+    if shift:
+        tab.keyboard.down("Shift")
+    tab.mouse.move(*at(start))
+    tab.mouse.down()
+    tab.mouse.move(*at(end), steps=5)
+    tab.mouse.up()
+    if shift:
+        tab.keyboard.up("Shift")
+
+
+def prompt_colours(tab: Any) -> set[str]:
+    """Which of the exemplars' colours the prompt layer shows (green, red)."""
+    return set(
+        tab.evaluate(
+            """() => {
+                const canvas = document.querySelector("#prompts");
+                const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+                const seen = new Set();
+                for (let i = 0; i < data.length; i += 4) {
+                    const [r, g, b, a] = [data[i], data[i + 1], data[i + 2], data[i + 3]];
+                    if (a < 128) continue;  // antialiased edges: their colour, less alpha
+                    if (Math.abs(r - 0x22) + Math.abs(g - 0xc5) + Math.abs(b - 0x5e) < 24) seen.add("green");
+                    if (Math.abs(r - 0xef) + Math.abs(g - 0x44) + Math.abs(b - 0x44) < 24) seen.add("red");
+                }
+                return [...seen];
+            }"""
+        )
+    )
+
+
+def test_exemplar_boxes_in_the_page(page, concepts_server):
+    tab = page
+    requests: list[dict[str, Any]] = []
+    tab.on(
+        "request",
+        lambda request: (
+            request.url.endswith("/v1/concepts") and requests.append(json.loads(request.post_data))
+        ),
+    )
+    open_page(tab, concepts_server)
+    wait_until(tab, "!document.querySelector('#concepts').hidden")
+    wait_until(tab, "document.querySelectorAll('#folder-list li').length === 1")
+    tab.click("#folder-list li:has-text('chelsea.png')")
+    wait_until(tab, "document.body.dataset.image === 'ready'")
+
+    # b: exemplar mode; a drag is a positive exemplar, a Shift-drag a negative one.
+    tab.keyboard.press("b")
+    assert tab.evaluate("document.body.dataset.exemplar") == "on"
+    assert prompt_colours(tab) == set()
+    drag(tab, (0.1, 0.2), (0.4, 0.7))
+    drag(tab, (0.9, 0.9), (0.6, 0.5), shift=True)  # dragged backwards: corners ordered
+    rows = tab.locator("#exemplar-list li")
+    assert rows.count() == 2
+    assert tab.evaluate(
+        "[...document.querySelectorAll('#exemplar-list li')].map((li) => li.className)"
+    ) == ["positive", "negative"]
+    assert prompt_colours(tab) == {"green", "red"}
+    assert tab.evaluate("document.querySelectorAll('#object-list li').length") == 0  # no prompt
+
+    # A third is refused: the server takes 2 (its /readyz says so).
+    drag(tab, (0.45, 0.1), (0.55, 0.3))
+    assert rows.count() == 2
+    refused = message(tab)
+    assert "at most 2 exemplar boxes" in refused and "max_concept_boxes" in refused, refused
+    assert tab.evaluate("document.querySelector('#message').dataset.level") == "error"
+    # Remove the negative one (its ✕), draw it again.
+    rows.nth(1).locator("button.remove").click()
+    assert rows.count() == 1 and prompt_colours(tab) == {"green"}
+    drag(tab, (0.9, 0.9), (0.6, 0.5), shift=True)
+    assert rows.count() == 2
+
+    # "cat" with both boxes, in image pixels (the image is 451 x 300).
+    tab.fill("#concept-thresh", "0")
+    tab.fill("#concept-text", "cat")
+    with answer_of(tab, "/v1/concepts") as concepts:
+        tab.click("#concept-find")
+    wait_until(tab, "document.body.dataset.concepts === 'review'")
+    sent = requests[-1]
+    assert sent["phrases"] == ["cat"]
+    assert [b["positive"] for b in sent["boxes"]] == [True, False]
+    (positive, negative) = (b["box"] for b in sent["boxes"])
+    assert positive == pytest.approx([0.1 * 451, 0.2 * 300, 0.4 * 451, 0.7 * 300], abs=2)
+    assert negative == pytest.approx([0.6 * 451, 0.5 * 300, 0.9 * 451, 0.9 * 300], abs=2)
+    answer = concepts.value.json()
+    assert [c["phrase"] for c in answer["concepts"]] == ["cat"]
+    assert tab.locator("#concept-list li").count() == len(answer["concepts"][0]["instances"])
+    if os.environ.get("SAM2SERVE_EXEMPLARS_SCREENSHOT"):
+        tab.screenshot(path=os.environ["SAM2SERVE_EXEMPLARS_SCREENSHOT"])
+    tab.click("#concept-done")
+
+    # The boxes alone: a search too, answered under Meta's stand-in phrase.
+    tab.fill("#concept-text", "")
+    with answer_of(tab, "/v1/concepts") as alone:
+        tab.click("#concept-find")
+    wait_until(tab, "document.body.dataset.concepts === 'review'")
+    assert requests[-1]["phrases"] == [] and len(requests[-1]["boxes"]) == 2
+    assert "image_id" in requests[-1]  # the image went once
+    assert [c["phrase"] for c in alone.value.json()["concepts"]] == ["visual"]
+    assert tab.locator("#concept-list li .phrase").first.text_content() == "visual"
+    tab.click("#concept-done")
+
+    # Esc leaves exemplar mode: a drag is a box prompt again (an object), the exemplars stay.
+    tab.keyboard.press("Escape")
+    assert tab.evaluate("document.body.dataset.exemplar") == "off"
+    drag(tab, (0.2, 0.2), (0.3, 0.3))
+    wait_until(tab, "document.querySelectorAll('#object-list li').length === 1")
+    assert rows.count() == 2

@@ -116,8 +116,10 @@ function render() {
   if (player.active) return player.render();
   const instances = concepts.candidates(store.objects);
   stage.renderMasks(store.objects, [...(state.review?.candidates ?? []), ...instances]);
-  stage.renderPrompts(store.objects, store.activeId, state.drag?.boxing ? state.drag : null);
+  const boxing = state.drag?.boxing ? state.drag : null;
+  stage.renderPrompts(store.objects, store.activeId, boxing?.exemplar ? null : boxing);
   stage.renderInstances(instances);
+  concepts.exemplars.draw(stage, boxing);
   renderObjects();
   renderReview();
   concepts.render(store.objects);
@@ -225,6 +227,7 @@ async function openImage(blob, name) {
   }
   state.review = null;
   concepts.close();
+  concepts.exemplars.clear(); // they were this image's pixels
   state.pending.clear();
   store.clear();
   stage.setImage(bitmap);
@@ -379,21 +382,25 @@ function onPointerDown(event) {
   stage.prompts.setPointerCapture(event.pointerId);
   const at = stage.toImage(event);
   const label = event.button === 2 || event.shiftKey ? 0 : 1;
+  const exemplar = !player.active && concepts.exemplars.drawing; // exemplars.js's drag
   state.drag = { x0: at.x, y0: at.y, x1: at.x, y1: at.y, start: event, label, boxing: false };
+  state.drag.exemplar = exemplar;
 }
 
 function onPointerMove(event) {
   const drag = state.drag;
   if (!drag) return;
   const moved = Math.hypot(event.clientX - drag.start.clientX, event.clientY - drag.start.clientY);
-  if (moved > DRAG_PX && drag.label === 1 && !state.review && !concepts.reviewing) {
+  const boxes = drag.label === 1 || drag.exemplar; // a negative exemplar is a Shift-drag
+  if (moved > DRAG_PX && boxes && !state.review && !concepts.reviewing) {
     drag.boxing = true;
   }
   if (!drag.boxing) return;
   const at = stage.toImage(event);
   Object.assign(drag, { x1: at.x, y1: at.y });
   if (player.active) player.renderPrompts(drag);
-  else stage.renderPrompts(store.objects, store.activeId, drag);
+  else stage.renderPrompts(store.objects, store.activeId, drag.exemplar ? null : drag);
+  if (drag.exemplar) concepts.exemplars.draw(stage, drag);
 }
 
 function onPointerUp(event) {
@@ -411,6 +418,11 @@ function onPointerUp(event) {
   if (concepts.reviewing) {
     const at = stage.toImage(event);
     concepts.pick(at.x, at.y);
+    render();
+    return;
+  }
+  if (drag.exemplar) {
+    concepts.exemplars.finish(drag);
     render();
     return;
   }
@@ -722,6 +734,7 @@ const KEYS = {
   "[": () => stepFolder(-1),
   "]": () => stepFolder(1),
   t: focusConcepts,
+  b: () => concepts.exemplars.toggle(),
   Enter: acceptSelected,
   Delete: removeOrReject,
   Backspace: removeOrReject,
@@ -764,6 +777,8 @@ function escape() {
   } else if (state.review) {
     state.review.selectAll(false);
     render();
+  } else if (concepts.exemplars.drawing) {
+    concepts.exemplars.toggle(false);
   }
 }
 
@@ -876,6 +891,7 @@ async function showModel() {
     $("#model").textContent = `${ready.model} · ${ready.mode} · ${ready.device}`;
     if (ready.weights?.source === "random") $("#model").textContent += " · RANDOM WEIGHTS";
     concepts.enable(ready.concepts === true);
+    concepts.exemplars.setLimits(ready);
   } catch (error) {
     $("#model").textContent = error.status === 503 ? "warming up…" : "server unreachable";
     setTimeout(showModel, 1000);

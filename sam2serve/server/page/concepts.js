@@ -7,9 +7,11 @@
 //
 // While the review is open, a click on the image picks the instance under it; Enter accepts
 // the current instance, Del rejects it, ↑/↓ move, Shift+Enter accepts every one left; Done
-// closes the review (the undecided instances are dropped).
+// closes the review (the undecided instances are dropped). Exemplar boxes drawn on the
+// image (exemplars.js) go with the phrases, or alone.
 
 import { button, element } from "./dom.js";
+import { ExemplarPanel } from "./exemplars.js";
 import { contains, fromServer } from "./rle.js";
 
 export const PHRASE_COLOURS = [
@@ -107,6 +109,18 @@ export class ConceptReview {
   }
 }
 
+/** What a search asks for, in words: its phrases, and its exemplar boxes if any. */
+export function describe(phrases, boxes) {
+  const negative = boxes.filter((box) => !box.positive).length;
+  const counted = boxes.length
+    ? `${boxes.length} exemplar box${boxes.length > 1 ? "es" : ""}` +
+      (negative ? ` (${negative} negative)` : "")
+    : "";
+  if (!phrases.length) return `the concept of ${counted}`;
+  const named = phrases.map((phrase) => `"${phrase}"`).join(", ");
+  return counted ? `${named} with ${counted}` : named;
+}
+
 /** The image's bytes as base64 (the "image" field of a JSON request). */
 export async function base64Of(blob) {
   const url = await new Promise((resolve, reject) => {
@@ -128,6 +142,12 @@ export class ConceptPanel {
     this.review = null;
     this.running = null; // AbortController of the request in flight
     this.enabled = false;
+    this.exemplars = new ExemplarPanel({
+      say: host.say,
+      render: host.render,
+      image: host.image,
+      enabled: () => this.enabled,
+    });
   }
 
   get reviewing() {
@@ -138,6 +158,7 @@ export class ConceptPanel {
   enable(enabled) {
     this.enabled = Boolean(enabled);
     $("#concepts").hidden = !this.enabled;
+    if (!this.enabled) this.exemplars.drawing = false;
   }
 
   wire() {
@@ -154,6 +175,7 @@ export class ConceptPanel {
     $("#concept-reject").addEventListener("click", () => this.reject());
     $("#concept-accept-all").addEventListener("click", () => this.acceptAll());
     $("#concept-done").addEventListener("click", () => this.close());
+    this.exemplars.wire();
   }
 
   /** POST /v1/concepts for the typed phrases on the open image; opens the review. */
@@ -162,7 +184,10 @@ export class ConceptPanel {
     const image = this.host.image();
     if (!image) return say("Open an image first.");
     const phrases = parsePhrases($("#concept-text").value);
-    if (!phrases.length) return say('Type a phrase first, e.g. "cat" or "cat, dog".', "error");
+    const exemplars = this.exemplars.set;
+    const refused = exemplars.refusal(phrases);
+    if (refused) return say(refused, "error");
+    const boxes = exemplars.request();
     const thresh = Number($("#concept-thresh").value.trim() || "0.5");
     if (!Number.isFinite(thresh)) {
       return say("The score threshold is a number from 0 to 1.", "error");
@@ -173,10 +198,10 @@ export class ConceptPanel {
     this.running = controller;
     document.body.dataset.concepts = "running";
     const started = performance.now();
-    const what = phrases.map((phrase) => `"${phrase}"`).join(", ");
+    const what = describe(phrases, boxes);
     say(`Finding ${what}…`, "busy");
     this.host.render();
-    const request = { phrases, score_thresh: thresh, mask_format: "uncompressed_rle" };
+    const request = { phrases, boxes, score_thresh: thresh, mask_format: "uncompressed_rle" };
     try {
       const answer = await this.request(image, request, controller, busyNotice);
       if (image !== this.host.image() || controller.signal.aborted) return;
@@ -315,6 +340,7 @@ export class ConceptPanel {
 
   /** The panel's controls and list. */
   render(objects) {
+    this.exemplars.render();
     $("#concept-find").disabled = !this.host.image() || this.running !== null;
     $("#concept-cancel").hidden = this.running === null;
     const review = this.review;

@@ -41,6 +41,7 @@ async def readyz(
             "the model is warming up; retry shortly",
             headers={"Retry-After": "1"},
         )
+    concepts = settings.concepts if service.concepts is not None else None
     return schemas.Ready(
         model=service.model_name,
         mode=settings.runtime.mode,
@@ -48,7 +49,10 @@ async def readyz(
         device=str(predictor.device),
         dtype=service.dtype_name,
         weights=service.weights,
-        concepts=service.concepts is not None,
+        concepts=concepts is not None,
+        # What the page bounds its concept requests with before it sends one.
+        max_concept_phrases=concepts.max_concept_phrases if concepts else None,
+        max_concept_boxes=concepts.max_concept_boxes if concepts else None,
     )
 
 
