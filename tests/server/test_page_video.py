@@ -53,7 +53,6 @@ def folder(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def video_server(predictor, folder):
-    from sam2serve.checkpoint import load_video_model
     from sam2serve.engine.video.predictor import VideoPredictor
 
     settings = ServerSettings.from_flat(
@@ -63,7 +62,10 @@ def video_server(predictor, folder):
         max_video_upload_bytes=MiB,
         max_video_frames=MAX_FRAMES,
     )
-    video = VideoPredictor(load_video_model("tiny", random_weights=True, seed=0))
+    from small_tracker import small_tiny_tracker
+
+    # SAM 2.1 tiny at 256 x 256: the page's plumbing is the subject, not the network.
+    video = VideoPredictor(small_tiny_tracker(seed=0))
     live = start_server(settings, predictor, video)
     wait_ready(live)
     yield live

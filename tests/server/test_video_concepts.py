@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from server_support import png_bytes
+from small_tracker import small_tiny_tracker
 
-from sam2serve.checkpoint import load_video_model
 from sam2serve.concepts.video_seed import concept_seeds
 from sam2serve.engine.rle import coco_to_rle, rle_to_mask
 from sam2serve.engine.video.predictor import VideoPredictor, VideoPromptError
@@ -39,7 +39,9 @@ LIMITS = {
 
 @pytest.fixture(scope="module")
 def video_predictor() -> VideoPredictor:
-    return VideoPredictor(load_video_model("tiny", random_weights=True, seed=0))
+    # SAM 2.1 tiny at 256 x 256 (tests/small_tracker.py): seeding and tracking are the
+    # subject, not the network's input size.
+    return VideoPredictor(small_tiny_tracker(seed=0))
 
 
 @pytest.fixture(scope="module")
