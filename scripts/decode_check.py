@@ -135,7 +135,12 @@ def sps_rows(args: argparse.Namespace, decoder: Any, images: list[tuple[str, byt
         point = [width / 2, height / 2]
         masks: dict[str, np.ndarray] = {}
 
-        def request(where: str, keep: dict[str, np.ndarray] = masks) -> None:
+        def request(
+            where: str,
+            data: bytes = data,
+            point: list[float] = point,
+            keep: dict[str, np.ndarray] = masks,
+        ) -> None:
             pixels = load_image(data) if where == "host" else decoder.decode(data, None)
             record = tasks.sps(predictor, pixels, point, flags=flags)[0]
             keep[where] = rle_to_mask(coco_to_rle(record["segmentation"]))
@@ -190,9 +195,12 @@ def main(argv: list[str] | None = None) -> int:
         ok = stats["mean"] <= 1.0 and stats["p999"] <= 4.0
         failed |= not ok
         host_ms = p50_ms(lambda data=data: load_image(data), args.repeats, sync)
-        upload_target = args.device if cuda else "cpu"
         upload_ms = p50_ms(
-            lambda data=data: to_device(load_image(data), upload_target), args.repeats, sync
+            lambda data=data, target=(args.device if cuda else "cpu"): to_device(
+                load_image(data), target
+            ),
+            args.repeats,
+            sync,
         )
         device_ms = p50_ms(lambda data=data: decoder.decode(data, None), args.repeats, sync)
         lines.append(
@@ -205,8 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "ok: mean |diff| <= 1.0 and p99.9 <= 4 levels (see scripts/decode_check.py).",
         "",
-        "## SPS through the engine (decode, preprocess, encode, one click, RLE; tiny, random "
-        "weights, fast)",
+        (
+            "## SPS through the engine (decode, preprocess, encode, one click, RLE; tiny, "
+            "random weights, fast)"
+        ),
         "",
         "| image | host decode ms | device decode ms | mask IoU host vs device |",
         "|---|---|---|---|",

@@ -11,8 +11,7 @@ that on a GPU).
 
 :func:`make` builds a fresh module; ``module.behaviour`` switches what the decoder does:
 ``"decode"``, ``"none"`` (answers None, as for an image it cannot decode), ``"raise"``,
-``"wrong_size"`` (a 2x2 image), ``"host_buffer"`` (an Image in host memory, as a CPU
-backend would give). ``module.calls`` records each decode's params.
+``"wrong_size"`` (a 2x2 image). ``module.calls`` records each decode's params.
 """
 
 from __future__ import annotations
@@ -83,7 +82,7 @@ class Image:
     """Decoded pixels, exported through DLPack (host memory, whatever buffer_kind says)."""
 
     def __init__(self, pixels: np.ndarray, buffer_kind: ImageBufferKind) -> None:
-        self._pixels = np.ascontiguousarray(pixels)
+        self._pixels = np.array(pixels, order="C")  # writeable: DLPack exports no read-only
         self.buffer_kind = buffer_kind
         self.shape = self._pixels.shape
         self.dtype = self._pixels.dtype
@@ -132,12 +131,7 @@ def make() -> types.ModuleType:
                 if params.apply_exif_orientation:
                     image = ImageOps.exif_transpose(image)
                 pixels = np.asarray(image.convert("RGB"))
-            kind = (
-                ImageBufferKind.STRIDED_HOST
-                if behaviour == "host_buffer"
-                else ImageBufferKind.STRIDED_DEVICE
-            )
-            return Image(pixels, kind)
+            return Image(pixels, ImageBufferKind.STRIDED_DEVICE)
 
     for name, value in {
         "Backend": Backend,

@@ -264,11 +264,10 @@ def run_command(args: argparse.Namespace) -> int:
     from sam2serve.runtime.modes import get_mode
     from sam2serve.runtime.threads import check_threads
 
-    # Checked and tested before the model loads: 'device' that cannot run is exit 2.
-    decoder = (
-        model_flags.check_image_decode(args.image_decode, spec.device)
-        if args.task != "amg"
-        else None
+    # Checked (and for SPS / MPS made and tested) before the model loads: 'device' that
+    # cannot run here is exit 2; AMG decodes on the host.
+    decoder = model_flags.check_image_decode(
+        args.image_decode, spec.device, decode=args.task != "amg"
     )
     predictor = model_flags.build(args, spec)
     random_weights = predictor.model.weights_info.is_random

@@ -75,7 +75,7 @@ class RuntimeSettings:
     # Where uploaded images are decoded for the encoder (engine.decode_choice).
     image_decode: str = option(
         DEFAULT_IMAGE_DECODE,
-        help=IMAGE_DECODE_HELP + "; for the images the encoder takes (AMG's crops, video "
+        help=IMAGE_DECODE_HELP + "; for the images the encoder takes (AMG's pixels, video "
         "frames and SAM 3's images decode on the host)",
         choices=IMAGE_DECODES,
         group=RUNTIME,
