@@ -5,8 +5,8 @@ and a single-point request end to end with each.
     python scripts/decode_check.py --dry-run            # the plumbing, on the CPU
 
 For each photo (skimage's, JPEG quality 90, plus astronaut enlarged to a 12-megapixel
-phone-camera size, one with EXIF orientation 6, and a greyscale JPEG and a PNG that the
-device decoder leaves to the host) it reports:
+phone-camera size, one with EXIF orientation 6, one with an embedded ICC profile, and a
+greyscale JPEG and a PNG that the device decoder leaves to the host) it reports:
 
 - p50 ms of the host decode (``load_image``), of the host decode plus the upload the
   encoder's preprocessing then does (``to_device``: pinned, synchronised), and of the
@@ -67,6 +67,11 @@ def photos(dry_run: bool) -> list[tuple[str, bytes]]:
     exif = Image.Exif()
     exif[0x0112] = 6
     out.append(("chelsea_exif6.jpg", jpeg(Image.fromarray(skimage.data.chelsea()), exif=exif)))
+    # An embedded ICC profile: Pillow ignores it; a decoder applying it would show here.
+    from PIL import ImageCms
+
+    srgb = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    out.append(("coffee_icc.jpg", jpeg(Image.fromarray(skimage.data.coffee()), icc_profile=srgb)))
     out.append(("camera_grey.jpg", jpeg(Image.fromarray(skimage.data.camera()))))
     png = io.BytesIO()
     Image.fromarray(skimage.data.coffee()).save(png, format="PNG")

@@ -14,9 +14,10 @@ It decodes on the device only what it can decode as the host does:
   message; the EXIF orientation is Pillow's reading of it, applied here with the same
   transposes as ``ImageOps.exif_transpose`` (nvImageCodec's own is turned off, so both
   paths read the tag the same way);
-- only JPEG with three YCbCr channels (Pillow's mode "RGB") goes to the device: greyscale,
-  CMYK/YCCK, and every other format (PNG, WebP, TIFF, ...) is decoded on the host, where
-  its conversions (alpha dropped, 16 bits scaled) are defined;
+- only JPEG with three YCbCr channels (Pillow's mode "RGB", no Adobe marker saying they
+  are RGB) goes to the device: greyscale, CMYK/YCCK, and every other format (PNG, WebP,
+  TIFF, ...) is decoded on the host, where its conversions (alpha dropped, 16 bits
+  scaled) are defined;
 - a decode that fails on the device, or answers with the wrong size, is decoded again on
   the host, which then says what is wrong with the file if anything is.
 
@@ -82,6 +83,9 @@ class Header:
     width: int
     height: int
     orientation: int
+    # An Adobe marker saying the three channels are RGB, not YCbCr (transform 0): libjpeg
+    # honours it; whether nvJPEG does is not known, so such files stay on the host.
+    adobe_rgb: bool = False
 
 
 def read_header(data: bytes) -> Header | None:
@@ -93,7 +97,8 @@ def read_header(data: bytes) -> Header | None:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size
             orientation = image.getexif().get(_ORIENTATION_TAG, 1)
-            return Header(image.format, image.mode, width, height, int(orientation))
+            adobe_rgb = "adobe" in image.info and image.info.get("adobe_transform", 1) == 0
+            return Header(image.format, image.mode, width, height, int(orientation), adobe_rgb)
     except Exception:  # noqa: BLE001 - unreadable or a bomb: load_image raises the error
         return None
 
@@ -220,6 +225,8 @@ class DeviceImageDecoder:
             return self._host(data, max_pixels, "unreadable header")
         if header.format not in DEVICE_FORMATS or header.mode not in DEVICE_MODES:
             return self._host(data, max_pixels, f"{header.format} {header.mode}")
+        if header.adobe_rgb:
+            return self._host(data, max_pixels, "JPEG of RGB channels (Adobe)")
         # Before the device allocates anything (the host path's own check and message).
         check_image_size((header.width, header.height), max_pixels, "image data")
         try:

@@ -47,6 +47,13 @@ def encoded(
     return buffer.getvalue()
 
 
+def adobe_rgb_jpeg() -> bytes:
+    """A JPEG whose Adobe marker says its channels are RGB (transform 0), not YCbCr."""
+    data = encoded(photo("coffee"))
+    marker = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
+    return data[:2] + marker + data[2:]
+
+
 @pytest.fixture
 def fake(monkeypatch):
     return fake_nvimgcodec.install(monkeypatch)
@@ -161,8 +168,9 @@ def test_a_bomb_header_is_refused_without_any_decode(decoder, fake):
             ),
             "host: PNG RGBA",
         ),
+        (adobe_rgb_jpeg, "host: JPEG of RGB channels (Adobe)"),
     ],
-    ids=["png", "grey-jpeg", "cmyk-jpeg", "webp", "rgba-png"],
+    ids=["png", "grey-jpeg", "cmyk-jpeg", "webp", "rgba-png", "adobe-rgb-jpeg"],
 )
 def test_other_formats_and_modes_decode_on_the_host(decoder, fake, make, why):
     data = make()
