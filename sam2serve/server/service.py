@@ -137,6 +137,7 @@ class Service:
         self.metrics.watch_decoding(lambda: self.decoding.held, lambda: self.decoding.waiting)
         # How images for the encoder are decoded (settings.runtime.image_decode), chosen once.
         self.image_decoder = image_decoder(settings.runtime.image_decode, predictor.device)
+        log.info("image decode: %s", self.image_decoder.describe())
         self.worker = ModelWorker(
             predictor,
             max_batch_size=settings.batching.max_batch_size,
