@@ -258,23 +258,25 @@ class DeviceImageDecoder:
         stream = self._stream
         on_stream = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with self._lock, on_stream:
-            image = self._decoder.decode(
-                codec.CodeStream(data),
-                params=self._params,
-                cuda_stream=0 if stream is None else stream.cuda_stream,
-            )
-            if image is None:
-                return None
-            if image.buffer_kind != codec.ImageBufferKind.STRIDED_DEVICE and stream is not None:
-                return None  # a host buffer: not what was asked for
-            decoded = torch.from_dlpack(image)
-            if decoded.dtype != torch.uint8 or decoded.ndim != 3 or decoded.shape[2] != 3:
-                return None
-            pixels = orient(decoded, orientation).clone(memory_format=torch.contiguous_format)
-            if stream is not None:
-                stream.synchronize()  # the copy is done: nvImageCodec's buffer may go
-            del decoded, image
-        return pixels
+            try:
+                image = self._decoder.decode(
+                    codec.CodeStream(data),
+                    params=self._params,
+                    cuda_stream=0 if stream is None else stream.cuda_stream,
+                )
+                if image is None:
+                    return None
+                on_host = image.buffer_kind != codec.ImageBufferKind.STRIDED_DEVICE
+                if on_host and stream is not None:
+                    return None  # a host buffer: not what was asked for
+                decoded = torch.from_dlpack(image)
+                if decoded.dtype != torch.uint8 or decoded.ndim != 3 or decoded.shape[2] != 3:
+                    return None
+                return orient(decoded, orientation).clone(memory_format=torch.contiguous_format)
+            finally:
+                if stream is not None:
+                    # The decode and the copy are done before nvImageCodec's buffer goes.
+                    stream.synchronize()
 
 
 def _oriented_size(header: Header) -> tuple[int, int]:
