@@ -119,5 +119,5 @@ def check_device_decode(choice: str, device: Any) -> None:
 
 def _unavailable(missing: str | None) -> ImageDecodeUnavailable:
     return ImageDecodeUnavailable(
-        f"image decode 'device' needs {missing}; use 'host' (or 'auto': the device where it can)"
+        f"device decoding needs {missing}; use 'host' (or 'auto': the device where it can)"
     )
