@@ -10,10 +10,13 @@ import io
 import fake_nvimgcodec
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from server_support import b64, error_of, photo
 
 from sam2serve.engine.device_decode import DeviceImageDecoder
+from sam2serve.engine.image import load_image
+from sam2serve.engine.predictor import Embedding, Predictor
 from sam2serve.server import service as service_module
 
 OBJECTS = [{"points": [{"x": 120, "y": 80}]}, {"box": [20, 30, 150, 160]}]
@@ -23,6 +26,30 @@ def jpeg(pixels: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="JPEG", quality=92)
     return buffer.getvalue()
+
+
+class RecordingPredictor(Predictor):
+    """The real predictor but ``encode``: records what it was given and answers a zero
+    embedding of the real shapes (an encode costs seconds on this CPU)."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.given: list = []
+
+    def encode(self, images) -> Embedding:
+        items = list(images) if isinstance(images, (list, tuple)) else [images]
+        self.given += items
+        n = len(items)
+        return Embedding(
+            torch.zeros(n, 256, 64, 64),
+            (torch.zeros(n, 32, 256, 256), torch.zeros(n, 64, 128, 128)),
+            tuple(tuple(int(side) for side in item.shape[:2]) for item in items),
+        )
+
+
+@pytest.fixture
+def recording(predictor) -> RecordingPredictor:
+    return RecordingPredictor(predictor.model)
 
 
 @pytest.fixture
@@ -40,6 +67,22 @@ def fake_device(monkeypatch):
     return fake, made
 
 
+def test_the_encoder_gets_the_device_decoders_pixels(server_factory, recording, fake_device):
+    _, made = fake_device
+    live = server_factory(recording, image_decode="device")
+    data = jpeg(photo("chelsea"))
+    body = {"image": b64(data), "objects": OBJECTS, "multimask_output": False}
+    with live.client() as client:
+        response = client.post("/v1/segment", json=body)
+    assert response.status_code == 200, response.text
+    assert made[0].counts == {"device": 1}
+    (pixels,) = recording.given
+    assert isinstance(pixels, torch.Tensor) and pixels.dtype == torch.uint8
+    np.testing.assert_array_equal(pixels.numpy(), load_image(data))
+    assert response.json()["width"] == pixels.shape[1]
+
+
+@pytest.mark.extended  # two encodes of the tiny model: ~30 s on 2 cores
 def test_segment_decodes_on_the_device_and_answers_as_the_host(
     server_factory, predictor, fake_device, monkeypatch
 ):
@@ -81,9 +124,9 @@ def test_limits_and_bad_files_answer_as_on_the_host(server_factory, predictor, f
     assert made[0].counts == {"host: device error OSError": 1}
 
 
-def test_amg_pixels_stay_on_the_host(server_factory, predictor, fake_device):
+def test_amg_pixels_stay_on_the_host(server_factory, recording, fake_device):
     _, made = fake_device
-    live = server_factory(predictor, image_decode="device")
+    live = server_factory(recording, image_decode="device")
     decoded = []
     real = live.service.decode
 
@@ -99,3 +142,4 @@ def test_amg_pixels_stay_on_the_host(server_factory, predictor, fake_device):
     assert response.status_code == 200, response.text
     assert decoded == [(False, "ndarray")]
     assert made[0].counts == {}  # the encode reused AMG's host pixels
+    assert [type(pixels).__name__ for pixels in recording.given] == ["ndarray"]
