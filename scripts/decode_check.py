@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             "random weights, fast)"
         ),
         "",
-        "| image | host decode ms | device decode ms | mask IoU host vs device |",
+        "| image | SPS ms, host decode | SPS ms, device decode | mask IoU host vs device |",
         "|---|---|---|---|",
         *sps_rows(args, decoder, images),
         "",

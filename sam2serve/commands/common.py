@@ -412,23 +412,6 @@ def add_device_flag(parser: argparse._ActionsContainer) -> None:
     )
 
 
-def add_image_decode_flag(parser: argparse._ActionsContainer, applies: str = "") -> None:
-    """--image-decode {auto,host,device} (engine.decode_choice: its choices and help, as
-    the service's image_decode setting and the bench's flag)."""
-    from sam2serve.engine.decode_choice import (
-        DEFAULT_IMAGE_DECODE,
-        IMAGE_DECODE_HELP,
-        IMAGE_DECODES,
-    )
-
-    parser.add_argument(
-        "--image-decode",
-        choices=IMAGE_DECODES,
-        default=DEFAULT_IMAGE_DECODE,
-        help=IMAGE_DECODE_HELP + applies + " (default: %(default)s)",
-    )
-
-
 def add_threads_flag(parser: argparse._ActionsContainer) -> None:
     parser.add_argument(
         "--threads",

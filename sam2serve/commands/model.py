@@ -86,6 +86,23 @@ def check_device(device: str) -> None:
         )
 
 
+def add_image_decode_flag(parser: argparse._ActionsContainer, applies: str = "") -> None:
+    """--image-decode {auto,host,device} (engine.decode_choice: its choices and help, as
+    the service's image_decode setting and the bench's flag)."""
+    from sam2serve.engine.decode_choice import (
+        DEFAULT_IMAGE_DECODE,
+        IMAGE_DECODE_HELP,
+        IMAGE_DECODES,
+    )
+
+    parser.add_argument(
+        "--image-decode",
+        choices=IMAGE_DECODES,
+        default=DEFAULT_IMAGE_DECODE,
+        help=IMAGE_DECODE_HELP + applies + " (default: %(default)s)",
+    )
+
+
 def check_image_decode(choice: str, device: str, decode: bool = True) -> Any:
     """The decoder --image-decode means on --device, made and tested now (``decode``
     False: only checked, for a process whose workers decode); 'device' where it cannot

@@ -34,7 +34,6 @@ from sam2serve.commands.common import (
     add_backend_flag,
     add_command,
     add_device_flag,
-    add_image_decode_flag,
     add_mode_flag,
     add_model_flag,
     add_threads_flag,
@@ -225,7 +224,7 @@ def add_arguments(parser: CommandParser) -> None:
     add_device_flag(model)
     add_threads_flag(model)
     add_weights_flags(model)
-    add_image_decode_flag(model, "; --task sps and mps (amg decodes on the host)")
+    model_flags.add_image_decode_flag(model, "; --task sps and mps (amg decodes on the host)")
     model.add_argument(
         "--fallback-random-weights",
         action="store_true",
