@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check: the CUDA test suite and a short CUDA benchmark, results in one folder.
 #
-#   scripts/gpu-check.sh [--part tests|bench|compile|tracker|tracker-meta|blog|blog-compile|coldstart|aoti|concepts|all]
+#   scripts/gpu-check.sh [--part tests|bench|compile|tracker|tracker-meta|blog|blog-compile|coldstart|aoti|concepts|decode|all]
 #                        [--dry-run] [OUT_DIR]
 #                                                        (default: all, gpu-check/)
 #   scripts/gpu-check.sh --download-wheels                      (on a connected machine)
+#   scripts/gpu-check.sh --download-decode-wheels               (the same, for --part decode)
 #
 # Runs where torch sees a CUDA GPU, in parts that each fit one 10-minute call on an H100:
 #   tests    `pytest -m cuda tests/cuda`: fidelity against Meta's code on the GPU, every
@@ -37,6 +38,14 @@
 #   aoti     where AOTInductor packages compiled for CUDA crash when loaded: a ladder of
 #            probes from a one-layer package through torch's own loader to tiny's image
 #            path (scripts/aoti_cuda_probe.py; each load in its own process).
+#   decode   image decode on the device (nvImageCodec / nvJPEG, --image-decode device)
+#            against the host (Pillow): p50 ms per photo, pixel differences, an SPS request
+#            through the engine with each (scripts/decode_check.py), the cuda tests of
+#            tests/cuda/test_device_decode_cuda.py, and SPS bench rows with each decode.
+#            Its wheels (nvidia-nvimgcodec-cu13, nvidia-nvjpeg; no internet there) come
+#            from $SAM2SERVE_DECODE_WHEELS (default .whl-decode/; fetch them on a connected
+#            machine with --download-decode-wheels). `--part decode --dry-run` runs the
+#            check on the CPU with the tests' fake nvImageCodec (the plumbing only).
 # Artifacts are CPU-only (AOTInductor packages compiled for CUDA crashed when loaded, see
 # runtime/backends), so no +artifacts row runs here. It installs what it needs: with a
 # network, from the package index; without one (a sealed GPU machine), from wheels in
@@ -60,6 +69,19 @@ NEEDED=(fastapi==0.165.0 starlette==1.10.0 pydantic==2.13.4 pydantic-core==2.46.
 # Source packages (no wheel exists): Meta's sam2 (the oracle), hydra's parser runtime, iopath.
 SOURCES=(sam2==1.1.0 antlr4-python3-runtime==4.9.3 iopath==0.1.10)
 
+DECODE_WHEELS=${SAM2SERVE_DECODE_WHEELS:-.whl-decode}
+# nvImageCodec for CUDA 13 (torch here is a cu130 build) and the nvJPEG it loads, pinned to
+# the versions checked; together about 28 MiB.
+DECODE_PACKAGES=(nvidia-nvimgcodec-cu13==0.9.0.20 nvidia-nvjpeg==13.0.4.44)
+if [ "${1:-}" = "--download-decode-wheels" ]; then
+    mkdir -p "$DECODE_WHEELS"
+    python3 -m pip download --only-binary=:all: --no-deps --python-version 3.12 \
+        --implementation cp --platform manylinux2014_x86_64 \
+        --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+        -d "$DECODE_WHEELS" "${DECODE_PACKAGES[@]}"
+    echo "wheels in $DECODE_WHEELS/: carry them to the GPU machine with the repository"
+    exit 0
+fi
 if [ "${1:-}" = "--download-wheels" ]; then
     mkdir -p .whl
     python3 -m pip download --only-binary=:all: --no-deps --python-version 3.12 \
@@ -78,8 +100,8 @@ if [ "${1:-}" = "--part" ]; then
     shift 2
 fi
 case "$PART" in
-    tests|bench|compile|tracker|tracker-meta|blog|blog-compile|coldstart|aoti|concepts|all) ;;
-    *) echo "--part: tests, bench, compile, tracker, tracker-meta, blog, blog-compile, coldstart, aoti, concepts or all, not $PART" >&2
+    tests|bench|compile|tracker|tracker-meta|blog|blog-compile|coldstart|aoti|concepts|decode|all) ;;
+    *) echo "--part: tests, bench, compile, tracker, tracker-meta, blog, blog-compile, coldstart, aoti, concepts, decode or all, not $PART" >&2
        exit 2;;
 esac
 DRY_RUN=0
@@ -89,9 +111,15 @@ if [ "${1:-}" = "--dry-run" ]; then
 fi
 OUT=${1:-gpu-check}
 mkdir -p "$OUT"
+if [ "$DRY_RUN" = 1 ] && [ "$PART" = decode ]; then
+    # The plumbing of --part decode on the CPU: the fake nvImageCodec, no installs.
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout 900 python3 \
+        scripts/decode_check.py --dry-run --out "$OUT/decode_dry_run.md"
+    exit $?
+fi
 if [ "$DRY_RUN" = 1 ]; then
     # The plumbing of --part tracker on the CPU: no GPU, no installs.
-    [ "$PART" = tracker ] || { echo "--dry-run runs --part tracker only" >&2; exit 2; }
+    [ "$PART" = tracker ] || { echo "--dry-run runs --part tracker or decode only" >&2; exit 2; }
     PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout 900 python3 \
         scripts/tracker_compile_bench.py --device cpu --objects 1 --rows fast,fast+compile \
         --frames 12 --out "$OUT/tracker_compile_dry_run.md"
@@ -121,6 +149,17 @@ if [ ! -d "$SITE" ]; then
         python3 -m pip install -q --target "$SITE" "${NEEDED[@]}"
         python3 -m pip install -q --no-deps --no-build-isolation --target "$SITE" \
             "${SOURCES[@]}" || echo "sam2 did not install: the fidelity tests will fail"
+    fi
+fi
+if [ "$PART" = decode ] || [ "$PART" = all ]; then
+    # nvImageCodec and nvJPEG beside the suite's packages, from the carried wheels (else,
+    # with a network, from the index).
+    if [ -d "$DECODE_WHEELS" ] && ls "$DECODE_WHEELS"/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --target "$SITE" "$DECODE_WHEELS"/*.whl \
+            || echo "the decode wheels did not install: device decode will be unavailable"
+    else
+        python3 -m pip install -q --no-deps --target "$SITE" "${DECODE_PACKAGES[@]}" \
+            || echo "no $DECODE_WHEELS/ and no index: device decode will be unavailable"
     fi
 fi
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -200,6 +239,17 @@ if [ "$PART" = concepts ] || [ "$PART" = all ]; then
         --random-weights --modes baseline,furious --repeats 3 --warmup 1 --phrases 1,10 \
         --out "$OUT" --name concepts_full_cuda 2>&1 | tee "$OUT/concepts.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+fi
+if [ "$PART" = decode ] || [ "$PART" = all ]; then
+    uptime | tee -a "$OUT/load.txt"
+    timeout 300 python3 scripts/decode_check.py --device cuda --out "$OUT/decode_cuda.md" 2>&1 \
+        | tee "$OUT/decode.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+    timeout 120 python3 -m pytest -q -s -m cuda tests/cuda/test_device_decode_cuda.py \
+        -p no:cacheprovider 2>&1 | tee "$OUT/decode-tests.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+    bench bench_tiny_cuda_decode_host sps fast "${IMAGES[@]}" --image-decode host
+    bench bench_tiny_cuda_decode_device sps fast "${IMAGES[@]}" --image-decode device
 fi
 set -e
 echo "gpu-check --part $PART: $([ $failed -eq 0 ] && echo passed || echo FAILED); results in $OUT/"

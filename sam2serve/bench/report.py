@@ -365,6 +365,10 @@ def markdown(result: BenchResult, chart_name: str | None = None) -> str:
             f"({config.images}; {sizes})"
         ),
         f"- **AMG:** {_amg_parameters(result)}",
+        (
+            f"- **image decode:** --image-decode {config.image_decode} (each run's decode "
+            "is in its notes)"
+        ),
     ]
     for task, text in result.prompts.items():
         lines.append(f"- **{task.upper()} prompts:** {text}")

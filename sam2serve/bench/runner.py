@@ -39,6 +39,7 @@ from sam2serve.bench.reference import MISSING_MESSAGE, missing_requirements
 from sam2serve.bench.variants import AMG_VARIANTS, DEFAULT_VARIANT
 from sam2serve.bench.worker import SPAWN_TIME_ENV
 from sam2serve.engine.amg import AMGParams
+from sam2serve.engine.decode_choice import DEFAULT_IMAGE_DECODE, IMAGE_DECODE_HELP, IMAGE_DECODES
 from sam2serve.engine.masks import build_point_grid
 from sam2serve.engine.tasks import STAGES, TASKS, prompt_points
 from sam2serve.options import OptionError, check_options, option
@@ -133,6 +134,12 @@ class BenchConfig:
         help="how the artifacts rows run the mask decoder: AOTInductor programs, or "
         "eagerly (exports ~2 min faster per mode)",
         choices=("aoti", "eager"),
+    )
+    image_decode: str = option(
+        DEFAULT_IMAGE_DECODE,
+        help=IMAGE_DECODE_HELP + "; for SPS and MPS in sam2serve's rows (AMG, Meta's and "
+        "Hugging Face's rows decode on the host); the report names the decode that ran",
+        choices=IMAGE_DECODES,
     )
     threads: int | None = None  # each worker's torch threads (None: the CPUs it may use)
     command: str = ""
@@ -377,6 +384,15 @@ def _summarise(run: RunResult, data: dict[str, Any]) -> None:
     run.stages_ms = {stage: float(np.mean([s[stage] for s in steady])) for stage in STAGES}
     if not data.get("rle_stage", True):
         run.notes.append("RLE is counted in post-processing")
+    if "image_decode" in data:
+        run.notes.append(_decode_note(run.label, data))
+
+
+def _decode_note(label: str, data: dict[str, Any]) -> str:
+    """Which decode a run's images went through, and how many went where."""
+    counts = data.get("image_decode_counts") or {}
+    where = ", ".join(f"{count} {key}" for key, count in sorted(counts.items()))
+    return f"{label}: image decode {data['image_decode']}" + (f": {where}" if where else "")
 
 
 def _run_worker(
@@ -407,6 +423,7 @@ def _run_worker(
         "prompts": prompts,
         "amg_params": config.variant_params(variant).to_dict(),
         "artifacts": str(_artifacts_dir(work, mode)) if _from_artifacts(mode) else None,
+        "image_decode": config.image_decode,
     }
     spec_path, result_path = work / f"{slug}.spec.json", work / f"{slug}.result.json"
     spec_path.write_text(json.dumps(spec), encoding="utf-8")

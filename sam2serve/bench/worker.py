@@ -74,6 +74,20 @@ class _EngineRunner:
         params = AMGParams.from_dict(spec["amg_params"])
         self.generator = tasks.mask_generator(self.predictor, params, self.mode)
         self.timer: Any = None
+        # SPS / MPS decode the bytes as --image-decode says (AMG reads its crops' pixels
+        # on the host: it decodes there).
+        self.decoder: Any = None
+        if self.task != "amg":
+            from sam2serve.engine.decode_choice import image_decoder
+
+            self.decoder = image_decoder(spec.get("image_decode", "host"), runtime.device)
+
+    def describe_decode(self) -> dict[str, Any]:
+        """Which decode ran, for the report: the decoder, and where each image went."""
+        if self.decoder is None:
+            return {"image_decode": "host (Pillow; AMG decodes on the host)"}
+        counts = dict(getattr(self.decoder, "counts", {}))
+        return {"image_decode": self.decoder.describe(), "image_decode_counts": counts}
 
     def __call__(
         self, image: bytes, points: Sequence[Sequence[float]] | None, timer: Any
@@ -84,6 +98,13 @@ class _EngineRunner:
             if self.task == "amg":
                 return tasks.amg(self.generator, image, flags=flags, timer=timer)
             points = list(points or [])
+            pixels: Any = image
+            if self.decoder is not None:
+                from sam2serve.engine.image import DEFAULT_MAX_PIXELS
+
+                with timer.stage("decode"):
+                    pixels = self.decoder.decode(image, DEFAULT_MAX_PIXELS)
+            image = pixels
             if self.task == "sps" and points:
                 return tasks.sps(self.predictor, image, points[0], flags=flags, timer=timer)
             return tasks.mps(self.predictor, image, points, flags=flags, timer=timer)
@@ -205,6 +226,8 @@ def run(spec_path: Path, result_path: Path) -> int:
         "records": records,
         **info,
     }
+    if isinstance(runner, _EngineRunner):
+        result.update(runner.describe_decode())  # after the runs: where the images went
     return _write_result(result_path, device, result)
 
 

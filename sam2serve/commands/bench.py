@@ -149,6 +149,7 @@ def add_arguments(parser: CommandParser) -> None:
             "point_prompts",
             "mps_prompts",
             "aot_decoder",
+            "image_decode",
             "warm",
             "timeout_s",
             "work_dir",
@@ -239,6 +240,8 @@ def bench_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     model_flags.check_device(args.device)
+    if not video:
+        model_flags.check_image_decode(args.image_decode, args.device, decode=False)
     values = option_values(args, BenchConfig)
     values["name"] = values["name"] or (
         f"bench_{args.model}_{args.device.replace(':', '')}" + ("_video" if video else "")

@@ -65,11 +65,15 @@ class ImageInput:
                 f"cannot read image file {str(self.path)!r}: {exc.strerror}"
             ) from None
 
-    def decode(self, source: bytes | np.ndarray) -> np.ndarray:
-        """uint8 RGB pixels; the error names the file (decoding bytes cannot)."""
-        from sam2serve.engine.image import ImageError, load_image
+    def decode(self, source: bytes | np.ndarray, decoder: Any = None) -> Any:
+        """uint8 RGB pixels (a tensor on the device where ``decoder``, an
+        engine.decode_choice.ImageDecoder, decoded a file there); the error names the file
+        (decoding bytes cannot)."""
+        from sam2serve.engine.image import DEFAULT_MAX_PIXELS, ImageError, load_image
 
         try:
+            if decoder is not None and isinstance(source, bytes):
+                return decoder.decode(source, DEFAULT_MAX_PIXELS)
             return load_image(source)
         except ImageError as exc:
             message = str(exc)

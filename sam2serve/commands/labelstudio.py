@@ -194,6 +194,9 @@ def labelstudio_command(args: argparse.Namespace) -> int:
             "set the address to read Label Studio's files with it"
         )
     model_flags.check_device(spec.device)
+    # 'device' where it cannot run is exit 2 before the model loads (the service makes and
+    # tests its decoder when it starts).
+    model_flags.check_image_decode(settings.runtime.image_decode, spec.device, decode=False)
 
     import uvicorn
 

@@ -86,10 +86,48 @@ def check_device(device: str) -> None:
         )
 
 
+def add_image_decode_flag(parser: argparse._ActionsContainer, applies: str = "") -> None:
+    """--image-decode {auto,host,device} (engine.decode_choice: its choices and help, as
+    the service's image_decode setting and the bench's flag)."""
+    from sam2serve.engine.decode_choice import (
+        DEFAULT_IMAGE_DECODE,
+        IMAGE_DECODE_HELP,
+        IMAGE_DECODES,
+    )
+
+    parser.add_argument(
+        "--image-decode",
+        choices=IMAGE_DECODES,
+        default=DEFAULT_IMAGE_DECODE,
+        help=IMAGE_DECODE_HELP + applies + " (default: %(default)s)",
+    )
+
+
+def check_image_decode(choice: str, device: str, decode: bool = True) -> Any:
+    """The decoder --image-decode means on --device, made and tested now (``decode``
+    False: only checked, for a process whose workers decode); 'device' where it cannot
+    run is a usage error naming what is missing (at start-up, not per image)."""
+    from sam2serve.engine.decode_choice import (
+        ImageDecodeUnavailable,
+        check_device_decode,
+        image_decoder,
+    )
+
+    try:
+        if not decode:
+            check_device_decode(choice, device)
+            return None
+        return image_decoder(choice, device)
+    except ImageDecodeUnavailable as exc:
+        raise UsageError(f"--image-decode {choice}: {exc}") from None
+
+
 @contextlib.contextmanager
 def load_errors_as_usage(checkpoint: str | None = None, model: str = "tiny") -> Iterator[None]:
-    """Checkpoint and artifacts errors become one usage-error line (no torch advice)."""
+    """Checkpoint and artifacts errors become one usage-error line (no torch advice), and
+    so does a device image decoder that fails its test decode when the service starts."""
     from sam2serve.checkpoint import CheckpointError
+    from sam2serve.engine.decode_choice import ImageDecodeUnavailable
     from sam2serve.runtime.export import ArtifactError
 
     try:
@@ -101,6 +139,8 @@ def load_errors_as_usage(checkpoint: str | None = None, model: str = "tiny") -> 
         raise UsageError(checkpoint_message(exc, checkpoint, model)) from None
     except ArtifactError as exc:
         raise UsageError(str(exc)) from None
+    except ImageDecodeUnavailable as exc:
+        raise UsageError(f"--image-decode device: {exc}") from None
 
 
 def checkpoint_message(exc: Exception, checkpoint: str | None, model: str) -> str:

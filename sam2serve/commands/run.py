@@ -224,6 +224,7 @@ def add_arguments(parser: CommandParser) -> None:
     add_device_flag(model)
     add_threads_flag(model)
     add_weights_flags(model)
+    model_flags.add_image_decode_flag(model, "; --task sps and mps (amg decodes on the host)")
     model.add_argument(
         "--fallback-random-weights",
         action="store_true",
@@ -262,13 +263,18 @@ def run_command(args: argparse.Namespace) -> int:
     from sam2serve.runtime.modes import get_mode
     from sam2serve.runtime.threads import check_threads
 
+    # Checked (and for SPS / MPS made and tested) before the model loads: 'device' that
+    # cannot run here is exit 2; AMG decodes on the host.
+    decoder = model_flags.check_image_decode(
+        args.image_decode, spec.device, decode=args.task != "amg"
+    )
     predictor = model_flags.build(args, spec)
     random_weights = predictor.model.weights_info.is_random
     if args.task == "amg" and random_weights:
         params = _keep_all_masks(args, params)
     mode = get_mode(spec.mode)
     generator = mask_generator(predictor, params, mode) if args.task == "amg" else None
-    segmenter = Segmenter(args.task, predictor, mode, generator)
+    segmenter = Segmenter(args.task, predictor, mode, generator, decoder)
     header = {
         "task": args.task,
         "model": spec.model,
@@ -280,6 +286,8 @@ def run_command(args: argparse.Namespace) -> int:
         "filters": {"min_score": args.min_score, "max_masks": args.max_masks},
         "mask_format": args.mask_format,
     }
+    if decoder is not None and decoder.where == "device":
+        info_line(f"image decode: {decoder.describe()}")
     outputs = Outputs(
         out_dir,
         overlay=args.overlay,
@@ -375,6 +383,7 @@ class Segmenter:
     predictor: Any
     mode: Any  # runtime.modes.Mode: how prompts are batched and masks turned into RLE
     generator: Any = None  # MaskGenerator for amg
+    decoder: Any = None  # engine.decode_choice.ImageDecoder for sps and mps (None: host)
 
     def __call__(
         self, item: ImageInput, source: Any, points: Prompts | None
@@ -383,7 +392,7 @@ class Segmenter:
 
         timer = tasks.StageTimer(self.predictor.device)
         with timer.stage("decode"):
-            pixels = item.decode(source)
+            pixels = item.decode(source, self.decoder)
         flags = self.mode
         if self.task == "amg":
             records = tasks.amg(self.generator, pixels, flags=flags, timer=timer)

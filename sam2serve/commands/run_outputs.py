@@ -63,6 +63,8 @@ class Outputs:
         if self.overlay:
             from sam2serve.engine.overlay import draw_overlay
 
+            if hasattr(pixels, "cpu"):  # a tensor decoded on the device: drawn on the host
+                pixels = pixels.cpu().numpy()
             image = draw_overlay(pixels, records, show_points=task != "amg", stamp=self.stamp)
             image.save(self.out_dir / f"{item.stem}{OVERLAY_SUFFIX}")
         if self.coco is not None:

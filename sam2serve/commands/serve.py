@@ -288,6 +288,9 @@ def serve_command(args: argparse.Namespace) -> int:
             f"(set ${args.api_key_env} to require one)"
         )
     model_flags.check_device(spec.device)
+    # 'device' where it cannot run is exit 2 before the model loads (the service makes and
+    # tests its decoder when it starts).
+    model_flags.check_image_decode(settings.runtime.image_decode, spec.device, decode=False)
 
     import uvicorn
 

@@ -26,6 +26,7 @@ __all__ = [
     "IMAGENET_STD",
     "ImageError",
     "ImageSource",
+    "check_image_size",
     "load_image",
     "preprocess",
 ]
@@ -99,7 +100,7 @@ def _decode(stream: IO[bytes], max_pixels: int | None, what: str) -> np.ndarray:
     except _PIL_ERRORS as exc:  # UnidentifiedImageError is an OSError
         raise ImageError(f"{what} is not a readable image: {exc}") from exc
     with image:
-        _check_size(image.size, max_pixels, what)  # before decoding any pixel
+        check_image_size(image.size, max_pixels, what)  # before decoding any pixel
         try:
             image.load()
         except _PIL_ERRORS as exc:  # truncated or corrupt data
@@ -107,7 +108,9 @@ def _decode(stream: IO[bytes], max_pixels: int | None, what: str) -> np.ndarray:
         return _from_pil(image, max_pixels, what)
 
 
-def _check_size(size: tuple[int, int], max_pixels: int | None, what: str) -> None:
+def check_image_size(size: tuple[int, int], max_pixels: int | None, what: str) -> None:
+    """ImageError for an empty ``(width, height)`` or one over ``max_pixels`` (None: no
+    limit), checked before any pixel is decoded."""
     width, height = size
     if width <= 0 or height <= 0:
         raise ImageError(f"{what} is empty ({width}x{height} pixels)")
@@ -119,7 +122,7 @@ def _check_size(size: tuple[int, int], max_pixels: int | None, what: str) -> Non
 
 
 def _from_pil(image: Image.Image, max_pixels: int | None, what: str) -> np.ndarray:
-    _check_size(image.size, max_pixels, what)
+    check_image_size(image.size, max_pixels, what)
     try:
         oriented = ImageOps.exif_transpose(image)
         return _from_array(_pil_to_array(oriented), max_pixels, what)
@@ -159,7 +162,7 @@ def _from_array(pixels: np.ndarray, max_pixels: int | None, what: str) -> np.nda
     if pixels.ndim not in (2, 3) or (pixels.ndim == 3 and pixels.shape[2] not in (1, 3, 4)):
         raise ImageError(f"{what} has shape {pixels.shape}; expected {_ACCEPTED_SHAPES}")
     height, width = pixels.shape[:2]
-    _check_size((width, height), max_pixels, what)
+    check_image_size((width, height), max_pixels, what)
     rgb = _to_rgb_channels(pixels)
     return np.ascontiguousarray(_to_uint8(rgb, what))
 
@@ -205,7 +208,8 @@ def preprocess(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Model input (B, 3, S, S) from uint8 RGB (H, W, 3) images of any sizes.
+    """Model input (B, 3, S, S) from uint8 RGB (H, W, 3) images of any sizes (arrays, or
+    tensors as the device decoder gives them).
 
     Each image is moved to `device` as uint8 (a quarter of the float bytes; from pinned
     memory without blocking on CUDA), scaled to
@@ -233,10 +237,18 @@ def imagenet_stats(device: torch.device | str) -> tuple[torch.Tensor, torch.Tens
     return stats[0], stats[1]
 
 
-def to_device(array: np.ndarray, device: torch.device | str) -> torch.Tensor:
+def to_device(array: np.ndarray | torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """A host array on ``device``, in one copy: on CUDA from pinned memory without
     blocking the host (the caching host allocator keeps the pinned buffer until the copy
-    is done). Read-only or strided arrays (Pillow's buffers) are copied to C order first."""
+    is done). Read-only or strided arrays (Pillow's buffers) are copied to C order first.
+    A tensor (pixels decoded on the device: engine.device_decode) is moved if it is
+    elsewhere; one already on a CUDA device is marked as used by this stream, since it
+    was made on the decoder's."""
+    if isinstance(array, torch.Tensor):
+        moved = array.to(device)
+        if moved.is_cuda and moved is array:
+            moved.record_stream(torch.cuda.current_stream(moved.device))
+        return moved
     ready = array.flags.writeable and array.flags.c_contiguous
     host = torch.from_numpy(array if ready else np.array(array, order="C"))
     if torch.device(device).type == "cuda":
@@ -247,15 +259,13 @@ def to_device(array: np.ndarray, device: torch.device | str) -> torch.Tensor:
 def _resize_one(
     image: Any, image_size: int, device: torch.device | str, index: int
 ) -> torch.Tensor:
-    if not (
-        isinstance(image, np.ndarray)
-        and image.dtype == np.uint8
-        and image.ndim == 3
-        and image.shape[2] == 3
-    ):
+    uint8 = (isinstance(image, np.ndarray) and image.dtype == np.uint8) or (
+        isinstance(image, torch.Tensor) and image.dtype == torch.uint8
+    )
+    if not (uint8 and image.ndim == 3 and image.shape[2] == 3):
         described = (
             f"shape {image.shape}, dtype {image.dtype}"
-            if isinstance(image, np.ndarray)
+            if isinstance(image, (np.ndarray, torch.Tensor))
             else type(image).__name__
         )
         raise ImageError(

@@ -262,11 +262,12 @@ class Predictor:
     # ---------------------------------------------------------------- encode
     @torch.inference_mode()
     def encode(self, images: Any) -> Embedding:
-        """One image (path, bytes, PIL image, HxWx3 array) or a list of them, in one call."""
+        """One image (path, bytes, PIL image, HxWx3 array, or a uint8 HxWx3 tensor as the
+        device decoder gives) or a list of them, in one call."""
         items = list(images) if isinstance(images, (list, tuple)) else [images]
         if not items:
             raise ValueError("encode() needs at least one image")
-        arrays = [load_image(item) for item in items]
+        arrays = [item if isinstance(item, torch.Tensor) else load_image(item) for item in items]
         batch = preprocess(arrays, self.model.image_size, device=self.device, dtype=self.dtype)
         return self.encode_preprocessed(batch, [a.shape[:2] for a in arrays])
 

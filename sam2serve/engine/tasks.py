@@ -200,8 +200,11 @@ class _TimedPredictor:
 # --------------------------------------------------------------------------- common steps
 
 
-def decode(image: ImageSource, timer: StageTimer | None = None) -> np.ndarray:
-    """uint8 RGB (H, W, 3) pixels of ``image`` (an array passes through)."""
+def decode(image: ImageSource | torch.Tensor, timer: StageTimer | None = None) -> Any:
+    """uint8 RGB (H, W, 3) pixels of ``image`` (an array passes through, and so does a
+    tensor: pixels decoded on the device, engine.device_decode)."""
+    if isinstance(image, torch.Tensor):
+        return image
     with _stage(timer, "decode"):
         return load_image(image)
 

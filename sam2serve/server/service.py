@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from sam2serve.engine.decode_choice import image_decoder
 from sam2serve.engine.predictor import Embedding, Predictor
 from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.runtime.warmup import warm_up
@@ -134,6 +135,9 @@ class Service:
             wait_s=min(settings.limits.request_timeout_s, MAX_DECODE_WAIT_S),
         )
         self.metrics.watch_decoding(lambda: self.decoding.held, lambda: self.decoding.waiting)
+        # How images for the encoder are decoded (settings.runtime.image_decode), chosen once.
+        self.image_decoder = image_decoder(settings.runtime.image_decode, predictor.device)
+        log.info("image decode: %s", self.image_decoder.describe())
         self.worker = ModelWorker(
             predictor,
             max_batch_size=settings.batching.max_batch_size,
@@ -407,7 +411,7 @@ class Service:
         if flight is None:
             reservation = None
             if pixels is None:
-                pixels, reservation = await self.decode(data)
+                pixels, reservation = await self.decode(data, for_encoder=True)
             with contextlib.ExitStack() as held:
                 if reservation is not None:
                     held.callback(reservation.release)
@@ -452,10 +456,12 @@ class Service:
             check_size(image.size)
         return image
 
-    async def decode(self, data: bytes) -> tuple[np.ndarray, Reservation]:
+    async def decode(self, data: bytes, for_encoder: bool = False) -> tuple[Any, Reservation]:
         """The image's pixels and their bytes reserved in the decode budget (reserved from
         the header before decoding, then only what the pixels hold): release it when they
-        are no longer needed."""
+        are no longer needed. ``for_encoder``: pixels only the encoder reads, decoded as
+        settings.runtime.image_decode says (maybe a tensor on the device); else a host
+        array."""
         started = time.perf_counter()
         max_pixels = self.settings.limits.max_pixels
         width, height = await asyncio.to_thread(probe_image, data, max_pixels)
@@ -463,7 +469,8 @@ class Service:
             image_decode_bytes(width, height), f"image of {width}x{height}"
         )
         try:
-            pixels = await asyncio.to_thread(decode_image, data, max_pixels)
+            decoder = self.image_decoder if for_encoder else None
+            pixels = await asyncio.to_thread(decode_image, data, max_pixels, decoder)
         except BaseException:
             reservation.release()
             raise

@@ -16,6 +16,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from sam2serve.engine.decode_choice import DEFAULT_IMAGE_DECODE, IMAGE_DECODE_HELP, IMAGE_DECODES
 from sam2serve.options import check_options, option
 from sam2serve.runtime.backend_choice import choose_backend
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
@@ -71,6 +72,14 @@ class RuntimeSettings:
     device: str = "cpu"
     # Intra-op CPU threads; None: the CPUs this process may use (affinity, cgroup quota).
     threads: int | None = None
+    # Where uploaded images are decoded for the encoder (engine.decode_choice).
+    image_decode: str = option(
+        DEFAULT_IMAGE_DECODE,
+        help=IMAGE_DECODE_HELP + "; for the images the encoder takes (AMG's pixels, video "
+        "frames and SAM 3's images decode on the host)",
+        choices=IMAGE_DECODES,
+        group=RUNTIME,
+    )
     # Run one encode and one decode before /readyz reports ready.
     warmup: bool = option(
         True,

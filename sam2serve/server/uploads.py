@@ -12,10 +12,11 @@ import binascii
 import io
 import re
 import struct
+from typing import Any
 
-import numpy as np
 from PIL import Image
 
+from sam2serve.engine.decode_choice import ImageDecoder
 from sam2serve.engine.image import ImageError, load_image
 from sam2serve.server.errors import ApiError
 
@@ -50,11 +51,14 @@ def probe_image(data: bytes, max_pixels: int, what: str = "image") -> tuple[int,
     return width, height
 
 
-def decode_image(data: bytes, max_pixels: int) -> np.ndarray:
+def decode_image(data: bytes, max_pixels: int, decoder: ImageDecoder | None = None) -> Any:
     """uint8 RGB pixels of an uploaded image; the pixel limit is checked from the header
-    first, so a decompression bomb is refused before any pixel is decoded."""
+    first, so a decompression bomb is refused before any pixel is decoded. ``decoder``
+    (engine.decode_choice; None: the host's) may give them as a tensor on the device."""
     probe_image(data, max_pixels)
     try:
+        if decoder is not None:
+            return decoder.decode(data, max_pixels)
         return load_image(data, max_pixels=max_pixels)
     except ImageError as exc:
         message = _STREAM_REPR.sub("", str(exc))  # Pillow names our in-memory stream
