@@ -6,8 +6,8 @@
 
 Random weights (seeded; Meta's are gated): the memory depends on the shapes, not the
 values. Each image is resized to SAM 3's input size whatever its own, so the photo does
-not matter either. One warm-up encode of the largest batch first (lazy initialisation),
-then per repeat and batch size: freed memory handed back to the system (malloc_trim), the
+not matter either. One warm-up encode first (of the largest batch, or of
+``--warmup-images``: lazy initialisation), then per repeat and batch size: freed memory handed back to the system (malloc_trim), the
 process's peak resident size reset (``/proc/self/clear_refs``, Linux), one encode, and
 its peak minus the resident size before it. That is the encode's working memory plus its
 output (the FPN features the service then caches), reported apart.
@@ -81,6 +81,9 @@ def main() -> None:
     parser.add_argument("--size", choices=("tiny", "full"), default="tiny")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--warmup-images", type=int, default=None, help="default: the largest batch"
+    )
     parser.add_argument("--label", default="")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -95,7 +98,7 @@ def main() -> None:
     )
     load_s = time.perf_counter() - started
     side = concepts.size.image_size
-    concepts.encode(_images(max(args.batches)))  # warm-up: lazy initialisation
+    concepts.encode(_images(args.warmup_images or max(args.batches)))  # lazy initialisation
     resident_mib = _status_kib("VmRSS") / 1024
 
     rows: dict[int, list[tuple[float, float, float]]] = {b: [] for b in args.batches}
