@@ -1,11 +1,15 @@
 """The model worker: one thread that runs every piece of model work, batching encodes.
 
 The event loop never runs the model. Handlers submit jobs to a bounded queue and await
-their futures; the worker thread takes them in order. An encode job at the head of the
-queue waits up to ``max_wait_s`` (measured from when it was queued) for more encode jobs,
-then up to ``max_batch_size`` images go through ONE ``Predictor.encode`` call. Other jobs
-(mask decoding, AMG, warm-up) run one at a time. The model is used by this one thread
-only, and the predictor holds no request state, so requests cannot see each other's data.
+their futures; the worker thread takes them in order. Encoders are registered by kind
+(:meth:`ModelWorker.add_encoder`: SAM 2's ``encode`` always, SAM 3's concept encode with
+``--concepts``): an encode job at the head of the queue waits up to ``max_wait_s``
+(measured from when it was queued) for more encode jobs of its kind, then up to that
+encoder's ``max_batch`` images go through ONE call of it. If a batch's call fails, its
+images are encoded again one at a time, so an image that cannot be encoded fails only its
+own job. Other jobs (mask decoding, AMG, warm-up) run one at a time. The model is used by
+this one thread only, and the predictor holds no request state, so requests cannot see
+each other's data.
 
 Two queues keep one client's bulk work from starving everyone's clicks: *interactive*
 jobs (encodes, mask decoding) and *bulk* jobs (AMG). The worker takes interactive jobs
@@ -91,6 +95,25 @@ class JobContext:
             self.yield_to()
 
 
+# One result per image, in order; called on the worker thread with 1..max_batch images.
+EncodeFn = Callable[[list[np.ndarray]], list[Any]]
+
+
+@dataclass(frozen=True)
+class Encoder:
+    """A kind of encode job the worker batches."""
+
+    encode: EncodeFn
+    max_batch: int
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """One image's error when its batch was encoded again one image at a time."""
+
+    error: Exception
+
+
 @dataclass(eq=False)
 class _Job:
     kind: str
@@ -124,7 +147,9 @@ INTERACTIVE, BULK = "interactive", "bulk"
 
 
 class ModelWorker:
-    """One thread running model jobs from a bounded queue, encodes batched together."""
+    """One thread running model jobs from a bounded queue, encodes batched together.
+    ``max_batch_size`` bounds SAM 2's encodes (kind ``encode``); other encoders bring
+    their own bound (:meth:`add_encoder`)."""
 
     def __init__(
         self,
@@ -157,6 +182,19 @@ class ModelWorker:
         self._busy = False
         self._mean_run_s = 1.0  # a prior until the first job has run
         self._thread: threading.Thread | None = None
+        self._encoders: dict[str, Encoder] = {}
+        self.add_encoder(ENCODE, self._encode_embeddings, max_batch_size)
+
+    def add_encoder(self, kind: str, encode: EncodeFn, max_batch: int) -> None:
+        """Batch the encode jobs of ``kind`` (:meth:`submit_encode`): those waiting together
+        go through one ``encode(images)`` call of at most ``max_batch`` images, which must
+        return one result per image, in order."""
+        if max_batch < 1:
+            raise ValueError(f"max_batch of encoder {kind!r} must be >= 1; got {max_batch}")
+        with self._cond:
+            if kind in self._encoders:
+                raise ValueError(f"an encoder of kind {kind!r} is already registered")
+            self._encoders[kind] = Encoder(encode, max_batch)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -180,9 +218,15 @@ class ModelWorker:
             self._thread.join(timeout)
 
     # ------------------------------------------------------------------ submitting
-    def submit_encode(self, pixels: np.ndarray) -> JobHandle:
-        """Encode one uint8 (H, W, 3) image; resolves to ``(Embedding, JobTiming)``."""
-        return self._submit(ENCODE, pixels=pixels)
+    def submit_encode(
+        self, pixels: np.ndarray, kind: str = ENCODE, *, bulk: bool = False
+    ) -> JobHandle:
+        """Encode one uint8 (H, W, 3) image with the encoder of ``kind`` (SAM 2's by
+        default); resolves to ``(its result, JobTiming)``. A ``bulk`` encode waits in the
+        bulk queue and is batched only with bulk encodes of its kind."""
+        if kind not in self._encoders:
+            raise ValueError(f"no encoder of kind {kind!r} is registered")
+        return self._submit(kind, pixels=pixels, bulk=bulk)
 
     def submit(
         self, kind: str, fn: Callable[[JobContext], Any], *, bulk: bool = False
@@ -190,8 +234,8 @@ class ModelWorker:
         """Run ``fn(context)`` alone on the worker; resolves to ``(result, JobTiming)``.
         A ``bulk`` job waits in the bulk queue and yields to interactive jobs at its
         checkpoints (``context.check()``)."""
-        if kind == ENCODE:
-            raise ValueError("use submit_encode for encode jobs")
+        if kind in self._encoders:
+            raise ValueError(f"{kind!r} is an encoder's kind: use submit_encode")
         return self._submit(kind, fn=fn, bulk=bulk)
 
     def _submit(self, kind: str, **payload: Any) -> JobHandle:
@@ -286,17 +330,20 @@ class ModelWorker:
                 self._cond.wait()
             if self._stopping:
                 return None
-            if not self._pending:
-                return [self._bulk.popleft()]
+            if not self._pending:  # bulk encodes join whatever of their kind waits now
+                batch = [self._bulk.popleft()]
+                self._take_encodes(batch, self._bulk)
+                return batch
             head = self._pending.popleft()
             batch = [head]
-            if head.kind != ENCODE or self.max_batch_size == 1:
+            encoder = self._encoders.get(head.kind)
+            if encoder is None or encoder.max_batch == 1:
                 return batch
             deadline = head.enqueued + self.max_wait_s
             while True:
-                self._take_encodes(batch)
+                self._take_encodes(batch, self._pending)
                 remaining = deadline - time.monotonic()
-                if len(batch) >= self.max_batch_size or remaining <= 0 or self._stopping:
+                if len(batch) >= encoder.max_batch or remaining <= 0 or self._stopping:
                     return batch
                 self._cond.wait(remaining)
 
@@ -308,16 +355,19 @@ class ModelWorker:
                 if not self._pending or self._stopping:
                     return
                 batch = [self._pending.popleft()]
-                if batch[0].kind == ENCODE:
-                    self._take_encodes(batch)
+                self._take_encodes(batch, self._pending)
             self._run_live(batch)
 
-    def _take_encodes(self, batch: list[_Job]) -> None:
-        """Move waiting encode jobs into ``batch`` (keeping other jobs' order)."""
-        for job in [j for j in self._pending if j.kind == ENCODE]:
-            if len(batch) >= self.max_batch_size:
+    def _take_encodes(self, batch: list[_Job], queue: deque[_Job]) -> None:
+        """Move encode jobs of the batch's kind waiting in ``queue`` into ``batch``, up to
+        its encoder's ``max_batch`` (keeping other jobs' order); nothing for other jobs."""
+        encoder = self._encoders.get(batch[0].kind)
+        if encoder is None:
+            return
+        for job in [j for j in queue if j.kind == batch[0].kind]:
+            if len(batch) >= encoder.max_batch:
                 return
-            self._pending.remove(job)
+            queue.remove(job)
             batch.append(job)
 
     def _run(self, jobs: list[_Job]) -> None:
@@ -325,8 +375,9 @@ class ModelWorker:
         queue_s = [started - job.enqueued for job in jobs]
         was_busy, self._busy = self._busy, True
         try:
-            if jobs[0].kind == ENCODE:
-                results: list[Any] = self._encode(jobs)
+            encoder = self._encoders.get(jobs[0].kind)
+            if encoder is not None:
+                results: list[Any] = self._encode(encoder, jobs)
             else:
                 job = jobs[0]
                 assert job.fn is not None
@@ -346,21 +397,54 @@ class ModelWorker:
         # Observed before the waiters resume, so metrics already count what they answer.
         self._finish(jobs[0].kind, len(jobs), queue_s, run_s)
         for job, result, waited in zip(jobs, results, queue_s, strict=True):
-            job.future.set_result((result, JobTiming(waited, run_s, len(jobs))))
+            if isinstance(result, _Failed):
+                job.future.set_exception(result.error)
+            else:
+                job.future.set_result((result, JobTiming(waited, run_s, len(jobs))))
 
-    def _encode(self, jobs: list[_Job]) -> list[Embedding]:
-        embedding = self.predictor.encode([job.pixels for job in jobs])
+    def _encode(self, encoder: Encoder, jobs: list[_Job]) -> list[Any]:
+        """One call for the batch; if it fails, each image alone (its error, or result)."""
+        images = [job.pixels for job in jobs]
+        try:
+            results = encoder.encode(images)  # type: ignore[arg-type]
+        except Exception:
+            if len(jobs) == 1:
+                raise
+            log.warning(
+                "a batch of %d %s jobs failed; encoding its images one at a time",
+                len(jobs),
+                jobs[0].kind,
+                exc_info=True,
+            )
+            return [self._encode_alone(encoder, image) for image in images]
+        if len(results) != len(jobs):
+            raise RuntimeError(
+                f"the {jobs[0].kind} encoder returned {len(results)} results for {len(jobs)} images"
+            )
+        return results
+
+    @staticmethod
+    def _encode_alone(encoder: Encoder, image: np.ndarray | None) -> Any:
+        try:
+            (result,) = encoder.encode([image])  # type: ignore[list-item]
+        except Exception as exc:  # noqa: BLE001 - handed to the image's job, not lost
+            return _Failed(exc)
+        return result
+
+    def _encode_embeddings(self, images: list[np.ndarray]) -> list[Embedding]:
+        """SAM 2's encoder: one Embedding per image, each owning its tensors."""
+        embedding = self.predictor.encode(images)
         if embedding.image_embed.is_cuda:  # time the encode, not its launch
             torch.cuda.synchronize(embedding.image_embed.device)
-        if len(jobs) == 1:
+        if len(images) == 1:
             return [embedding]
         # Indexing gives views of the batch tensors; copies let each image's entry be
         # cached and freed on its own (and make Embedding.nbytes its true footprint).
-        return [_own_copy(embedding[i]) for i in range(len(jobs))]
+        return [_own_copy(embedding[i]) for i in range(len(images))]
 
     def _finish(self, kind: str, size: int, queue_s: list[float], run_s: float) -> None:
         with self._cond:
-            per_job = run_s / size if kind == ENCODE else run_s
+            per_job = run_s / size if kind in self._encoders else run_s
             self._mean_run_s += _EWMA_WEIGHT * (per_job - self._mean_run_s)
         if self._on_batch is not None:
             try:

@@ -5,16 +5,20 @@
 embeddings, by the image's content hash, so its ``image_id`` is the one /v1/embeddings and
 /v1/segment use), and the detection of phrases on it. Uploads go through the service's own
 decoding (``max_pixels`` checked from the header, the bytes reserved in the decode budget)
-and every model call through its model worker (``Service.run_job``: the bounded
-interactive queue, cancelled when the client goes), so concept requests are bounded like
-every other model work; concurrent requests for the same uncached image share one encode.
-The masks a detection will hold are reserved in the decode budget before it runs:
-concurrent requests cannot multiply that memory either.
+and every model call through its model worker (the bounded interactive queue, cancelled
+when the client goes), so concept requests are bounded like every other model work.
+Concurrent requests for the same uncached image share one encode (a flight,
+:mod:`sam2serve.server.flight`); those for different images are batched: the worker's
+``concepts_encode`` encoder takes up to ``max_concept_batch_size`` images waiting together
+(within ``max_wait_ms``) through one ``Concepts.encode`` call, each image's pixels held in
+the decode budget until its batch has run. The masks a detection will hold are reserved in
+the decode budget before it runs: concurrent requests cannot multiply that memory either.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,10 +29,14 @@ import torch
 from sam2serve.concepts.engine import ConceptEncoding, ExemplarBox, Instance
 from sam2serve.concepts.runtime import Concepts
 from sam2serve.engine.rle import Rle, masks_to_rle
+from sam2serve.server.batching import JobTiming, WorkerStopped
 from sam2serve.server.cache import ByteLRU, EmbeddingKey, image_id_of, looks_like_image_id
+from sam2serve.server.decode_budget import Reservation
 from sam2serve.server.errors import ApiError
+from sam2serve.server.flight import Flight, Flights
 
 MiB = 1024 * 1024
+log = logging.getLogger("sam2serve.server")
 
 if TYPE_CHECKING:
     from sam2serve.server.service import RequestClock, Service
@@ -70,14 +78,6 @@ class DetectedConcept:
     rles: list[Rle]
 
 
-@dataclass
-class _Flight:
-    """An encode under way that every request for the same image bytes waits on."""
-
-    task: asyncio.Task
-    waiters: int = 0
-
-
 class ConceptImages:
     """The concept model of a service, its encoding cache, and its two model jobs."""
 
@@ -88,7 +88,13 @@ class ConceptImages:
         self.model_name = "sam3" if spec.size == "full" else f"sam3-{spec.size}"
         self.dtype_name = str(next(concepts.model.parameters()).dtype).removeprefix("torch.")
         self.cache = ConceptCache(service.settings.caches.concept_cache_bytes)
-        self._flights: dict[EmbeddingKey, _Flight] = {}
+        # Encodes under way, by image: concurrent requests for one image share one.
+        self.flights: Flights[EmbeddingKey, tuple[ConceptEncoding, JobTiming]] = Flights(
+            service.shared_work_dropped
+        )
+        service.worker.add_encoder(
+            ENCODE_JOB, self._encode_batch, service.settings.concepts.max_concept_batch_size
+        )
 
     @property
     def queries(self) -> int:
@@ -103,6 +109,15 @@ class ConceptImages:
 
     def key_for(self, image_id: str) -> EmbeddingKey:
         return EmbeddingKey(image_id, self.model_name, "concepts", self.dtype_name)
+
+    def _encode_batch(self, images: list[np.ndarray]) -> list[ConceptEncoding]:
+        """(On the model worker.) The images' encodings from one encoder call, each owning
+        its tensors: a batch's are views of the batch's, which would keep the whole batch
+        alive behind one cached entry and under-count it in the cache's budget."""
+        encodings = self.concepts.encode(images)
+        if len(images) == 1:
+            return encodings
+        return [_own_copy(encoding) for encoding in encodings]
 
     async def resolve(
         self,
@@ -156,72 +171,66 @@ class ConceptImages:
         bulk: bool = False,
     ) -> ConceptImage:
         """From the cache, from an encode of the same bytes already under way (shared), or
-        decoded (its size checked) and encoded on the model worker."""
+        decoded (its size checked) and encoded on the model worker (batched with other
+        images' encodes waiting then)."""
         key = self.key_for(image_id_of(data))
         encoding = self.cache.get(key)
         if encoding is not None:
             return ConceptImage(key, encoding, cached=True)
-        flight = self._flights.get(key)
+        flight = self.flights.get(key)
         if flight is None:
             pixels, reservation = await self.service.decode(data)
             try:
                 if check_size is not None:
                     check_size(pixels.shape[:2])
                 encoding = self.cache.get(key)  # finished by another request meanwhile
-                flight = self._flights.get(key)
-            except BaseException:
-                reservation.release()
-                raise
-            if encoding is not None or flight is not None:
-                reservation.release()
-                if encoding is not None:
-                    return ConceptImage(key, encoding, cached=True)
-            else:  # the pixels' bytes stay reserved until the encode ends
-                flight = self._start_flight(key, pixels, reservation, bulk)
+                flight = self.flights.get(key)
+                if encoding is None and flight is None:
+                    # The pixels' bytes stay reserved until the encode ends.
+                    flight = self._start_flight(key, pixels, reservation, bulk)
+                    reservation = None
+            finally:
+                if reservation is not None:
+                    reservation.release()
+            if encoding is not None:
+                return ConceptImage(key, encoding, cached=True)
         assert flight is not None
-        flight.waiters += 1
         try:
-            encoding, timing = await asyncio.shield(flight.task)
-        except asyncio.CancelledError:
-            if flight.waiters == 1 and not flight.task.done():
-                flight.task.cancel()  # nobody else waits: drop the encode job
-            current = asyncio.current_task()
-            if current is not None and current.cancelling() == 0:  # the encode, not us
-                raise ApiError(
-                    503,
-                    "cancelled",
-                    "the shared encode of this image was dropped; retry",
-                    headers=self.service.retry_headers(),
-                ) from None
-            raise
-        finally:
-            flight.waiters -= 1
-        clock.queue_s += timing.queue_s
-        clock.run_s += timing.run_s
+            encoding, timing = await self.flights.wait(key, flight)
+        except WorkerStopped as exc:
+            raise ApiError(503, "shutting_down", str(exc)) from None
+        clock.add_job(timing)
         return ConceptImage(key, encoding, cached=False)
 
     def _start_flight(
-        self, key: EmbeddingKey, pixels: np.ndarray, reservation, bulk: bool = False
-    ) -> _Flight:
-        from sam2serve.server.service import RequestClock
+        self, key: EmbeddingKey, pixels: np.ndarray, reservation: Reservation, bulk: bool
+    ) -> Flight[tuple[ConceptEncoding, JobTiming]]:
+        """Queue the image's encode (503 when the queue is full) as the key's flight, which
+        releases ``reservation`` when the encode has ended."""
+        handle = self.service.submit_encode(pixels, ENCODE_JOB, bulk=bulk)
+        size = (int(pixels.shape[1]), int(pixels.shape[0]))
 
-        async def encode() -> tuple[ConceptEncoding, RequestClock]:
-            timing = RequestClock()
+        async def finish() -> tuple[ConceptEncoding, JobTiming]:
             try:
-                (encoding,) = await self.service.run_job(
-                    ENCODE_JOB, lambda context: self.concepts.encode([pixels]), timing, bulk=bulk
-                )
-                self.cache.put(key, encoding)
-                return encoding, timing
+                encoding, timing = await asyncio.wrap_future(handle.future)
+            except (asyncio.CancelledError, WorkerStopped):
+                raise
+            except Exception as exc:  # the encoder failed on this image (not on others)
+                log.error("SAM 3 could not encode image %s", key.image_id, exc_info=exc)
+                raise ApiError(
+                    500,
+                    "encode_failed",
+                    f"SAM 3 could not encode this {size[0]}x{size[1]} image "
+                    f"({type(exc).__name__}); it has been logged",
+                ) from None
             finally:
-                self._flights.pop(key, None)
                 reservation.release()
+            self.cache.put(key, encoding)  # even if every requester has gone meanwhile
+            return encoding, timing
 
-        task = asyncio.create_task(encode())
-        task.add_done_callback(_consume_exception)
-        flight = _Flight(task)
-        self._flights[key] = flight
-        return flight
+        # Abandoned by every requester: the encode is dropped if it has not started (a
+        # started one still finishes and is cached); new requests start afresh.
+        return self.flights.start(key, finish(), abandon=handle.cancel)
 
     def mask_bytes(self, phrases: int, max_instances: int, size: tuple[int, int]) -> int:
         """What a detection's masks hold at most: every phrase's kept bool masks, plus one
@@ -278,10 +287,13 @@ class ConceptImages:
             reservation.release()
 
 
-def _consume_exception(task: asyncio.Task) -> None:
-    """Mark a shared encode's exception as seen (its waiters got it, or there were none)."""
-    if not task.cancelled():
-        task.exception()
+def _own_copy(encoding: ConceptEncoding) -> ConceptEncoding:
+    return ConceptEncoding(
+        tuple(t.clone() for t in encoding.fpn_hidden_states),
+        tuple(t.clone() for t in encoding.fpn_position_encoding),
+        encoding.height,
+        encoding.width,
+    )
 
 
 def _as_rles(found: dict[str, list[Instance]], size: tuple[int, int]) -> list[DetectedConcept]:

@@ -3,12 +3,12 @@
 :class:`Service` owns the model worker (one thread, batched encodes, bounded queue), the
 embedding and mask caches and the metrics. Embeddings are cached by content hash
 (:mod:`sam2serve.server.cache`); concurrent requests for the same uncached image share one
-encode (a :class:`_Flight`). With a persistent store (``settings.store.location``,
-:mod:`sam2serve.store`) an embedding comes from memory, else the store, else an encode,
-and every encode is written through to the store before it is answered, so any replica
-that shares the store can answer the image's ``image_id`` without encoding it again. A
-client that gives up cancels its model jobs; every failure a client can see is an
-:class:`~sam2serve.server.errors.ApiError`.
+encode (a flight, :mod:`sam2serve.server.flight`). With a persistent store
+(``settings.store.location``, :mod:`sam2serve.store`) an embedding comes from memory, else
+the store, else an encode, and every encode is written through to the store before it is
+answered, so any replica that shares the store can answer the image's ``image_id`` without
+encoding it again. A client that gives up cancels its model jobs; every failure a client
+can see is an :class:`~sam2serve.server.errors.ApiError`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.runtime.warmup import warm_up
 from sam2serve.server.batching import (
     BULK,
+    ENCODE,
     INTERACTIVE,
     JobCancelled,
     JobContext,
@@ -51,6 +52,7 @@ from sam2serve.server.cache import (
 )
 from sam2serve.server.decode_budget import DecodeBudget, Reservation, image_decode_bytes
 from sam2serve.server.errors import ApiError
+from sam2serve.server.flight import Flight, Flights
 from sam2serve.server.image_folder import FolderIndex
 from sam2serve.server.memory import release_free_memory
 from sam2serve.server.metrics import Metrics
@@ -68,15 +70,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("sam2serve.server")
 # Longest a request waits for room in the decode budget (less if request_timeout_s is).
 MAX_DECODE_WAIT_S = 30.0
-
-
-@dataclass
-class _Flight:
-    """An encode in progress that several requests for the same image may wait on."""
-
-    handle: JobHandle
-    task: asyncio.Task
-    waiters: int = 0
 
 
 @dataclass
@@ -191,7 +184,10 @@ class Service:
         )
         self.ready = False
         self._bulk_jobs: dict[str, int] = {}  # per client: bulk jobs queued or running
-        self._flights: dict[EmbeddingKey, _Flight] = {}
+        # Encodes under way, by image: concurrent requests for one image share one.
+        self.flights: Flights[EmbeddingKey, tuple[Embedding, JobTiming]] = Flights(
+            self.shared_work_dropped
+        )
         self._warmup_task: asyncio.Task | None = None
         self._reaper_task: asyncio.Task | None = None
 
@@ -264,6 +260,15 @@ class Service:
     def retry_headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.worker.retry_after_s())}
 
+    def shared_work_dropped(self) -> ApiError:
+        """What a request gets when the shared encode it waited on was dropped."""
+        return ApiError(
+            503,
+            "cancelled",
+            "the shared encode of this image was dropped; retry",
+            headers=self.retry_headers(),
+        )
+
     # ------------------------------------------------------------------ model jobs
     async def run_job(
         self,
@@ -316,6 +321,13 @@ class Service:
     ) -> JobHandle:
         """Queue ``fn`` on the model worker (503 if its queue is full); its handle."""
         return self._submit(lambda: self.worker.submit(kind, fn, bulk=bulk))
+
+    def submit_encode(
+        self, pixels: np.ndarray, kind: str = ENCODE, *, bulk: bool = False
+    ) -> JobHandle:
+        """Queue an encode of ``pixels`` by the worker's encoder of ``kind``, batched with
+        others of its kind (503 if its queue is full); its handle."""
+        return self._submit(lambda: self.worker.submit_encode(pixels, kind, bulk=bulk))
 
     def _submit(self, submit: Callable[[], JobHandle]) -> JobHandle:
         try:
@@ -402,12 +414,12 @@ class Service:
         embedding = self.cache.get(key)
         if embedding is not None:
             return self._checked(ImageState(key, embedding, cached=True), check_size)
-        flight = self._flights.get(key)
+        flight = self.flights.get(key)
         if flight is None and self.store is not None:
             embedding = await self._from_store(key)
             if embedding is not None:
                 return self._checked(ImageState(key, embedding, cached=True), check_size)
-            flight = self._flights.get(key)  # one may have started while we read
+            flight = self.flights.get(key)  # one may have started while we read
         if flight is None:
             reservation = None
             if pixels is None:
@@ -419,32 +431,14 @@ class Service:
                     check_size(pixels.shape[:2])
                 if key in self.cache:  # another request finished it meanwhile
                     return ImageState(key, self.cache.get(key), cached=True)
-                flight = self._flights.get(key)
+                flight = self.flights.get(key)
                 if flight is None:  # the pixels' bytes are held until the encode ends
                     flight = self._start_flight(key, pixels, reservation)
                     held.pop_all()
-        flight.waiters += 1
         try:
-            embedding, timing = await asyncio.shield(flight.task)
-        except asyncio.CancelledError:
-            if flight.waiters == 1 and not flight.task.done():
-                # Nobody else wants it: drop the encode if it has not started (a started
-                # one still finishes and is cached), and let new requests start afresh.
-                flight.handle.cancel()
-                self._flights.pop(key, None)
-            current = asyncio.current_task()
-            if current is not None and current.cancelling() == 0:  # the encode, not us
-                raise ApiError(
-                    503,
-                    "cancelled",
-                    "the shared encode of this image was dropped; retry",
-                    headers=self.retry_headers(),
-                ) from None
-            raise
+            embedding, timing = await self.flights.wait(key, flight)
         except WorkerStopped as exc:
             raise ApiError(503, "shutting_down", str(exc)) from None
-        finally:
-            flight.waiters -= 1
         clock.add_job(timing)
         return self._checked(ImageState(key, embedding, cached=False), check_size)
 
@@ -480,8 +474,8 @@ class Service:
 
     def _start_flight(
         self, key: EmbeddingKey, pixels: np.ndarray, reservation: Reservation | None
-    ) -> _Flight:
-        handle = self._submit(lambda: self.worker.submit_encode(pixels))
+    ) -> Flight[tuple[Embedding, JobTiming]]:
+        handle = self.submit_encode(pixels)
 
         async def finish() -> tuple[Embedding, JobTiming]:
             try:
@@ -492,15 +486,12 @@ class Service:
                 await self._write_through(key, embedding)
                 return embedding, timing
             finally:
-                self._flights.pop(key, None)
                 if reservation is not None:
                     reservation.release()
 
-        task = asyncio.create_task(finish())
-        task.add_done_callback(_consume_exception)
-        flight = _Flight(handle, task)
-        self._flights[key] = flight
-        return flight
+        # Abandoned by every requester: the encode is dropped if it has not started (a
+        # started one still finishes and is cached); new requests start afresh.
+        return self.flights.start(key, finish(), abandon=handle.cancel)
 
     async def resolve_image(
         self,
@@ -561,12 +552,6 @@ def _public_weights(weights: dict[str, Any]) -> dict[str, Any]:
         "file": None if path is None else PurePath(str(path)).name,
         "seed": weights.get("seed"),
     }
-
-
-def _consume_exception(task: asyncio.Task) -> None:
-    """Mark a background task's exception as seen (its waiters got it, or there were none)."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _limits(settings: ServerSettings) -> SessionLimits:

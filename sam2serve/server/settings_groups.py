@@ -51,6 +51,7 @@ CONCEPTS = "concept prompts (--concepts; SAM 3, docs/concepts.md)"
 MAX_CONCEPT_PHRASES = 64
 MAX_CONCEPT_BOXES = 64
 MAX_CONCEPT_INSTANCES = 200  # SAM 3's queries: no phrase can find more
+MAX_CONCEPT_BATCH_SIZE = 64
 # One SAM 3 image encoding (its FPN features, fp32) is ~225 MiB at 1008 px.
 DEFAULT_CONCEPT_CACHE_BYTES = 1024 * MiB
 
@@ -606,6 +607,19 @@ class ConceptSettings:
         metavar="N",
         low=1,
         high=MAX_CONCEPT_INSTANCES,
+        group=CONCEPTS,
+    )
+    # SAM 3 encodes images at 1008 px whatever their size, so a batch's working memory
+    # grows with its count alone (bench/results/concept_encode_memory_cpu_zen4.md); this
+    # bounds it as max_batch_size bounds SAM 2's, the pixels held in the decode budget.
+    max_concept_batch_size: int = option(
+        2,
+        help="images encoded together in one SAM 3 encoder call (concurrent /v1/concepts "
+        "requests for different images wait max_wait_ms for each other); each adds SAM 3's "
+        "full working memory",
+        metavar="N",
+        low=1,
+        high=MAX_CONCEPT_BATCH_SIZE,
         group=CONCEPTS,
     )
 

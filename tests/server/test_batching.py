@@ -269,3 +269,98 @@ def test_idle_hook_runs_when_the_queues_are_empty(predictor):
         assert idle.wait(5)
     finally:
         worker.stop(5)
+
+
+class RecordingEncoder:
+    """A second encoder kind: each image's result is its first pixel; images whose first
+    pixel is in ``failing`` make any call that holds them fail."""
+
+    def __init__(self, failing: tuple[int, ...] = ()) -> None:
+        self.batches: list[list[int]] = []
+        self.failing = failing
+
+    def __call__(self, images):
+        marks = [int(image[0, 0, 0]) for image in images]
+        self.batches.append(marks)
+        bad = [m for m in marks if m in self.failing]
+        if bad:
+            raise ValueError(f"cannot encode image {bad[0]}")
+        return [f"encoding {m}" for m in marks]
+
+
+def test_an_encoder_kind_batches_its_own_jobs_up_to_its_own_bound(predictor):
+    predictor.gate.clear()
+    concepts = RecordingEncoder()
+    worker = ModelWorker(predictor, max_batch_size=4, max_wait_s=0.0)
+    worker.add_encoder("concepts_encode", concepts, max_batch=2)
+    worker.start()
+    try:
+        blocker = worker.submit_encode(image(9))  # SAM 2's; the rest queue behind it
+        assert predictor.entered.wait(5)
+        sam3 = [worker.submit_encode(image(m), "concepts_encode") for m in (1, 2, 3)]
+        sam2 = [worker.submit_encode(image(m)) for m in (4, 5)]
+        predictor.gate.set()
+        answers = [h.future.result(timeout=10) for h in sam3]
+        embeddings = [h.future.result(timeout=10)[0] for h in sam2]
+        blocker.future.result(timeout=10)
+    finally:
+        worker.stop()
+    assert concepts.batches == [[1, 2], [3]]  # max_batch 2; never mixed with SAM 2's
+    assert predictor.batches == [1, 2]
+    assert [result for result, _ in answers] == ["encoding 1", "encoding 2", "encoding 3"]
+    assert [timing.batch_size for _, timing in answers] == [2, 2, 1]
+    assert [float(e.image_embed.flatten()[0]) for e in embeddings] == [4.0, 5.0]
+
+
+def test_a_failing_image_fails_only_its_own_job(predictor):
+    predictor.gate.clear()
+    concepts = RecordingEncoder(failing=(2,))
+    worker = ModelWorker(predictor, max_wait_s=0.0)
+    worker.add_encoder("concepts_encode", concepts, max_batch=4)
+    worker.start()
+    try:
+        worker.submit_encode(image(9))
+        assert predictor.entered.wait(5)
+        handles = [worker.submit_encode(image(m), "concepts_encode") for m in (1, 2, 3)]
+        predictor.gate.set()
+        with pytest.raises(ValueError, match="cannot encode image 2"):
+            handles[1].future.result(timeout=10)
+        good = [handles[i].future.result(timeout=10)[0] for i in (0, 2)]
+    finally:
+        worker.stop()
+    # the batch failed, then each image alone: only image 2's job sees the error
+    assert concepts.batches == [[1, 2, 3], [1], [2], [3]]
+    assert good == ["encoding 1", "encoding 3"]
+
+
+def test_bulk_encodes_batch_only_with_bulk_encodes_of_their_kind(predictor):
+    predictor.gate.clear()
+    concepts = RecordingEncoder()
+    worker = ModelWorker(predictor, max_wait_s=0.0)
+    worker.add_encoder("concepts_encode", concepts, max_batch=4)
+    worker.start()
+    try:
+        worker.submit_encode(image(9))
+        assert predictor.entered.wait(5)
+        bulk = [worker.submit_encode(image(m), "concepts_encode", bulk=True) for m in (1, 2)]
+        click = worker.submit_encode(image(3), "concepts_encode")
+        assert worker.depths() == {"interactive": 1, "bulk": 2}
+        predictor.gate.set()
+        for handle in [*bulk, click]:
+            handle.future.result(timeout=10)
+    finally:
+        worker.stop()
+    assert concepts.batches == [[3], [1, 2]]  # the click first, alone; then the bulk two
+
+
+def test_encoder_kinds_are_checked(predictor):
+    worker = ModelWorker(predictor)
+    worker.add_encoder("concepts_encode", RecordingEncoder(), max_batch=1)
+    with pytest.raises(ValueError, match="already registered"):
+        worker.add_encoder("concepts_encode", RecordingEncoder(), max_batch=1)
+    with pytest.raises(ValueError, match="max_batch"):
+        worker.add_encoder("other", RecordingEncoder(), max_batch=0)
+    with pytest.raises(ValueError, match="no encoder of kind 'nope'"):
+        worker.submit_encode(image(1), "nope")
+    with pytest.raises(ValueError, match="submit_encode"):
+        worker.submit("concepts_encode", lambda context: None)

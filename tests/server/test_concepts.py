@@ -182,7 +182,7 @@ def test_concurrent_uploads_of_one_image_share_one_encode(client, concepts_tiny)
     assert calls == [1]  # one encode of one image
     first, second = (a.json() for a in answers)
     assert first["concepts"] == second["concepts"]
-    assert not images._flights
+    assert not len(images.flights)
 
 
 def test_ready_metrics_and_docs_name_the_route(client, answer, predictor):

@@ -35,9 +35,9 @@ GROUPS = (
 def test_the_groups_and_every_flat_name_routed_to_one_field():
     assert tuple(f.name for f in dataclasses.fields(ServerSettings)) == GROUPS
     routes = flat_keys()
-    # The 50 flat fields ServerSettings had before the groups, the 5 of concepts and
+    # The 50 flat fields ServerSettings had before the groups, the 6 of concepts and
     # image_decode.
-    assert len(routes) == 56
+    assert len(routes) == 57
     assert routes["max_pixels"] == ("limits", "max_pixels")
     assert routes["video"] == ("video", "enabled")
     assert (routes["store"], routes["store_dtype"]) == (("store", "location"), ("store", "dtype"))
