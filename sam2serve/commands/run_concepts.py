@@ -77,6 +77,7 @@ SAM2_ONLY = (
     "min_score",
     "max_masks",
     "mask_format",
+    "image_decode",
     *AMG_FLAG_NAMES,
 )
 

@@ -235,6 +235,11 @@ LONG = "x" * (MAX_PHRASE_CHARS + 1)
         (["--text", "cat"], {"grey": {"text": [" "]}}, ["image 'grey.png', text", "empty"]),
         (["--text", "cat"], {"other.png": {"text": ["dog"]}}, ["'other.png'", "not given"]),
         ([], {"grey": {}}, ["nothing to find", "'grey.png'"]),
+        (
+            ["--text", "cat", "--image-decode", "host"],
+            None,
+            ["--image-decode is for --task amg, sps and mps (SAM 2.1)"],
+        ),
     ],
 )
 def test_bad_inputs_are_one_line_usage_errors_before_the_model(
