@@ -91,6 +91,9 @@ def test_furious_converts_no_weight_and_a_few_tensors_per_frame(frames):
         small_tiny_tracker(seed=5), RuntimeSpec(mode="furious", dtype="bfloat16")
     )
     assert furious.memory_attention_dtype == torch.bfloat16
+    # Both objects in one frame step, as on a GPU, whose conversions this counts (a CPU's
+    # default steps one object at a time and converts the frame's features per object).
+    furious.objects_per_call = 2
     masks, counts = track(furious, frames, counting=True)
     # Frame 0 is the prompted one; frame 1 makes the attention's bf16 weights, once.
     tracked = counts[2:]
