@@ -242,9 +242,7 @@ def test_many_concurrent_requests_stay_within_the_batch_and_memory_bounds(predic
     never pass the budget (the requests wait their turn for it), every request is
     answered, and nothing is left held."""
     pictures = [
-        photo(name, side)
-        for name in ("chelsea", "coffee", "astronaut")
-        for side in (40, 46)
+        photo(name, side) for name in ("chelsea", "coffee", "astronaut") for side in (40, 46)
     ]
     budget = 96 * 1024  # ~3 uploads' headers (11 bytes a pixel) at once
     app = make_app(

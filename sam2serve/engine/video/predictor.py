@@ -68,10 +68,10 @@ class FrameMasks:
 def default_objects_per_call(device: torch.device) -> int:
     """How many tracked objects one frame step batches on ``device``: all of them on an
     accelerator, where one batched call beats a loop of small ones; one at a time on a
-    CPU, where a frame step's work per object is already large enough to keep the cores
-    busy and an 8-object batch's activations (8 x 4096 x 2048 floats in the memory
-    attention's MLP alone) spill out of the caches: measured 1.2-1.3x slower per frame
-    than one object at a time at 8 objects (docs/benchmarks.md, "Objects per call")."""
+    CPU, where one object's frame step already keeps the cores busy and a batch's
+    activations (8 x 4096 x 2048 floats in the memory attention's MLP alone at 8 objects)
+    leave the caches, so the memory-bound steps slow down (docs/benchmarks.md, "Objects
+    per call on a CPU")."""
     return 1 if device.type == "cpu" else sys.maxsize
 
 
