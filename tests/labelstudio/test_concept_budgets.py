@@ -1,16 +1,21 @@
 """Label Studio's concept path under the service's budgets (issue 36), against the real
 command: ``sam2serve labelstudio --concepts --random-weights --sam3-size tiny
---concept-score-thresh 0`` in a subprocess on loopback (every query of the tiny random SAM 3
-scores above 0, so every detection keeps all it may).
+--concept-score-thresh 0 --concept-max-instances 3 --max-decoded-mib 256`` in a subprocess on
+loopback (every query of the tiny random SAM 3 scores above 0, so every detection keeps all
+it may).
 
 What is asserted, from outside: a small PNG data URI that declares a large image (a 12 Mpx
-1-bit PNG is a few KiB) is refused with /v1/concepts' 413 ``over_decode_budget`` before it
-is decoded, by Label Studio's /predict and by /v1/concepts on the same image, and the
-backend's peak RSS barely moves; a label config of more labels than ``--concept-max-labels``
-and hostile TextArea texts (one huge entry; a thousand entries of short phrases) are 422s
-naming the bound, without stalling /healthz; at threshold 0 each label gets at most
-``--concept-max-instances`` instances; the log has no traceback. The peak growths are
-printed (``-s``).
+1-bit PNG is 4.5 KB; its masks, 3 instances x 2 labels, would take ~400 MiB, more than the
+256 MiB decode budget, while decoding it alone would fit) is refused with /v1/concepts' 413
+``over_decode_budget`` before it is decoded, by Label Studio's /predict and by /v1/concepts
+on the same image, and the backend's peak RSS barely moves (before the fix Label Studio
+answered it, its peak RSS 2 GiB higher); a label config of more labels than
+``--concept-max-labels`` and hostile TextArea texts (an entry of 64,000 characters; a
+thousand entries of a thousand repeated phrases, 29 s of the event loop before the fix; a
+thousand distinct phrases) are 422s naming the bound, without stalling /healthz, while a
+phrase repeated a thousand times within the text's bound is answered once; at threshold 0
+each label gets at most ``--concept-max-instances`` instances; the log has no traceback.
+The peak growths are printed (``-s``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from hostile import REPO, SpawnedServer, StallProbe, free_port, subprocess_env
 from surfaces import MAX_STALL_S, MiB, peak_growth
 
 MAX_INSTANCES = 3
+DECODE_BUDGET_MIB = 256
 START_TIMEOUT_S = 180.0
 TIMEOUT_S = 120.0
 # What a refused request may add to the backend's peak RSS: the body, its text and the
@@ -82,6 +88,8 @@ def backend() -> Iterator[SpawnedServer]:
         "0",
         "--concept-max-instances",
         str(MAX_INSTANCES),
+        "--max-decoded-mib",
+        str(DECODE_BUDGET_MIB),
         "--no-warmup",
         "--host",
         "127.0.0.1",
@@ -131,6 +139,15 @@ def measured(live: SpawnedServer, path: str, body: dict) -> tuple[httpx.Response
     return answer, growth, probe.worst_s
 
 
+def images_decoded(live: SpawnedServer) -> float:
+    """How many images the backend has decoded (its decode_image stage count)."""
+    with live.client() as client:
+        metrics = client.get("/metrics").text
+    name = 'sam2serve_stage_duration_seconds_count{stage="decode_image"}'
+    counts = [line.split()[-1] for line in metrics.splitlines() if line.startswith(name)]
+    return float(counts[0]) if counts else 0.0
+
+
 def error_of(answer: httpx.Response) -> dict:
     return answer.json()["error"]
 
@@ -139,9 +156,11 @@ def error_of(answer: httpx.Response) -> dict:
 def test_a_small_png_declaring_a_large_image_is_refused_before_decoding(backend, size):
     data = bomb(*size)
     assert len(data) < 16 * 1024  # the issue's was 15.6 KB
+    decoded = images_decoded(backend)
     answer, growth, stall = measured(
         backend, "/predict", predict_body([data_uri(data)], config=config())
     )
+    assert images_decoded(backend) == decoded  # refused from the header
     assert answer.status_code == 413, answer.text[:500]
     error = error_of(answer)
     assert error["code"] == "over_decode_budget", error
@@ -174,31 +193,40 @@ def test_a_config_of_more_labels_than_the_limit_is_refused(backend):
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("text", "message"),
     [
-        "cat, " * 200_000,  # one entry of a million characters
-        ["a," * 1000] * 1000,  # a thousand entries, each of a thousand one-letter phrases
-        ["a"] * 1000 + ["b"],  # the same phrase a thousand times, then a second
-        [f"p{i}" for i in range(1000)],  # a thousand distinct phrases, one per entry
+        ("cat\n" * 16_000, "64000 characters; a TextArea prompt is at most 32 phrases"),
+        (["a\n" * 1000] * 1000, "TextArea text passes 2080 characters"),
+        ([f"p{i}" for i in range(1000)], "more than 32 phrases"),
     ],
-    ids=["huge_entry", "many_entries_of_many_phrases", "repeated_phrase", "many_phrases"],
+    ids=["huge_entry", "many_entries_of_many_phrases", "many_phrases"],
 )
-def test_a_hostile_textarea_is_refused_naming_the_bound(backend, text):
+def test_a_hostile_textarea_is_refused_naming_the_bound(backend, text, message):
     body = predict_body([data_uri(png(picture()))], [textarea(text)], config=config())
     answer, growth, stall = measured(backend, "/predict", body)
-    if text == ["a"] * 1000 + ["b"]:  # two phrases after all: answered
-        assert answer.status_code == 200, answer.text[:500]
-        return
     assert answer.status_code == 422, answer.text[:500]
+    assert message in error_of(answer)["message"], error_of(answer)
     assert "--concept-max-labels" in error_of(answer)["message"]
     assert growth <= REFUSED_GROWTH, f"peak RSS grew {growth / MiB:.0f} MiB"
     assert stall <= MAX_STALL_S, f"/healthz stalled {stall:.2f} s"
 
 
+def test_a_phrase_repeated_a_thousand_times_is_asked_once(backend):
+    body = predict_body([data_uri(png(picture()))], [textarea(["a"] * 999 + ["Object"])])
+    answer = post(backend, "/predict", {**body, "label_config": config()})
+    assert answer.status_code == 200, answer.text[:500]
+    [prediction] = answer.json()["results"]
+    labels = {region["value"]["brushlabels"][0] for region in prediction["result"]}
+    assert labels == {"Object"}  # "a" gets the tag's first label, "Object" its own
+    assert 0 < len(prediction["result"]) <= 2 * MAX_INSTANCES
+
+
 def test_at_threshold_zero_each_label_gets_at_most_max_instances(backend):
     body = predict_body([data_uri(png(picture(160, 120)))], config=config())
+    decoded = images_decoded(backend)
     answer = post(backend, "/predict", body)
     assert answer.status_code == 200, answer.text[:500]
+    assert images_decoded(backend) == decoded + 1  # what the refusals above did not do
     [prediction] = answer.json()["results"]
     for label in LABELS:
         own = [r for r in prediction["result"] if r["value"]["brushlabels"] == [label]]
