@@ -4,14 +4,22 @@ One job on the service's model worker per task (a bulk job for pre-annotation, y
 clicks between phrase batches; an interactive one for a typed phrase): the image is encoded
 once (the encoding kept in a byte-budgeted LRU by the image's content hash, so the next
 phrase typed on it is a detector pass only), the phrases' text once, then every phrase runs
-through the detector as one batch over that encoding, the batch cut only where its worst
-case of full-size masks (queries x phrases x pixels) would pass ``MASK_BATCH_BYTES``;
+through the detector as one batch over that encoding, the batch cut only where its kept
+full-size masks (instances x phrases x pixels) would pass ``MASK_BATCH_BYTES``;
 phrases with exemplar boxes (rectangles labelled with their concept label) are batched
 with the phrases of the same boxes only, converted from percent to the image's pixels once
-its size is known. Per phrase, the non-empty instances above ``--concept-score-thresh``
-are kept, highest scores first, at most ``--concept-max-instances``, their masks
-bit-packed (a bit per pixel) until they are written off the worker; each becomes a region
-with its phrase's label and score:
+its size is known. Per phrase, the instances above ``--concept-score-thresh`` are ranked
+and at most ``--concept-max-instances`` kept (no more than the service's
+``--max-concept-instances``) before any mask is upsampled; the non-empty ones, highest
+scores first, are bit-packed (a bit per pixel) until they are written off the worker; each
+becomes a region with its phrase's label and score.
+
+The service's budgets bound it as they bound /v1/concepts on the same image (one formula,
+:mod:`sam2serve.concepts.mask_budget`): the masks a task may hold are worked out from the
+image's header and refused (413 ``over_decode_budget``) before anything is decoded when
+they could never fit in ``max_decoded_bytes_in_flight``; the image is decoded within the
+service's ``max_pixels`` and decode budget; the masks' bytes are held in that budget while
+the detection runs and its regions are written. The regions are:
 
 - BrushLabels: one brush region (Label Studio's RLE, :mod:`sam2serve.labelstudio.brush`);
 - PolygonLabels: one polygon region per outer boundary of the mask
@@ -30,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from sam2serve.concepts.engine import ConceptEncoding, ExemplarBox, Instance, text_rows
+from sam2serve.concepts.mask_budget import DetectionMasks
 from sam2serve.concepts.runtime import Concepts
 from sam2serve.engine.formats import mask_to_polygons
 from sam2serve.labelstudio.brush import mask_to_brush_rle
@@ -37,12 +46,19 @@ from sam2serve.labelstudio.concept_prompts import ConceptPrompt
 from sam2serve.labelstudio.label_config import BRUSH
 from sam2serve.labelstudio.options import LabelStudioOptions
 from sam2serve.server.batching import JobContext
+from sam2serve.server.errors import ApiError
 from sam2serve.server.service import RequestClock, Service
+from sam2serve.server.uploads import probe_image
 
 MiB = 1024 * 1024
-# The most bytes of bool masks one detector batch may produce at worst (every query kept):
-# phrases per batch = this // (queries x height x width), at least one.
-MASK_BATCH_BYTES = 1024 * MiB
+# The most bytes of bool masks one detector batch may keep at worst: phrases per batch =
+# this // (instances x height x width), at least one.
+MASK_BATCH_BYTES = 256 * MiB
+# What a refusal of the mask budget tells the operator and the annotator to change.
+REMEDY = (
+    "ask fewer labels or phrases at once, lower --concept-max-instances, use a smaller "
+    "image, or raise --max-decoded-mib"
+)
 MAX_POLYGONS = 8  # outer boundaries of one instance written as polygon regions
 
 
@@ -82,6 +98,20 @@ class ConceptAnswerer:
         weights = f"random-seed{spec.seed}" if spec.random_weights else "weights"
         return f"sam3-{spec.size}-{weights}"
 
+    def max_instances(self, service: Service) -> int:
+        """The instances kept per phrase: ``--concept-max-instances``, no more than the
+        service's ``--max-concept-instances`` (/v1/concepts' bound) nor SAM 3's queries."""
+        limit = service.settings.concepts.max_concept_instances
+        return min(self.options.concept_max_instances, limit, self.concepts.size.queries)
+
+    def masks(self, prompt: ConceptPrompt, instances: int, size: tuple[int, int]) -> DetectionMasks:
+        """What the masks of ``prompt`` on an image of ``size`` (height, width) hold at
+        most: a detector batch's bool masks, and every phrase's kept ones packed."""
+        height, width = size
+        batch = batch_phrases(instances * height * width)
+        unpacked = min(len(prompt.phrases), batch)
+        return DetectionMasks(len(prompt.phrases), instances, height, width, unpacked)
+
     async def regions(
         self, service: Service, data: bytes, prompt: ConceptPrompt, *, bulk: bool
     ) -> list[dict[str, Any]]:
@@ -92,22 +122,48 @@ class ConceptAnswerer:
         if images is None:
             raise RuntimeError("Label Studio's concepts need the service's (--concepts)")
         clock = RequestClock()
+        instances = self.max_instances(service)
+        # From the header (nothing decoded; 413 past max_pixels): masks that could never fit
+        # are refused before the image is decoded or encoded.
+        width, height = await asyncio.to_thread(
+            probe_image, data, service.settings.limits.max_pixels
+        )
+        if width and height:
+            self._check(service, self.masks(prompt, instances, (height, width)))
         # Cached (a phrase typed after another decodes nothing), joined, or decoded within
         # the service's budgets and encoded, as /v1/concepts does.
         encoding = (await images.resolve(data, None, clock, bulk=bulk)).encoding
+        masks = self.masks(prompt, instances, (encoding.height, encoding.width))
+        self._check(service, masks)  # a header Pillow could not probe
+        reservation = await service.decoding.reserve(masks.nbytes, masks.describe())
+        try:
 
-        def run(context: JobContext) -> dict[str, list[_Kept]]:
-            return self._detect(context, encoding, prompt)
+            def run(context: JobContext) -> dict[str, list[_Kept]]:
+                return self._detect(context, encoding, prompt, instances)
 
-        found = await service.run_job("concepts", run, clock, bulk=bulk)
-        return await asyncio.to_thread(_regions, found, prompt, encoding.width, encoding.height)
+            found = await service.run_job("concepts", run, clock, bulk=bulk)
+            return await asyncio.to_thread(_regions, found, prompt, encoding.width, encoding.height)
+        finally:
+            reservation.release()
+
+    @staticmethod
+    def _check(service: Service, masks: DetectionMasks) -> None:
+        """413 when ``masks`` could never fit in the service's decode budget."""
+        refusal = masks.refusal(service.decoding.limit, REMEDY)
+        if refusal is not None:
+            raise ApiError(413, "over_decode_budget", refusal)
 
     def _detect(
-        self, context: JobContext, encoding: ConceptEncoding, prompt: ConceptPrompt
+        self,
+        context: JobContext,
+        encoding: ConceptEncoding,
+        prompt: ConceptPrompt,
+        instances: int,
     ) -> dict[str, list[_Kept]]:
-        """On the model worker: the phrases in batches over the image's encoding."""
+        """On the model worker: the phrases in batches over the image's encoding, at most
+        ``instances`` kept per phrase before their masks are upsampled."""
         phrases = prompt.phrases
-        worst = self.concepts.size.queries * encoding.height * encoding.width
+        worst = instances * encoding.height * encoding.width
         text = self.concepts.encode_text(phrases)  # once, sliced per batch
         found: dict[str, list[_Kept]] = {}
         for indices, boxes in detector_batches(prompt, encoding.width, encoding.height, worst):
@@ -115,14 +171,24 @@ class ConceptAnswerer:
             batch = tuple(phrases[i] for i in indices)
             rows = text if len(batch) == len(phrases) else text_rows(text, indices)
             answers = self.concepts.detect(
-                encoding, batch, boxes, self.options.concept_score_thresh, text=rows
+                encoding,
+                batch,
+                boxes,
+                self.options.concept_score_thresh,
+                text=rows,
+                max_instances=instances,
             )
             for phrase in batch:
                 kept = [i for i in answers[phrase] if i.mask.any()]
                 kept.sort(key=lambda instance: -instance.score)
-                found[phrase] = [_Kept.of(i) for i in kept[: self.options.concept_max_instances]]
+                found[phrase] = [_Kept.of(i) for i in kept]
             del answers  # this batch's full masks, before the next batch makes its own
         return found
+
+
+def batch_phrases(worst_bytes: int) -> int:
+    """Phrases per detector batch when each phrase may keep ``worst_bytes`` of bool masks."""
+    return max(1, MASK_BATCH_BYTES // max(1, worst_bytes))
 
 
 def detector_batches(
@@ -131,8 +197,8 @@ def detector_batches(
     """The phrases' detector batches as (phrase indices, exemplar boxes in pixels): the
     detector applies a batch's boxes to every phrase in it, so phrases are batched with
     those that have the same boxes (none, or one label's), and every batch is cut at
-    ``MASK_BATCH_BYTES // worst_bytes`` phrases."""
-    per_batch = max(1, MASK_BATCH_BYTES // max(1, worst_bytes))
+    :func:`batch_phrases` phrases."""
+    per_batch = batch_phrases(worst_bytes)
     groups: dict[tuple, list[int]] = {}  # the phrases of each set of boxes, in order
     for i in range(len(prompt.phrases)):
         groups.setdefault(prompt.exemplars_of(i), []).append(i)
@@ -209,4 +275,10 @@ def polygons_percent(mask: np.ndarray) -> list[list[list[float]]]:
     ]
 
 
-__all__ = ["ConceptAnswerer", "detector_batches", "instance_regions", "polygons_percent"]
+__all__ = [
+    "ConceptAnswerer",
+    "batch_phrases",
+    "detector_batches",
+    "instance_regions",
+    "polygons_percent",
+]

@@ -18,7 +18,10 @@
 
 Everything is bounded before the model sees it: at most ``concept_max_labels`` phrases
 (a config with more labels is refused, not cut), each at most ``MAX_PHRASE_CHARS``
-characters, and at most the service's ``max_concept_boxes`` exemplar boxes in one
+characters, the TextArea text of one interaction (all its entries together) at most what
+that many phrases and their separators take, counted before it is split (so a text of many
+repeated phrases is refused, not deduplicated at length), and at most the service's
+``max_concept_boxes`` exemplar boxes in one
 interaction (counted as they are read: more is refused, not cut). Every refusal is a 422
 naming the place and the limit. Coordinates stay in percent (checked and clamped as SAM 2's
 boxes are, :func:`sam2serve.labelstudio.context.percent_box`) until the image's size is
@@ -101,7 +104,8 @@ def context_prompts(
         return None
     by_name = {label.casefold(): label for label in reversed(output.labels)}
     image_name: str | None = None
-    phrases: list[str] = []
+    phrases: dict[str, None] = {}  # the typed phrases, each once, in order
+    typed_chars = 0  # of every TextArea entry of the interaction, bounded before splitting
     exemplars: dict[str, list[PercentExemplar]] = {}
     boxes = 0
     typed = False
@@ -137,12 +141,21 @@ def context_prompts(
             continue
         typed = True
         for k, entry in enumerate(_texts(region, where)):
-            phrases.extend(_split(entry, f"{where}.value.text[{k}]", max_phrases))
-            if len(dict.fromkeys(phrases)) > max_phrases:
+            at = f"{where}.value.text[{k}]"
+            split = _split(entry, at, max_phrases)  # the entry's own length checked first
+            typed_chars += len(entry)
+            if typed_chars > _longest_text(max_phrases):
+                raise _bad(
+                    f"{at}: the interaction's TextArea text passes {_longest_text(max_phrases)} "
+                    f"characters; it is at most {max_phrases} phrases ({_LIMIT_FLAG}) of at "
+                    f"most {MAX_PHRASE_CHARS} characters each"
+                )
+            phrases.update(dict.fromkeys(split))
+            if len(phrases) > max_phrases:
                 raise _too_many(where, max_phrases)
     if not typed and not exemplars:
         return None
-    unique = list(dict.fromkeys(phrases))
+    unique = list(phrases)
     fallback = chosen if chosen in output.labels else output.labels[0]
     labels = [by_name.get(phrase.casefold(), fallback) for phrase in unique]
     for label in exemplars:  # a concept shown by example only is asked by its name
@@ -228,7 +241,7 @@ def _texts(region: ContextRegion, where: str) -> list[str]:
 
 def _split(entry: str, where: str, max_phrases: int) -> list[str]:
     """The phrases of one text entry; its length is checked before it is split."""
-    longest = max_phrases * (MAX_PHRASE_CHARS + 1)
+    longest = _longest_text(max_phrases)
     if len(entry) > longest:
         raise _bad(
             f"{where}: {len(entry)} characters; a TextArea prompt is at most {max_phrases} "
@@ -244,6 +257,11 @@ def _split(entry: str, where: str, max_phrases: int) -> list[str]:
                 f"prompt is at most {MAX_PHRASE_CHARS}"
             )
     return [phrase for phrase in phrases if phrase]
+
+
+def _longest_text(max_phrases: int) -> int:
+    """The most characters ``max_phrases`` phrases and their separators can take."""
+    return max_phrases * (MAX_PHRASE_CHARS + 1)
 
 
 def _label_of(region: ContextRegion) -> str | None:

@@ -157,7 +157,8 @@ class LabelStudioOptions:
     concept_max_instances: int = option(
         100,
         help="with --concepts: the most instances answered per label or phrase of a task, "
-        "highest scores first",
+        "highest scores first, chosen before masks are upsampled (at most the service's "
+        "--max-concept-instances)",
         metavar="N",
         low=1,
         high=10_000,

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from sam2serve.concepts.engine import ConceptEncoding, ExemplarBox, Instance
+from sam2serve.concepts.mask_budget import DetectionMasks
 from sam2serve.concepts.runtime import Concepts
 from sam2serve.engine.rle import Rle, masks_to_rle
 from sam2serve.server.batching import JobTiming, WorkerStopped
@@ -43,9 +44,6 @@ if TYPE_CHECKING:
 
 ENCODE_JOB = "concepts_encode"
 DETECT_JOB = "concepts_detect"
-# Per kept instance and pixel while a phrase's masks are made: its float logits upsampled
-# (4) and their sigmoid (4), the bool mask (1) and its copy stacked for the RLE (1).
-MASK_BYTES_PER_PIXEL = 10
 WARM_UP_SIDE = 64
 
 
@@ -232,32 +230,27 @@ class ConceptImages:
         # started one still finishes and is cached); new requests start afresh.
         return self.flights.start(key, finish(), abandon=handle.cancel)
 
+    def masks(self, phrases: int, max_instances: int, size: tuple[int, int]) -> DetectionMasks:
+        """A detection's masks: every phrase's kept bool masks, plus one phrase's upsampling
+        and RLE copies (:mod:`sam2serve.concepts.mask_budget`, shared with Label Studio)."""
+        return DetectionMasks.of(phrases, max_instances, self.queries, size)
+
     def mask_bytes(self, phrases: int, max_instances: int, size: tuple[int, int]) -> int:
-        """What a detection's masks hold at most: every phrase's kept bool masks, plus one
-        phrase's upsampling and RLE copies (``MASK_BYTES_PER_PIXEL``)."""
-        kept = min(max_instances, self.queries)
-        pixels = size[0] * size[1]
-        return phrases * kept * pixels + kept * pixels * (MASK_BYTES_PER_PIXEL - 1)
+        """What a detection's masks hold at most (:meth:`masks`)."""
+        return self.masks(phrases, max_instances, size).nbytes
 
     def check_mask_budget(self, phrases: int, max_instances: int, size: tuple[int, int]) -> None:
         """413 before any model work when a detection's masks alone could never fit in the
         decode budget (one that fits waits for room in :meth:`detect`)."""
-        need = self.mask_bytes(phrases, max_instances, size)
-        limit = self.service.decoding.limit
-        if need > limit:
-            raise ApiError(
-                413,
-                "over_decode_budget",
-                f"{self._masks_what(phrases, max_instances, size)} would take "
-                f"{need / MiB:,.0f} MiB, more than this server holds at once "
-                f"({limit / MiB:,.0f} MiB, max_decoded_bytes_in_flight); send fewer phrases, "
-                f"a lower max_instances or a smaller image",
-            )
+        refusal = self.masks(phrases, max_instances, size).refusal(
+            self.service.decoding.limit,
+            "send fewer phrases, a lower max_instances or a smaller image",
+        )
+        if refusal is not None:
+            raise ApiError(413, "over_decode_budget", refusal)
 
     def _masks_what(self, phrases: int, max_instances: int, size: tuple[int, int]) -> str:
-        height, width = size
-        kept = min(max_instances, self.queries)
-        return f"masks of {phrases} phrase(s) x {kept} instances on a {width}x{height} image"
+        return self.masks(phrases, max_instances, size).describe()
 
     async def detect(
         self,

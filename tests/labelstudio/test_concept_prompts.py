@@ -107,6 +107,13 @@ def expected(concepts_tiny) -> dict[str, list]:
     }
 
 
+@pytest.fixture(scope="module")
+def ranked(concepts_tiny) -> dict[str, list]:
+    """Every instance of the two labels on the image (empty masks too), best first."""
+    [found] = concepts_tiny.segment([PIXELS], LABELS, (), 0.0)
+    return {phrase: sorted(found[phrase], key=lambda i: -i.score) for phrase in LABELS}
+
+
 def by_label(regions: list[dict], key: str) -> dict[str, list[dict]]:
     grouped: dict[str, list[dict]] = {}
     for region in regions:
@@ -150,7 +157,7 @@ def rasterised(points: list[list[float]]) -> np.ndarray:
     return polygon2mask((H, W), np.asarray(rows_cols))
 
 
-def test_polygonlabels_get_polygons_and_instances_are_bounded(make_client, expected):
+def test_polygonlabels_get_polygons_and_instances_are_bounded(make_client, ranked):
     client = make_client(concept_max_instances=3)
     body = predict_body([IMAGE], config=config("PolygonLabels"))
     response = client.post("/predict", json=body)
@@ -159,7 +166,10 @@ def test_polygonlabels_get_polygons_and_instances_are_bounded(make_client, expec
     grouped = by_label(regions, "polygonlabels")
     assert list(grouped) == list(LABELS)
     for label in LABELS:
-        best = expected[label][:3]  # the three best-scored instances, in order
+        # The three best-scored instances, in order, chosen before any mask is upsampled
+        # (as /v1/concepts' max_instances); the empty ones among them left out.
+        best = [instance for instance in ranked[label][:3] if instance.mask.any()]
+        assert best
         assert sorted({r["score"] for r in grouped[label]}, reverse=True) == pytest.approx(
             [i.score for i in best], abs=1e-4
         )
@@ -505,3 +515,30 @@ def test_other_rectangles_stay_sam2_boxes_with_concepts_on(make_client, ls_predi
     want, score = engine_mask(ls_predictor, PIXELS, [], [], box=box)
     assert (decode_brush(region["value"]["rle"], H, W) != want).mean() <= 1e-3
     assert region["score"] == pytest.approx(score, abs=1e-4)
+
+
+def test_masks_past_the_decode_budget_are_refused_before_the_encode(make_client):
+    """The same mask budget as /v1/concepts: 2 labels x 3 instances on the 96x64 image hold
+    2 x 3 x 6,144 + 3 x 6,144 x 9 = 202,752 bytes at worst, more than a 150,000-byte decode
+    budget that decoding the image alone (67,584 bytes) fits in; 4 labels x 1 instance,
+    4 x 6,144 + 6,144 x 9 = 79,872 bytes, fit and are answered."""
+    client = make_client(
+        settings=SETTINGS.replace(max_decoded_bytes_in_flight=150_000), concept_max_instances=3
+    )
+    cache = client.app.state.service.concepts.cache
+    response = client.post("/predict", json=predict_body([IMAGE], config=config()))
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert error["code"] == "over_decode_budget"
+    assert "masks of 2 phrase(s) x 3 instances on a 96x64 image" in error["message"]
+    assert "--concept-max-instances" in error["message"]
+    assert cache.stats().entries == 0  # nothing encoded
+    client = make_client(
+        settings=SETTINGS.replace(max_decoded_bytes_in_flight=150_000), concept_max_instances=1
+    )
+    body = predict_body([IMAGE], config=config(labels=("Object", "Cat", "Dog", "Car")))
+    response = client.post("/predict", json=body)
+    assert response.status_code == 200, response.text
+    regions = response.json()["results"][0]["result"]
+    assert 0 < len(regions) <= 4
+    assert client.app.state.service.decoding.held == 0  # the masks' bytes given back
