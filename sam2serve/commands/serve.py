@@ -146,7 +146,7 @@ def add_arguments(parser: CommandParser) -> None:
     runtime = DEFAULTS.runtime
     model = argument_group(parser, RUNTIME)
     add_model_flag(model, runtime.model)
-    add_mode_flag(model, runtime.mode)
+    add_mode_flag(model, runtime.mode, concepts=True)
     add_backend_flag(model)
     add_device_flag(model)
     add_threads_flag(model)
