@@ -1,8 +1,8 @@
 """``sam2serve bench --task concepts``: SAM 3 concept segmentation, per stage, per mode.
 
 One process, one model: the concept model is loaded once and every mode
-(:mod:`sam2serve.concepts.modes`) is derived from it, so every mode runs on identical
-weights. Each repeat takes the next image (cycled) and times, one after another:
+(:mod:`sam2serve.runtime.concepts`) is derived from a copy of it, so every mode runs on
+identical weights. Each repeat takes the next image (cycled) and times, one after another:
 
 - ``preprocess``: the uint8 image resized and normalised on the device (the upload);
 - ``backbone``: the vision encoder (ViT + neck), once per image;
@@ -22,7 +22,7 @@ stage is reported as a share of the host's peak for its arithmetic (fp32, int8 o
 Accuracy: each mode's instances are compared with the baseline's on the same image and
 phrases (score threshold 0, so every query is an instance and instances match by query
 index), the ``top_k`` queries by baseline score: mIoU of the masks and the largest score
-difference (:func:`sam2serve.concepts.modes.agreement`).
+difference (:func:`sam2serve.concepts.agreement.agreement`).
 """
 
 from __future__ import annotations
@@ -39,8 +39,11 @@ import torch
 
 from sam2serve.bench.machine import MachineInfo, load_average, machine_info
 from sam2serve.concepts import engine
-from sam2serve.concepts.modes import BASELINE, CONCEPT_MODES, FURIOUS, INT8, agreement, apply_mode
+from sam2serve.concepts.agreement import agreement
 from sam2serve.concepts.runtime import Concepts, ConceptsSpec
+from sam2serve.runtime.concepts import CONCEPT_MODES, apply_concepts_mode, stage_precisions
+
+BASELINE, FURIOUS, INT8 = "baseline", "furious", "int8"
 
 __all__ = [
     "CONCEPTS_TASK",
@@ -60,8 +63,6 @@ IMAGE_STAGES = ("preprocess", "backbone")
 PHRASE_STAGES = ("text", "detector", "postprocess")
 STAGES = (*IMAGE_STAGES, *PHRASE_STAGES)
 PHRASES = ("cat", "dog", "person", "car", "tree", "cup", "bicycle", "bird", "chair", "bottle")
-# The arithmetic each mode's stages run in (the backbone is what the modes change).
-STAGE_ARITHMETIC = {INT8: "int8", FURIOUS: "bf16"}
 
 
 class ConceptsBenchError(Exception):
@@ -98,7 +99,7 @@ def parse_host_peak(text: str, source: str = "") -> HostPeak:
 @dataclass(frozen=True)
 class ConceptsBenchConfig:
     spec: ConceptsSpec
-    modes: tuple[str, ...] = (BASELINE, INT8, FURIOUS)
+    modes: tuple[str, ...] = (BASELINE, FURIOUS, INT8)
     images: tuple[tuple[str, np.ndarray], ...] = ()  # (name, uint8 RGB), cycled per repeat
     phrase_counts: tuple[int, ...] = (1, 10)
     repeats: int = 3
@@ -147,6 +148,9 @@ class ConceptsRow:
     load_end: tuple[float, float, float] = (0.0, 0.0, 0.0)
     note: str = ""  # why the row is not timed, where it is not
     ran: bool = False  # the mode was built and ran (timed or not)
+    # What each model stage computed in (runtime.concepts.stage_precisions): backbone, text,
+    # detector -> int8 / bf16 / fp16 / fp32; the other stages are fp32.
+    precisions: dict[str, str] = field(default_factory=dict)
 
     @property
     def timed(self) -> bool:
@@ -213,8 +217,7 @@ def _text(concepts: Concepts, phrases: Sequence[str]):
 @torch.inference_mode()
 def _image_pass(concepts: Concepts, image: np.ndarray, times: dict[str, float] | None):
     clock = _Clock(concepts.device)
-    size = concepts.model.config.vision_config.backbone_config.image_size
-    pixels = engine.preprocess([image], size, concepts.device)
+    pixels = engine.model_pixels(concepts.model, [image])
     preprocess_ms = clock.lap()
     vision = concepts.model.get_vision_features(pixel_values=pixels)
     backbone_ms = clock.lap()
@@ -391,11 +394,16 @@ def run_concepts_bench(
                 for n in config.phrase_counts
             ]
             continue
-        timed = not (mode == FURIOUS and not native_bf16)
-        moded = apply_mode(concepts, mode)
-        mode_rows = _run_mode(moded, mode, config, timed, reference, log)
-        if not timed:
-            for row in mode_rows:
+        # Where bf16 is emulated, furious would answer in fp32 (the product's rule): the
+        # bench builds it in bf16 anyway, to check its accuracy, and does not time it.
+        emulated = mode == FURIOUS and not native_bf16 and concepts.device.type == "cpu"
+        reduced = torch.bfloat16 if emulated else None
+        moded = apply_concepts_mode(concepts, mode, reduced=reduced, copy=True)
+        mode_rows = _run_mode(moded, mode, config, not emulated, reference, log)
+        precisions = stage_precisions(moded, mode)
+        for row in mode_rows:
+            row.precisions = precisions
+            if emulated:
                 row.note = "not measured: no bf16 on this host (emulated; accuracy only)"
         rows += mode_rows
         del moded

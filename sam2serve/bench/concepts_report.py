@@ -12,12 +12,13 @@ import numpy as np
 from sam2serve.bench.concepts import (
     IMAGE_STAGES,
     PHRASES,
-    STAGE_ARITHMETIC,
     STAGES,
     ConceptsBenchResult,
     ConceptsRow,
 )
-from sam2serve.concepts.modes import BASELINE, CONCEPT_MODES
+from sam2serve.runtime.concepts import CONCEPT_MODES
+
+BASELINE = "baseline"
 
 __all__ = ["concepts_csv", "concepts_markdown", "stage_stats", "write_concepts_outputs"]
 
@@ -55,13 +56,13 @@ def _flops_of(result: ConceptsBenchResult, stage: str, phrases: int) -> float | 
     return result.flops.get((stage, 0 if stage in IMAGE_STAGES else phrases))
 
 
-def _peak(result: ConceptsBenchResult, mode: str, stage: str) -> tuple[float | None, str]:
-    """The host's peak for the arithmetic this stage runs in under ``mode``."""
+def _peak(result: ConceptsBenchResult, row: ConceptsRow, stage: str) -> tuple[float | None, str]:
+    """The host's peak for the arithmetic this stage ran in (fp16 against bf16's)."""
     peak = result.config.host_peak
     if peak is None:
         return None, ""
-    kind = STAGE_ARITHMETIC.get(mode, "fp32") if stage == "backbone" else "fp32"
-    return getattr(peak, kind), kind
+    kind = row.precisions.get(stage, "fp32")
+    return getattr(peak, "bf16" if kind == "fp16" else kind), kind
 
 
 def _header(result: ConceptsBenchResult) -> list[str]:
@@ -176,7 +177,7 @@ def _rate_cell(result, row: ConceptsRow, stage: str, flops: float | None) -> str
         return "-"
     p50 = stage_stats(row.stages_ms[stage])[0]
     rate = flops / (p50 / 1000) / 1e9
-    peak, kind = _peak(result, row.mode, stage)
+    peak, kind = _peak(result, row, stage)
     share = f", {100 * rate / peak:.0f}% of {kind} peak" if peak else ""
     return f"{rate:,.1f}{share}"
 

@@ -61,10 +61,12 @@ asked for.
 or --random-weights), in one process on one loaded model: per stage (preprocess + upload,
 vision backbone, text encoder, detector + heads, post-processing) for one phrase and for
 ten phrases on one image encoding (--phrases), p50/min/max over --repeats, FLOPs per stage
-and, with --host-peak, each stage's share of the host's peak; modes baseline (fp32), int8
-(the backbone's Linear layers dynamically quantised) and furious (the backbone in bf16,
-not timed on a CPU without native bf16), each with mIoU and score difference against the
-baseline. It writes NAME.md and NAME.csv (default NAME: concepts_SIZE_DEVICE).
+and, with --host-peak, each stage's share of the host's peak in the precision it ran
+in; modes (default baseline,furious,int8; fast computes what baseline does) as every
+product path runs them: baseline (fp32), furious (backbone, text encoder and detector in
+bf16; not timed on a CPU without native bf16, where the product path answers in fp32) and
+int8 (the backbone's Linear layers dynamically quantised, the rest in bf16 where native),
+each with mIoU and score difference against the baseline. It writes NAME.md and NAME.csv (default NAME: concepts_SIZE_DEVICE).
 
 outputs, in --out (default bench/results): NAME.csv (every number), NAME.md (tables
 shaped like the published ones, with the command, machine and date) and NAME.png (where

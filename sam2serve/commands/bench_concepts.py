@@ -9,9 +9,13 @@ from pathlib import Path
 
 from sam2serve.commands.common import EXIT_OK, PROG, UsageError, command_line
 from sam2serve.commands.concepts_flags import add_concepts_flags, concepts_spec
+from sam2serve.runtime.modes import MODES
 
 CONCEPTS_TASK = "concepts"
-CONCEPT_MODES = ("baseline", "int8", "furious")  # sam2serve.concepts.modes.CONCEPT_MODES
+# Every mode (sam2serve.runtime.modes; what each does to SAM 3: runtime/concepts.py); the
+# default list leaves out fast, which computes what baseline does.
+CONCEPT_MODES = tuple(MODES)
+DEFAULT_CONCEPT_MODES = ("baseline", "furious", "int8")
 
 
 def add_concepts_bench_flags(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +81,7 @@ def concepts_bench_command(args: argparse.Namespace) -> int:
     if args.checkpoint:
         raise UsageError("--checkpoint is SAM 2.1's; the concept bench reads --sam3-weights DIR")
     modes = tuple(
-        m.strip() for m in (args.modes or ",".join(CONCEPT_MODES)).split(",") if m.strip()
+        m.strip() for m in (args.modes or ",".join(DEFAULT_CONCEPT_MODES)).split(",") if m.strip()
     )
     unknown = [m for m in modes if m not in CONCEPT_MODES]
     if unknown:

@@ -373,8 +373,16 @@ def add_mode_flag(
     default: str = DEFAULT_MODE,
     modes: Sequence[str] = tuple(MODES),
     video: bool = False,
+    concepts: bool = False,
 ) -> None:
-    """--mode; ``video``: described by what each mode means for tracking."""
+    """--mode; ``video``: described by what each mode means for tracking; ``concepts``:
+    also by what it means for SAM 3 (a command that may run it)."""
+    sam3 = (
+        "; with SAM 3 (concepts): "
+        + "; ".join(f"{name}: {MODES[name].concepts_description}" for name in modes)
+        if concepts
+        else ""
+    )
     parser.add_argument(
         "--mode",
         choices=tuple(modes),
@@ -384,6 +392,7 @@ def add_mode_flag(
             f"{name}: {MODES[name].video_description if video else MODES[name].description}"
             for name in modes
         )
+        + sam3
         + " (default: %(default)s)",
     )
 

@@ -9,6 +9,8 @@ from pathlib import Path
 from sam2serve.commands.common import PROG, UsageError
 
 SAM3_SIZES = ("full", "tiny")
+# The backends SAM 3 runs on (sam2serve.runtime.concepts.CONCEPTS_BACKEND; auto picks it).
+SAM3_BACKENDS = ("auto", "eager")
 
 
 def add_concepts_flags(group: argparse._ActionsContainer) -> None:
@@ -48,3 +50,13 @@ def concepts_spec(args: argparse.Namespace, device: str = "cpu"):
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def check_concepts_backend(backend: str | None) -> None:
+    """SAM 3 runs on the eager backend (no other measured faster yet): ``--backend`` must
+    leave it to ``auto`` or name ``eager``."""
+    if backend not in (None, *SAM3_BACKENDS):
+        raise UsageError(
+            f"--backend {backend} is SAM 2.1's; SAM 3 runs on the eager backend (give "
+            "--backend auto or eager)"
+        )

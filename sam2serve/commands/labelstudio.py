@@ -206,7 +206,7 @@ def labelstudio_command(args: argparse.Namespace) -> int:
 
     configure_process(spec)  # once, before the app builds its predictor
     loading = model_flags.load_errors_as_usage(settings.runtime.checkpoint, settings.runtime.model)
-    concept_model = _load_concepts(concepts)  # first: missing SAM 3 weights are told at once
+    concept_model = _load_concepts(concepts, spec.mode)  # first: missing weights told at once
     with loading, serve.store_errors_as_usage():
         app = create_labelstudio_app(settings, options, concepts=concept_model)
     info = app.state.service.predictor.model.weights_info
@@ -234,14 +234,17 @@ def labelstudio_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _load_concepts(spec: Any) -> Any:
-    """SAM 3 of ``spec`` (None: none); missing or gated weights are one usage line."""
+def _load_concepts(spec: Any, mode: str) -> Any:
+    """SAM 3 of ``spec`` (None: none) in ``mode`` (SAM 2.1's --mode); missing or gated
+    weights are one usage line."""
     if spec is None:
         return None
-    from sam2serve.concepts.runtime import load_concepts
     from sam2serve.concepts.weights import WeightsError
+    from sam2serve.runtime.concepts import describe_concepts_mode, load_concepts_in_mode
 
     try:
-        return load_concepts(spec)
+        loaded = load_concepts_in_mode(spec, mode)
+        info_line(describe_concepts_mode(mode, loaded))
+        return loaded
     except WeightsError as exc:
         raise UsageError(f"--concepts: {exc}") from None

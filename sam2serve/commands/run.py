@@ -219,7 +219,7 @@ def add_arguments(parser: CommandParser) -> None:
     )
     model = parser.add_argument_group("model")
     add_model_flag(model)
-    add_mode_flag(model)
+    add_mode_flag(model, concepts=True)
     add_backend_flag(model)
     add_device_flag(model)
     add_threads_flag(model)

@@ -52,7 +52,11 @@ from sam2serve.commands.concept_prompts import (
     merged,
     parse_text,
 )
-from sam2serve.commands.concepts_flags import add_concepts_flags, concepts_spec
+from sam2serve.commands.concepts_flags import (
+    add_concepts_flags,
+    check_concepts_backend,
+    concepts_spec,
+)
 from sam2serve.commands.concepts_outputs import (
     CONCEPTS_OVERLAY_SUFFIX,
     CONCEPTS_SUFFIX,
@@ -69,8 +73,6 @@ GROUP_TITLE = "concepts (--task concepts: SAM 3)"
 CONCEPTS_ONLY = ("text", "score_thresh", "max_instances", "sam3_weights", "sam3_size")
 SAM2_ONLY = (
     "model",
-    "mode",
-    "backend",
     "checkpoint",
     "artifacts",
     "fallback_random_weights",
@@ -85,8 +87,9 @@ TASK_HELP = f"""\
   concepts  every instance of noun phrases with SAM 3 (Meta's Segment Anything 3):
        --text "cat,dog" (comma-separated, each 1..{MAX_PHRASE_CHARS} characters) and/or
        exemplar boxes per image in --prompts; instances scored above --score-thresh
-       (Meta's {DEFAULT_SCORE_THRESH}); the SAM 2.1 flags (--model, --mode, --checkpoint,
-       AMG, ...) do not apply: SAM 3 is chosen by --sam3-weights / --sam3-size"""
+       (Meta's {DEFAULT_SCORE_THRESH}); --mode applies to SAM 3 too (furious: bf16
+       where the CPU has it natively); the other SAM 2.1 flags (--model, --checkpoint,
+       AMG, ...) do not: SAM 3 is chosen by --sam3-weights / --sam3-size"""
 
 PROMPTS_HELP = f"""\
 concepts prompts (--prompts FILE with --task concepts): a JSON object mapping image file
@@ -186,6 +189,7 @@ class Plan:
 
 def plan(args: argparse.Namespace) -> Plan:
     check_task_flags(args)
+    check_concepts_backend(args.backend)
     _checked_numbers(args)
     text = parse_text(args.text)
     if not text and args.prompts is None:
@@ -221,6 +225,7 @@ def run_concepts(args: argparse.Namespace) -> int:
     header = {
         "task": TASK,
         "model": f"sam3-{spec.size}" if spec.size != "full" else "sam3",
+        "mode": args.mode,
         "device": str(concepts.device),
         "weights": _weights_record(spec),
         "params": {"score_thresh": thresh, "max_instances": checked.max_instances},
@@ -241,19 +246,19 @@ def _load(args: argparse.Namespace, spec: Any) -> Any:
     """SAM 3 on the device; every weights problem one usage-error line."""
     from sam2serve.commands.model import check_device
     from sam2serve.concepts.checkpoint import CheckpointMismatch
-    from sam2serve.concepts.runtime import load_concepts
     from sam2serve.concepts.weights import WeightsError, require
+    from sam2serve.runtime.concepts import describe_concepts_mode, load_concepts_in_mode
     from sam2serve.runtime.process import configure_process
     from sam2serve.runtime.spec import RuntimeSpec
 
     check_device(spec.device)
-    # The process settings of an exact mode: threads, and no TF32 on CUDA (fp32 as Meta's).
-    configure_process(RuntimeSpec(device=spec.device, threads=args.threads))
+    # The mode's process settings: threads, and TF32 on CUDA only where the mode allows it.
+    configure_process(RuntimeSpec(device=spec.device, threads=args.threads, mode=args.mode))
     start = time.perf_counter()
     try:
         if not spec.random_weights:
             require(spec.weights)
-        concepts = load_concepts(spec)
+        concepts = load_concepts_in_mode(spec, args.mode)
     except (WeightsError, CheckpointMismatch) as exc:
         raise UsageError(str(exc)) from None
     if spec.random_weights:
@@ -266,7 +271,7 @@ def _load(args: argparse.Namespace, spec: Any) -> Any:
     where = "random weights" if spec.random_weights else f"weights {str(spec.weights or '')!r}"
     info_line(
         f"SAM 3 ({spec.size}) on {spec.device}, {where} "
-        f"(loaded in {time.perf_counter() - start:.1f} s)"
+        f"(loaded in {time.perf_counter() - start:.1f} s); {describe_concepts_mode(args.mode, concepts)}"
     )
     return concepts
 

@@ -146,7 +146,7 @@ def add_arguments(parser: CommandParser) -> None:
     runtime = DEFAULTS.runtime
     model = argument_group(parser, RUNTIME)
     add_model_flag(model, runtime.model)
-    add_mode_flag(model, runtime.mode)
+    add_mode_flag(model, runtime.mode, concepts=True)
     add_backend_flag(model)
     add_device_flag(model)
     add_threads_flag(model)
@@ -257,18 +257,21 @@ def check_concepts_flags(args: argparse.Namespace, settings: ServerSettings) -> 
         raise UsageError("--sam3-weights needs --concepts (SAM 3 is loaded only with it)")
 
 
-def load_concepts_flags(args: argparse.Namespace, settings: ServerSettings, device: str):
-    """SAM 3 as --sam3-weights / --sam3-size / --random-weights choose it (with
-    --concepts; else None); missing or wrong weights are one usage-error line."""
+def load_concepts_flags(args: argparse.Namespace, settings: ServerSettings, device: str, mode: str):
+    """SAM 3 as --sam3-weights / --sam3-size / --random-weights choose it, in ``mode`` (the
+    --mode of SAM 2.1: :mod:`sam2serve.runtime.concepts`) (with --concepts; else None);
+    missing or wrong weights are one usage-error line."""
     if not settings.concepts.enabled:
         return None
     import pickle
 
-    from sam2serve.concepts.runtime import load_concepts
+    from sam2serve.runtime.concepts import describe_concepts_mode, load_concepts_in_mode
 
     concepts = concepts_spec(args, device)
     try:
-        return load_concepts(concepts)
+        loaded = load_concepts_in_mode(concepts, mode)
+        info_line(describe_concepts_mode(mode, loaded))
+        return loaded
     # WeightsError (missing: how to download), CheckpointMismatch (not SAM 3's keys), a
     # file torch cannot read: one line each.
     except (OSError, ValueError, RuntimeError, pickle.UnpicklingError) as exc:
@@ -299,7 +302,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from sam2serve.server.http_server import uvicorn_config
 
     configure_process(spec)  # once, before the app builds its predictors
-    concepts = load_concepts_flags(args, settings, spec.device)
+    concepts = load_concepts_flags(args, settings, spec.device, spec.mode)
     loading = model_flags.load_errors_as_usage(settings.runtime.checkpoint, settings.runtime.model)
     with loading, store_errors_as_usage():
         app = create_app(settings, concepts=concepts)

@@ -139,18 +139,21 @@ def find_seeds(args: argparse.Namespace, phrases: list[str], frame: Any) -> list
     """SAM 3 on the frame: the objects to track (ids 1..N by decreasing score). The model
     is loaded for this and dropped before returning. No instance: a usage error saying
     what was asked."""
-    from sam2serve.concepts.runtime import load_concepts
     from sam2serve.concepts.video_seed import concept_seeds
     from sam2serve.concepts.weights import WeightsError
+    from sam2serve.runtime.concepts import describe_concepts_mode, load_concepts_in_mode
 
     thresh = score_thresh(args)
     start = time.perf_counter()
-    try:
-        concepts = load_concepts(concepts_spec(args, args.device))
+    try:  # SAM 3 in the tracker's --mode (furious: bf16 where native, as the tracker)
+        concepts = load_concepts_in_mode(concepts_spec(args, args.device), args.mode)
     except WeightsError as exc:
         raise UsageError(str(exc)) from None
     what = "random weights" if args.random_weights else "weights"
-    info_line(f"SAM 3 ({args.sam3_size}, {what}) loaded in {time.perf_counter() - start:.1f} s")
+    info_line(
+        f"SAM 3 ({args.sam3_size}, {what}) loaded in {time.perf_counter() - start:.1f} s; "
+        + describe_concepts_mode(args.mode, concepts)
+    )
     if args.random_weights and args.score_thresh is None:
         warning_line("random weights score about 0.25: seeding every instance (--score-thresh 0)")
     seeds = concept_seeds(

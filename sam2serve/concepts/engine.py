@@ -40,6 +40,15 @@ class Instance:
 Tokenize = Callable[[str], list[int]]  # phrase -> ids with start and end tokens
 
 
+def module_dtype(module: torch.nn.Module) -> torch.dtype:
+    """The dtype ``module`` computes in: that of its first floating parameter (a mode may
+    run the parts of the model in different precisions: :mod:`sam2serve.runtime.concepts`)."""
+    for parameter in module.parameters():
+        if parameter.is_floating_point():
+            return parameter.dtype
+    return torch.float32
+
+
 def load_tokenizer(directory) -> Tokenize:
     """CLIP BPE from ``vocab.json`` + ``merges.txt`` (the files beside the weights)."""
     from transformers import CLIPTokenizer
@@ -128,7 +137,8 @@ def postprocess(
     ``max_instances``: keep only that many per prompt, highest scores first, before any
     mask is upsampled (a service's bound on memory; None: Meta's, every query above the
     threshold in query order)."""
-    probs = outputs.pred_logits.sigmoid() * outputs.presence_logits.sigmoid()
+    # fp32 from here on, whatever the detector computed in (a bf16 sigmoid keeps ~3 digits).
+    probs = outputs.pred_logits.float().sigmoid() * outputs.presence_logits.float().sigmoid()
     device = probs.device
     scale = torch.tensor([width, height, width, height], dtype=torch.float32, device=device)
     result = []
@@ -171,10 +181,16 @@ def encode_images(model: torch.nn.Module, images: Sequence[np.ndarray]) -> list[
     _check_images(images)
     if not images:
         return []
+    vision = model.get_vision_features(pixel_values=model_pixels(model, images))
+    return split_encodings(vision, images)
+
+
+def model_pixels(model: torch.nn.Module, images: Sequence[np.ndarray]) -> Tensor:
+    """``images`` preprocessed for ``model``: its input size, on its device, in the dtype its
+    ViT computes in."""
     size = model.config.vision_config.backbone_config.image_size
     device = next(model.parameters()).device
-    vision = model.get_vision_features(pixel_values=preprocess(images, size, device))
-    return split_encodings(vision, images)
+    return preprocess(images, size, device).to(module_dtype(model.vision_encoder.backbone))
 
 
 def split_encodings(vision, images: Sequence[np.ndarray]) -> list[ConceptEncoding]:
@@ -243,7 +259,7 @@ def run_detector(
         # (label PADDING, masked out) makes transformers run it as Meta does.
         box_t = torch.tensor([[[0.5, 0.5, 1.0, 1.0]]])
         label_t = torch.tensor([[PADDING]])
-    box_t, label_t = box_t.to(device), label_t.to(device)
+    box_t, label_t = box_t.to(device, module_dtype(model.geometry_encoder)), label_t.to(device)
     return model(
         vision_embeds=encoding.expanded(prompts),
         text_embeds=features,

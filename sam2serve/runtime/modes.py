@@ -73,6 +73,12 @@ class Mode:
     # (the image encoder follows reduced_precision_encoder, as on images).
     video_description: str | None = None
     reduced_precision_memory_attention: bool = False
+    # SAM 3 concept segmentation (:mod:`sam2serve.runtime.concepts`): what the mode means
+    # there, whether the whole concept model (ViT backbone, text encoder, detector) runs in
+    # the device's native reduced precision, and whether the ViT's Linear layers are int8.
+    concepts_description: str = ""
+    reduced_precision_concepts: bool = False
+    quantized_concepts_backbone: bool = False
 
     def prompt_chunk(self, device_type: str) -> int:
         return self.prompt_chunk_cuda if device_type == "cuda" else self.prompt_chunk_cpu
@@ -88,6 +94,7 @@ MODES: dict[str, Mode] = {
             batch_prompts=False,
             batch_rle=False,
             video_description="Meta's tracker in eager fp32",
+            concepts_description="SAM 3 as loaded, fp32 everywhere (Meta's)",
         ),
         Mode(
             name="fast",
@@ -97,6 +104,8 @@ MODES: dict[str, Mode] = {
             prompt_chunk_cpu=8,
             video_description="the same computation as baseline (no lossless speed-up for "
             "tracking yet)",
+            concepts_description="the same computation as baseline (no lossless speed-up "
+            "for SAM 3 yet)",
         ),
         Mode(
             name="furious",
@@ -111,6 +120,11 @@ MODES: dict[str, Mode] = {
             "reduced precision (bf16; float32 on a CPU without native bf16, where it tracks "
             "as baseline), TF32 on CUDA",
             reduced_precision_memory_attention=True,
+            concepts_description="the whole SAM 3 model (ViT backbone, text encoder, "
+            "detector) in the device's native reduced precision (bf16; float32 on a CPU "
+            "without native bf16, where it answers as baseline); scores, boxes and masks "
+            "post-processed in fp32",
+            reduced_precision_concepts=True,
         ),
         Mode(
             name="int8",
@@ -120,6 +134,10 @@ MODES: dict[str, Mode] = {
             prompt_chunk_cpu=8,
             quantized_encoder="int8",
             default_backend="openvino",
+            concepts_description="SAM 3's ViT Linear layers dynamically quantised to int8 "
+            "(torch's x86 kernels, CPU only); text encoder and detector as in furious",
+            reduced_precision_concepts=True,
+            quantized_concepts_backbone=True,
         ),
     )
 }

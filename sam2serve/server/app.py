@@ -159,15 +159,17 @@ def load_video_predictor(settings: ServerSettings, predictor: Predictor) -> Vide
 
 
 def load_concepts_model(settings: ServerSettings) -> Concepts:
-    """SAM 3 as the settings choose it: random (same seed) with random SAM 2 weights, else
-    from the download cache's sam3 folder ('serve' passes its --sam3-weights model)."""
-    from sam2serve.concepts.runtime import ConceptsSpec, load_concepts
+    """SAM 3 as the settings choose it, in their mode: random (same seed) with random SAM 2
+    weights, else from the download cache's sam3 folder ('serve' passes its
+    --sam3-weights model)."""
+    from sam2serve.concepts.runtime import ConceptsSpec
+    from sam2serve.runtime.concepts import load_concepts_in_mode
 
     runtime = settings.runtime
     spec = ConceptsSpec(
         random_weights=runtime.random_weights, seed=runtime.seed, device=runtime.device
     )
-    return load_concepts(spec)
+    return load_concepts_in_mode(spec, runtime.mode)
 
 
 def endpoint_paths(app: FastAPI) -> frozenset[str]:

@@ -1,6 +1,6 @@
 """``sam2serve bench --task concepts`` on the tiny SAM 3 (the session's ``concepts_tiny``):
 the rows run and carry every stage, the FLOP count and the report; the int8 and furious
-modes build from the same weights without touching them; the agreement rule on a
+modes build from a copy of the same weights without touching them; the agreement rule on a
 constructed case; the command's one-line usage errors. Nothing here asserts a duration."""
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from sam2serve.bench.concepts import (
     run_concepts_bench,
 )
 from sam2serve.bench.concepts_report import concepts_csv, concepts_markdown
+from sam2serve.concepts.agreement import agreement, mask_iou
 from sam2serve.concepts.engine import Instance
-from sam2serve.concepts.modes import agreement, apply_mode, mask_iou
+from sam2serve.runtime.concepts import apply_concepts_mode
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
@@ -100,28 +101,29 @@ def test_report_names_stages_rates_and_untimed_rows(bench_result):
     assert len(lines) == 1 + 2 * 2 + 2  # two timed modes x 2 counts x 1 repeat + furious
 
 
-def test_int8_and_furious_share_weights(concepts_tiny):
-    """The modes copy the backbone alone and leave the loaded model as it was (the bench
-    fixture above runs them and compares their instances with the baseline's)."""
+def test_bench_modes_copy_the_model(concepts_tiny):
+    """The bench's modes are copies (copy=True): the loaded model keeps answering in fp32;
+    furious converts every part, int8 quantises the ViT's Linear layers and converts the
+    rest (tests/runtime/test_concepts_modes.py checks the product paths' in-place rule)."""
     from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
-    for mode in ("int8", "furious"):
-        moded = apply_mode(concepts_tiny, mode)
-        assert moded.model is not concepts_tiny.model and moded.tokenize is concepts_tiny.tokenize
-        shared = dict(concepts_tiny.model.named_parameters())
-        for name, tensor in moded.model.named_parameters():
-            if not name.startswith("vision_encoder.backbone."):
-                assert tensor is shared[name], name  # no copy of the rest of the model
-    int8 = apply_mode(concepts_tiny, "int8").model.vision_encoder.backbone
-    assert any(isinstance(m, DynamicLinear) for m in int8.modules())
-    assert not any(type(m) is torch.nn.Linear for m in int8.modules())
-    backbone = concepts_tiny.model.vision_encoder.backbone
-    assert any(type(m) is torch.nn.Linear for m in backbone.modules())
+    bf16 = torch.bfloat16
+    furious = apply_concepts_mode(concepts_tiny, "furious", reduced=bf16, copy=True)
+    assert furious.model is not concepts_tiny.model
+    assert furious.tokenize is concepts_tiny.tokenize
+    assert {p.dtype for p in furious.model.parameters()} == {bf16}
+    int8 = apply_concepts_mode(concepts_tiny, "int8", reduced=bf16, copy=True).model
+    backbone = int8.vision_encoder.backbone
+    assert any(isinstance(m, DynamicLinear) for m in backbone.modules())
+    assert not any(type(m) is torch.nn.Linear for m in backbone.modules())
+    assert {p.dtype for p in int8.detr_encoder.parameters()} == {bf16}
+    assert {p.dtype for p in int8.text_encoder.parameters()} == {bf16}
+    assert {p.dtype for p in int8.vision_encoder.neck.parameters()} == {bf16}
+    original = concepts_tiny.model.vision_encoder.backbone
+    assert any(type(m) is torch.nn.Linear for m in original.modules())
     assert all(p.dtype == torch.float32 for p in concepts_tiny.model.parameters())
-    furious = apply_mode(concepts_tiny, "furious").model.vision_encoder.backbone
-    assert {p.dtype for p in furious.parameters()} == {torch.bfloat16}
     with pytest.raises(ValueError, match="'turbo'"):
-        apply_mode(concepts_tiny, "turbo")
+        apply_concepts_mode(concepts_tiny, "turbo", copy=True)
 
 
 def _instance(mask: np.ndarray, score: float) -> Instance:
@@ -161,7 +163,7 @@ def test_host_peak_and_config_checks(concepts_tiny):
         parse_host_peak("nothing here")
     image = (("x", _image()),)
     for bad, fragment in (
-        ({"modes": ("fast",)}, "'fast'"),
+        ({"modes": ("turbo",)}, "'turbo'"),
         ({"phrase_counts": (0,)}, "phrase counts"),
         ({"phrase_counts": (11,)}, "phrase counts"),
         ({"repeats": 0}, "repeats"),
@@ -174,7 +176,7 @@ def test_host_peak_and_config_checks(concepts_tiny):
 def test_concepts_usage_errors_are_one_line(tmp_path):
     base = ["bench", "--task", "concepts", "--random-weights", "--sam3-size", "tiny"]
     cases = [
-        (base + ["--modes", "baseline,fast"], "runs the modes baseline, int8, furious"),
+        (base + ["--modes", "baseline,reference"], "runs the modes baseline, fast, furious, int8"),
         (base + ["--phrases", "1,x"], "--phrases"),
         (base + ["--phrases", "1,11"], "phrase counts must be 1..10"),
         (base + ["--host-peak", str(tmp_path / "none.txt")], "--host-peak"),

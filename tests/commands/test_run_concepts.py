@@ -214,6 +214,7 @@ LONG = "x" * (MAX_PHRASE_CHARS + 1)
         (["--text", "cat", "--score-thresh", "1.5"], None, ["--score-thresh", "1.5"]),
         (["--text", "cat", "--max-instances", "0"], None, ["--max-instances", "got 0"]),
         (["--text", "cat", "--checkpoint", "x.pt"], None, ["--checkpoint is for --task amg"]),
+        (["--text", "cat", "--backend", "openvino"], None, ["--backend openvino is SAM 2.1's"]),
         (["--text", "cat", "--points-per-side", "8"], None, ["--points-per-side is for"]),
         (["--text", "cat", "--sam3-size", "tiny"], None, ["'tiny'", "--random-weights only"]),
         (
@@ -293,7 +294,7 @@ def test_every_flag_is_on_one_side_or_shared():
     """Each flag of run is SAM 2.1's, SAM 3's or shared: a new flag must be placed."""
     defaults, _ = run_concepts._defaults()
     shared = {"help", "images", "task", "out", "prompts", "overlay", "coco", "device"}
-    shared |= {"threads", "random_weights", "seed"}
+    shared |= {"threads", "random_weights", "seed", "mode", "backend"}
     sides = set(run_concepts.SAM2_ONLY) | set(run_concepts.CONCEPTS_ONLY)
     assert set(defaults) == sides | shared
     assert not set(run_concepts.SAM2_ONLY) & set(run_concepts.CONCEPTS_ONLY)
@@ -313,3 +314,23 @@ def test_help_explains_the_task_and_its_flags():
     ):
         assert fragment in text, fragment  # fmt: skip
     assert run.RUN_TASKS[-1] == "concepts"
+
+
+def test_mode_runs_sam3_in_its_precision(image, tmp_path, monkeypatch):
+    """--mode reaches SAM 3: the JSON records it and the log names each part's precision
+    (furious: bf16 where this CPU has it natively, fp32 where bf16 is emulated)."""
+    from sam2serve.runtime.build import native_reduced_dtype
+
+    monkeypatch.setenv("SAM2SERVE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    code, stderr = run_cli(
+        "run", "--task", "concepts", "--text", "cat", image, "--out", out,
+        *TINY, "--mode", "furious",
+    )  # fmt: skip
+    assert code == 0, stderr
+    expected = "bf16" if native_reduced_dtype("cpu") == "bfloat16" else "fp32"
+    assert f"SAM 3 mode furious: backbone {expected}, text {expected}, detector {expected}" in (
+        stderr
+    )
+    result = load(out / "grey_concepts.json")
+    assert result["mode"] == "furious" and len(result["concepts"][0]["instances"]) == 20

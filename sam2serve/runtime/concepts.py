@@ -1,0 +1,146 @@
+"""SAM 3 under a mode: which parts of the concept model compute in which precision.
+
+The modes are SAM 2.1's (:mod:`sam2serve.runtime.modes`, their ``concepts_description``),
+so ``--mode furious`` means the same thing to both models of a server: the device's native
+reduced precision (:func:`sam2serve.runtime.build.native_reduced_dtype`: bf16 on CPUs with
+AVX512-BF16 or AMX and on recent GPUs, float32 on other CPUs, where bf16 is emulated and
+slower than fp32). SAM 3's time is in its matrix products everywhere — the ViT (~5.6 TFLOP
+an image at full size), and per phrase the detector (~0.4 TFLOP: the DETR encoder attends
+over the image's 5,184 tokens once per phrase) — so furious converts the whole model, not
+the backbone alone; the engine (:mod:`sam2serve.concepts.engine`) casts what it feeds each
+part to that part's dtype, keeps the image encodings in the detector's dtype (a bf16 cache
+holds twice as many), and post-processes scores, boxes and masks in fp32.
+
+``int8`` quantises the ViT's Linear layers dynamically (weights int8 per tensor,
+activations per call; torch's x86 kernels, VNNI where present; CPU only); the rest follows
+furious's rule.
+
+Every mode runs on the eager backend: no other backend has been measured for SAM 3.
+"""
+
+from __future__ import annotations
+
+import copy as copying
+from dataclasses import replace
+
+import torch
+
+from sam2serve.concepts.runtime import Concepts, ConceptsSpec, load_concepts
+from sam2serve.runtime.build import native_reduced_dtype
+from sam2serve.runtime.modes import MODES, get_mode
+
+__all__ = [
+    "BACKBONE",
+    "CONCEPTS_BACKEND",
+    "CONCEPT_MODES",
+    "apply_concepts_mode",
+    "concepts_dtype",
+    "describe_concepts_mode",
+    "load_concepts_in_mode",
+    "stage_precisions",
+]
+
+BACKBONE = "vision_encoder.backbone"
+CONCEPTS_BACKEND = "eager"
+# Every mode of MODES, with what it does to SAM 3 (for --help and the bench's legend).
+CONCEPT_MODES: dict[str, str] = {name: mode.concepts_description for name, mode in MODES.items()}
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def concepts_dtype(
+    mode: str, device: torch.device | str, reduced: torch.dtype | None = None
+) -> torch.dtype:
+    """The dtype SAM 3's text encoder and detector (and, but for int8, its ViT) compute in
+    under ``mode`` on ``device``. ``reduced`` overrides the device's native reduced
+    precision (the bench and the tests check bf16 on hosts that only emulate it)."""
+    if not get_mode(mode).reduced_precision_concepts:
+        return torch.float32
+    return reduced or _DTYPES[native_reduced_dtype(device)]
+
+
+def _cast_output(dtype: torch.dtype):
+    """A forward hook casting a module output's floating tensors to ``dtype``."""
+
+    def hook(module, args, output):
+        fields = {
+            key: value.to(dtype) if torch.is_tensor(value) and value.is_floating_point() else value
+            for key, value in output.items()
+        }
+        return type(output)(**fields)
+
+    return hook
+
+
+def apply_concepts_mode(
+    concepts: Concepts,
+    mode: str,
+    *,
+    reduced: torch.dtype | None = None,
+    copy: bool = False,
+) -> Concepts:
+    """``concepts`` running ``mode``. ``copy=False`` converts the model in place (a
+    surface's one model: no second copy in memory); ``copy=True`` leaves ``concepts``
+    answering as before (the bench compares modes on identical weights). A ValueError
+    names an unknown mode, or int8 off the CPU."""
+    spec = get_mode(mode)
+    if spec.quantized_concepts_backbone and concepts.device.type != "cpu":
+        raise ValueError(
+            f"mode {mode} runs SAM 3 on the CPU only; the model is on {concepts.device}"
+        )
+    dtype = concepts_dtype(mode, concepts.device, reduced)
+    if dtype == torch.float32 and not spec.quantized_concepts_backbone:
+        return concepts
+    model = copying.deepcopy(concepts.model) if copy else concepts.model
+    if spec.quantized_concepts_backbone:
+        from torch.ao.quantization import quantize_dynamic
+
+        backbone = model.get_submodule(BACKBONE)
+        backbone_path = BACKBONE.split(".")
+        for name, child in model.named_children():
+            if name != backbone_path[0]:
+                child.to(dtype)
+        for name, child in model.get_submodule(backbone_path[0]).named_children():
+            if name != backbone_path[1]:
+                child.to(dtype)
+        quantize_dynamic(backbone, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+        if dtype != torch.float32:
+            backbone.register_forward_hook(_cast_output(dtype))
+    else:
+        model.to(dtype)
+    return replace(concepts, model=model)
+
+
+_SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def stage_precisions(concepts: Concepts, mode: str) -> dict[str, str]:
+    """What each model stage computes in, read from the model: ``backbone``, ``text``,
+    ``detector`` -> ``int8``, ``bf16``, ``fp16`` or ``fp32``."""
+    from sam2serve.concepts.engine import module_dtype
+
+    model = concepts.model
+
+    def short(module: torch.nn.Module) -> str:
+        dtype = module_dtype(module)
+        return _SHORT.get(dtype, str(dtype).removeprefix("torch."))
+
+    quantized = get_mode(mode).quantized_concepts_backbone
+    return {
+        "backbone": "int8" if quantized else short(model.get_submodule(BACKBONE)),
+        "text": short(model.text_encoder),
+        "detector": short(model.detr_encoder),
+    }
+
+
+def describe_concepts_mode(mode: str, concepts: Concepts) -> str:
+    """One line for a surface's start-up log: the mode and the precisions it ended with."""
+    parts = ", ".join(f"{k} {v}" for k, v in stage_precisions(concepts, mode).items())
+    return f"SAM 3 mode {mode}: {parts} (backend {CONCEPTS_BACKEND})"
+
+
+def load_concepts_in_mode(spec: ConceptsSpec, mode: str) -> Concepts:
+    """SAM 3 of ``spec`` (:func:`~sam2serve.concepts.runtime.load_concepts`), converted in
+    place to ``mode``: what every surface (run, serve, labelstudio, track) loads."""
+    get_mode(mode)  # an unknown mode fails before the weights load
+    return apply_concepts_mode(load_concepts(spec), mode)
