@@ -62,26 +62,52 @@ def token_batch(tokenize: Tokenize, phrases: Sequence[str]) -> tuple[Tensor, Ten
     return ids, (ids != 0).long()
 
 
+def meta_resizes_uint8(device: torch.device | str) -> bool:
+    """Whether Meta's processor resizes the uint8 image with torch's uint8 kernel on
+    ``device``. Its ``v2.Resize`` (torchvision's ``resize_image``) does so on the CPU only,
+    and there only when torch's CPU capability reads ``AVX2`` (an ``AVX512`` build does
+    not): everywhere else it resizes in float32 and rounds back to uint8 (CUDA implements
+    antialiased bilinear for floating dtypes only). The two differ by 1 in about a fifth
+    of the resized values."""
+    device = torch.device(device)
+    return device.type == "cpu" and "AVX2" in torch.backends.cpu.get_cpu_capability()
+
+
+def _resize(chw: Tensor, size: int) -> Tensor:
+    """uint8 (1, 3, H, W) -> uint8 (1, 3, size, size), bilinear, antialiased, on its device,
+    as Meta's processor resizes on that device (:func:`meta_resizes_uint8`)."""
+    if meta_resizes_uint8(chw.device):
+        return F.interpolate(
+            chw, size=(size, size), mode="bilinear", align_corners=False, antialias=True
+        )
+    resized = F.interpolate(
+        chw.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True
+    )
+    return resized.round_().to(torch.uint8)
+
+
 def preprocess(
     images: Sequence[np.ndarray], size: int, device: torch.device | str = "cpu"
 ) -> Tensor:
-    """uint8 RGB (H, W, 3) images -> (B, 3, size, size) in [-1, 1] on ``device``, resized as
-    Meta's processor does (bilinear, antialiased, on the uint8 image). Each image crosses
-    to the device as uint8 and is resized and normalised there."""
+    """uint8 RGB (H, W, 3) images -> (B, 3, size, size) in [-1, 1] on ``device``, as Meta's
+    processor makes them on that device: resized bilinearly with antialiasing
+    (:func:`_resize`), then ``x * (1 / 255)``, then ``(x - 0.5) / 0.5``, in float32. Each
+    image crosses to the device as uint8 and is resized and normalised there."""
     out = []
     for image in images:
         host = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))[None]
         chw = host.to(device, non_blocking=True)
         if tuple(chw.shape[-2:]) != (size, size):
-            chw = F.interpolate(
-                chw, size=(size, size), mode="bilinear", align_corners=False, antialias=True
-            )
-        out.append((chw.float() / 255.0 - 0.5) / 0.5)
+            chw = _resize(chw, size)
+        out.append((chw.float().mul_(1.0 / 255.0) - 0.5) / 0.5)
     return torch.cat(out)
 
 
-def _boxes_tensor(boxes: Sequence[ExemplarBox], width: int, height: int) -> tuple[Tensor, Tensor]:
-    """Exemplars -> normalized (cx, cy, w, h) (1, K, 4) and labels (1, K) (1 positive)."""
+def _boxes_tensor(
+    boxes: Sequence[ExemplarBox], width: int, height: int, device: torch.device | str = "cpu"
+) -> tuple[Tensor, Tensor]:
+    """Exemplars -> normalized (cx, cy, w, h) (1, K, 4) and labels (1, K) (1 positive), on
+    ``device``."""
     rows = []
     for box in boxes:
         x1, y1, x2, y2 = box.xyxy
@@ -89,7 +115,10 @@ def _boxes_tensor(boxes: Sequence[ExemplarBox], width: int, height: int) -> tupl
             [(x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height]
         )
     labels = [1 if b.positive else 0 for b in boxes]
-    return torch.tensor([rows], dtype=torch.float32), torch.tensor([labels], dtype=torch.long)
+    return (
+        torch.tensor([rows], dtype=torch.float32, device=device),
+        torch.tensor([labels], dtype=torch.long, device=device),
+    )
 
 
 @dataclass(frozen=True)
@@ -236,14 +265,13 @@ def run_detector(
     _ids, attention, features = text
     height, width = encoding.height, encoding.width
     if boxes:
-        box_t, label_t = _boxes_tensor(boxes, width, height)
+        box_t, label_t = _boxes_tensor(boxes, width, height, device)
     else:
         # Meta runs the exemplar encoder even with no box (its output then is the class
         # token alone); transformers skips it when no box is given. One padding box
         # (label PADDING, masked out) makes transformers run it as Meta does.
-        box_t = torch.tensor([[[0.5, 0.5, 1.0, 1.0]]])
-        label_t = torch.tensor([[PADDING]])
-    box_t, label_t = box_t.to(device), label_t.to(device)
+        box_t = torch.tensor([[[0.5, 0.5, 1.0, 1.0]]], device=device)
+        label_t = torch.tensor([[PADDING]], device=device)
     return model(
         vision_embeds=encoding.expanded(prompts),
         text_embeds=features,
