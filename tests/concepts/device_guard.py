@@ -99,19 +99,23 @@ def _called_from(patterns: tuple[str, ...]) -> bool:
 
 
 def _caller() -> str:
-    """module.qualname:line of the innermost Python frame outside torch and this file."""
+    """module.qualname:line of the innermost Python frame outside torch and this file, and
+    the innermost sam2serve one when that is another (``... via sam2serve...``)."""
     frame = sys._getframe(1)
-    fallback = "?"
+    innermost = None
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename != __file__ and not filename.startswith(_TORCH_DIR):
             name = f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_qualname}"
             where = f"{name}:{frame.f_lineno}"
-            if name.startswith("sam2serve."):
-                return where
-            fallback = where if fallback == "?" else fallback
+            if innermost is None:
+                innermost = where
+                if name.startswith("sam2serve."):
+                    return where
+            elif name.startswith("sam2serve."):
+                return f"{innermost} via {where}"
         frame = frame.f_back
-    return fallback
+    return innermost or "?"
 
 
 class _HostData(TorchFunctionMode):
