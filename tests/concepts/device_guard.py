@@ -18,8 +18,9 @@ the operator and the innermost ``sam2serve`` caller, for
   the device without an upload is the mixed-devices case.
 - **a CPU-only kernel**: interpolation other than nearest (bilinear, bicubic, their
   antialiased forms, linear, trilinear, lanczos) of an integer tensor on any device but the
-  CPU: only the CPU implements those kernels for uint8; on ``meta`` they still compute a
-  shape, so this is a rule of the guard, not of the device.
+  CPU: CUDA implements them for floating dtypes only (tests/cuda/test_concepts_cuda.py
+  checks each on a GPU); on ``meta`` they still compute a shape, so this is a rule of the
+  guard, not of the device.
 
 On ``meta`` a host read has no value to give; ``stand_in_reads=True`` answers them with
 stand-ins so the code after them (the hand-out of masks, boxes and scores) runs too: a copy
@@ -227,7 +228,7 @@ class DeviceGuard(TorchDispatchMode):
             if image.device.type != "cpu" and not image.is_floating_point():
                 self._fail(
                     f"{name} of a {image.dtype} tensor on {image.device.type}: "
-                    "only the CPU implements it for that dtype"
+                    "no kernel for that dtype off the CPU"
                 )
 
     def _fail(self, message: str) -> None:
