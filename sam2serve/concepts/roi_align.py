@@ -63,24 +63,45 @@ def _axis_weights(start: Tensor, end: Tensor, size: int, bins: int) -> tuple[Ten
     return torch.einsum("nkb,nks->nbs", to_bin, rows), grid
 
 
+def _pool(features: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
+    """features (b, C, H, W) float32; rows (b, K, S, H), cols (b, K, S, W) -> (b * K, C, S, S):
+    ``rows @ feature @ cols^T`` per box, the columns first (one matrix product per call)."""
+    b, k, s, width = cols.shape
+    channels, height = features.shape[1], features.shape[2]
+    by_cols = torch.matmul(features, cols.reshape(b, 1, k * s, width).transpose(-1, -2))
+    by_cols = by_cols.view(b, channels, height, k, s)  # (b, C, H, K, S)
+    pooled = torch.einsum("bkyh,bchkx->bkcyx", rows, by_cols)
+    return pooled.reshape(b * k, channels, s, s)
+
+
 def roi_align(
     features: Tensor, boxes: list[Tensor] | tuple[Tensor, ...], output_size: int
 ) -> Tensor:
     """features (B, C, H, W); boxes[b] (K_b, 4) xyxy in feature pixels -> (sum K_b, C, S, S),
     computed in float32 on the features' device, returned in their dtype."""
     height, width = features.shape[-2:]
-    out = []
-    for index, image_boxes in enumerate(boxes):
-        if image_boxes.shape[0] == 0:
-            continue
-        xyxy = image_boxes.to(device=features.device, dtype=torch.float32)
-        rows, grid_h = _axis_weights(xyxy[:, 1], xyxy[:, 3], height, output_size)
-        cols, grid_w = _axis_weights(xyxy[:, 0], xyxy[:, 2], width, output_size)
-        feature = features[index].float()  # (C, H, W)
-        pooled = torch.einsum("nyh,chw->ncyw", rows, feature)
-        pooled = torch.einsum("ncyw,nxw->ncyx", pooled, cols)
-        count = (grid_h * grid_w).clamp(min=1.0)
-        out.append((pooled / count[:, None, None, None]).to(features.dtype))
-    if not out:
+    counts = [int(image_boxes.shape[0]) for image_boxes in boxes]
+    if sum(counts) == 0:
         return features.new_zeros((0, features.shape[1], output_size, output_size))
-    return torch.cat(out)
+    xyxy = torch.cat(list(boxes)).to(device=features.device, dtype=torch.float32)
+    rows, grid_h = _axis_weights(xyxy[:, 1], xyxy[:, 3], height, output_size)
+    cols, grid_w = _axis_weights(xyxy[:, 0], xyxy[:, 2], width, output_size)
+    cols = cols / (grid_h * grid_w).clamp(min=1.0)[:, None, None]  # the bins' means
+    used = [index for index, count in enumerate(counts) if count]
+    if len(set(counts)) == 1:  # as transformers calls it: the same count for every image
+        k = counts[0]
+        shape = (len(counts), k, output_size)
+        pooled = _pool(features.float(), rows.view(*shape, height), cols.view(*shape, width))
+    else:
+        starts = [sum(counts[:index]) for index in used]
+        pooled = torch.cat(
+            [
+                _pool(
+                    features[index : index + 1].float(),
+                    rows[start : start + counts[index]][None],
+                    cols[start : start + counts[index]][None],
+                )
+                for index, start in zip(used, starts, strict=True)
+            ]
+        )
+    return pooled.to(features.dtype)
