@@ -67,8 +67,8 @@ def meta_resizes_uint8(device: torch.device | str) -> bool:
     ``device``. Its ``v2.Resize`` (torchvision's ``resize_image``) does so on the CPU only,
     and there only when torch's CPU capability reads ``AVX2`` (an ``AVX512`` build does
     not): everywhere else it resizes in float32 and rounds back to uint8 (CUDA implements
-    antialiased bilinear for floating dtypes only). The two differ by 1 in about a fifth
-    of the resized values."""
+    antialiased bilinear for floating dtypes only). The two differ by one level in up to a
+    fifth of the resized values (random pixels)."""
     device = torch.device(device)
     return device.type == "cpu" and "AVX2" in torch.backends.cpu.get_cpu_capability()
 
