@@ -49,8 +49,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 _TORCH_DIR = str(Path(torch.__file__).parent)
 
 # The operators that copy between devices: crossing is what they are for.
-_COPIES = {"aten::_to_copy", "aten::to", "aten::copy_", "aten::_copy_from", "aten::lift_fresh"}
-_COPIES |= {"aten::lift_fresh_copy", "aten::detach", "aten::detach_", "aten::alias"}
+_COPIES = {"aten::_to_copy", "aten::to", "aten::copy_", "aten::_copy_from"}
 # Factories: a new tensor from sizes or values alone; without device= it is on the CPU.
 _FACTORIES = {
     "aten::arange",
