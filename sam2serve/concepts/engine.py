@@ -103,11 +103,8 @@ def preprocess(
     return torch.cat(out)
 
 
-def _boxes_tensor(
-    boxes: Sequence[ExemplarBox], width: int, height: int, device: torch.device | str = "cpu"
-) -> tuple[Tensor, Tensor]:
-    """Exemplars -> normalized (cx, cy, w, h) (1, K, 4) and labels (1, K) (1 positive), on
-    ``device``."""
+def _boxes_tensor(boxes: Sequence[ExemplarBox], width: int, height: int) -> tuple[Tensor, Tensor]:
+    """Exemplars -> normalized (cx, cy, w, h) (1, K, 4) and labels (1, K) (1 positive)."""
     rows = []
     for box in boxes:
         x1, y1, x2, y2 = box.xyxy
@@ -115,10 +112,7 @@ def _boxes_tensor(
             [(x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height]
         )
     labels = [1 if b.positive else 0 for b in boxes]
-    return (
-        torch.tensor([rows], dtype=torch.float32, device=device),
-        torch.tensor([labels], dtype=torch.long, device=device),
-    )
+    return torch.tensor([rows], dtype=torch.float32), torch.tensor([labels], dtype=torch.long)
 
 
 @dataclass(frozen=True)
@@ -265,13 +259,14 @@ def run_detector(
     _ids, attention, features = text
     height, width = encoding.height, encoding.width
     if boxes:
-        box_t, label_t = _boxes_tensor(boxes, width, height, device)
+        box_t, label_t = _boxes_tensor(boxes, width, height)
     else:
         # Meta runs the exemplar encoder even with no box (its output then is the class
         # token alone); transformers skips it when no box is given. One padding box
         # (label PADDING, masked out) makes transformers run it as Meta does.
-        box_t = torch.tensor([[[0.5, 0.5, 1.0, 1.0]]], device=device)
-        label_t = torch.tensor([[PADDING]], device=device)
+        box_t = torch.tensor([[[0.5, 0.5, 1.0, 1.0]]])
+        label_t = torch.tensor([[PADDING]])
+    box_t, label_t = box_t.to(device), label_t.to(device)
     return model(
         vision_embeds=encoding.expanded(prompts),
         text_embeds=features,
