@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: the CUDA test suite and a short CUDA benchmark, results in one folder.
 #
-#   scripts/gpu-check.sh [--part tests|bench|compile|tracker|tracker-meta|blog|blog-compile|coldstart|aoti|concepts|decode|all]
+#   scripts/gpu-check.sh [--part tests|bench|compile|tracker|tracker-meta|blog|blog-compile|coldstart|aoti|concepts|concepts-device|decode|all]
 #                        [--dry-run] [OUT_DIR]
 #                                                        (default: all, gpu-check/)
 #   scripts/gpu-check.sh --download-wheels                      (on a connected machine)
@@ -35,6 +35,12 @@
 #            phrases on one encoding, per stage, baseline (fp32) and furious (bf16
 #            backbone) (`sam2serve bench --task concepts`; the CPU rows are in
 #            bench/results/concepts_cpu_avx512vnni.md). Not yet run on a GPU.
+#   concepts-device  SAM 3 on the GPU against the CPU (tests/cuda/test_concepts_cuda.py):
+#            the reduced model, same weights, text only and with exemplar boxes (scores
+#            1e-4, boxes 1e-2 px, < 0.1 % mask pixels), Meta's CUDA preprocessing, RoIAlign
+#            without a host sync, and CUDA refusing the uint8 kernels the first tier's
+#            DeviceGuard calls CPU-only (seconds; also part of --part tests). Not yet run
+#            on a GPU.
 #   aoti     where AOTInductor packages compiled for CUDA crash when loaded: a ladder of
 #            probes from a one-layer package through torch's own loader to tiny's image
 #            path (scripts/aoti_cuda_probe.py; each load in its own process).
@@ -100,8 +106,8 @@ if [ "${1:-}" = "--part" ]; then
     shift 2
 fi
 case "$PART" in
-    tests|bench|compile|tracker|tracker-meta|blog|blog-compile|coldstart|aoti|concepts|decode|all) ;;
-    *) echo "--part: tests, bench, compile, tracker, tracker-meta, blog, blog-compile, coldstart, aoti, concepts, decode or all, not $PART" >&2
+    tests|bench|compile|tracker|tracker-meta|blog|blog-compile|coldstart|aoti|concepts|concepts-device|decode|all) ;;
+    *) echo "--part: tests, bench, compile, tracker, tracker-meta, blog, blog-compile, coldstart, aoti, concepts, concepts-device, decode or all, not $PART" >&2
        exit 2;;
 esac
 DRY_RUN=0
@@ -238,6 +244,12 @@ if [ "$PART" = concepts ] || [ "$PART" = all ]; then
     timeout 560 python3 -m sam2serve bench --task concepts --device cuda --sam3-size full \
         --random-weights --modes baseline,furious --repeats 3 --warmup 1 --phrases 1,10 \
         --out "$OUT" --name concepts_full_cuda 2>&1 | tee "$OUT/concepts.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+fi
+if [ "$PART" = concepts-device ]; then
+    # (--part all runs these with the other cuda tests, in part tests.)
+    timeout 300 python3 -m pytest -q -s -m cuda tests/cuda/test_concepts_cuda.py \
+        -p no:cacheprovider -rs 2>&1 | tee "$OUT/concepts-device-tests.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 fi
 if [ "$PART" = decode ] || [ "$PART" = all ]; then

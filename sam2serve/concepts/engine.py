@@ -71,21 +71,44 @@ def token_batch(tokenize: Tokenize, phrases: Sequence[str]) -> tuple[Tensor, Ten
     return ids, (ids != 0).long()
 
 
+def meta_resizes_uint8(device: torch.device | str) -> bool:
+    """Whether Meta's processor resizes the uint8 image with torch's uint8 kernel on
+    ``device``. Its ``v2.Resize`` (torchvision's ``resize_image``) does so on the CPU only,
+    and there only when torch's CPU capability reads ``AVX2`` (an ``AVX512`` build does
+    not): everywhere else it resizes in float32 and rounds back to uint8 (CUDA implements
+    antialiased bilinear for floating dtypes only). The two differ by one level in up to a
+    fifth of the resized values (random pixels)."""
+    device = torch.device(device)
+    return device.type == "cpu" and "AVX2" in torch.backends.cpu.get_cpu_capability()
+
+
+def _resize(chw: Tensor, size: int) -> Tensor:
+    """uint8 (1, 3, H, W) -> uint8 (1, 3, size, size), bilinear, antialiased, on its device,
+    as Meta's processor resizes on that device (:func:`meta_resizes_uint8`)."""
+    if meta_resizes_uint8(chw.device):
+        return F.interpolate(
+            chw, size=(size, size), mode="bilinear", align_corners=False, antialias=True
+        )
+    resized = F.interpolate(
+        chw.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True
+    )
+    return resized.round_().to(torch.uint8)
+
+
 def preprocess(
     images: Sequence[np.ndarray], size: int, device: torch.device | str = "cpu"
 ) -> Tensor:
-    """uint8 RGB (H, W, 3) images -> (B, 3, size, size) in [-1, 1] on ``device``, resized as
-    Meta's processor does (bilinear, antialiased, on the uint8 image). Each image crosses
-    to the device as uint8 and is resized and normalised there."""
+    """uint8 RGB (H, W, 3) images -> (B, 3, size, size) in [-1, 1] on ``device``, as Meta's
+    processor makes them on that device: resized bilinearly with antialiasing
+    (:func:`_resize`), then ``x * (1 / 255)``, then ``(x - 0.5) / 0.5``, in float32. Each
+    image crosses to the device as uint8 and is resized and normalised there."""
     out = []
     for image in images:
         host = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))[None]
         chw = host.to(device, non_blocking=True)
         if tuple(chw.shape[-2:]) != (size, size):
-            chw = F.interpolate(
-                chw, size=(size, size), mode="bilinear", align_corners=False, antialias=True
-            )
-        out.append((chw.float() / 255.0 - 0.5) / 0.5)
+            chw = _resize(chw, size)
+        out.append((chw.float().mul_(1.0 / 255.0) - 0.5) / 0.5)
     return torch.cat(out)
 
 

@@ -2,9 +2,12 @@
 
 Semantics follow torchvision v2 on image tensors: ToDtype(uint8, scale=True) keeps uint8 and
 scales floats by 255 (round-to-nearest-even after clamping, as ``_to_dtype_tensor`` does);
-Resize((h, w)) is bilinear with antialias=True on the tensor's own dtype (torch's native uint8
-kernel for uint8, as torchvision v2 calls on CPU); ToDtype(float32,
-scale=True) divides uint8 by 255; Normalize computes (x - mean) / std per channel.
+Resize((h, w)) is bilinear with antialias=True, on uint8 with torch's native uint8 kernel only
+on the CPU and only where torch's CPU capability string contains "AVX2" (torchvision's
+``_do_native_uint8_resize_on_cpu``; an "AVX512" build does not), elsewhere (CUDA, AVX512) in
+float32, rounded and cast back to uint8 (``resize_image``); ToDtype(float32, scale=True)
+multiplies uint8 by 1 / 255 (``to_dtype_image``); Normalize computes (x - mean) / std per
+channel.
 """
 
 import torch
@@ -35,7 +38,7 @@ class ToDtype:
         if not self.scale:
             return x.to(self.dtype)
         if x.dtype == torch.uint8 and self.dtype.is_floating_point:
-            return x.to(self.dtype).div(255)
+            return x.to(self.dtype).mul_(1.0 / 255)
         if x.dtype.is_floating_point and self.dtype == torch.uint8:
             return x.mul(255).clamp(0, 255).round().to(torch.uint8)
         raise NotImplementedError(f"shim ToDtype {x.dtype} -> {self.dtype}")
@@ -50,14 +53,17 @@ class Resize:
         if list(x.shape[-2:]) == self.size:
             return x
         batched = x if x.dim() == 4 else x[None]
-        # torchvision v2 resizes uint8 CPU images with torch's native uint8 kernel
+        native = x.device.type == "cpu" and "AVX2" in torch.backends.cpu.get_cpu_capability()
+        cast = x.dtype == torch.uint8 and not native
         out = torch.nn.functional.interpolate(
-            batched,
+            batched.float() if cast else batched,
             size=self.size,
             mode="bilinear",
             align_corners=False,
             antialias=self.antialias,
         )
+        if cast:
+            out = out.round_().to(torch.uint8)
         return out if x.dim() == 4 else out[0]
 
 
