@@ -9,6 +9,7 @@ and turns every error into one ``sam2serve: error: ...`` line and its exit statu
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -33,6 +34,7 @@ from sam2serve.commands.common import (
     CommandError,
     CommandParser,
     UsageError,
+    check_variables,
     error_line,
     message,
     package_version,
@@ -80,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             set_wait_policy()  # read by OpenMP when torch starts it: before any torch import
         except ValueError as exc:
             raise UsageError(f"$OMP_WAIT_POLICY: {exc}") from None
+        check_variables(os.environ)
         args = build_parser().parse_args(argv)
         args.argv = argv  # the exact command, for reports that say how to rerun them
         return args.handler(args)
