@@ -160,10 +160,12 @@ def _default_text(field: dataclasses.Field, spec: Option) -> str:
 
 
 def flag_type(field: dataclasses.Field, spec: Option) -> Callable[[str], Any]:
-    """The ``type`` that reads an option field's flag and variable, bounds included: a
-    scaled field's :class:`~sam2serve.config_text.Units`, an int or float field's strict
-    :class:`~sam2serve.config_text.Integer` / :class:`~sam2serve.config_text.Number` (ASCII,
-    finite, within the field's bounds), else the Option's type (default: str)."""
+    """The ``type`` that reads an option field's flag and variable: a scaled field's
+    :class:`~sam2serve.config_text.Units` (a count of units that fits, converted without
+    overflow), an int or float field's strict :class:`~sam2serve.config_text.Integer` /
+    :class:`~sam2serve.config_text.Number` (ASCII, finite), else the Option's type (default:
+    str). The field's own bounds are the dataclass's to check (:func:`check_options`), so a
+    library caller, a config file and the command line get the same message."""
     if spec.scale is not None:
         low = None if spec.low is None else math.ceil(spec.low)
         high = MAX_BYTES if spec.high is None else int(spec.high)
@@ -171,13 +173,9 @@ def flag_type(field: dataclasses.Field, spec: Option) -> Callable[[str], Any]:
     default = None if field.default is dataclasses.MISSING else field.default
     kind = spec.type or (type(default) if default is not None else str)
     if kind is int:
-        low = None
-        if spec.low is not None:
-            low = math.floor(spec.low) + 1 if spec.low_open else math.ceil(spec.low)
-        high = None if spec.high is None else math.floor(spec.high)
-        return Integer(low, high)
+        return Integer()
     if kind is float:
-        return Number(spec.low, spec.high, spec.low_open)
+        return Number()
     return kind
 
 

@@ -3,9 +3,11 @@ fed values a careless or hostile operator writes.
 
 The table is enumerated from the parsers themselves (each command's actions, each
 environment-enabled flag's variable), so a flag added later is covered without editing
-this file. Each case runs ``sam2serve``'s ``main`` in-process with the command's handler
-replaced by a stub: what is checked is the configuration phase (the flags, the variables,
-their types and bounds), in milliseconds. A refused value must give exit status 2 and one
+this file. Each case runs ``sam2serve``'s ``main`` in-process and stops where work would
+begin: ``serve`` and ``labelstudio`` run their real handler up to the address check (their
+settings' bounds are checked there, by the settings dataclasses), every other command's
+handler is a stub (its flags' types are checked by the parser). So what is checked is the
+configuration phase, in milliseconds. A refused value must give exit status 2 and one
 line on stderr naming its flag (``--max-upload-mib``) or variable
 (``SAM2SERVE_MAX_UPLOAD_MIB``), never a traceback. A handful of real subprocess runs prove
 the same end to end, and the variables that are not flags (the store, the checkpoint URL
@@ -95,13 +97,34 @@ class _Stubbed(Exception):
     pass
 
 
+# The commands whose real handler runs, up to the address check (the service's settings
+# are checked there); every other command's handler is a stub.
+CONFIGURED_BY_HANDLER = ("serve", "labelstudio")
+
+
+def _configured(args: argparse.Namespace) -> int:
+    return 0
+
+
+def _address_reached(host: str, port: int) -> None:
+    raise SystemExit(0)  # main returns 0: the configuration was accepted
+
+
 @contextlib.contextmanager
 def stubbed_handlers() -> Iterator[None]:
-    """Every command's handler returns 0 at once: only the configuration is checked. The
+    """Stop every command where its work would begin (see the module's docstring). The
     parser is built once (with every command's flags) and reused: parsing does not change
     it, and a variable only lifts a requirement the table's base arguments meet anyway."""
+    from sam2serve.commands import serve
+
     original_wrap, original_build = common._extras_as_usage, cli.build_parser
-    common._extras_as_usage = lambda handler, command: lambda args: 0  # type: ignore[assignment]
+    original_address = serve.check_address
+
+    def wrap(handler, command):
+        return original_wrap(handler, command) if command in CONFIGURED_BY_HANDLER else _configured
+
+    common._extras_as_usage = wrap  # type: ignore[assignment]
+    serve.check_address = _address_reached  # type: ignore[assignment]
     parser = original_build()
     _add_all_deferred(parser)
     cli.build_parser = lambda: parser  # type: ignore[assignment]
@@ -110,6 +133,7 @@ def stubbed_handlers() -> Iterator[None]:
     finally:
         common._extras_as_usage = original_wrap  # type: ignore[assignment]
         cli.build_parser = original_build  # type: ignore[assignment]
+        serve.check_address = original_address  # type: ignore[assignment]
 
 
 def _add_all_deferred(parser: argparse.ArgumentParser) -> None:
@@ -187,18 +211,21 @@ def takes_value(action: argparse.Action) -> bool:
 
 
 def is_numeric(action: argparse.Action) -> bool:
-    """Whether the flag reads a number: its type turns '3' into one (independent of how
-    the type is written, so the table is the same before and after a fix)."""
+    """Whether the flag reads a number: its type turns '3', '1' or '0' into one
+    (independent of how the type is written, so the table is the same before and after a
+    fix)."""
     if not takes_value(action) or action.choices is not None or action.type is None:
         return False
     kind = action.type
     if kind in (int, float):
         return True
-    try:
-        value = kind("3")
-    except Exception:  # noqa: BLE001 - a type that refuses '3' is not a number's
-        return False
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    for probe in ("3", "1", "0"):  # one of them is within any numeric flag's bounds
+        try:
+            value = kind(probe)
+        except Exception:  # noqa: BLE001, S112 - a type that refuses it may take another
+            continue
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return False
 
 
 def is_url(action: argparse.Action) -> bool:
@@ -207,9 +234,29 @@ def is_url(action: argparse.Action) -> bool:
     )
 
 
-def low_bound(action: argparse.Action) -> float | None:
-    """The low bound the flag's type states, if it states one."""
-    return getattr(action.type, "low", None)
+def low_bound(flag: Flag) -> float | None:
+    """The low bound the flag's type states, or for ``serve`` / ``labelstudio`` (whose
+    settings' bounds the handler checks) its setting's Option, if either states one."""
+    low = getattr(flag.action.type, "low", None)
+    if low is None and flag.command[0] in CONFIGURED_BY_HANDLER:
+        spec = _setting_options().get(flag.flag)
+        low = None if spec is None else spec.low
+    return low
+
+
+def _setting_options() -> dict[str, object]:
+    """Every option field of the service's settings and the Label Studio options, by flag."""
+    from sam2serve.commands.serve import Listen
+    from sam2serve.labelstudio.options import LabelStudioOptions
+    from sam2serve.options import OPTION, flag_of, setting_fields
+    from sam2serve.server.settings import ServerSettings
+
+    found = {}
+    for cls in (ServerSettings, Listen, LabelStudioOptions):
+        for _, field in setting_fields(cls):
+            if OPTION in field.metadata:
+                found[flag_of(field)] = field.metadata[OPTION]
+    return found
 
 
 def cases() -> list[tuple[Flag, str, bool]]:
@@ -222,7 +269,7 @@ def cases() -> list[tuple[Flag, str, bool]]:
                 continue
             if is_numeric(action):
                 table += [(flag, value, True) for value in NOT_NUMBERS]
-                low = low_bound(action)
+                low = low_bound(flag)
                 table.append((flag, NEGATIVE, low is not None and low > -1))
             elif is_url(action):
                 table += [(flag, value, True) for value in BAD_URLS]
@@ -247,7 +294,7 @@ def env_cases() -> list[tuple[Flag, str, bool]]:
             elif is_numeric(action):
                 # An empty variable counts as unset (documented): not a refusal.
                 table += [(flag, value, True) for value in NOT_NUMBERS if value]
-                low = low_bound(action)
+                low = low_bound(flag)
                 table.append((flag, NEGATIVE, low is not None and low > -1))
             elif is_url(action):
                 table += [(flag, value, True) for value in BAD_URLS]

@@ -41,7 +41,6 @@ from sam2serve.commands.common import (
     described,
     error_line,
     info_line,
-    positive_int,
     warning_line,
 )
 from sam2serve.commands.inputs import (
@@ -63,7 +62,6 @@ from sam2serve.commands.run_outputs import (
     in_mask_format,
     prepare_out_dir,
 )
-from sam2serve.config_text import Number
 from sam2serve.engine.coco import CocoWriter, coco_info
 from sam2serve.engine.formats import FORMATS, JSON_FORMATS
 from sam2serve.runtime.modes import MODES
@@ -203,13 +201,13 @@ def add_arguments(parser: CommandParser) -> None:
     )
     parser.add_argument(
         "--min-score",
-        type=Number(0.0, 1.0),
+        type=float,
         metavar="X",
         help="keep only masks whose predicted IoU is at least X, in [0, 1] (every output)",
     )
     parser.add_argument(
         "--max-masks",
-        type=positive_int,
+        type=int,
         metavar="N",
         help="keep at most N masks per image, the highest predicted IoU first (every output)",
     )

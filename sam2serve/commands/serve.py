@@ -235,11 +235,17 @@ def _bind_message(host: str, port: int, exc: OSError) -> str:
     return f"cannot listen on {where}: {exc.strerror or exc}"
 
 
+def source_of(args: argparse.Namespace, dest: str) -> str:
+    """Where a value came from, as errors name it: its flag (``--store``), or the variable
+    that gave it (``$SAM2SERVE_STORE``)."""
+    source = sources(args).get(dest)
+    if source is not None:
+        return f"${source[0]}"
+    return getattr(args, "flags", {}).get(dest) or "--" + dest.replace("_", "-")
+
+
 def store_source(args: argparse.Namespace) -> str:
-    """Where the store location came from, as errors name it: ``--store``, or the variable
-    (``$SAM2SERVE_STORE``) that gave it."""
-    source = sources(args).get("store")
-    return "--store" if source is None else f"${source[0]}"
+    return source_of(args, "store")
 
 
 @contextlib.contextmanager
@@ -261,7 +267,9 @@ def check_store(settings: ServerSettings, source: str = "--store") -> None:
 def check_concepts_flags(args: argparse.Namespace, settings: ServerSettings) -> None:
     """SAM 3's flags mean something only with --concepts."""
     if not settings.concepts.enabled and getattr(args, "sam3_weights", None):
-        raise UsageError("--sam3-weights needs --concepts (SAM 3 is loaded only with it)")
+        raise UsageError(
+            f"{source_of(args, 'sam3_weights')} needs --concepts (SAM 3 is loaded only with it)"
+        )
 
 
 def load_concepts_flags(args: argparse.Namespace, settings: ServerSettings, device: str):
