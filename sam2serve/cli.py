@@ -9,7 +9,6 @@ and turns every error into one ``sam2serve: error: ...`` line and its exit statu
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
@@ -34,11 +33,11 @@ from sam2serve.commands.common import (
     CommandError,
     CommandParser,
     UsageError,
-    check_variables,
     error_line,
     message,
     package_version,
 )
+from sam2serve.commands.variables import check_variables
 from sam2serve.runtime.threads import set_wait_policy
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -82,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             set_wait_policy()  # read by OpenMP when torch starts it: before any torch import
         except ValueError as exc:
             raise UsageError(f"$OMP_WAIT_POLICY: {exc}") from None
-        check_variables(os.environ)
+        check_variables()
         args = build_parser().parse_args(argv)
         args.argv = argv  # the exact command, for reports that say how to rerun them
         return args.handler(args)

@@ -103,7 +103,9 @@ def parse_number(
         raise ConfigValueError(f"expected {accepted}, got {shown(text)}")
     value = float(text)
     if not math.isfinite(value) or abs(value) > MAX_NUMBER:
-        raise ConfigValueError(f"expected {accepted} (at most {MAX_NUMBER:g}), got {shown(text)}")
+        raise ConfigValueError(
+            f"expected {accepted} (at most {MAX_NUMBER:,.0f} in size), got {shown(text)}"
+        )
     if low is not None and (value <= low if low_open else value < low):
         raise ConfigValueError(f"expected {accepted}, got {shown(text)}")
     if high is not None and value > high:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sam2serve.config_text import MAX_BYTES, Integer, Number, Units, shown
+from sam2serve.config_text import MAX_BYTES, MAX_INTEGER, MAX_NUMBER, Integer, Number, Units, shown
 
 __all__ = [
     "Option",
@@ -326,7 +326,8 @@ ENV_NOTE = (
     "every flag can also be set by the environment variable its help names ([env VAR]; a "
     "repeatable flag's variable takes a comma-separated list, a switch's 1/0, true/false, "
     "yes/no or on/off); a flag given on the command line wins over its variable, the "
-    "variable over the default"
+    "variable over the default. Numbers are written in ASCII digits (not 1_000, nan or inf), "
+    f"an integer at most {MAX_INTEGER}, any other number at most {MAX_NUMBER:,.0f} in size"
 )
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")

@@ -23,12 +23,11 @@ import argparse
 import difflib
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from sam2serve.cache import CACHE_ENV
 from sam2serve.config import ACCEPTED_MODELS, MODEL_SIZES, model_size
-from sam2serve.config_text import Integer, Number, parse_http_url, parse_path, parse_switch
+from sam2serve.config_text import Integer, Number
 from sam2serve.options import apply_environment, describe_environment, read_environment
 from sam2serve.runtime.backend_choice import AUTO, AUTO_DESCRIPTION, BACKEND_CHOICES
 from sam2serve.runtime.backends import BACKENDS
@@ -314,33 +313,6 @@ def flag_of(parser: argparse.ArgumentParser) -> dict[str, str]:
         for action in parser._actions
         if any(s.startswith("--") for s in action.option_strings)
     }
-
-
-# --------------------------------------------------------------------------- variables
-
-# Kept equal to sam2serve.checkpoint's (which imports torch; this module must not).
-OFFLINE_ENV = "SAM2SERVE_OFFLINE"
-
-
-def check_variables(environ: Mapping[str, str]) -> None:
-    """The ``SAM2SERVE_*`` variables that set no flag (the cache root, the checkpoint
-    mirror, offline mode: read where they are used, by every command), checked once at
-    start: a bad one is one usage-error line naming it, whatever the command. Empty counts
-    as unset."""
-    from sam2serve.commands.download import URL_BASE_ENV
-
-    readers: dict[str, Callable[[str], Any]] = {
-        CACHE_ENV: parse_path,
-        URL_BASE_ENV: parse_http_url,
-        OFFLINE_ENV: parse_switch,
-    }
-    for variable, read in readers.items():
-        text = environ.get(variable, "")
-        if text:
-            try:
-                read(text)
-            except ValueError as exc:
-                raise UsageError(f"${variable}: {exc}") from None
 
 
 # --------------------------------------------------------------------------- flag types

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from sam2serve.config_text import http_url, parse_http_url
+from sam2serve.config_text import parse_http_url
 from sam2serve.labelstudio.fetch_policy import AllowedHost, FetchPolicy
 from sam2serve.options import check_options, option
 
@@ -50,7 +50,6 @@ class LabelStudioOptions:
         "(/data/upload/...); images may be fetched from its host",
         flag="--label-studio-url",
         metavar="URL",
-        type=http_url,
         default_text=f"${DEFAULT_URL_ENV}, else the address Label Studio sends when it "
         "connects, if --allow-fetch-host allows it",
         group=GROUP,
@@ -171,7 +170,7 @@ class LabelStudioOptions:
             try:
                 parse_http_url(self.url)  # a scheme, a host, a port in 1..65535, no password
             except ValueError as exc:
-                raise ValueError(f"url: Label Studio's address: {exc}") from None
+                raise ValueError(f"url: {exc}") from None
             object.__setattr__(self, "url", self.url.rstrip("/"))
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to use /setup's token)")
