@@ -386,6 +386,8 @@ OTHER_VARIABLES = [
     ),
     ("SAM2SERVE_CACHE", " ", ("download",)),
     ("SAM2SERVE_OFFLINE", BAD_SWITCH, ("serve",)),
+    ("SAM2SERVE_API_KEY", " ", ("serve",)),  # read through --api-key-env's name
+    ("SAM2SERVE_API_KEY", " ", ("labelstudio",)),
 ]
 
 
