@@ -37,6 +37,7 @@ from sam2serve.commands.common import (
     message,
     package_version,
 )
+from sam2serve.commands.variables import check_variables
 from sam2serve.runtime.threads import set_wait_policy
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -80,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             set_wait_policy()  # read by OpenMP when torch starts it: before any torch import
         except ValueError as exc:
             raise UsageError(f"$OMP_WAIT_POLICY: {exc}") from None
+        check_variables()
         args = build_parser().parse_args(argv)
         args.argv = argv  # the exact command, for reports that say how to rerun them
         return args.handler(args)

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sam2serve.config_text import MAX_BYTES, MAX_INTEGER, MAX_NUMBER, Integer, Number, Units, shown
+
 __all__ = [
     "Option",
     "OptionError",
@@ -39,6 +41,7 @@ __all__ = [
     "describe_environment",
     "env_var",
     "flag_of",
+    "flag_type",
     "group_class",
     "key_of",
     "option",
@@ -156,19 +159,24 @@ def _default_text(field: dataclasses.Field, spec: Option) -> str:
     return str(value)
 
 
-def _in_units(scale: int) -> Callable[[str], int]:
-    """``type`` of a scaled flag: a number of units -> the field's integer value."""
-
-    def parse(text: str) -> int:
-        try:
-            number = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(number):
-            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-        return int(number * scale)
-
-    return parse
+def flag_type(field: dataclasses.Field, spec: Option) -> Callable[[str], Any]:
+    """The ``type`` that reads an option field's flag and variable: a scaled field's
+    :class:`~sam2serve.config_text.Units` (a count of units that fits, converted without
+    overflow), an int or float field's strict :class:`~sam2serve.config_text.Integer` /
+    :class:`~sam2serve.config_text.Number` (ASCII, finite), else the Option's type (default:
+    str). The field's own bounds are the dataclass's to check (:func:`check_options`), so a
+    library caller, a config file and the command line get the same message."""
+    if spec.scale is not None:
+        low = None if spec.low is None else math.ceil(spec.low)
+        high = MAX_BYTES if spec.high is None else int(spec.high)
+        return Units(spec.scale, low=low, high=high)
+    default = None if field.default is dataclasses.MISSING else field.default
+    kind = spec.type or (type(default) if default is not None else str)
+    if kind is int:
+        return Integer()
+    if kind is float:
+        return Number()
+    return kind
 
 
 def add_options(
@@ -185,14 +193,12 @@ def add_options(
             container = exclusive[spec.exclusive]
         flag = flag_of(field)
         default = None if field.default is dataclasses.MISSING else field.default
+        kind = flag_type(field, spec)
         bounds = ""
-        if (
-            spec.choices is None
-            and spec.scale is None
-            and (spec.low is not None or spec.high is not None)
-        ):
-            kind = "an integer" if (spec.type or type(default)) is int else "a number"
-            bounds = f"; {spec.accepted(kind)}"
+        if isinstance(kind, Units):
+            bounds = f"; {kind.accepted()}"
+        elif spec.choices is None and (spec.low is not None or spec.high is not None):
+            bounds = f"; {spec.accepted('an integer' if isinstance(kind, Integer) else 'a number')}"
         # argparse fills in a plain default, so a parser's set_defaults shows in the help.
         shown = _default_text(field, spec).replace("%", "%%")
         if spec.default_text is None and spec.scale is None and not isinstance(default, bool):
@@ -211,10 +217,6 @@ def add_options(
                 help=help_text,
             )
             continue
-        if spec.scale is not None:
-            kind = _in_units(spec.scale)
-        else:
-            kind = spec.type or (type(default) if default is not None else str)
         if spec.repeatable:
             container.add_argument(
                 flag,
@@ -324,7 +326,8 @@ ENV_NOTE = (
     "every flag can also be set by the environment variable its help names ([env VAR]; a "
     "repeatable flag's variable takes a comma-separated list, a switch's 1/0, true/false, "
     "yes/no or on/off); a flag given on the command line wins over its variable, the "
-    "variable over the default"
+    "variable over the default. Numbers are written in ASCII digits (not 1_000, nan or inf), "
+    f"an integer at most {MAX_INTEGER}, any other number at most {MAX_NUMBER:,.0f} in size"
 )
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -379,7 +382,7 @@ def _switch(parser: argparse.ArgumentParser, action: argparse.Action, variable: 
     word = text.strip().lower()
     if word not in _TRUE + _FALSE:
         parser.error(
-            f"${variable}={text!r}: expected one of {', '.join(_TRUE)} (on) or "
+            f"${variable}={shown(text)}: expected one of {', '.join(_TRUE)} (on) or "
             f"{', '.join(_FALSE)} (off)"
         )
     on = word in _TRUE
@@ -399,7 +402,7 @@ def _value(parser: argparse.ArgumentParser, action: argparse.Action, variable: s
             value = parser._get_value(action, part)
             parser._check_value(action, value)
         except argparse.ArgumentError as exc:
-            parser.error(f"${variable}={text!r}: {exc.message}")
+            parser.error(f"${variable}={shown(text)}: {exc.message}")
         values.append(value)
     return values if isinstance(action, _VALUED[1]) else values[0]
 

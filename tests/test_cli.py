@@ -375,7 +375,7 @@ def test_missing_cached_checkpoint_says_where_to_put_it(tmp_path, image_dir, mon
     ("flags", "fragment"),
     [
         (["--points-per-side", "0"], "--points-per-side must be an integer >= 1, got 0"),
-        (["--points-per-side", "many"], "invalid int value: 'many'"),
+        (["--points-per-side", "many"], "expected an integer, got 'many'"),
         (["--pred-iou-thresh", "1.5"], "--pred-iou-thresh must be a number in [0.0, 1.0]"),
         (["--model", "huge"], "invalid choice: 'huge'"),
         (["--mode", "turbo"], "invalid choice: 'turbo'"),

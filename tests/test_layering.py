@@ -19,6 +19,7 @@ LAYERS = {
     "cache": 0,  # the cache root (torch-free)
     "download": 0,  # one file over HTTP: resumed, retried, checked (torch-free)
     "options": 0,  # settings fields as flags (torch-free)
+    "config_text": 0,  # configuration text -> values, one strict parser per kind (torch-free)
     "modeling": 1,
     "checkpoint": 2,
     "samples": 2,
@@ -74,6 +75,7 @@ def test_no_package_imports_a_layer_above_it():
     "module",
     [
         "sam2serve.config",
+        "sam2serve.config_text",
         "sam2serve.download",
         "sam2serve.engine.amg_params",
         "sam2serve.engine.formats",

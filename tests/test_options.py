@@ -219,7 +219,7 @@ def test_a_flag_beats_its_variable_and_the_variables_of_flags_it_excludes(clean_
 @pytest.mark.parametrize(
     "variable, value, fragment",
     [
-        ("SAM2SERVE_PORT", "abc", "$SAM2SERVE_PORT='abc': invalid int value: 'abc'"),
+        ("SAM2SERVE_PORT", "abc", "$SAM2SERVE_PORT='abc': expected an integer, got 'abc'"),
         (
             "SAM2SERVE_PORT",
             "70000",

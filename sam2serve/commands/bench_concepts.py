@@ -7,8 +7,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from sam2serve.commands.common import EXIT_OK, PROG, UsageError, command_line
+from sam2serve.commands.common import EXIT_OK, PROG, UsageError, command_line, positive_int
 from sam2serve.commands.concepts_flags import add_concepts_flags, concepts_spec
+from sam2serve.config_text import Integer, Number
 from sam2serve.runtime.modes import MODES
 
 CONCEPTS_TASK = "concepts"
@@ -22,11 +23,15 @@ def add_concepts_bench_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(f"concepts (--task {CONCEPTS_TASK}: SAM 3)")
     add_concepts_flags(group)
     group.add_argument(
-        "--repeats", type=int, default=3, metavar="N", help="timed repeats (default: %(default)s)"
+        "--repeats",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="timed repeats (default: %(default)s)",
     )
     group.add_argument(
         "--warmup",
-        type=int,
+        type=Integer(low=0),
         default=1,
         metavar="N",
         help="untimed repeats first (default: %(default)s)",
@@ -39,7 +44,7 @@ def add_concepts_bench_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--score-thresh",
-        type=float,
+        type=Number(0.0, 1.0),
         default=0.0,
         metavar="T",
         help="score threshold (default: %(default)s: every query kept, which the accuracy "
@@ -47,7 +52,7 @@ def add_concepts_bench_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--top-k",
-        type=int,
+        type=positive_int,
         default=20,
         metavar="K",
         help="instances per phrase compared with the baseline, by baseline score "

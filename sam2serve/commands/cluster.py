@@ -23,8 +23,10 @@ from sam2serve.commands.common import (
     add_command,
     command_line,
     info_line,
+    port_value,
     positive_int,
 )
+from sam2serve.config_text import Number, http_url
 from sam2serve.options import add_options, option_values
 
 DEFAULT_CONFIG = "deploy/serve_tiny.yaml"
@@ -154,11 +156,11 @@ def _up_arguments(parser: CommandParser) -> None:
         "(default: this machine's, %(default)s)",
     )
     parser.add_argument(
-        "--ray-port", type=int, default=6379, metavar="PORT", help="local Ray's GCS port"
+        "--ray-port", type=port_value, default=6379, metavar="PORT", help="local Ray's GCS port"
     )
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=port_value,
         default=8080,
         metavar="PORT",
         help="local Ray's Prometheus endpoint: ray_serve_* and ray_sam2serve_* metrics "
@@ -166,7 +168,7 @@ def _up_arguments(parser: CommandParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=Number(low=0, low_open=True),
         default=600.0,
         metavar="S",
         help="give up if the applications are not running after this long (default: %(default)s)",
@@ -179,7 +181,9 @@ def _burst_arguments(parser: CommandParser) -> None:
 
     parser.description = (burst.__doc__ or "").strip()
     target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--url", help="the application's URL, e.g. http://127.0.0.1:8000")
+    target.add_argument(
+        "--url", type=http_url, help="the application's URL, e.g. http://127.0.0.1:8000"
+    )
     target.add_argument(
         "--config",
         type=Path,
@@ -192,7 +196,7 @@ def _burst_arguments(parser: CommandParser) -> None:
     add_options(parser, BurstConfig, BURST_FLAGS)
     parser.add_argument(
         "--min-replicas",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="replicas to wait for before each task (default: the config's min_replicas, or 1)",
     )

@@ -27,12 +27,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from sam2serve.config import ACCEPTED_MODELS, MODEL_SIZES, model_size
+from sam2serve.config_text import Integer, Number
 from sam2serve.options import apply_environment, describe_environment, read_environment
 from sam2serve.runtime.backend_choice import AUTO, AUTO_DESCRIPTION, BACKEND_CHOICES
 from sam2serve.runtime.backends import BACKENDS
 from sam2serve.runtime.modes import DEVICE_TYPES, MODES
 from sam2serve.runtime.spec import RuntimeSpec
-from sam2serve.runtime.threads import check_threads
+from sam2serve.runtime.threads import MAX_THREADS
 
 PROG = "sam2serve"
 # The runtime's defaults: fast, the fastest lossless mode (baseline's masks, sooner); tiny.
@@ -211,6 +212,10 @@ class CommandParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+        # type=int and type=float read as the strict parsers read every number (ASCII,
+        # finite, no '1_000' or ' 12 '): any command's flag, and its variable, included.
+        self.register("type", int, Integer())
+        self.register("type", float, Number())
         self._deferred: list[Callable[[CommandParser], None]] = []
         self.environment = environment
 
@@ -313,25 +318,12 @@ def flag_of(parser: argparse.ArgumentParser) -> dict[str, str]:
 # --------------------------------------------------------------------------- flag types
 
 
-def positive_int(value: str) -> int:
-    number = _int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}")
-    return number
-
-
-def _int(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
-
-
-def threads_value(value: str) -> int:
-    try:
-        return check_threads(_int(value))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+positive_int = Integer(low=1)
+# --threads: at most MAX_THREADS (runtime.threads), whatever this machine has, so a
+# configuration written for a larger one still starts.
+threads_value = Integer(low=1, high=MAX_THREADS)
+port_value = Integer(low=1, high=65535)
+seed_value = Integer(low=0)
 
 
 def device_value(value: str) -> str:
@@ -427,8 +419,8 @@ def add_threads_flag(parser: argparse._ActionsContainer) -> None:
         type=threads_value,
         default=None,
         metavar="N",
-        help="CPU threads for the model (default: the CPUs this process may use: its CPU "
-        "affinity, lowered by its cgroup CPU quota, e.g. a container's limit)",
+        help=f"CPU threads for the model, 1 to {MAX_THREADS} (default: the CPUs this process "
+        "may use: its CPU affinity, lowered by its cgroup CPU quota, e.g. a container's limit)",
     )
 
 
@@ -459,7 +451,7 @@ def add_weights_flags(
         )
     parser.add_argument(
         "--seed",
-        type=int,
+        type=seed_value,
         default=0,
         metavar="N",
         help="seed of --random-weights (default: %(default)s)",

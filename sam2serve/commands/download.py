@@ -19,6 +19,7 @@ from sam2serve.commands.common import (
     warning_line,
 )
 from sam2serve.config import HF_MODEL_IDS, MODEL_SIZES, parse_hf_id
+from sam2serve.config_text import http_url, parse_number, shown
 
 ALL = "all"
 SAM3 = "sam3"  # SAM 3 (concepts): Meta's sam3.pt + tokenizer from the gated facebook/sam3
@@ -101,19 +102,18 @@ def targets(value: str) -> tuple[tuple[str, bool], ...]:
 
 
 def url_base_value(value: str) -> str:
-    if not value.startswith(("http://", "https://")):
-        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, got {value!r}")
-    return value
+    """--url-base and $SAM2SERVE_CHECKPOINT_URL_BASE (sam2serve.config_text)."""
+    return http_url(value)
 
 
 def seconds_value(value: str) -> float:
+    """--timeout: a plain number (sam2serve.config_text), > 0."""
     try:
-        seconds = float(value)
+        return parse_number(value, low=0, low_open=True)
     except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value!r}")
-    return seconds
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds > 0, got {shown(value)}"
+        ) from None
 
 
 def add_arguments(parser: CommandParser) -> None:

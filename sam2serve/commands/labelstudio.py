@@ -179,7 +179,7 @@ def labelstudio_command(args: argparse.Namespace) -> int:
     serve.listen_from(args)
     options = options_from(args)
     concepts = concepts_spec(args, spec.device) if options.concepts else None
-    serve.check_store(settings)
+    serve.check_store(settings, serve.store_source(args))
     serve.check_address(args.host, args.port)
     if args.host not in serve.LOOPBACK_HOSTS and settings.access.api_key is None:
         warning_line(
@@ -207,7 +207,7 @@ def labelstudio_command(args: argparse.Namespace) -> int:
     configure_process(spec)  # once, before the app builds its predictor
     loading = model_flags.load_errors_as_usage(settings.runtime.checkpoint, settings.runtime.model)
     concept_model = _load_concepts(concepts, spec.mode)  # first: missing weights told at once
-    with loading, serve.store_errors_as_usage():
+    with loading, serve.store_errors_as_usage(serve.store_source(args)):
         app = create_labelstudio_app(settings, options, concepts=concept_model)
     info = app.state.service.predictor.model.weights_info
     if info.is_random:

@@ -19,7 +19,9 @@ from sam2serve.commands.common import (
     add_command,
     command_line,
     info_line,
+    positive_int,
 )
+from sam2serve.config_text import http_url
 from sam2serve.options import add_options, option_values
 from sam2serve.server.settings import DEFAULT_API_KEY_ENV
 
@@ -53,6 +55,7 @@ def add_arguments(parser: CommandParser) -> None:
     parser.add_argument(
         "--url",
         required=True,
+        type=http_url,
         help="the server, e.g. http://127.0.0.1:8000 (loopback addresses only)",
     )
     parser.add_argument(
@@ -64,7 +67,7 @@ def add_arguments(parser: CommandParser) -> None:
     )
     parser.add_argument(
         "--max-side",
-        type=int,
+        type=positive_int,
         default=512,
         metavar="PX",
         help="downscale the bundled samples to this longer side (default: "

@@ -235,26 +235,41 @@ def _bind_message(host: str, port: int, exc: OSError) -> str:
     return f"cannot listen on {where}: {exc.strerror or exc}"
 
 
+def source_of(args: argparse.Namespace, dest: str) -> str:
+    """Where a value came from, as errors name it: its flag (``--store``), or the variable
+    that gave it (``$SAM2SERVE_STORE``)."""
+    source = sources(args).get(dest)
+    if source is not None:
+        return f"${source[0]}"
+    return getattr(args, "flags", {}).get(dest) or "--" + dest.replace("_", "-")
+
+
+def store_source(args: argparse.Namespace) -> str:
+    return source_of(args, "store")
+
+
 @contextlib.contextmanager
-def store_errors_as_usage() -> Iterator[None]:
-    """A store that cannot be opened or used is a usage error naming --store."""
+def store_errors_as_usage(source: str = "--store") -> Iterator[None]:
+    """A store that cannot be opened or used is a usage error naming its source."""
     try:
         yield
     except StoreError as exc:
-        raise UsageError(f"--store: {exc}") from None
+        raise UsageError(f"{source}: {exc}") from None
 
 
-def check_store(settings: ServerSettings) -> None:
-    """The --store location opens (before the model loads)."""
+def check_store(settings: ServerSettings, source: str = "--store") -> None:
+    """The store location opens (before the model loads); an error names ``source``."""
     if settings.store.location is not None:
-        with store_errors_as_usage():
+        with store_errors_as_usage(source):
             check_location(settings.store.location)
 
 
 def check_concepts_flags(args: argparse.Namespace, settings: ServerSettings) -> None:
     """SAM 3's flags mean something only with --concepts."""
     if not settings.concepts.enabled and getattr(args, "sam3_weights", None):
-        raise UsageError("--sam3-weights needs --concepts (SAM 3 is loaded only with it)")
+        raise UsageError(
+            f"{source_of(args, 'sam3_weights')} needs --concepts (SAM 3 is loaded only with it)"
+        )
 
 
 def load_concepts_flags(args: argparse.Namespace, settings: ServerSettings, device: str, mode: str):
@@ -283,7 +298,7 @@ def serve_command(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     listen_from(args)
     check_concepts_flags(args, settings)
-    check_store(settings)
+    check_store(settings, store_source(args))
     check_address(args.host, args.port)
     if args.host not in LOOPBACK_HOSTS and settings.access.api_key is None:
         warning_line(
@@ -304,7 +319,7 @@ def serve_command(args: argparse.Namespace) -> int:
     configure_process(spec)  # once, before the app builds its predictors
     concepts = load_concepts_flags(args, settings, spec.device, spec.mode)
     loading = model_flags.load_errors_as_usage(settings.runtime.checkpoint, settings.runtime.model)
-    with loading, store_errors_as_usage():
+    with loading, store_errors_as_usage(store_source(args)):
         app = create_app(settings, concepts=concepts)
     info = app.state.service.predictor.model.weights_info
     if info.is_random:

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from sam2serve.config_text import parse_http_url
 from sam2serve.labelstudio.fetch_policy import AllowedHost, FetchPolicy
 from sam2serve.options import check_options, option
 
@@ -167,12 +168,10 @@ class LabelStudioOptions:
 
     def __post_init__(self) -> None:
         if self.url is not None:
-            parts = urlsplit(self.url)
-            if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise ValueError(
-                    f"url: expected Label Studio's address as http(s)://HOST[:PORT], got "
-                    f"{self.url!r}"
-                )
+            try:
+                parse_http_url(self.url)  # a scheme, a host, a port in 1..65535, no password
+            except ValueError as exc:
+                raise ValueError(f"url: {exc}") from None
             object.__setattr__(self, "url", self.url.rstrip("/"))
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to use /setup's token)")

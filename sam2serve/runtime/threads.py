@@ -21,6 +21,10 @@ from pathlib import Path
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 WAIT_POLICIES = ("passive", "active")
 DEFAULT_WAIT_POLICY = "passive"
+# The most intra-op threads a setting may ask for: far more than any host here has, and
+# the same on every host, so a configuration written for a large machine still starts on
+# a small one (where the extra threads only share its cores).
+MAX_THREADS = 1024
 
 _CGROUP_V2_CPU = Path("/sys/fs/cgroup/cpu.max")
 _CGROUP_V1_QUOTA = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
@@ -63,6 +67,8 @@ def check_threads(threads: int | None) -> int:
         return available_cpus()
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    if threads > MAX_THREADS:
+        raise ValueError(f"threads must be at most {MAX_THREADS}, got {threads!r}")
     return threads
 
 

@@ -225,9 +225,9 @@ def test_bad_objects_stop_the_run_naming_the_image_object_and_value(
     ("flags", "fragment"),
     [
         (["--min-score", "1.5"], "--min-score must be a number in [0, 1] (a predicted IoU), got 1.5"),
-        (["--min-score", "nan"], "--min-score must be a number in [0, 1]"),
+        (["--min-score", "nan"], "argument --min-score: expected a number, got 'nan'"),
         (["--max-masks", "0"], "--max-masks must be an integer >= 1, got 0"),
-        (["--max-masks", "two"], "argument --max-masks: invalid int value: 'two'"),
+        (["--max-masks", "two"], "argument --max-masks: expected an integer, got 'two'"),
     ],
 )  # fmt: skip
 def test_bad_filters_stop_the_run(no_model, photo_dir, tmp_path, flags, fragment):

@@ -45,7 +45,7 @@ def test_concept_flags_are_checked_before_a_model_loads(no_models, two_frames, t
         (("--text", "cat, cat", *random), "phrase 'cat' is given twice"),
         (("--text", "x" * 65, *random), "65 characters; the limit is 64"),
         (("--text", "cat", "--score-thresh", "2", *random), "--score-thresh must be"),
-        (("--text", "cat", "--score-thresh", "nan", *random), "--score-thresh must be"),
+        (("--text", "cat", "--score-thresh", "nan", *random), "--score-thresh: expected a number"),
         (("--text", "cat", "--max-instances", "0", *random), "--max-instances"),
         (("--text", "cat", "--concept-frame", "2", *random), "--concept-frame 2 is past"),
         (("--text", "cat", "--sam3-size", "tiny"), "random-weights only"),
