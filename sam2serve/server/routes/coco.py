@@ -19,9 +19,16 @@ from typing import Annotated, Any
 
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from sam2serve.engine.coco import CocoWriter, coco_info
+from sam2serve.engine.user_text import (
+    FILE_NAME_RULE,
+    MAX_FILE_NAME_BYTES,
+    NAME_RULE,
+    check_file_name,
+    check_name,
+)
 from sam2serve.server.dependencies import ServiceDep, SettingsDep
 from sam2serve.server.errors import ApiError
 from sam2serve.server.memory import release_free_memory
@@ -33,6 +40,7 @@ MAX_IMAGES = 256
 MAX_OBJECTS_PER_IMAGE = 4096
 MAX_SIDE = 1_000_000
 DEFAULT_CATEGORY_NAME = "object"
+MAX_CATEGORY_CHARS = 200
 # What checking and re-encoding masks holds, per run (a run takes a char at least, so a
 # string's length bounds its runs): an image's runs as int64 (twice while they are
 # joined), and the strings written back, kept for the answer.
@@ -53,6 +61,29 @@ class _Strict(BaseModel):
 Side = Annotated[int, Field(ge=1, le=MAX_SIDE)]
 
 
+def _category_name(name: str) -> str:
+    return check_name(name, "the name", MAX_CATEGORY_CHARS)
+
+
+# An object's name (its category) and an image's file name, as every export takes them:
+# the one rule for names (longer: a category is no phrase), the one for file names.
+CategoryName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_CATEGORY_CHARS,
+        description="The object's name: its category (objects of one name share one); "
+        f"1..{MAX_CATEGORY_CHARS} characters after stripping: {NAME_RULE}.",
+    ),
+    AfterValidator(_category_name),
+]
+DatasetFileName = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_FILE_NAME_BYTES),
+    AfterValidator(check_file_name),
+]
+
+
 class RleIn(_Strict):
     """A mask as run lengths, column-major, starting with a run of zeros: COCO's compressed
     string (``counts`` a str, as pycocotools writes it) or the runs themselves."""
@@ -64,12 +95,7 @@ class RleIn(_Strict):
 
 
 class CocoObjectIn(_Strict):
-    name: str = Field(
-        DEFAULT_CATEGORY_NAME,
-        min_length=1,
-        max_length=200,
-        description="The object's name: its category (objects of one name share one).",
-    )
+    name: CategoryName = DEFAULT_CATEGORY_NAME
     segmentation: RleIn = Field(description="The mask, the size of the image.")
     score: float | None = Field(
         None,
@@ -79,7 +105,7 @@ class CocoObjectIn(_Strict):
 
 
 class CocoImageIn(_Strict):
-    file_name: str = Field(min_length=1, max_length=1024, description="The image's file name.")
+    file_name: DatasetFileName = Field(description=f"The image's file name: {FILE_NAME_RULE}.")
     width: Side = Field(description="Image width in pixels.")
     height: Side = Field(description="Image height in pixels.")
     objects: list[CocoObjectIn] = Field(

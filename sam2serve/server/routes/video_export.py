@@ -28,15 +28,17 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from sam2serve.engine.rle import checked_counts
+from sam2serve.engine.user_text import FILE_NAME_RULE, MAX_FILE_NAME_BYTES, check_file_name
 from sam2serve.engine.video.export import (
     DEFAULT_OBJECT_NAME,
     FrameMask,
     TrackedObject,
     VideoInfo,
     video_coco,
+    video_folder,
     video_youtube_vis,
 )
 from sam2serve.server.dependencies import ServiceDep
@@ -47,6 +49,8 @@ from sam2serve.server.routes.coco import (
     ENCODE_BYTES_PER_RUN,
     HELD_BYTES_PER_RUN,
     PIECE_BYTES_PER_CHAR,
+    CategoryName,
+    DatasetFileName,
     RleIn,
     _Strict,
 )
@@ -59,7 +63,6 @@ EXPORT_PATH = "/v1/video-export"
 MAX_OBJECTS = 1000
 # YouTube-VIS writes objects x frames entries (null where an object is absent): bounded.
 MAX_TRACK_CELLS = 2_000_000
-MAX_NAME_CHARS = 1024
 FORMATS = {"coco": video_coco, "youtube_vis": video_youtube_vis}
 
 router = v1_router()
@@ -68,27 +71,32 @@ ObjId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 FrameIdx = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
+def _video_name(name: str) -> str:
+    video_folder(check_file_name(name, "the name"))  # its stem names the frames' folder
+    return name
+
+
 class VideoIn(_Strict):
-    name: str = Field(
-        min_length=1, max_length=MAX_NAME_CHARS, description="The video's (or folder's) name."
+    name: Annotated[str, AfterValidator(_video_name)] = Field(
+        min_length=1,
+        max_length=MAX_FILE_NAME_BYTES,
+        description=f"The video's (or frames folder's) name, {FILE_NAME_RULE}; its stem "
+        "names the folder of the frames' file names.",
     )
     width: int = Field(ge=1, le=1_000_000, description="Frame width in pixels.")
     height: int = Field(ge=1, le=1_000_000, description="Frame height in pixels.")
     num_frames: int = Field(ge=1, le=2**31 - 1, description="Frames in the video.")
-    frame_names: list[Annotated[str, Field(max_length=MAX_NAME_CHARS)]] | None = Field(
-        None, description="Each frame's file name (frames uploaded as files), in order."
+    frame_names: list[DatasetFileName] | None = Field(
+        None,
+        description="Each frame's file name (frames uploaded as files), in order: "
+        f"{FILE_NAME_RULE}.",
     )
     fps: float | None = Field(None, gt=0, le=10_000, allow_inf_nan=False)
 
 
 class ExportObjectIn(_Strict):
     obj_id: ObjId
-    name: str = Field(
-        DEFAULT_OBJECT_NAME,
-        min_length=1,
-        max_length=200,
-        description="The object's name: its category (objects of one name share one).",
-    )
+    name: CategoryName = DEFAULT_OBJECT_NAME
 
 
 class ExportMaskIn(_Strict):
