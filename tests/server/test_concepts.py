@@ -404,6 +404,13 @@ def test_schemathesis_on_a_served_concept_model():
             )
             assert response.status_code == 200, response.text
             assert len(response.json()["concepts"][0]["instances"]) == 20
+            # Random weights: no score_thresh is 0 (the start says so), as on the CLI.
+            assert "without score_thresh keeps every instance" in live.log()
+            unset = client.post("/v1/concepts", json={"image": b64(PNG), "phrases": ["cat"]})
+            assert unset.json()["concepts"] == response.json()["concepts"]
+            for phrase, named in (("a\u202eb", "U+202E"), ("c\x00t", "U+0000")):
+                bad = client.post("/v1/concepts", json={"image": b64(PNG), "phrases": [phrase]})
+                assert bad.status_code == 422 and named in bad.json()["error"]["message"]
         report = FuzzReport.within(300)
         examples = {GenerationMode.POSITIVE: 60, GenerationMode.NEGATIVE: 30}
         fuzz(
