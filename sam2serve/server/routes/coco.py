@@ -4,7 +4,9 @@ The annotation page's export: its accepted objects (masks it received, merged or
 as RLE) go in with their names, and the COCO file comes back, written by
 :class:`~sam2serve.engine.coco.CocoWriter`, the writer of ``sam2serve run --coco``, so
 both exports are the same format (compressed RLE, COCO's bbox, area, score, iscrowd 0).
-Each distinct object name is a category, in order of first appearance.
+Each distinct object name is a category, in order of first appearance. Names follow the
+one rule for names, ``file_name`` the one for dataset file names
+(:mod:`sam2serve.engine.user_text`): a 422 names the field and what is wrong.
 
 No model work: the masks are checked (size, runs that cover the image exactly, the
 server's ``max_pixels``) and re-encoded off the event loop, their runs read in pieces

@@ -12,8 +12,11 @@ the person saw and corrected, the server keeps no copy of a clip's masks at the 
 size (a session holds low-resolution logits), and the export works after the session
 has expired. Only the objects' names may come from a live session: with ``session_id``,
 an object given without a name takes the name the session keeps for it (prompts,
-renames, concept seeding), so every name is a category. No model work. What a request may make the process allocate is bounded
-before the work: the body by the server's body and JSON limits, the frames by
+renames, concept seeding), so every name is a category. Names follow the one rule for
+names (:mod:`sam2serve.engine.user_text`); the video's name and the frames' names must be
+safe file names (one path component: never ``..``, a separator or a drive), else 422
+naming the field, so no ``file_name`` written climbs out of the dataset. No model work.
+What a request may make the process allocate is bounded before the work: the body by the server's body and JSON limits, the frames by
 ``max_video_frames``, the objects by :data:`MAX_OBJECTS`, YouTube-VIS's per-frame lists by
 :data:`MAX_TRACK_CELLS` (objects x frames), the frame by ``max_pixels``; every mask's runs
 are checked as they are read (a hostile string is refused at its first bad run) within
