@@ -16,11 +16,11 @@ renames, concept seeding), so every name is a category. Names follow the one rul
 names (:mod:`sam2serve.engine.user_text`); the video's name and the frames' names must be
 safe file names (one path component: never ``..``, a separator or a drive), else 422
 naming the field, so no ``file_name`` written climbs out of the dataset. No model work.
-What a request may make the process allocate is bounded before the work: the body by the server's body and JSON limits, the frames by
-``max_video_frames``, the objects by :data:`MAX_OBJECTS`, YouTube-VIS's per-frame lists by
-:data:`MAX_TRACK_CELLS` (objects x frames), the frame by ``max_pixels``; every mask's runs
-are checked as they are read (a hostile string is refused at its first bad run) within
-the process's decode budget.
+What a request may make the process allocate is bounded before the work: the body by the
+server's body and JSON limits, the frames by ``max_video_frames``, the objects by
+:data:`MAX_OBJECTS`, YouTube-VIS's per-frame lists by :data:`MAX_TRACK_CELLS` (objects x
+frames), the frame by ``max_pixels``; every mask's runs are checked as they are read (a
+hostile string is refused at its first bad run) within the process's decode budget.
 """
 
 from __future__ import annotations
