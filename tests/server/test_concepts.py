@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from pycocotools import mask as mask_utils
 from schemathesis import GenerationMode
 from server_support import b64, photo, png_bytes, sha256
+from user_text_cases import ACCEPTED_NAMES, REFUSED_NAMES
 
 from sam2serve.server import concept_schemas as cs
 from sam2serve.server.app import create_app
@@ -154,6 +155,26 @@ def test_a_server_with_weights_keeps_metas_threshold():
     assert request.with_server_default(random_weights=True).score_thresh == 0.0
     sent = cs.ConceptsRequest(phrases=["cat"], image_id="0" * 64, score_thresh=0.7)
     assert sent.with_server_default(random_weights=True).score_thresh == 0.7
+
+
+@pytest.mark.parametrize(
+    "text",
+    [t for t, _ in REFUSED_NAMES] + ACCEPTED_NAMES + [" " * 200 + "cat", "cat" + " " * 300, ""],
+)
+def test_the_command_line_and_the_service_take_the_same_phrases(text):
+    """One rule: a phrase the service takes, the command line takes as the same phrase."""
+    from sam2serve.commands.common import UsageError
+    from sam2serve.commands.concept_prompts import check_phrase
+
+    try:
+        served = cs.clean_phrases([text])[0]
+    except ValueError:
+        served = None
+    try:
+        typed = check_phrase(text, "prompts file")
+    except UsageError:
+        typed = None
+    assert served == typed
 
 
 def test_odd_but_readable_phrases_and_thin_boxes_are_answered(client, answer):
