@@ -18,6 +18,7 @@ inside its image (its size read from the file's header).
 
 from __future__ import annotations
 
+import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +26,18 @@ from typing import Any
 
 from sam2serve.commands.common import UsageError
 from sam2serve.commands.inputs import ImageInput, match_images, read_prompts_json
-from sam2serve.concepts.phrases import MAX_PHRASE_CHARS, VISUAL_PHRASE
+from sam2serve.concepts.phrases import MAX_PHRASE_CHARS, VISUAL_PHRASE, check_box
+from sam2serve.concepts.phrases import check_phrase as concept_phrase
+from sam2serve.engine.user_text import NAME_RULE
 
 MAX_PHRASES = 64  # phrases per image: they run as one detector batch
 MAX_BOXES = 64  # exemplar boxes per image
 ENTRY_KEYS = ("boxes", "text")
+_CSV_BREAKERS = "\x00\r\n"  # what Python's CSV reader cannot take in a row
+_CSV_ERRORS = {  # its messages, by their first word, in the flag's terms
+    "unexpected": "a double quote is not closed",
+    "','": "a closing double quote must be followed by a comma or the end",
+}
 EXAMPLE = '{"photo.jpg": {"boxes": [{"box": [x1, y1, x2, y2], "positive": true}], "text": [...]}}'
 
 
@@ -53,18 +61,15 @@ class ImageConcepts:
 
 
 def check_phrase(value: Any, where: str) -> str:
-    """One phrase: a string of 1..64 characters after stripping."""
+    """One phrase, stripped: a string the service takes too
+    (:func:`sam2serve.concepts.phrases.check_phrase`: 1..64 characters, no control,
+    invisible or direction-changing character)."""
     if not isinstance(value, str):
         raise UsageError(f"{where}: a phrase must be a string, got {value!r:.80}")
-    phrase = value.strip()
-    if not phrase:
-        raise UsageError(f"{where}: a phrase is empty")
-    if len(phrase) > MAX_PHRASE_CHARS:
-        raise UsageError(
-            f"{where}: phrase {phrase[:40]!r}... has {len(phrase)} characters; the limit is "
-            f"{MAX_PHRASE_CHARS}"
-        )
-    return phrase
+    try:
+        return concept_phrase(value, "a phrase")
+    except ValueError as exc:
+        raise UsageError(f"{where}: {exc}") from None
 
 
 def check_phrases(values: list[Any], where: str) -> tuple[str, ...]:
@@ -81,10 +86,27 @@ def check_phrases(values: list[Any], where: str) -> tuple[str, ...]:
 
 
 def parse_text(value: str | None) -> tuple[str, ...]:
-    """--text "cat,dog": comma-separated phrases (none when the flag is not given)."""
+    """--text "cat,dog": comma-separated phrases (none when the flag is not given), read as
+    one CSV row, so a phrase holding a comma is given in double quotes
+    (``'cat,"salt, pepper"'``; a quote inside one is doubled)."""
     if value is None:
         return ()
-    return check_phrases(value.split(","), f"--text {value!r:.100}")
+    where = f"--text {value!r:.100}"
+    bad = next((i for i, char in enumerate(value) if char in _CSV_BREAKERS), None)
+    if bad is not None:  # the phrase rule refuses them too, after CSV would have
+        raise UsageError(
+            f"{where}: has U+{ord(value[bad]):04X} (a control character) at {bad}; phrases "
+            f"take {NAME_RULE}"
+        )
+    try:
+        rows = list(csv.reader([value], skipinitialspace=True, strict=True))
+    except csv.Error as exc:
+        problem = _CSV_ERRORS.get(str(exc).split(" ")[0], str(exc))
+        raise UsageError(
+            f"{where}: {problem} (a phrase holding a comma goes in double quotes: "
+            "'cat,\"salt, pepper\"')"
+        ) from None
+    return check_phrases(rows[0] if rows and rows[0] else [""], where)
 
 
 def merged(*lists: tuple[str, ...]) -> tuple[str, ...]:
@@ -164,15 +186,10 @@ def _box(value: Any, size: tuple[int, int] | None, where: str) -> BoxPrompt:
             f"{where}: box must be 4 finite numbers [x1, y1, x2, y2], got {corners!r:.80}"
         )
     x1, y1, x2, y2 = (float(v) for v in corners)
-    if x2 <= x1 or y2 <= y1:
-        raise UsageError(f"{where}: box {corners} is empty (needs x2 > x1 and y2 > y1)")
-    if size is not None:
-        height, width = size
-        if x1 < 0 or y1 < 0 or x2 > width or y2 > height:
-            raise UsageError(
-                f"{where}: box {corners} is outside the image ({width}x{height} pixels: "
-                f"0 <= x <= {width}, 0 <= y <= {height}; are the boxes for another image?)"
-            )
+    try:
+        check_box(corners, size)  # the service's rule
+    except ValueError as exc:
+        raise UsageError(f"{where}: {exc}") from None
     return BoxPrompt((x1, y1, x2, y2), positive)
 
 
@@ -191,3 +208,20 @@ def image_concepts(
             "phrases or exemplar boxes for them in the --prompts file"
         )
     return found
+
+
+__all__ = [
+    "EXAMPLE",
+    "MAX_BOXES",
+    "MAX_PHRASES",
+    "MAX_PHRASE_CHARS",
+    "VISUAL_PHRASE",
+    "BoxPrompt",
+    "ImageConcepts",
+    "check_phrase",
+    "check_phrases",
+    "image_concepts",
+    "load_concept_prompts",
+    "merged",
+    "parse_text",
+]

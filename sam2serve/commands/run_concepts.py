@@ -64,9 +64,10 @@ from sam2serve.commands.concepts_outputs import (
 )
 from sam2serve.commands.inputs import ImageInput, check_coco_file, expand_images
 from sam2serve.commands.run_outputs import prepare_out_dir
+from sam2serve.concepts.phrases import META_SCORE_THRESH, default_score_thresh
 
 TASK = "concepts"
-DEFAULT_SCORE_THRESH = 0.5  # concepts.engine.DEFAULT_SCORE_THRESH (Meta's; checked by a test)
+DEFAULT_SCORE_THRESH = META_SCORE_THRESH  # concepts.engine's (Meta's; checked by a test)
 RANDOM_WEIGHTS_STAMP = "RANDOM WEIGHTS: instances are meaningless"
 GROUP_TITLE = "concepts (--task concepts: SAM 3)"
 # The flags of one side only: given to the other side's task, they are a usage error.
@@ -85,7 +86,8 @@ SAM2_ONLY = (
 
 TASK_HELP = f"""\
   concepts  every instance of noun phrases with SAM 3 (Meta's Segment Anything 3):
-       --text "cat,dog" (comma-separated, each 1..{MAX_PHRASE_CHARS} characters) and/or
+       --text "cat,dog" (comma-separated, each 1..{MAX_PHRASE_CHARS} characters; CSV's
+       quotes keep a comma in a phrase: 'cat,"salt, pepper"') and/or
        exemplar boxes per image in --prompts; instances scored above --score-thresh
        (Meta's {DEFAULT_SCORE_THRESH}); --mode applies to SAM 3 too (furious: bf16
        where the CPU has it natively); the other SAM 2.1 flags (--model, --checkpoint,
@@ -116,8 +118,10 @@ def add_arguments(parser: CommandParser) -> None:
     group.add_argument(
         "--text",
         metavar="PHRASES",
-        help='noun phrases, comma-separated: "cat,dog,red car" (each 1..'
-        f"{MAX_PHRASE_CHARS} characters; the COCO categories, in this order)",
+        help='noun phrases, comma-separated: "cat,dog,red car"; one holding a comma in '
+        """double quotes: 'cat,"salt, pepper"' (each 1.."""
+        f"{MAX_PHRASE_CHARS} characters, no control or invisible characters; the COCO "
+        "categories, in this order)",
     )
     group.add_argument(
         "--score-thresh",
@@ -215,7 +219,7 @@ def run_concepts(args: argparse.Namespace) -> int:
     concepts = _load(args, spec)
     thresh = checked.score_thresh
     if thresh is None:
-        thresh = 0.0 if spec.random_weights else DEFAULT_SCORE_THRESH
+        thresh = default_score_thresh(spec.random_weights)  # the service's rule too
         if spec.random_weights:
             info_line(
                 "random weights: every instance is kept (--score-thresh 0; scores are about "

@@ -324,6 +324,11 @@ def serve_command(args: argparse.Namespace) -> int:
     info = app.state.service.predictor.model.weights_info
     if info.is_random:
         warning_line(f"serving {info.describe()}")
+    if concepts is not None and concepts.spec.random_weights:
+        warning_line(
+            "SAM 3 has random weights (scores about 0.25): a concept request without "
+            "score_thresh keeps every instance (0, not Meta's 0.5)"
+        )
     video = " and video sessions at /v1/videos" if settings.video.enabled else ""
     video += " and concept prompts at /v1/concepts" if concepts is not None else ""
     info_line(

@@ -22,9 +22,9 @@ from typing import Any
 from sam2serve.commands.common import PROG, UsageError, info_line, positive_int, warning_line
 from sam2serve.commands.concept_prompts import MAX_PHRASE_CHARS, parse_text
 from sam2serve.commands.concepts_flags import add_concepts_flags, concepts_spec
+from sam2serve.concepts.phrases import META_SCORE_THRESH, default_score_thresh
 
 DEFAULT_MAX_INSTANCES = 20
-META_SCORE_THRESH = 0.5  # concepts.engine.DEFAULT_SCORE_THRESH, torch-free here
 
 HELP = f"""\
 concepts (--text, instead of --prompts):
@@ -61,9 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--text",
         metavar="PHRASES",
-        help='noun phrases, comma-separated: "cat,dog" (each 1..'
-        f"{MAX_PHRASE_CHARS} characters): track every instance SAM 3 finds on "
-        "--concept-frame, instead of --prompts",
+        help='noun phrases, comma-separated: "cat,dog"; one holding a comma in double '
+        """quotes: 'cat,"salt, pepper"' (each 1.."""
+        f"{MAX_PHRASE_CHARS} characters, no control or invisible characters): track every "
+        "instance SAM 3 finds on --concept-frame, instead of --prompts",
     )
     group.add_argument(
         "--concept-frame",
@@ -132,7 +133,7 @@ def check_frame(args: argparse.Namespace, num_frames: int) -> None:
 def score_thresh(args: argparse.Namespace) -> float:
     if args.score_thresh is not None:
         return args.score_thresh
-    return 0.0 if args.random_weights else META_SCORE_THRESH
+    return default_score_thresh(args.random_weights)  # the service's rule too
 
 
 def find_seeds(args: argparse.Namespace, phrases: list[str], frame: Any) -> list[ConceptObject]:

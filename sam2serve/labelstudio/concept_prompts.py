@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sam2serve.concepts.phrases import MAX_PHRASE_CHARS
+from sam2serve.concepts.phrases import MAX_PHRASE_CHARS, check_phrase
 from sam2serve.labelstudio.context import (
     BOX_TYPES,
     PercentBox,
@@ -213,7 +213,8 @@ def _concept_of(
 
 
 def _label_phrase(label: str, output: ControlTag) -> str:
-    """A label name as a phrase: stripped, 1..MAX_PHRASE_CHARS characters."""
+    """A label name as a phrase: stripped, 1..MAX_PHRASE_CHARS characters, by the one rule
+    for phrases (:func:`sam2serve.concepts.phrases.check_phrase`)."""
     phrase = label.strip()
     if not phrase or len(phrase) > MAX_PHRASE_CHARS:
         raise ApiError(
@@ -222,7 +223,12 @@ def _label_phrase(label: str, output: ControlTag) -> str:
             f"label_config: the label {_shown(label)} of {output.name!r} is "
             f"{len(phrase)} characters; a concept prompt is 1 to {MAX_PHRASE_CHARS}",
         )
-    return phrase
+    try:
+        return check_phrase(phrase, "the label")
+    except ValueError as exc:
+        raise ApiError(
+            422, "invalid_label_config", f"label_config: {exc} (of {output.name!r})"
+        ) from None
 
 
 def _output(config: LabelConfig, image_name: str | None) -> ControlTag:
@@ -256,7 +262,10 @@ def _split(entry: str, where: str, max_phrases: int) -> list[str]:
                 f"{where}: the phrase {_shown(phrase)} is {len(phrase)} characters; a concept "
                 f"prompt is at most {MAX_PHRASE_CHARS}"
             )
-    return [phrase for phrase in phrases if phrase]
+    try:  # the service's and the command line's rule for a phrase
+        return [check_phrase(phrase, "the phrase") for phrase in phrases if phrase]
+    except ValueError as exc:
+        raise _bad(f"{where}: {exc}") from None
 
 
 def _longest_text(max_phrases: int) -> int:

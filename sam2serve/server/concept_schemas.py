@@ -9,12 +9,21 @@ bounds.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Self
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from sam2serve.concepts.engine import DEFAULT_SCORE_THRESH
-from sam2serve.concepts.phrases import MAX_PHRASE_CHARS, VISUAL_PHRASE
+from sam2serve.concepts.phrases import (
+    MAX_PHRASE_CHARS,
+    MAX_RAW_PHRASE_CHARS,
+    META_SCORE_THRESH,
+    RANDOM_WEIGHTS_SCORE_THRESH,
+    VISUAL_PHRASE,
+    check_box,
+    check_phrase,
+    default_score_thresh,
+)
+from sam2serve.engine.user_text import NAME_RULE
 from sam2serve.server.errors import IMAGE_ID_PATTERN
 from sam2serve.server.schemas import (
     IMAGE_BASE64_DOC,
@@ -32,9 +41,6 @@ from sam2serve.server.settings_groups import (
     MAX_CONCEPT_PHRASES,
 )
 
-# Before stripping: a phrase padded with spaces is still a bounded string.
-MAX_RAW_PHRASE_CHARS = 256
-
 Phrase = Annotated[str, Field(max_length=MAX_RAW_PHRASE_CHARS)]
 
 
@@ -44,7 +50,7 @@ class ExemplarBoxIn(_Strict):
     box: list[FiniteFloat] = Field(
         min_length=4,
         max_length=4,
-        description="[x0, y0, x1, y1] in pixels of the image (x0 <= x1, y0 <= y1), inside it.",
+        description="[x0, y0, x1, y1] in pixels of the image (x0 < x1, y0 < y1), inside it.",
     )
     positive: bool = Field(
         True, description="true: an instance of the concept; false: something that is not."
@@ -52,26 +58,17 @@ class ExemplarBoxIn(_Strict):
 
     @field_validator("box")
     @classmethod
-    def _corners_in_order(cls, box: list[float]) -> list[float]:
-        x0, y0, x1, y1 = box
-        if min(box) < 0:
-            raise ValueError(f"coordinates must be >= 0, got {box}")
-        if x0 > x1 or y0 > y1:
-            raise ValueError(f"must be [x0, y0, x1, y1] with x0 <= x1 and y0 <= y1, got {box}")
+    def _a_box(cls, box: list[float]) -> list[float]:
+        check_box(box)  # the command line's rule too; inside the image: the route's
         return box
 
 
 def clean_phrases(phrases: list[str]) -> list[str]:
-    """Request phrases stripped; an empty, overlong or repeated one is a ValueError naming
-    its index (the image and the video concept requests share the rule)."""
-    stripped = [phrase.strip() for phrase in phrases]
+    """Request phrases stripped; one that is no phrase (:func:`check_phrase`) or is
+    repeated is a ValueError naming its index (the image and the video concept requests
+    share the rule, and the command line's is the same)."""
+    stripped = [check_phrase(phrase, f"phrases[{i}]") for i, phrase in enumerate(phrases)]
     for i, phrase in enumerate(stripped):
-        if not phrase:
-            raise ValueError(f"phrases[{i}] is empty; give a noun phrase such as 'cat'")
-        if len(phrase) > MAX_PHRASE_CHARS:
-            raise ValueError(
-                f"phrases[{i}] has {len(phrase)} characters; at most {MAX_PHRASE_CHARS}"
-            )
         if phrase in stripped[:i]:
             raise ValueError(f"phrases[{i}] {phrase!r} is given twice")
     return stripped
@@ -85,8 +82,9 @@ class ConceptPrompts(_Strict):
         default_factory=list,
         max_length=MAX_CONCEPT_PHRASES,
         description=f"Noun phrases, e.g. 'cat', 'yellow school bus' (1..{MAX_PHRASE_CHARS} "
-        "characters after stripping, no two the same; at most max_concept_phrases). With "
-        f"boxes and no phrase the phrase is {VISUAL_PHRASE!r} (Meta's rule).",
+        f"characters after stripping: {NAME_RULE}; no two the same; at most "
+        f"max_concept_phrases). With boxes and no phrase the phrase is {VISUAL_PHRASE!r} "
+        "(Meta's rule).",
     )
     boxes: list[ExemplarBoxIn] = Field(
         default_factory=list,
@@ -95,11 +93,12 @@ class ConceptPrompts(_Strict):
         "max_concept_boxes).",
     )
     score_thresh: FiniteFloat = Field(
-        DEFAULT_SCORE_THRESH,
+        META_SCORE_THRESH,
         ge=0,
         le=1,
         description="Keep instances whose score (class x presence probability) is above this "
-        "(Meta's default 0.5).",
+        f"(default: Meta's {META_SCORE_THRESH}; {RANDOM_WEIGHTS_SCORE_THRESH:g} on a server "
+        "whose SAM 3 has random weights, which score every instance about 0.25).",
     )
 
     @field_validator("phrases")
@@ -112,6 +111,13 @@ class ConceptPrompts(_Strict):
         if not self.phrases and not self.boxes:
             raise ValueError("give at least one phrase or one exemplar box")
         return self
+
+    def with_server_default(self, random_weights: bool) -> Self:
+        """This request, its threshold the server's default when it gave none: 0 under
+        random weights (:func:`sam2serve.concepts.phrases.default_score_thresh`)."""
+        if "score_thresh" in self.model_fields_set:
+            return self
+        return self.model_copy(update={"score_thresh": default_score_thresh(random_weights)})
 
     def prompt_phrases(self) -> list[str]:
         """The phrases the detector answers (boxes alone: Meta's stand-in phrase)."""

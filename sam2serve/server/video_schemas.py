@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, model_validator
 from sam2serve.concepts.video_seed import DEFAULT_DEDUPE_IOU
 from sam2serve.engine.prompts import Prompt
 from sam2serve.server.concept_schemas import ConceptPrompts
-from sam2serve.server.object_names import NAME_DOC, ObjectName, check_object_name
+from sam2serve.server.object_names import NAME_DOC, ObjectName
 from sam2serve.server.schemas import (
     MASK_FORMAT_DOC,
     SEGMENTATION_DOC,
@@ -113,7 +113,8 @@ class PropagateRequest(_Strict):
 
 class VideoConceptsRequest(ConceptPrompts):
     """Every instance SAM 3 finds on one frame becomes a new object of the session (its
-    mask the object's prompt there, its phrase its name); propagate to track them."""
+    mask the object's prompt there, its phrase its name: phrases and names obey one rule,
+    :mod:`sam2serve.engine.user_text`); propagate to track them."""
 
     frame_idx: int = Field(ge=0, le=MAX_FRAME_IDX, description="The frame SAM 3 looks at.")
     max_instances: int | None = Field(
@@ -133,16 +134,6 @@ class VideoConceptsRequest(ConceptPrompts):
         "above this is a duplicate, not a new object.",
     )
     mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
-
-    @model_validator(mode="after")
-    def _phrases_are_object_names(self) -> VideoConceptsRequest:
-        # Each phrase becomes its objects' name: it must be one.
-        for i, phrase in enumerate(self.phrases):
-            try:
-                check_object_name(phrase)
-            except ValueError as exc:
-                raise ValueError(f"phrases[{i}]: {exc}") from None
-        return self
 
 
 class ObjectRenameRequest(_Strict):

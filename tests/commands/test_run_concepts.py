@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import skimage.data
 from PIL import Image
+from user_text_cases import ACCEPTED_NAMES, REFUSED_NAMES
 
 from sam2serve import cli
 from sam2serve.commands import run, run_concepts
 from sam2serve.commands.common import EXIT_FAILED, EXIT_USAGE
-from sam2serve.commands.concept_prompts import MAX_PHRASE_CHARS
+from sam2serve.commands.concept_prompts import MAX_PHRASE_CHARS, parse_text
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--random-weights", "--sam3-size", "tiny"]
@@ -220,7 +221,7 @@ LONG = "x" * (MAX_PHRASE_CHARS + 1)
         (
             ["--text", "cat"],
             {"grey": {"boxes": [{"box": [5, 5, 41, 20]}]}},
-            ["image 'grey.png', box 0", "[5, 5, 41, 20]", "outside the image", "40x30"],
+            ["image 'grey.png', box 0", "[5, 5, 41, 20]", "outside the 40x30 image"],
         ),
         (
             ["--text", "cat"],
@@ -232,6 +233,20 @@ LONG = "x" * (MAX_PHRASE_CHARS + 1)
             {"grey": {"boxes": [{"box": [1, 1, 9, 9], "positive": "yes"}]}},
             ["positive must be true or false", "'yes'"],
         ),
+        (
+            ["--text", "cat"],
+            {"grey": {"boxes": [{"box": [-1, 5, 9, 20]}]}},
+            ["box 0", "below 0"],
+        ),
+        (
+            ["--text", "cat"],
+            {"grey": {"text": ["a\u202eb"]}},
+            ["image 'grey.png', text, phrase 1", "'a\\u202eb'", "U+202E RIGHT-TO-LEFT OVERRIDE"],
+        ),
+        (["--text", '"cat'], None, ["--text '\"cat'", "double quote is not closed"]),
+        (["--text", '"a"b'], None, ["closing double quote"]),
+        (["--text", "cat,dog" + " " * 300], None, ["phrase 2", "303 characters"]),
+        (["--text", "cat", "--score-thresh", "nan"], None, ["--score-thresh", "nan"]),
         (["--text", "cat"], {"grey": {"labels": []}}, ["unknown key 'labels'"]),
         (["--text", "cat"], {"grey": {"text": [" "]}}, ["image 'grey.png', text", "empty"]),
         (["--text", "cat"], {"other.png": {"text": ["dog"]}}, ["'other.png'", "not given"]),
@@ -260,6 +275,31 @@ def test_bad_inputs_are_one_line_usage_errors_before_the_model(
         assert fragment in line, line
 
 
+@pytest.mark.parametrize(("text", "named"), REFUSED_NAMES)
+def test_a_hostile_phrase_is_one_line_naming_it(no_model, image, tmp_path, text, named):
+    code, stderr = run_cli(
+        "run", "--task", "concepts", image, "--out", tmp_path / "out", "--text", f"cat,{text}"
+    )
+    line = one_error(stderr)
+    assert code == EXIT_USAGE, stderr
+    assert line.startswith("sam2serve: error: --text 'cat,") and named in line, line
+    assert line.isprintable(), line
+
+
+@pytest.mark.parametrize("text", [t for t in ACCEPTED_NAMES if "," not in t and '"' not in t])
+def test_every_readable_phrase_is_taken_as_the_service_takes_it(text):
+    assert parse_text(f"first,{text}") == ("first", text)
+
+
+def test_double_quotes_keep_a_comma_in_a_phrase():
+    assert parse_text("cat,dog, red car") == ("cat", "dog", "red car")  # as before
+    assert parse_text('cat,"salt, pepper"') == ("cat", "salt, pepper")
+    assert parse_text('cat, "salt, pepper",dog') == ("cat", "salt, pepper", "dog")
+    assert parse_text('"a ""big"" dog"') == ('a "big" dog',)
+    assert parse_text('the "big" dog') == ('the "big" dog',)  # not at a phrase's start
+    assert parse_text(None) == ()
+
+
 @pytest.mark.parametrize("flags", [["--text", "cat"], ["--score-thresh", "0.3"]])
 def test_concepts_flags_on_a_sam2_task_are_usage_errors(tmp_path, image, flags):
     code, stderr = run_cli("run", "--task", "amg", image, "--out", tmp_path / "out", *flags)
@@ -284,9 +324,10 @@ def test_missing_weights_are_the_weights_error_line(tmp_path, image, monkeypatch
 
 def test_torch_free_constants_match_the_engine():
     from sam2serve.commands.concept_prompts import VISUAL_PHRASE
-    from sam2serve.concepts import engine
+    from sam2serve.concepts import engine, phrases
 
     assert run_concepts.DEFAULT_SCORE_THRESH == engine.DEFAULT_SCORE_THRESH
+    assert phrases.META_SCORE_THRESH == engine.DEFAULT_SCORE_THRESH
     assert VISUAL_PHRASE == engine.VISUAL_PHRASE
 
 

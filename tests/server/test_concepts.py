@@ -26,7 +26,9 @@ from hypothesis import strategies as st
 from pycocotools import mask as mask_utils
 from schemathesis import GenerationMode
 from server_support import b64, photo, png_bytes, sha256
+from user_text_cases import ACCEPTED_NAMES, REFUSED_NAMES
 
+from sam2serve.server import concept_schemas as cs
 from sam2serve.server.app import create_app
 from sam2serve.server.settings import MiB, ServerSettings
 
@@ -132,14 +134,58 @@ def test_boxes_alone_are_the_phrase_visual_and_a_high_threshold_keeps_nothing(cl
     assert response.json()["concepts"] == [{"phrase": "visual", "instances": []}]
 
 
-def test_odd_phrases_and_degenerate_boxes_are_answered(client, answer):
-    phrases = ["\u0000", "\U0001f600", "<|endoftext|>", "\u202e x", "a" * 64]
+def test_random_weights_default_the_threshold_to_zero(client, answer):
+    """Random weights score about 0.25: without score_thresh the server keeps every
+    instance (as the command line does); one that is sent is kept."""
+    body = {"image_id": answer["image_id"], "phrases": ["cat", " ear "]}
+    default = client.post("/v1/concepts", json=body)
+    assert default.status_code == 200, default.text
+    assert default.json()["concepts"] == answer["concepts"]  # answer: score_thresh 0
+    assert all(c["instances"] for c in default.json()["concepts"])
+    meta = client.post("/v1/concepts", json={**body, "score_thresh": 0.5})
+    assert meta.status_code == 200, meta.text
+    kept = [i["score"] for c in meta.json()["concepts"] for i in c["instances"]]
+    every = [i["score"] for c in answer["concepts"] for i in c["instances"]]
+    assert sorted(kept) == sorted(score for score in every if score > 0.5)
+
+
+def test_a_server_with_weights_keeps_metas_threshold():
+    request = cs.ConceptsRequest(phrases=["cat"], image_id="0" * 64)
+    assert request.with_server_default(random_weights=False).score_thresh == 0.5
+    assert request.with_server_default(random_weights=True).score_thresh == 0.0
+    sent = cs.ConceptsRequest(phrases=["cat"], image_id="0" * 64, score_thresh=0.7)
+    assert sent.with_server_default(random_weights=True).score_thresh == 0.7
+
+
+@pytest.mark.parametrize(
+    "text",
+    [t for t, _ in REFUSED_NAMES] + ACCEPTED_NAMES + [" " * 200 + "cat", "cat" + " " * 300, ""],
+)
+def test_the_command_line_and_the_service_take_the_same_phrases(text):
+    """One rule: a phrase the service takes, the command line takes as the same phrase."""
+    from sam2serve.commands.common import UsageError
+    from sam2serve.commands.concept_prompts import check_phrase
+
+    try:
+        served = cs.clean_phrases([text])[0]
+    except ValueError:
+        served = None
+    try:
+        typed = check_phrase(text, "prompts file")
+    except UsageError:
+        typed = None
+    assert served == typed
+
+
+def test_odd_but_readable_phrases_and_thin_boxes_are_answered(client, answer):
+    """(What is refused: test_a_bad_request_is_a_422... and tests/engine/test_user_text.py.)"""
+    phrases = ["\U0001f600", "<|endoftext|>", "a" * 64, "\U0001f469\u200d\U0001f4bb", "猫"]
     response = client.post(
         "/v1/concepts",
         json={
             "image_id": answer["image_id"],
             "phrases": phrases,
-            "boxes": [{"box": [0, 0, 0, 0]}, {"box": [64, 43, 64, 43], "positive": False}],
+            "boxes": [{"box": [0, 0, 0.5, 0.5]}, {"box": [63, 42, 64, 43], "positive": False}],
             "score_thresh": 0,
             "max_instances": 2,
             "mask_format": "polygon",
@@ -157,6 +203,7 @@ def test_concurrent_uploads_of_one_image_share_one_encode(client, concepts_tiny)
 
     class Counting:  # the session's model, its encodes counted
         size = concepts_tiny.size
+        spec = concepts_tiny.spec
 
         def encode(self, pixels):
             calls.append(len(pixels))
@@ -239,8 +286,14 @@ TOO_MANY = [f"thing {i}" for i in range(6)]
         ({}, 422, ("phrase", "box")),
         ({"phrases": [], "boxes": []}, 422, ("phrase", "box")),
         ({"boxes": [{"box": [0, 0, 5]}]}, 422, ("boxes[0].box",)),
-        ({"boxes": [{"box": [5, 0, 1, 5]}]}, 422, ("boxes[0].box", "x0 <= x1")),
-        ({"boxes": [{"box": [-1, 0, 1, 5]}]}, 422, ("boxes[0].box", ">= 0")),
+        ({"boxes": [{"box": [5, 0, 1, 5]}]}, 422, ("boxes[0].box", "x0 < x1")),
+        ({"boxes": [{"box": [0, 0, 0, 0]}]}, 422, ("boxes[0].box", "is empty")),
+        ({"boxes": [{"box": [1, 1, 9, 1]}]}, 422, ("boxes[0].box", "y0 < y1")),
+        ({"boxes": [{"box": [-1, 0, 1, 5]}]}, 422, ("boxes[0].box", "below 0")),
+        ({"phrases": ["ca\u0000t"]}, 422, ("phrases[0]", "U+0000")),
+        ({"phrases": ["cat", "\u202e x"]}, 422, ("phrases[1]", "U+202E")),
+        ({"phrases": ["a\u2028b"]}, 422, ("phrases[0]", "U+2028 LINE SEPARATOR")),
+        ({"phrases": ["c\u200bat"]}, 422, ("phrases[0]", "U+200B ZERO WIDTH SPACE")),
         ({"boxes": [{"box": [0, 0, 5, 5], "positive": 1}]}, 422, ("boxes[0].positive",)),
         ({"boxes": [{"box": [0, 0, 5, 5], "label": 1}]}, 422, ("boxes[0].label",)),
         ({"phrases": ["cat"], "score_thresh": -0.1}, 422, ("score_thresh",)),
@@ -372,6 +425,13 @@ def test_schemathesis_on_a_served_concept_model():
             )
             assert response.status_code == 200, response.text
             assert len(response.json()["concepts"][0]["instances"]) == 20
+            # Random weights: no score_thresh is 0 (the start says so), as on the CLI.
+            assert "without score_thresh keeps every instance" in live.log()
+            unset = client.post("/v1/concepts", json={"image": b64(PNG), "phrases": ["cat"]})
+            assert unset.json()["concepts"] == response.json()["concepts"]
+            for phrase, named in (("a\u202eb", "U+202E"), ("c\x00t", "U+0000")):
+                bad = client.post("/v1/concepts", json={"image": b64(PNG), "phrases": [phrase]})
+                assert bad.status_code == 422 and named in bad.json()["error"]["message"]
         report = FuzzReport.within(300)
         examples = {GenerationMode.POSITIVE: 60, GenerationMode.NEGATIVE: 30}
         fuzz(

@@ -94,6 +94,21 @@ def test_the_seeds_are_the_engines_and_become_objects(client, seeded, concepts_t
     assert obj_ids(client, sid) == [1, 2]
 
 
+def test_random_weights_seed_without_a_threshold(client, concepts_tiny):
+    """Random weights score about 0.25: a request without score_thresh seeds at 0 (as
+    /v1/concepts and the command line do), not at Meta's 0.5 that would find nothing."""
+    sid = new_session(client)
+    body = {"frame_idx": 1, "phrases": ["cat"], "max_instances": 1}
+    answer = client.post(f"/v1/videos/{sid}/concepts", json=body)
+    assert answer.status_code == 200, answer.text
+    expected = concept_seeds(concepts_tiny, FRAMES[1], ["cat"], score_thresh=0.0, max_instances=1)
+    assert [o["score"] for o in answer.json()["objects"]] == pytest.approx(
+        [s.score for s in expected], abs=1e-6
+    )
+    assert len(expected) == 1
+    client.delete(f"/v1/videos/{sid}")
+
+
 def test_the_propagation_tracks_every_seeded_object(client, seeded):
     sid, answer = seeded
     body = {"start_frame_idx": 1, "reverse": True}

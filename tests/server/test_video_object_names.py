@@ -25,6 +25,7 @@ import torch
 from fastapi.testclient import TestClient
 from pycocotools import mask as mask_utils
 from server_support import png_bytes
+from user_text_cases import ACCEPTED_NAMES, REFUSED_NAMES
 
 from sam2serve.checkpoint import load_video_model
 from sam2serve.concepts.phrases import MAX_PHRASE_CHARS
@@ -273,7 +274,17 @@ def test_concept_seeding_names_the_objects_by_their_phrases(client):
     client.delete(f"/v1/videos/{sid}")
 
 
-@pytest.mark.parametrize("phrase", ["ca\x07t", "bus\u202e", "a\u2028b"])
+def test_readable_names_of_any_script_and_emoji_are_kept_as_they_are(client):
+    sid = new_session(client)
+    assert prompt(client, sid, 1, name=ACCEPTED_NAMES[0]).status_code == 200
+    for text in ACCEPTED_NAMES:
+        renamed = rename(client, sid, 1, {"name": text})
+        assert renamed.status_code == 200, (text, renamed.text)
+        assert session_names(client, sid) == {1: text}
+    client.delete(f"/v1/videos/{sid}")
+
+
+@pytest.mark.parametrize("phrase", ["ca\x07t", "bus\u202e", "a\u2028b", "c\u200bat", "a\ufeff"])
 def test_a_phrase_that_cannot_be_a_name_seeds_nothing(client, phrase):
     sid = new_session(client)
     body = {"frame_idx": 0, "phrases": [phrase], "score_thresh": 0}
@@ -293,6 +304,8 @@ def test_the_name_limit_is_the_phrase_limit():
 # --------------------------------------------------------------------------- hostile
 
 BAD_NAMES = [
+    # A third of tests/user_text_cases.py's (a real server: all of them), as JSON takes them.
+    *(case for case in REFUSED_NAMES[::3] if case[1] != "U+D800"),
     ("x" * (MAX_OBJECT_NAME_CHARS + 1), "64"),
     (" " + "x" * MAX_OBJECT_NAME_CHARS, "64"),  # the raw string's bound
     ("", "name"),

@@ -33,6 +33,7 @@ import numpy as np
 
 from sam2serve.engine.coco import coco_bbox, coco_info
 from sam2serve.engine.formats import encode_mask
+from sam2serve.engine.user_text import check_file_name
 
 __all__ = [
     "DEFAULT_OBJECT_NAME",
@@ -41,6 +42,7 @@ __all__ = [
     "VideoInfo",
     "frame_file_name",
     "video_coco",
+    "video_folder",
     "video_youtube_vis",
 ]
 
@@ -86,12 +88,21 @@ class _Encoded:
     score: float | None
 
 
+def video_folder(name: str) -> str:
+    """The folder a video's frames are filed under: its name's stem (``video`` for none),
+    a safe file name or a ValueError naming it."""
+    return check_file_name(PurePosixPath(name).stem or "video", f"the stem of {name!r:.80}")
+
+
 def frame_file_name(video: VideoInfo, frame_idx: int) -> str:
     """The frame's file name in the dataset: ``<video stem>/<its own name>`` when the
-    frames were files, else ``<video stem>/<index, 5 digits>.jpg`` (YouTube-VIS's way)."""
-    stem = PurePosixPath(video.name).stem or "video"
+    frames were files, else ``<video stem>/<index, 5 digits>.jpg`` (YouTube-VIS's way).
+    Both parts must be safe file names (:func:`~sam2serve.engine.user_text.check_file_name`:
+    a ValueError names the one that is not), so no file name leaves the dataset's folder."""
+    stem = video_folder(video.name)
     if video.frame_names is not None:
-        return f"{stem}/{PurePosixPath(video.frame_names[frame_idx]).name}"
+        name = PurePosixPath(video.frame_names[frame_idx]).name
+        return f"{stem}/{check_file_name(name, f'frame {frame_idx} file name')}"
     return f"{stem}/{frame_idx:05d}.jpg"
 
 

@@ -1,13 +1,14 @@
 // The names of a video's objects (their class or label: their category in the export),
 // kept by the server's session: the page checks a typed name by the server's rule
-// (server/object_names.py) before it sends it, names an object with its first prompt
+// (engine/user_text.py; the server has the last word on joiners) before it sends it, names an object with its first prompt
 // (POST .../prompts' `name`) or renames it (PATCH /v1/videos/{id}/objects/{obj_id}), and
 // draws each name beside its object's mask on the frame shown.
 
 export const MAX_NAME_CHARS = 64;
 // Control characters, line and paragraph separators, surrogates, private-use and
-// unassigned code points, bidirectional embeddings, overrides and isolates: refused.
-const REFUSED = /[\p{Cc}\p{Cs}\p{Co}\p{Cn}\p{Zl}\p{Zp}\u202A-\u202E\u2066-\u2069]/u;
+// unassigned code points, the invisible fillers and every format character (direction
+// controls, zero-width space, BOM, tags) but the joiners U+200C/D: refused.
+const REFUSED = /[\p{Cc}\p{Cs}\p{Co}\p{Cn}\p{Zl}\p{Zp}\u034F\u115F\u1160\u3164\uFFA0]|(?![\u200C\u200D])\p{Cf}/u;
 
 /** A typed name checked: {name} (null: unnamed, for an empty field) or {error}. */
 export function checkName(text) {
@@ -17,7 +18,7 @@ export function checkName(text) {
   if (length > MAX_NAME_CHARS) {
     return { error: `the name has ${length} characters; at most ${MAX_NAME_CHARS}` };
   }
-  if (REFUSED.test(name)) return { error: "the name holds a control character" };
+  if (REFUSED.test(name)) return { error: "the name holds a control or invisible character" };
   return { name };
 }
 

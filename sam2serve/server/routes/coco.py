@@ -4,7 +4,9 @@ The annotation page's export: its accepted objects (masks it received, merged or
 as RLE) go in with their names, and the COCO file comes back, written by
 :class:`~sam2serve.engine.coco.CocoWriter`, the writer of ``sam2serve run --coco``, so
 both exports are the same format (compressed RLE, COCO's bbox, area, score, iscrowd 0).
-Each distinct object name is a category, in order of first appearance.
+Each distinct object name is a category, in order of first appearance. Names follow the
+one rule for names, ``file_name`` the one for dataset file names
+(:mod:`sam2serve.engine.user_text`): a 422 names the field and what is wrong.
 
 No model work: the masks are checked (size, runs that cover the image exactly, the
 server's ``max_pixels``) and re-encoded off the event loop, their runs read in pieces
@@ -19,9 +21,16 @@ from typing import Annotated, Any
 
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from sam2serve.engine.coco import CocoWriter, coco_info
+from sam2serve.engine.user_text import (
+    FILE_NAME_RULE,
+    MAX_FILE_NAME_BYTES,
+    NAME_RULE,
+    check_file_name,
+    check_name,
+)
 from sam2serve.server.dependencies import ServiceDep, SettingsDep
 from sam2serve.server.errors import ApiError
 from sam2serve.server.memory import release_free_memory
@@ -33,6 +42,7 @@ MAX_IMAGES = 256
 MAX_OBJECTS_PER_IMAGE = 4096
 MAX_SIDE = 1_000_000
 DEFAULT_CATEGORY_NAME = "object"
+MAX_CATEGORY_CHARS = 200
 # What checking and re-encoding masks holds, per run (a run takes a char at least, so a
 # string's length bounds its runs): an image's runs as int64 (twice while they are
 # joined), and the strings written back, kept for the answer.
@@ -53,6 +63,29 @@ class _Strict(BaseModel):
 Side = Annotated[int, Field(ge=1, le=MAX_SIDE)]
 
 
+def _category_name(name: str) -> str:
+    return check_name(name, "the name", MAX_CATEGORY_CHARS)
+
+
+# An object's name (its category) and an image's file name, as every export takes them:
+# the one rule for names (longer: a category is no phrase), the one for file names.
+CategoryName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_CATEGORY_CHARS,
+        description="The object's name: its category (objects of one name share one); "
+        f"1..{MAX_CATEGORY_CHARS} characters after stripping: {NAME_RULE}.",
+    ),
+    AfterValidator(_category_name),
+]
+DatasetFileName = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_FILE_NAME_BYTES),
+    AfterValidator(check_file_name),
+]
+
+
 class RleIn(_Strict):
     """A mask as run lengths, column-major, starting with a run of zeros: COCO's compressed
     string (``counts`` a str, as pycocotools writes it) or the runs themselves."""
@@ -64,12 +97,7 @@ class RleIn(_Strict):
 
 
 class CocoObjectIn(_Strict):
-    name: str = Field(
-        DEFAULT_CATEGORY_NAME,
-        min_length=1,
-        max_length=200,
-        description="The object's name: its category (objects of one name share one).",
-    )
+    name: CategoryName = DEFAULT_CATEGORY_NAME
     segmentation: RleIn = Field(description="The mask, the size of the image.")
     score: float | None = Field(
         None,
@@ -79,7 +107,7 @@ class CocoObjectIn(_Strict):
 
 
 class CocoImageIn(_Strict):
-    file_name: str = Field(min_length=1, max_length=1024, description="The image's file name.")
+    file_name: DatasetFileName = Field(description=f"The image's file name: {FILE_NAME_RULE}.")
     width: Side = Field(description="Image width in pixels.")
     height: Side = Field(description="Image height in pixels.")
     objects: list[CocoObjectIn] = Field(

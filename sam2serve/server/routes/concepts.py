@@ -15,6 +15,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from sam2serve.concepts.engine import ExemplarBox
+from sam2serve.concepts.phrases import check_box
 from sam2serve.engine.coco import coco_bbox
 from sam2serve.engine.rle import area_from_rle
 from sam2serve.server import concept_schemas as cs
@@ -72,17 +73,13 @@ def check_concept_counts(body: cs.ConceptsRequest, settings: ServerSettings) -> 
 
 
 def check_boxes_inside(body: cs.ConceptsRequest, size: tuple[int, int]) -> None:
-    """422 naming the first exemplar box that is not inside the image."""
-    height, width = size
+    """422 naming the first exemplar box that is not inside the image (the rule of
+    :func:`sam2serve.concepts.phrases.check_box`, the command line's)."""
     for i, exemplar in enumerate(body.boxes):
-        _, _, x1, y1 = exemplar.box  # x0 <= x1, y0 <= y1, both >= 0: the schema's
-        if x1 > width or y1 > height:
-            raise ApiError(
-                422,
-                "invalid_request",
-                f"boxes[{i}].box: {exemplar.box} is not inside the {width}x{height} image "
-                f"(x in 0..{width}, y in 0..{height})",
-            )
+        try:
+            check_box(exemplar.box, size)
+        except ValueError as exc:
+            raise ApiError(422, "invalid_request", f"boxes[{i}].box: {exc}") from None
 
 
 @router.post(
@@ -107,6 +104,7 @@ async def concepts(request: Request, service: ServiceDep, settings: SettingsDep)
     clock = RequestClock()
     model = concepts_of(service)
     body, data = await read_body(request, cs.ConceptsRequest, service)
+    body = body.with_server_default(model.concepts.spec.random_weights)
     check_concept_counts(body, settings)
     boxes = [ExemplarBox(tuple(b.box), b.positive) for b in body.boxes]  # type: ignore[arg-type]
     phrases = body.prompt_phrases()

@@ -79,6 +79,7 @@ async def add_concepts(
     clock = RequestClock()
     model = concepts_of(service)
     body, _ = await read_body(request, vs.VideoConceptsRequest, service)
+    body = body.with_server_default(model.concepts.spec.random_weights)
     limits = service.settings.concepts
     session = videos.get(session_id)
     state = session.state

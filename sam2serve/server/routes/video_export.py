@@ -12,12 +12,15 @@ the person saw and corrected, the server keeps no copy of a clip's masks at the 
 size (a session holds low-resolution logits), and the export works after the session
 has expired. Only the objects' names may come from a live session: with ``session_id``,
 an object given without a name takes the name the session keeps for it (prompts,
-renames, concept seeding), so every name is a category. No model work. What a request may make the process allocate is bounded
-before the work: the body by the server's body and JSON limits, the frames by
-``max_video_frames``, the objects by :data:`MAX_OBJECTS`, YouTube-VIS's per-frame lists by
-:data:`MAX_TRACK_CELLS` (objects x frames), the frame by ``max_pixels``; every mask's runs
-are checked as they are read (a hostile string is refused at its first bad run) within
-the process's decode budget.
+renames, concept seeding), so every name is a category. Names follow the one rule for
+names (:mod:`sam2serve.engine.user_text`); the video's name and the frames' names must be
+safe file names (one path component: never ``..``, a separator or a drive), else 422
+naming the field, so no ``file_name`` written climbs out of the dataset. No model work.
+What a request may make the process allocate is bounded before the work: the body by the
+server's body and JSON limits, the frames by ``max_video_frames``, the objects by
+:data:`MAX_OBJECTS`, YouTube-VIS's per-frame lists by :data:`MAX_TRACK_CELLS` (objects x
+frames), the frame by ``max_pixels``; every mask's runs are checked as they are read (a
+hostile string is refused at its first bad run) within the process's decode budget.
 """
 
 from __future__ import annotations
@@ -28,15 +31,17 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from sam2serve.engine.rle import checked_counts
+from sam2serve.engine.user_text import FILE_NAME_RULE, MAX_FILE_NAME_BYTES, check_file_name
 from sam2serve.engine.video.export import (
     DEFAULT_OBJECT_NAME,
     FrameMask,
     TrackedObject,
     VideoInfo,
     video_coco,
+    video_folder,
     video_youtube_vis,
 )
 from sam2serve.server.dependencies import ServiceDep
@@ -47,6 +52,8 @@ from sam2serve.server.routes.coco import (
     ENCODE_BYTES_PER_RUN,
     HELD_BYTES_PER_RUN,
     PIECE_BYTES_PER_CHAR,
+    CategoryName,
+    DatasetFileName,
     RleIn,
     _Strict,
 )
@@ -59,7 +66,6 @@ EXPORT_PATH = "/v1/video-export"
 MAX_OBJECTS = 1000
 # YouTube-VIS writes objects x frames entries (null where an object is absent): bounded.
 MAX_TRACK_CELLS = 2_000_000
-MAX_NAME_CHARS = 1024
 FORMATS = {"coco": video_coco, "youtube_vis": video_youtube_vis}
 
 router = v1_router()
@@ -68,27 +74,32 @@ ObjId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 FrameIdx = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
+def _video_name(name: str) -> str:
+    video_folder(check_file_name(name, "the name"))  # its stem names the frames' folder
+    return name
+
+
 class VideoIn(_Strict):
-    name: str = Field(
-        min_length=1, max_length=MAX_NAME_CHARS, description="The video's (or folder's) name."
+    name: Annotated[str, AfterValidator(_video_name)] = Field(
+        min_length=1,
+        max_length=MAX_FILE_NAME_BYTES,
+        description=f"The video's (or frames folder's) name, {FILE_NAME_RULE}; its stem "
+        "names the folder of the frames' file names.",
     )
     width: int = Field(ge=1, le=1_000_000, description="Frame width in pixels.")
     height: int = Field(ge=1, le=1_000_000, description="Frame height in pixels.")
     num_frames: int = Field(ge=1, le=2**31 - 1, description="Frames in the video.")
-    frame_names: list[Annotated[str, Field(max_length=MAX_NAME_CHARS)]] | None = Field(
-        None, description="Each frame's file name (frames uploaded as files), in order."
+    frame_names: list[DatasetFileName] | None = Field(
+        None,
+        description="Each frame's file name (frames uploaded as files), in order: "
+        f"{FILE_NAME_RULE}.",
     )
     fps: float | None = Field(None, gt=0, le=10_000, allow_inf_nan=False)
 
 
 class ExportObjectIn(_Strict):
     obj_id: ObjId
-    name: str = Field(
-        DEFAULT_OBJECT_NAME,
-        min_length=1,
-        max_length=200,
-        description="The object's name: its category (objects of one name share one).",
-    )
+    name: CategoryName = DEFAULT_OBJECT_NAME
 
 
 class ExportMaskIn(_Strict):

@@ -1,0 +1,111 @@
+"""Hostile and legitimate names, phrases and file names, shared by the tests of the one rule
+(tests/engine/test_user_text.py) and of every surface that applies it (the service, the
+command line, Label Studio, the exports)."""
+
+from __future__ import annotations
+
+# (text, what the refusal names): one of each refused class, inside ordinary text.
+REFUSED_NAMES = [
+    ("a\x00b", "U+0000"),
+    ("tab\tbed", "U+0009"),
+    ("line\nbreak", "U+000A"),
+    ("\x1b[31mred", "U+001B"),
+    ("del\x7f", "U+007F"),
+    ("next\x85line", "U+0085"),
+    ("c\u200bat", "U+200B ZERO WIDTH SPACE"),
+    ("c\u200dat", "U+200D ZERO WIDTH JOINER"),
+    ("\u200dcat", "U+200D"),
+    ("c\u200cat", "U+200C ZERO WIDTH NON-JOINER"),
+    ("ab\u200ecd", "U+200E LEFT-TO-RIGHT MARK"),
+    ("ab\u200fcd", "U+200F RIGHT-TO-LEFT MARK"),
+    ("ab\u061ccd", "U+061C ARABIC LETTER MARK"),
+    ("ab\u202acd", "U+202A LEFT-TO-RIGHT EMBEDDING"),
+    ("a\u202eb", "U+202E RIGHT-TO-LEFT OVERRIDE"),
+    ("evil\u202egnp.exe", "U+202E"),
+    ("ab\u202ccd", "U+202C POP DIRECTIONAL FORMATTING"),
+    ("iso\u2066late", "U+2066 LEFT-TO-RIGHT ISOLATE"),
+    ("iso\u2069late", "U+2069 POP DIRECTIONAL ISOLATE"),
+    ("\ufeffcat", "U+FEFF"),
+    ("word\u2060joiner", "U+2060 WORD JOINER"),
+    ("soft\u00adhyphen", "U+00AD SOFT HYPHEN"),
+    ("mongolian\u180evs", "U+180E"),
+    ("cat\U000e0041\U000e0042", "U+E0041 TAG LATIN CAPITAL LETTER A"),
+    ("\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f", "U+E0067"),
+    ("sep\u2028arator", "U+2028 LINE SEPARATOR"),
+    ("para\u2029graph", "U+2029 PARAGRAPH SEPARATOR"),
+    ("\u3164", "U+3164 HANGUL FILLER"),
+    ("a\u034fb", "U+034F COMBINING GRAPHEME JOINER"),
+    ("\ufe0fcat", "U+FE0F"),
+    ("private\ue000", "U+E000"),
+    ("unassigned\U000e0fff", "U+E0FFF"),
+    ("unassigned\u0378", "U+0378"),
+    ("lone\ud800", "U+D800"),
+]
+
+# Letters of any script with their marks, punctuation, symbols and emoji (ZWJ sequences,
+# skin tones, keycaps, flags, one newer than Python 3.11's tables), and the joiners of the
+# scripts that are shaped with them: every one is taken as it is.
+ACCEPTED_NAMES = [
+    "cat",
+    "yellow school bus",
+    "café",
+    "cafe\u0301",
+    "naïve résumé",
+    "猫",
+    "日本語のテキスト",
+    "고양이",
+    "кошка",
+    "γάτα",
+    "חתול",
+    "قطة",
+    "می\u200cخواهم",
+    "क्\u200dष",
+    "ന്\u200d",
+    "a\u00a0b",
+    "日本\u3000語",
+    "<|endoftext|>",
+    "dog's & cat's (2)",
+    "\U0001f431",
+    "\U0001f469\u200d\U0001f4bb",
+    "\U0001f3f3\ufe0f\u200d\U0001f308",
+    "\U0001f468\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466",
+    "\U0001f3c3\u200d\u2640\ufe0f",
+    "\U0001f44d\U0001f3fd",
+    "1\ufe0f\u20e3",
+    "\U0001f1ef\U0001f1f5",
+    "\U0001fae8",
+    "x" * 64,
+]
+
+# File names a dataset must not be written with (the refusal names what is wrong).
+REFUSED_FILE_NAMES = [
+    ("", "empty"),
+    (".", "folder"),
+    ("..", "folder"),
+    ("../x", "'/'"),
+    ("../../etc/passwd", "'/'"),
+    ("a/b", "'/'"),
+    ("/abs.png", "'/'"),
+    ("C:\\x", "':'"),
+    ("C:x.png", "':'"),
+    ("a\\b", "'\\\\'"),
+    ("..\\..\\x", "'\\\\'"),
+    ("a.png:stream", "':'"),
+    ("a\x00.png", "U+0000"),
+    ("a\n.png", "U+000A"),
+    ("evil\u202egnp.png", "U+202E"),
+    ("\u200b.png", "U+200B"),
+    ("x" * 300, "300 bytes"),
+    ("é" * 128, "256 bytes"),
+]
+
+ACCEPTED_FILE_NAMES = [
+    "photo.png",
+    "00001.jpg",
+    "my photo (1).JPG",
+    "猫.png",
+    ".hidden.png",
+    "a..b.png",
+    "x" * 255,
+    "é" * 127,
+]
