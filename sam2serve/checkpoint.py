@@ -184,7 +184,7 @@ def fetch_checkpoint(
     *,
     sam21: bool = True,
     url_base: str | None = None,
-    deadline_s: float = DOWNLOAD_DEADLINE_S,
+    deadline_s: float | None = None,
     progress: bool = True,
     retry_unreached: bool = True,
     replace: bool = False,
@@ -223,7 +223,7 @@ def fetch_checkpoint(
     fetched = fetch(
         url,
         dest,
-        deadline_s=deadline_s,
+        deadline_s=DOWNLOAD_DEADLINE_S if deadline_s is None else deadline_s,
         read_timeout_s=READ_TIMEOUT_S,
         max_size=max_checkpoint_bytes(size, sam21),
         sha256=sha256,

@@ -69,6 +69,7 @@ __all__ = [
     "digest_path",
     "fetch",
     "part_path",
+    "record_sha256",
     "recorded_sha256",
     "sha256_of",
     "shown_url",
@@ -255,7 +256,7 @@ def fetch(
         # record that describes another file.
         digest_path(dest).unlink(missing_ok=True)
         os.replace(part, dest)
-        _record(dest, actual)
+        record_sha256(dest, actual)
     checked = (sha256_source,) if sha256 else tuple(h for _, h in published.digests.values())
     return Fetched(dest, actual, checked)
 
@@ -473,7 +474,7 @@ def _attempt(
             _http_error(call, exc, have)  # raises, unless the part is the whole file
             return
         except Exception as exc:  # noqa: BLE001 - network errors, a malformed redirect: sorted below
-            if cutter.fired:
+            if cutter.fired or call.deadline.left() <= 0:
                 raise _Retry("the deadline passed before the server answered") from None
             _connection_error(call, exc, answered)
         with response:
@@ -637,12 +638,15 @@ def _receive(
                 chunk = response.read1(CHUNK)  # what has arrived: no wait for a full chunk
             except (OSError, ValueError, http.client.HTTPException) as exc:
                 call.out.flush()
-                if cutter.fired:
+                if cutter.fired or call.deadline.left() <= 0:  # (the timeout was the time left)
                     raise _Retry(
                         f"the deadline passed while receiving ({received} bytes in all)"
                     ) from None
                 raise _Retry(_reason(exc)) from None
             if not chunk:
+                if cutter.fired or call.deadline.left() <= 0:  # a shut-down socket reads as the end
+                    call.out.flush()
+                    raise _Retry(f"the deadline passed while receiving ({received} bytes in all)")
                 break
             if cap[0] is not None and received + len(chunk) > cap[0]:
                 _truncate(call.out)  # (what is on disk never went past the cap)
@@ -748,7 +752,7 @@ def _hashes(path: Path, md5: bool) -> tuple[str, str | None]:
     return sha.hexdigest(), None if other is None else other.hexdigest()
 
 
-def _record(dest: Path, sha256: str) -> None:
+def record_sha256(dest: Path, sha256: str) -> None:
     """Write ``dest``'s digest beside it (``sha256sum -c`` reads it), atomically."""
     record = digest_path(dest)
     temporary = record.with_name(record.name + ".tmp")
