@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.message import Message
 from pathlib import Path
-from typing import Any, BinaryIO, Self
+from typing import Any, BinaryIO, NoReturn, Self
 
 __all__ = [
     "DigestMismatch",
@@ -245,7 +245,7 @@ def fetch(
                     f"{shown}: got {size} bytes, {header} {declared}; the file was deleted"
                 )
         try:
-            actual = _check_digests(part, shown, published, sha256, sha256_source, dest)
+            actual, checked = _check_digests(part, shown, published, sha256, sha256_source, dest)
             if verify is not None:
                 verify(part)
         except Exception:  # (not Ctrl-C: the complete part is kept, verified next time)
@@ -257,7 +257,6 @@ def fetch(
         digest_path(dest).unlink(missing_ok=True)
         os.replace(part, dest)
         record_sha256(dest, actual)
-    checked = (sha256_source,) if sha256 else tuple(h for _, h in published.digests.values())
     return Fetched(dest, actual, checked)
 
 
@@ -503,7 +502,7 @@ def _http_error(call: _Call, exc: urllib.error.HTTPError, have: int) -> None:
     raise DownloadError(f"{call.shown}: {status}") from None
 
 
-def _connection_error(call: _Call, exc: BaseException, answered: bool) -> None:
+def _connection_error(call: _Call, exc: BaseException, answered: bool) -> NoReturn:
     """Raise the final error or the _Retry that ``exc`` (no answer) calls for."""
     inner = exc.reason if isinstance(exc, urllib.error.URLError) else exc
     where = _host_port(call.url)
@@ -693,17 +692,18 @@ def _etag_value(value: str | None) -> str | None:
 
 
 def _from_hugging_face(headers: Message) -> bool:
-    return any(
-        name.lower() in ("x-repo-commit", "x-linked-etag", "x-linked-size")
-        or name.lower().startswith("x-hf-")
-        for name in headers
-    )
+    """An answer of the Hugging Face hub itself (not of a storage behind it, whose 64-hex
+    tags may be other hashes)."""
+    return headers.get("X-Repo-Commit") is not None
 
 
 def _from_s3(headers: Message) -> bool:
     """An answer of Amazon S3 or CloudFront, whose single-part ETag is the MD5 of the
     bytes (a multipart upload's has a ``-N`` suffix, which the caller never matches)."""
     names = {name.lower() for name in headers}
+    encryption = (headers.get("x-amz-server-side-encryption") or "").lower()
+    if "kms" in encryption or "x-amz-server-side-encryption-customer-algorithm" in names:
+        return False  # an object encrypted with KMS or a customer key: its ETag is no MD5
     server = (headers.get("Server") or "").lower()
     via = " ".join(headers.get_all("Via") or []).lower()
     cache = (headers.get("X-Cache") or "").lower()
@@ -723,10 +723,16 @@ def _check_digests(
     pinned: str | None,
     pinned_source: str,
     dest: Path,
-) -> str:
-    """The part's sha256, once its digests match the pinned one, else the published ones;
-    DigestMismatch otherwise."""
-    wanted = {"sha256": (pinned, pinned_source)} if pinned else dict(published.digests)
+) -> tuple[str, tuple[str, ...]]:
+    """The part's sha256 and what it was checked against, once it matches the pinned one, else the published sha256, else
+    the published MD5 (the strongest claim decides; a CDN's MD5 beside the publisher's
+    sha256 adds nothing); DigestMismatch otherwise."""
+    if pinned:
+        wanted = {"sha256": (pinned, pinned_source)}
+    elif "sha256" in published.digests:
+        wanted = {"sha256": published.digests["sha256"]}
+    else:
+        wanted = dict(published.digests)
     sha256, md5 = _hashes(part, md5="md5" in wanted)
     actual = {"sha256": sha256, "md5": md5}
     for algorithm, (expected, source) in wanted.items():
@@ -737,7 +743,7 @@ def _check_digests(
                 f"{'the pinned one' if pinned else 'the server published'} ({source}) is "
                 f"{expected}; the download was deleted, {untouched}"
             )
-    return sha256
+    return sha256, tuple(source for _, source in wanted.values())
 
 
 def _hashes(path: Path, md5: bool) -> tuple[str, str | None]:

@@ -389,8 +389,13 @@ def test_an_s3_md5_etag_is_honoured(server, tiny_bytes, other_bytes, tmp_path):
         {"Server": "AmazonS3", "ETag": 'W/"0123456789abcdef0123456789abcdef"'},  # weak
         {"Server": "nginx", "ETag": '"0123456789abcdef0123456789abcdef"'},  # not S3's
         {"ETag": '"' + "ab" * 32 + '"'},  # 64 hex, but not from Hugging Face
+        {
+            "Server": "AmazonS3",
+            "x-amz-server-side-encryption": "aws:kms",  # KMS: S3's ETag is no MD5 then
+            "ETag": '"0123456789abcdef0123456789abcdef"',
+        },
     ],
-    ids=["multipart", "weak", "not-s3", "not-hf"],
+    ids=["multipart", "weak", "not-s3", "not-hf", "s3-kms"],
 )
 def test_etags_that_are_no_digest_are_ignored(server, tiny_bytes, tmp_path, headers):
     server.files[TINY] = Behaviour(tiny_bytes, headers=headers)
@@ -398,6 +403,29 @@ def test_etags_that_are_no_digest_are_ignored(server, tiny_bytes, tmp_path, head
     assert code == EXIT_OK, stderr
     assert "the server publishes no digest" in stderr
     assert_good_file_untouched(tmp_path, tiny_bytes)
+
+
+def test_the_publishers_sha256_outranks_a_cdn_etag(server, tiny_bytes, tmp_path):
+    """Hugging Face's sha256 on the redirect decides; the CDN's ETag beside it, here not
+    the MD5 of the bytes, is not needed."""
+    server.files[TINY] = Behaviour(
+        tiny_bytes,
+        redirect_headers={"X-Linked-Etag": f'"{sha256(tiny_bytes)}"', "X-Repo-Commit": "abc"},
+        headers={"Server": "AmazonS3", "ETag": '"0123456789abcdef0123456789abcdef"'},
+    )
+    code, stderr = run_main("download")
+    assert code == EXIT_OK, stderr
+    assert "(matches X-Linked-Etag)" in stderr
+    assert_good_file_untouched(tmp_path, tiny_bytes)
+
+
+def test_a_hugging_face_etag_is_a_sha256(server, tiny_bytes, other_bytes, tmp_path):
+    """A 64-hex ETag of the hub's own answer (it has X-Repo-Commit) is the sha256."""
+    hub = {"X-Repo-Commit": "abc", "ETag": f'"{sha256(tiny_bytes)}"'}
+    server.files[TINY] = Behaviour(other_bytes, headers=hub)
+    code, stderr = run_main("download")
+    assert code == EXIT_USAGE and "the server published (ETag) is" in stderr
+    assert cache_files(tmp_path) == []
 
 
 def test_a_pinned_sha256_refuses_another_file(server, tiny_bytes, other_bytes, tmp_path):
