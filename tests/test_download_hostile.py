@@ -244,7 +244,29 @@ def test_a_closed_port_fails_at_once(tmp_path):
     assert cache_files(tmp_path) == []
 
 
-def test_a_host_that_does_not_exist_fails_at_once(monkeypatch):
+def test_a_refusal_after_the_server_answered_is_retried(server, tiny_bytes, monkeypatch, tmp_path):
+    """A server that answered, then refuses (it restarts): that is retried until the
+    deadline, the part kept."""
+    import urllib.error
+
+    server.files[TINY] = Behaviour(tiny_bytes, cut_first=1, cut_at=1000)
+    calls: list[int] = []
+
+    def restarting(call, request, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            return REAL_OPEN(call, request, *args, **kwargs)
+        raise urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+
+    monkeypatch.setattr(downloader, "_open", restarting)
+    dest = tmp_path / "out" / TINY
+    with pytest.raises(DownloadError, match=r"gave up after \d+ attempt.*connection refused"):
+        fetch(f"{server.url_base}/{TINY}", dest, deadline_s=0.5, progress=False)
+    assert len(calls) > 2
+    assert dest.with_name(f"{TINY}.part").read_bytes() == tiny_bytes[:1000]
+
+
+def test_a_host_that_does_not_exist_fails_at_once(monkeypatch, tmp_path):
     """getaddrinfo says the name does not exist (answered here without a DNS query)."""
     calls: list[str] = []
 
@@ -255,11 +277,11 @@ def test_a_host_that_does_not_exist_fails_at_once(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", no_such_name)  # no query leaves the machine
     monkeypatch.setattr(downloader, "_open", REAL_OPEN)
     with pytest.raises(DownloadError, match=r"no such host 'mirror\.invalid'.*not retried"):
-        fetch("http://mirror.invalid/x.pt", _dest(), deadline_s=600, progress=False)
+        fetch("http://mirror.invalid/x.pt", tmp_path / "out" / TINY, deadline_s=600, progress=False)
     assert calls == ["mirror.invalid"]
 
 
-def test_a_temporary_dns_failure_is_retried(monkeypatch):
+def test_a_temporary_dns_failure_is_retried(monkeypatch, tmp_path):
     calls: list[str] = []
 
     def try_again(host, *args, **kwargs):
@@ -269,15 +291,8 @@ def test_a_temporary_dns_failure_is_retried(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", try_again)  # no query leaves the machine
     monkeypatch.setattr(downloader, "_open", REAL_OPEN)
     with pytest.raises(DownloadError, match="gave up after .* Temporary failure"):
-        fetch("http://mirror.invalid/x.pt", _dest(), deadline_s=0.5, progress=False)
+        fetch("http://mirror.invalid/x.pt", tmp_path / "out" / TINY, deadline_s=0.5, progress=False)
     assert len(calls) > 1
-
-
-def _dest():
-    import tempfile
-    from pathlib import Path
-
-    return Path(tempfile.mkdtemp(prefix="sam2serve-dl-")) / "x.pt"
 
 
 @pytest.mark.parametrize(
@@ -292,15 +307,20 @@ def _dest():
         ("ftp://127.0.0.1/x.pt", "not an http:// or https:// URL"),
     ],
 )
-def test_a_malformed_url_fails_at_once_in_one_line(url, fragment):
+def test_a_malformed_url_fails_at_once_in_one_line(url, fragment, tmp_path):
     with pytest.raises(DownloadError) as err:
-        fetch(url, _dest(), deadline_s=600, progress=False)
+        fetch(url, tmp_path / "out" / TINY, deadline_s=600, progress=False)
     assert fragment in str(err.value) and "\n" not in str(err.value)
 
 
-def test_credentials_never_appear_in_a_message():
+def test_credentials_never_appear_in_a_message(tmp_path):
     with pytest.raises(DownloadError) as err:
-        fetch("http://user:s3cret@127.0.0.1:1/x.pt", _dest(), deadline_s=600, progress=False)
+        fetch(
+            "http://user:s3cret@127.0.0.1:1/x.pt",
+            tmp_path / "out" / TINY,
+            deadline_s=600,
+            progress=False,
+        )
     message = str(err.value)
     assert "credentials in the URL" in message and "s3cret" not in message
     assert message.startswith("http://127.0.0.1:1/x.pt:")

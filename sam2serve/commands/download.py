@@ -82,7 +82,8 @@ Examples:
   {PROG} download --model {ALL} --url-base https://mirror.example/sam2
   {PROG} download --model tiny --sha256 HEX         # only this exact file
 
-{EXIT_STATUS_HELP}; here 2 also: a file whose digest is not the published or pinned one
+{EXIT_STATUS_HELP}
+(here 2 also: a file whose digest is not the one its server publishes or --sha256 pins)
 """
 
 
