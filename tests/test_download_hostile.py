@@ -13,6 +13,7 @@ import io
 import socket
 import threading
 import urllib.parse
+from pathlib import Path
 
 import pytest
 from checkpoint_server import Behaviour, CheckpointServer, fake_checkpoint
@@ -134,6 +135,30 @@ def test_a_dripped_body_ends_at_the_timeout_keeping_the_part(server, tiny_bytes,
     assert "the deadline passed while receiving" in line and "to resume" in line
     kept = (folder(tmp_path) / f"{TINY}.part").read_bytes()
     assert kept and tiny_bytes.startswith(kept)  # what arrived, for the next run
+
+
+def test_the_command_as_a_process_exits_at_the_timeout(server, tiny_bytes, tmp_path):
+    """The real command line in its own process: nothing (no thread, no socket) keeps it
+    alive past the deadline; one error line, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    server.files[TINY] = Behaviour(tiny_bytes, drip_body=True, drip_s=1.0)
+    env = {**os.environ, CACHE_ENV: str(tmp_path / "cache"), ckpt.URL_BASE_ENV: server.url_base}
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's sam2serve
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "sam2serve", "download", "--timeout", "2"],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2 * HANG_FACTOR,
+    )
+    assert done.returncode == EXIT_FAILED and "Traceback" not in done.stderr
+    [line] = error_lines(done.stderr)
+    assert "gave up after 1 attempt(s) in 2 s (the deadline)" in line
 
 
 def test_dripped_headers_end_at_the_timeout(server, tiny_bytes, tmp_path):
