@@ -12,9 +12,13 @@ Resolution order for ``load_model(size, checkpoint=...)``:
 4. otherwise a :class:`CheckpointError`, one line with the URL, the ``sam2serve download``
    command and where to put the file.
 
-``fetch_checkpoint`` resumes, retries under a deadline and checks the file
-(:mod:`sam2serve.download`), and renames it into the cache only once
-:func:`verify_checkpoint` accepted it: every official key with its shape, strictly.
+``$SAM2SERVE_CHECKPOINT_SHA256`` pins the sha256 of the file of steps 2 and 3: a cached
+file is hashed and must match, a download must match before it lands.
+
+``fetch_checkpoint`` resumes, retries under a deadline, bounds the size, checks the digest
+the server publishes (:mod:`sam2serve.download`), and renames the file into the cache only
+once :func:`verify_checkpoint` accepted it: every record's CRC-32, every official key with
+its shape, strictly.
 
 ``load_model`` builds the image path and skips the video keys by name;
 ``load_video_model`` builds :class:`SAM2Video` and loads every key of the file, strictly.
@@ -23,7 +27,9 @@ Resolution order for ``load_model(size, checkpoint=...)``:
 from __future__ import annotations
 
 import os
+import re
 import sys
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,12 +37,13 @@ import torch
 
 from sam2serve.cache import CACHE_ENV, cache_path
 from sam2serve.config import ModelConfig, get_config
-from sam2serve.download import fetch, sha256_of
+from sam2serve.download import Fetched, fetch, sha256_of, shown_url
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.modeling.sam2_video import SAM2Video
 
 OFFLINE_ENV = "SAM2SERVE_OFFLINE"
 URL_BASE_ENV = "SAM2SERVE_CHECKPOINT_URL_BASE"
+SHA256_ENV = "SAM2SERVE_CHECKPOINT_SHA256"
 DOWNLOAD_COMMAND = "sam2serve download"
 # Where Meta publishes the files (the URLs of Meta's README and download_ckpts.sh).
 SAM21_URL_BASE = "https://dl.fbaipublicfiles.com/segment_anything_2/092824"
@@ -45,6 +52,10 @@ SAM20_URL_BASE = "https://dl.fbaipublicfiles.com/segment_anything_2/072824"
 # retried after READ_TIMEOUT_S.
 DOWNLOAD_DEADLINE_S = 3600.0
 READ_TIMEOUT_S = 20.0
+# A checkpoint file is its fp32 tensors plus the archive around them (names, pickled
+# structure, 64-byte alignment: well under a MiB for ~500 keys); what exceeds this bound
+# is not the file (an endless body).
+SIZE_SLACK_BYTES = 16 << 20
 
 # Video/memory parameters of Meta's SAM2Base that the image path never uses.
 VIDEO_KEY_PREFIXES = (
@@ -59,6 +70,10 @@ VIDEO_KEYS = ("maskmem_tpos_enc", "no_mem_pos_enc", "no_obj_ptr", "no_obj_embed_
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be found, fetched or loaded; the message says what to do."""
+
+
+class CheckpointDamaged(CheckpointError):
+    """A checkpoint whose bytes are not those its archive was written with (a CRC-32)."""
 
 
 @dataclass(frozen=True)
@@ -98,17 +113,20 @@ def resolve_checkpoint(cfg: ModelConfig, checkpoint: str | Path | None) -> Path:
         if not path.is_file():
             raise CheckpointError(f"checkpoint file not found: {str(path)!r}")
         return path
+    pinned = pinned_sha256()
     directory = cache_dir()
     for name in cfg.checkpoint_names:
         if (directory / name).is_file():
-            return directory / name
+            return _matching(directory / name, pinned)
     primary = cfg.checkpoint_names[0]
     url = checkpoint_url(primary)
     if os.environ.get(OFFLINE_ENV) == "1":
         reason = f"downloads are disabled by {OFFLINE_ENV}=1"
     else:
         try:
-            return fetch_checkpoint(cfg.name, retry_unreached=False)
+            return fetch_checkpoint(
+                cfg.name, retry_unreached=False, sha256=pinned, sha256_source=f"${SHA256_ENV}"
+            )
         except OSError as exc:  # a DownloadError, or a cache folder that cannot be written
             reason = f"the download failed ({exc})"
     raise CheckpointError(
@@ -117,6 +135,33 @@ def resolve_checkpoint(cfg: ModelConfig, checkpoint: str | Path | None) -> Path:
         f"${CACHE_ENV} sets another cache root), pass --checkpoint PATH, or use "
         "--random-weights for a smoke run"
     )
+
+
+def pinned_sha256() -> str | None:
+    """``$SAM2SERVE_CHECKPOINT_SHA256`` (lowercase), or None; a CheckpointError naming the
+    variable unless it is 64 hex digits."""
+    value = os.environ.get(SHA256_ENV, "").strip()
+    if not value:
+        return None
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        raise CheckpointError(
+            f"${SHA256_ENV}: expected a sha256 (64 hex digits), got {value[:80]!r}"
+        )
+    return value.lower()
+
+
+def _matching(path: Path, pinned: str | None) -> Path:
+    """``path``, once its sha256 is the pinned one (if any)."""
+    if pinned is None:
+        return path
+    actual = sha256_of(path)
+    if actual != pinned:
+        raise CheckpointError(
+            f"{str(path)!r} has sha256 {actual}, but ${SHA256_ENV} is {pinned}: fetch the "
+            f"pinned file with '{DOWNLOAD_COMMAND} --force --sha256 {pinned}' (with its "
+            "--model), or unset the variable"
+        )
+    return path
 
 
 def checkpoint_url(name: str, url_base: str | None = None) -> str:
@@ -139,16 +184,21 @@ def fetch_checkpoint(
     *,
     sam21: bool = True,
     url_base: str | None = None,
-    deadline_s: float = DOWNLOAD_DEADLINE_S,
+    deadline_s: float | None = None,
     progress: bool = True,
     retry_unreached: bool = True,
     replace: bool = False,
+    sha256: str | None = None,
+    sha256_source: str = "--sha256",
 ) -> Path:
     """Download Meta's file of ``size`` (SAM 2.1's, or SAM 2.0's) into the cache's
-    checkpoints folder: resumed, retried until ``deadline_s``, its size checked against
-    the server's, and renamed into place only if :func:`verify_checkpoint` accepts it.
-    DownloadError (network, size) or CheckpointError (not the model's checkpoint; nothing
-    is kept). A file that another process put in place meanwhile is kept, unless
+    checkpoints folder: resumed, retried until ``deadline_s``, never more bytes than the
+    server declared or than :func:`max_checkpoint_bytes`, its digest checked against the
+    one the server publishes or ``sha256`` (pinned), and renamed into place only if
+    :func:`verify_checkpoint` accepts it; its sha256 is recorded beside it.
+    DownloadError (network, size; DigestMismatch: the digest) or CheckpointError (not the
+    model's checkpoint); either way nothing is kept and a file already there is not
+    touched. A file that another process put in place meanwhile is kept, unless
     ``replace``."""
     name = checkpoint_file(size, sam21)
     url = checkpoint_url(name, url_base)
@@ -160,39 +210,84 @@ def fetch_checkpoint(
         except CheckpointError as exc:
             cause = exc.__cause__
             why = str(exc) if cause is None else f"cannot read it: {type(cause).__name__}"
+            what = (
+                "is damaged"
+                if isinstance(exc, CheckpointDamaged)
+                else f"is not the {size} model's checkpoint"
+            )
+            kept = f"{str(dest)!r} was not touched" if dest.exists() else "nothing was kept"
             raise CheckpointError(
-                f"the file downloaded from {url} is not the {size} model's checkpoint "
-                f"({why}); nothing was kept"
+                f"the file downloaded from {shown_url(url)} {what} ({why}); {kept}"
             ) from None
 
-    path = fetch(
+    fetched = fetch(
         url,
         dest,
-        deadline_s=deadline_s,
+        deadline_s=DOWNLOAD_DEADLINE_S if deadline_s is None else deadline_s,
         read_timeout_s=READ_TIMEOUT_S,
+        max_size=max_checkpoint_bytes(size, sam21),
+        sha256=sha256,
+        sha256_source=sha256_source,
         verify=verify,
         progress=progress,
         retry_unreached=retry_unreached,
         replace=replace,
     )
-    # Meta publishes no checksums for these files: the digest is printed so a user can
-    # compare it with a copy they trust.
-    print(
-        f"sam2serve: {name}: {path.stat().st_size} bytes, sha256 {sha256_of(path)}", file=sys.stderr
-    )
-    return path
+    print(f"sam2serve: {name}: {describe_fetched(fetched)}", file=sys.stderr)
+    return fetched.path
+
+
+def describe_fetched(fetched: Fetched) -> str:
+    """Size, sha256 and what vouched for it, for the log."""
+    size = fetched.path.stat().st_size
+    if fetched.checked_against:
+        how = "matches " + " and ".join(fetched.checked_against)
+    else:  # Meta's server publishes no digest of these files (a multipart ETag is none)
+        how = "the server publishes no digest: compare it with a copy you trust"
+    return f"{size} bytes, sha256 {fetched.sha256} ({how})"
+
+
+def max_checkpoint_bytes(size: str, sam21: bool = True) -> int:
+    """The most bytes ``size``'s checkpoint file can have: its model's fp32 tensors (the
+    video model's, a superset of what either version's file holds) and the archive's
+    overhead. Built on the meta device: nothing allocated."""
+    with torch.device("meta"):
+        state = SAM2Video(get_config(size)).state_dict()
+    tensors = sum(v.numel() * 4 for v in state.values())
+    return tensors + tensors // 16 + SIZE_SLACK_BYTES
 
 
 def verify_checkpoint(size: str, path: Path, video: bool = True) -> None:
-    """A CheckpointError unless ``path`` holds every key of the ``size`` model with its
-    shape and no other: SAM 2.1's video model's keys (an official SAM 2.1 file), or with
+    """A CheckpointError unless every record of ``path`` matches its CRC-32
+    (:func:`check_records`) and it holds every key of the ``size`` model with its shape
+    and no other: SAM 2.1's video model's keys (an official SAM 2.1 file), or with
     ``video=False`` the image path's (video keys skipped by name: SAM 2.0's files). The
     model is built on the meta device: nothing is allocated, nothing copied."""
     cfg = get_config(size)
+    check_records(path)
     state = read_state_dict(path, include_video=video)
     with torch.device("meta"):
         model = SAM2Video(cfg) if video else SAM2Image(cfg)
     check_keys(model, state, path)
+
+
+def check_records(path: Path) -> None:
+    """A CheckpointError unless every record of a torch (zip) checkpoint has the CRC-32
+    that its archive stores: the load check's keys and shapes do not see a flipped bit in
+    a tensor's bytes, this does. (Records written without a CRC, 0, and the legacy
+    non-zip format have none to check.)"""
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.CRC == 0 and info.file_size:
+                    continue
+                with archive.open(info) as record:
+                    while record.read(1 << 22):
+                        pass
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as exc:
+        raise CheckpointDamaged(f"checkpoint {str(path)!r} is damaged: {exc}") from None
 
 
 def read_state_dict(path: Path, include_video: bool = False) -> dict[str, torch.Tensor]:

@@ -1,5 +1,7 @@
 """A loopback HTTP server of fake checkpoint files (for ``sam2serve download`` and the
-first-use download): Range requests, and the faults a real download meets on demand.
+first-use download): Range requests, and the faults a real download meets on demand, the
+hostile ones included (a body or headers dripped a byte at a time, an endless body, a
+publisher's digest header that does not match, a redirect to a CDN path as Hugging Face's).
 
 Fake checkpoints have every key of the official file with its shape, strictly, so the
 load check accepts them; their tensors are views of one seeded random storage, which
@@ -11,6 +13,7 @@ from __future__ import annotations
 import io
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Self
@@ -56,7 +59,20 @@ class Behaviour:
     # After the first N answers (faults included), serve this file instead (it changed).
     later_body: bytes | None = None
     later_after: int = 0
+    # Extra headers of the file's answer (ETag, Server, X-Linked-Etag...).
+    headers: dict[str, str] = field(default_factory=dict)
+    # Answer /files/NAME with a 302 to /cdn/NAME carrying these headers (as Hugging Face
+    # answers with X-Linked-Etag and X-Linked-Size before its CDN sends the bytes).
+    redirect_headers: dict[str, str] | None = None
+    # Send the body (drip_body) or the status line and headers too (drip_headers) one byte
+    # every drip_s seconds.
+    drip_body: bool = False
+    drip_headers: bool = False
+    drip_s: float = 0.5
+    # No Content-Length, and after the file bytes without end (until the client leaves).
+    endless: bool = False
     requests: list[dict[str, str | None]] = field(default_factory=list)
+    sent: int = 0  # body bytes written, all answers together
 
 
 class CheckpointServer:
@@ -66,6 +82,7 @@ class CheckpointServer:
     def __init__(self) -> None:
         self.files: dict[str, Behaviour] = {}
         self.lock = threading.Lock()
+        self.closing = threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -88,18 +105,31 @@ class CheckpointServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.closing.set()  # answers still dripping stop
         self.httpd.shutdown()
         self.httpd.server_close()
 
     def answer(self, handler: BaseHTTPRequestHandler) -> None:
-        name = handler.path.removeprefix("/files/")
+        cdn = handler.path.startswith("/cdn/")
+        name = handler.path.removeprefix("/cdn/" if cdn else "/files/")
         with self.lock:
             item = self.files.get(name)
             if item is None:
                 handler.send_error(404)
                 return
+            if item.redirect_headers is not None and not cdn:
+                handler.send_response(302)
+                handler.send_header("Location", f"/cdn/{name}")
+                for key, value in item.redirect_headers.items():
+                    handler.send_header(key, value)
+                handler.send_header("Content-Length", "0")
+                handler.end_headers()
+                return
             item.requests.append({"range": handler.headers.get("Range")})
             index = len(item.requests)
+        if item.drip_headers:
+            self._drip(handler, item, b"HTTP/1.0 200 OK\r\nContent-Length: 10\r\n\r\n", body=False)
+            return
         if index <= item.fail_first:
             handler.send_error(item.fail_status)
             return
@@ -119,11 +149,51 @@ class CheckpointServer:
             handler.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
         else:
             handler.send_response(200)
-        handler.send_header("Content-Length", str(len(body) - start))
+        if not item.endless:
+            handler.send_header("Content-Length", str(len(body) - start))
+        for key, value in item.headers.items():
+            handler.send_header(key, value)
         handler.end_headers()
         if index <= item.fail_first + item.cut_first:
-            handler.wfile.write(body[start : start + item.cut_at])
-            handler.wfile.flush()
+            self._write(handler, item, body[start : start + item.cut_at])
             handler.close_connection = True
             return
-        handler.wfile.write(body[start:])
+        if item.drip_body:
+            self._drip(handler, item, body[start:], body=True)
+        elif item.endless:
+            self._write(handler, item, body[start:])
+            junk = bytes(range(256)) * 256
+            while not self.closing.is_set() and self._write(handler, item, junk):
+                pass
+        else:
+            self._write(handler, item, body[start:])
+
+    def _write(self, handler: BaseHTTPRequestHandler, item: Behaviour, data: bytes) -> bool:
+        """Send ``data``; False once the client has gone."""
+        try:
+            handler.wfile.write(data)
+            handler.wfile.flush()
+        except OSError:
+            handler.close_connection = True
+            return False
+        with self.lock:
+            item.sent += len(data)
+        return True
+
+    def _drip(
+        self, handler: BaseHTTPRequestHandler, item: Behaviour, data: bytes, body: bool
+    ) -> None:
+        """``data`` one byte every ``item.drip_s`` seconds, until the client leaves."""
+        for offset in range(len(data)):
+            if self.closing.is_set():
+                return
+            try:
+                handler.wfile.write(data[offset : offset + 1])
+                handler.wfile.flush()
+            except OSError:
+                handler.close_connection = True
+                return
+            if body:
+                with self.lock:
+                    item.sent += 1
+            time.sleep(item.drip_s)

@@ -163,7 +163,7 @@ def test_first_use_downloads_checks_and_loads(tmp_path, monkeypatch):
     saved = torch.load(path, weights_only=True)["model"]
     for key, value in model.state_dict().items():
         assert torch.equal(value, saved[key]), key
-    assert sorted(p.name for p in path.parent.iterdir()) == ["sam2.1_hiera_tiny.pt"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name, f"{path.name}.sha256"]
 
 
 def test_the_cli_reports_a_missing_checkpoint_in_one_line(tmp_path, monkeypatch, capsys):

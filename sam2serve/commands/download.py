@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 
 from sam2serve.commands.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_STATUS_HELP,
+    EXIT_USAGE,
     PROG,
     CommandParser,
     UsageError,
@@ -47,12 +49,21 @@ Download Meta's official checkpoint files into the cache's checkpoints folder
 finds them.
 
 Each file is fetched with a progress bar into FILE.part beside it; a download that was cut
-(network, Ctrl-C) resumes from there the next time (an HTTP Range request). Refused or cut
-connections, stalls and 408/429/5xx answers are retried with growing waits until --timeout
-has passed. The bytes must add up to the size the server declared, and the file must load:
-every key of the official model with its shape, and no other (the SAM 2.1 video model's
-keys; SAM 2.0's files: the image model's). Only then is it renamed into place; a file that
-fails is deleted. A file already in the folder that loads is reported and skipped.
+(network, Ctrl-C) resumes from there the next time (an HTTP Range request). --timeout is
+wall-clock time per file, retries included: a server that stalls or drips its bytes is cut
+off there. Cut connections, stalls and 408/429/5xx answers are retried with growing waits
+until then; a malformed URL, an unknown host, a refused connection (a wrong port), a
+certificate that does not verify and any other 4xx fail at once, in one line.
+
+What lands is checked: never more bytes than the server declared or than such a file can
+have (the download stops at the first byte too many); the digest the server publishes, when
+it publishes one (Hugging Face's X-Linked-Etag: sha256; an S3/CloudFront single-part ETag:
+MD5), or the one --sha256 pins; every record's CRC-32 (a flipped bit); every key of the
+official model with its shape, and no other (the SAM 2.1 video model's keys; SAM 2.0's
+files: the image model's). Only then is it renamed into place, and its sha256 written
+beside it (FILE.sha256); a file that fails is deleted and a file already there is not
+touched. A file already in the folder that passes the checks (and matches its FILE.sha256
+and --sha256) is reported and skipped.
 
 --model takes a size, {ALL} (the four SAM 2.1 files), or a Hugging Face id:
 {_wrapped(HF_MODEL_IDS)}
@@ -70,8 +81,10 @@ Examples:
   {PROG} download                                   # tiny, SAM 2.1
   {PROG} download --model facebook/sam2.1-hiera-large
   {PROG} download --model {ALL} --url-base https://mirror.example/sam2
+  {PROG} download --model tiny --sha256 HEX         # only this exact file
 
 {EXIT_STATUS_HELP}
+(here 2 also: a file whose digest is not the one its server publishes or --sha256 pins)
 """
 
 
@@ -104,6 +117,13 @@ def targets(value: str) -> tuple[tuple[str, bool], ...]:
 def url_base_value(value: str) -> str:
     """--url-base and $SAM2SERVE_CHECKPOINT_URL_BASE (sam2serve.config_text)."""
     return http_url(value)
+
+
+def sha256_value(value: str) -> str:
+    text = value.strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", text):
+        raise argparse.ArgumentTypeError(f"expected a sha256 (64 hex digits), got {value!r}")
+    return text
 
 
 def seconds_value(value: str) -> float:
@@ -141,6 +161,14 @@ def add_arguments(parser: CommandParser) -> None:
         help="give up on a file after this long, retries included (default: %(default)g)",
     )
     parser.add_argument(
+        "--sha256",
+        type=sha256_value,
+        default=None,
+        metavar="HEX",
+        help="the file's sha256: a download that does not match is refused, and a file "
+        f"there that does not match is fetched again (one --model; {SAM3}: sam3.pt's)",
+    )
+    parser.add_argument(
         "--force",
         action="store_true",
         help="download again even if a valid file is there (it is replaced only once the "
@@ -155,19 +183,27 @@ def download_command(args: argparse.Namespace) -> int:
             url_base = url_base_value(os.environ[URL_BASE_ENV])
         except argparse.ArgumentTypeError as exc:
             raise UsageError(f"${URL_BASE_ENV}: {exc}") from None
-    failed = sum(
-        not (
-            download_sam3(url_base, args.timeout, args.force)
-            if sam21 is None
-            else download_one(size, sam21, url_base, args.timeout, args.force)
-        )
+    if args.sha256 is not None and len(args.model) > 1:
+        raise UsageError("--sha256 pins one file: name one --model, not all")
+    codes = [
+        download_sam3(url_base, args.timeout, args.force, args.sha256)
+        if sam21 is None
+        else download_one(size, sam21, url_base, args.timeout, args.force, args.sha256)
         for size, sam21 in args.model
-    )
-    return EXIT_FAILED if failed else EXIT_OK
+    ]
+    # a refused digest (2) outranks a failed download (1)
+    return max(codes, default=EXIT_OK)
 
 
-def download_one(size: str, sam21: bool, url_base: str | None, timeout: float, force: bool) -> bool:
-    """One file, reported on stderr; False if it failed (one error line)."""
+def download_one(
+    size: str,
+    sam21: bool,
+    url_base: str | None,
+    timeout: float,
+    force: bool,
+    sha256: str | None = None,
+) -> int:
+    """One file, reported on stderr; its exit status (an error line unless 0)."""
     from sam2serve.checkpoint import (
         CheckpointError,
         cache_dir,
@@ -176,7 +212,7 @@ def download_one(size: str, sam21: bool, url_base: str | None, timeout: float, f
         fetch_checkpoint,
         verify_checkpoint,
     )
-    from sam2serve.download import DownloadError, part_path
+    from sam2serve.download import DigestMismatch, DownloadError, part_path, shown_url
 
     name = checkpoint_file(size, sam21)
     dest: Path = cache_dir() / name
@@ -189,42 +225,73 @@ def download_one(size: str, sam21: bool, url_base: str | None, timeout: float, f
                 f"{str(dest)!r} is not a valid {size} checkpoint ({reason}); downloading it again"
             )
         else:
-            info_line(
-                f"{size}: {str(dest)!r} is there and loads ({dest.stat().st_size} bytes); "
-                "skipped (--force downloads it again)"
-            )
-            return True
+            mismatch = _digest_mismatch(dest, sha256)
+            if mismatch is None:
+                info_line(
+                    f"{size}: {str(dest)!r} is there and loads ({dest.stat().st_size} bytes); "
+                    "skipped (--force downloads it again)"
+                )
+                return EXIT_OK
+            warning_line(f"{str(dest)!r} {mismatch}; downloading it again")
     if force:
         part_path(dest).unlink(missing_ok=True)  # a fresh download, not a resumed one
     url = checkpoint_url(name, url_base)
-    info_line(f"{size}: {url} -> {str(dest)!r}")
+    info_line(f"{size}: {shown_url(url)} -> {str(dest)!r}")
     try:
-        # replace: a file there now is one that did not load, or --force
-        fetch_checkpoint(size, sam21=sam21, url_base=url_base, deadline_s=timeout, replace=True)
+        # replace: a file there now is one that did not pass, or --force; it is replaced
+        # only by one that passes every check
+        fetch_checkpoint(
+            size, sam21=sam21, url_base=url_base, deadline_s=timeout, replace=True, sha256=sha256
+        )
+    except DigestMismatch as exc:
+        error_line(str(exc))
+        return EXIT_USAGE
     except (DownloadError, CheckpointError) as exc:
         error_line(str(exc))
-        return False
+        return EXIT_FAILED
     except OSError as exc:  # the cache folder cannot be written
         error_line(f"cannot write {str(dest)!r}: {exc.strerror or exc}")
-        return False
+        return EXIT_FAILED
     info_line(f"{size}: downloaded and checked: {str(dest)!r}")
-    return True
+    return EXIT_OK
 
 
-def download_sam3(url_base: str | None, timeout: float, force: bool) -> bool:
-    """SAM 3's files, reported on stderr; False if it failed (one error line)."""
+def _digest_mismatch(dest: Path, pinned: str | None) -> str | None:
+    """Why the file at ``dest`` is not the one to keep (its sha256 is not the one recorded
+    when it was downloaded, or not the pinned one), or None."""
+    from sam2serve.download import record_sha256, recorded_sha256, sha256_of
+
+    recorded = recorded_sha256(dest)
+    if recorded is None and pinned is None:
+        return None
+    actual = sha256_of(dest)
+    if recorded is not None and actual != recorded:
+        return f"has sha256 {actual}, not the {recorded} recorded when it was downloaded"
+    if pinned is not None and actual != pinned:
+        return f"has sha256 {actual}, not the pinned {pinned} (--sha256)"
+    if recorded is None:
+        record_sha256(dest, actual)  # it is the pinned file: say so beside it
+    return None
+
+
+def download_sam3(url_base: str | None, timeout: float, force: bool, sha256: str | None) -> int:
+    """SAM 3's files, reported on stderr; the exit status (an error line unless 0)."""
     from sam2serve.concepts.weights import LICENCE, WeightsError, download, hf_token
+    from sam2serve.download import DigestMismatch
 
     info_line(f"{SAM3}: weights under the {LICENCE}")
     if hf_token() is None and url_base is None:
         warning_line(f"{SAM3}: HF_TOKEN is not set; the gated repository will refuse")
     try:
-        directory = download(url_base, timeout, force)
+        directory = download(url_base, timeout, force, sha256)
+    except DigestMismatch as exc:
+        error_line(str(exc))
+        return EXIT_USAGE
     except WeightsError as exc:
         error_line(str(exc))
-        return False
+        return EXIT_FAILED
     except OSError as exc:  # the cache folder cannot be written
         error_line(f"cannot write the SAM 3 weights: {exc.strerror or exc}")
-        return False
+        return EXIT_FAILED
     info_line(f"{SAM3}: downloaded and checked: {str(directory)!r}")
-    return True
+    return EXIT_OK

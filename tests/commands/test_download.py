@@ -43,17 +43,17 @@ def loopback_only(monkeypatch, tmp_path, server):
     monkeypatch.delenv(OFFLINE_ENV, raising=False)
     monkeypatch.setenv(URL_BASE_ENV, server.url_base)
     monkeypatch.setattr(downloader, "BACKOFF_S", 0.01)
-    real_urlopen = urllib.request.urlopen
+    real_open = downloader._open
     hosts: list[str] = []
 
-    def urlopen(request, *args, **kwargs):
-        url = request.full_url if isinstance(request, urllib.request.Request) else request
+    def checked_open(call, request, *args, **kwargs):
+        url = request.full_url
         host = urllib.parse.urlsplit(url).hostname
         hosts.append(host)
         assert host == "127.0.0.1", f"a test tried the network: {url}"
-        return real_urlopen(request, *args, **kwargs)
+        return real_open(call, request, *args, **kwargs)
 
-    monkeypatch.setattr(downloader.urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(downloader, "_open", checked_open)
     server.files.clear()
     yield hosts
     assert set(hosts) <= {"127.0.0.1"}
@@ -82,7 +82,7 @@ def test_download_fetches_checks_and_places_the_file(server, tiny_bytes, tmp_pat
     code, stderr = run_main("download")
     assert code == EXIT_OK, stderr
     assert (tmp_path / "cache" / "checkpoints" / TINY).read_bytes() == tiny_bytes
-    assert cache_files(tmp_path) == [TINY]  # no .part left
+    assert cache_files(tmp_path) == [TINY, f"{TINY}.sha256"]  # no .part left
     assert f"{server.url_base}/{TINY}" in stderr and "sha256" in stderr
     # Present and valid: reported and skipped, no request.
     code, stderr = run_main("download", "--model", "tiny")
@@ -109,7 +109,8 @@ def test_a_part_left_by_an_earlier_run_is_continued(server, tiny_bytes, tmp_path
     server.files[TINY] = Behaviour(tiny_bytes)
     assert run_main("download")[0] == EXIT_OK
     assert server.files[TINY].requests == [{"range": "bytes=1000-"}]
-    assert (folder / TINY).read_bytes() == tiny_bytes and cache_files(tmp_path) == [TINY]
+    assert (folder / TINY).read_bytes() == tiny_bytes
+    assert cache_files(tmp_path) == [TINY, f"{TINY}.sha256"]
 
 
 def test_a_server_that_ignores_range_sends_the_whole_file_again(server, tiny_bytes, tmp_path):
@@ -158,7 +159,7 @@ def test_errors_are_retried_then_the_deadline_gives_up(server, tiny_bytes, tmp_p
     [line] = error_lines(stderr)
     assert f"{server.url_base}/{TINY}: gave up after" in line and "HTTP 503" in line
     assert len(server.files[TINY].requests) > 1
-    assert cache_files(tmp_path) == [TINY]  # the valid file stays; no part left
+    assert cache_files(tmp_path) == [TINY, f"{TINY}.sha256"]  # the valid file stays; no part
 
 
 def test_a_missing_file_is_not_retried(server, tmp_path):
@@ -207,7 +208,7 @@ def test_a_body_always_cut_short_gives_up_at_the_deadline_keeping_the_part(
 def test_fetch_checks_an_expected_size(server, tiny_bytes, tmp_path):
     server.files[TINY] = Behaviour(tiny_bytes)
     dest = tmp_path / "out" / TINY
-    with pytest.raises(DownloadError, match=rf"got {len(tiny_bytes)} bytes, expected 5"):
+    with pytest.raises(DownloadError, match=rf"declares {len(tiny_bytes)} bytes, more than the 5"):
         fetch(f"{server.url_base}/{TINY}", dest, deadline_s=30, expected_size=5, progress=False)
     assert not dest.exists() and not (tmp_path / "out" / f"{TINY}.part").exists()
 
@@ -217,7 +218,7 @@ def test_sam20_ids_fetch_sam20_files(server, tmp_path):
     server.files[name] = Behaviour(fake_checkpoint("tiny", seed=2, sam21=False))
     code, stderr = run_main("download", "--model", "facebook/sam2-hiera-tiny")
     assert code == EXIT_OK, stderr
-    assert cache_files(tmp_path) == [name]
+    assert cache_files(tmp_path) == [name, f"{name}.sha256"]
 
 
 def test_all_fetches_every_size_and_reports_each_failure(server, tiny_bytes, tmp_path):
@@ -225,7 +226,7 @@ def test_all_fetches_every_size_and_reports_each_failure(server, tiny_bytes, tmp
     code, stderr = run_main("download", "--model", "all")
     assert code == EXIT_FAILED  # the other three are not on this server
     assert len(error_lines(stderr)) == 3
-    assert cache_files(tmp_path) == [TINY]
+    assert cache_files(tmp_path) == [TINY, f"{TINY}.sha256"]
 
 
 @pytest.mark.parametrize(
@@ -330,7 +331,7 @@ def test_a_second_writer_waits_and_takes_the_first_ones_file(server, tiny_bytes,
     part.replace(dest)  # the other process's rename, under its lock
     holder.close()  # releases the lock
     thread.join(60)
-    assert result == [dest] and dest.read_bytes() == tiny_bytes
+    assert [fetched.path for fetched in result] == [dest] and dest.read_bytes() == tiny_bytes
     assert server.files[TINY].requests == [] and not part.exists()
 
 
@@ -349,11 +350,11 @@ def test_a_writer_that_never_finishes_is_reported(server, tmp_path):
 def test_ctrl_c_exits_130_and_the_next_run_resumes(server, tiny_bytes, tmp_path, monkeypatch):
     server.files[TINY] = Behaviour(tiny_bytes)
     monkeypatch.setattr(downloader, "CHUNK", 4096)
-    checked_urlopen = downloader.urllib.request.urlopen  # the loopback check above
+    checked_open = downloader._open  # the loopback check above
 
-    def interrupted_after_one_chunk(request, *args, **kwargs):
-        response = checked_urlopen(request, *args, **kwargs)
-        read, calls = response.read, []
+    def interrupted_after_one_chunk(*args, **kwargs):
+        response = checked_open(*args, **kwargs)
+        read, calls = response.read1, []
 
         def read_once(amount=None):
             calls.append(amount)
@@ -361,18 +362,18 @@ def test_ctrl_c_exits_130_and_the_next_run_resumes(server, tiny_bytes, tmp_path,
                 raise KeyboardInterrupt
             return read(amount)
 
-        response.read = read_once
+        response.read1 = read_once
         return response
 
-    monkeypatch.setattr(downloader.urllib.request, "urlopen", interrupted_after_one_chunk)
+    monkeypatch.setattr(downloader, "_open", interrupted_after_one_chunk)
     code, stderr = run_main("download")
     assert code == 130 and "interrupted" in stderr
     part = tmp_path / "cache" / "checkpoints" / f"{TINY}.part"
     assert part.read_bytes() == tiny_bytes[:4096]
-    monkeypatch.setattr(downloader.urllib.request, "urlopen", checked_urlopen)
+    monkeypatch.setattr(downloader, "_open", checked_open)
     assert run_main("download")[0] == EXIT_OK
     assert server.files[TINY].requests[-1] == {"range": "bytes=4096-"}
-    assert cache_files(tmp_path) == [TINY]
+    assert cache_files(tmp_path) == [TINY, f"{TINY}.sha256"]
 
 
 def test_the_command_and_the_library_read_the_same_mirror_variable():

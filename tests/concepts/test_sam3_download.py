@@ -35,6 +35,7 @@ class Server:
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
+        self.headers: dict[str, dict[str, str]] = {}  # extra headers of a file's answer
         self.need_token = False
         self.status: int | None = None
         self.redirect_to = ""
@@ -66,6 +67,8 @@ class Server:
                     return
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
+                for key, value in outer.headers.get(self.path.removeprefix("/files/"), {}).items():
+                    self.send_header(key, value)
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -123,7 +126,10 @@ def test_token_reaches_the_origin_and_the_weights_load(servers, monkeypatch, tmp
     assert "SAM License" in stderr
     assert {auth for _, auth in a.seen} == {f"Bearer {TOKEN}"}
     folder = tmp_path / "cache" / "sam3"
-    assert sorted(p.name for p in folder.iterdir()) == ["merges.txt", "sam3.pt", "vocab.json"]
+    names = ["merges.txt", "sam3.pt", "vocab.json"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [*names, *(f"{n}.sha256" for n in names)]
+    )
     model, tokenize = weights.load()
     assert tokenize("red cat")[0] == tokenize("dog")[0]  # the start token
     assert sum(p.numel() for p in model.parameters()) > 0
@@ -183,3 +189,59 @@ def test_tokenizer_files_are_json_checked(servers, monkeypatch, tmp_path):
     a.files["vocab.json"] = b"{not json"
     code, stderr = run_main("download", "--model", "sam3", "--url-base", f"{a.origin}/files")
     assert code != 0 and "vocab.json is not valid JSON" in stderr
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_published_digest_that_does_not_match_keeps_the_good_weights(servers, files, tmp_path):
+    """Hugging Face's X-Linked-Etag is sam3.pt's sha256: a mirror whose bytes do not match
+    it is refused (exit 2, both digests named), and the weights already there stay."""
+    a, _ = servers
+    url = f"{a.origin}/files"
+    a.headers[weights.CHECKPOINT] = {"X-Linked-Etag": f'"{_sha256(files[weights.CHECKPOINT])}"'}
+    code, stderr = run_main("download", "--model", "sam3", "--url-base", url)
+    assert code == 0, stderr
+    good = tmp_path / "cache" / "sam3" / weights.CHECKPOINT
+    assert good.read_bytes() == files[weights.CHECKPOINT]
+    other = bytearray(files[weights.CHECKPOINT])
+    other[len(other) // 2] ^= 1
+    a.files[weights.CHECKPOINT] = bytes(other)
+    code, stderr = run_main("download", "--model", "sam3", "--url-base", url, "--force")
+    errors = [line for line in stderr.splitlines() if line.startswith("sam2serve: error: ")]
+    assert code == 2 and len(errors) == 1
+    assert f"sha256 of the download is {_sha256(bytes(other))}" in errors[0]
+    assert f"(X-Linked-Etag) is {_sha256(files[weights.CHECKPOINT])}" in errors[0]
+    assert good.read_bytes() == files[weights.CHECKPOINT]
+    assert not good.with_name("sam3.pt.part").exists()
+
+
+def test_a_bit_flipped_checkpoint_is_damaged_and_the_good_one_stays(servers, files, tmp_path):
+    """No digest published: the archive's CRC-32 still sees a flipped bit."""
+    a, _ = servers
+    url = f"{a.origin}/files"
+    assert run_main("download", "--model", "sam3", "--url-base", url)[0] == 0
+    other = bytearray(files[weights.CHECKPOINT])
+    other[len(other) // 2] ^= 1
+    a.files[weights.CHECKPOINT] = bytes(other)
+    code, stderr = run_main("download", "--model", "sam3", "--url-base", url, "--force")
+    assert code == 1 and "is damaged" in stderr and "was not touched" in stderr
+    good = tmp_path / "cache" / "sam3" / weights.CHECKPOINT
+    assert good.read_bytes() == files[weights.CHECKPOINT]
+
+
+def test_sha256_pins_the_checkpoint(servers, files, tmp_path):
+    a, _ = servers
+    url = f"{a.origin}/files"
+    wrong = "0" * 64
+    code, stderr = run_main("download", "--model", "sam3", "--url-base", url, "--sha256", wrong)
+    assert code == 2 and f"the pinned one (--sha256) is {wrong}" in stderr
+    assert not (tmp_path / "cache" / "sam3" / weights.CHECKPOINT).exists()
+    right = _sha256(files[weights.CHECKPOINT])
+    code, stderr = run_main("download", "--model", "sam3", "--url-base", url, "--sha256", right)
+    assert code == 0, stderr
+    recorded = (tmp_path / "cache" / "sam3" / "sam3.pt.sha256").read_text().split()[0]
+    assert recorded == right
