@@ -27,7 +27,6 @@ its shape, strictly.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import zipfile
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ import torch
 
 from sam2serve.cache import CACHE_ENV, cache_path
 from sam2serve.config import ModelConfig, get_config
+from sam2serve.config_text import parse_sha256
 from sam2serve.download import Fetched, fetch, sha256_of, shown_url
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.modeling.sam2_video import SAM2Video
@@ -143,11 +143,10 @@ def pinned_sha256() -> str | None:
     value = os.environ.get(SHA256_ENV, "").strip()
     if not value:
         return None
-    if not re.fullmatch(r"[0-9a-fA-F]{64}", value):
-        raise CheckpointError(
-            f"${SHA256_ENV}: expected a sha256 (64 hex digits), got {value[:80]!r}"
-        )
-    return value.lower()
+    try:
+        return parse_sha256(value)
+    except ValueError as exc:
+        raise CheckpointError(f"${SHA256_ENV}: {exc}") from None
 
 
 def _matching(path: Path, pinned: str | None) -> Path:

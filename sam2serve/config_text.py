@@ -220,6 +220,19 @@ def parse_switch(text: str) -> bool:
     return text == "1"
 
 
+def parse_sha256(text: str) -> str:
+    """A sha256 digest: 64 hex digits (either case, surrounding blanks ignored), lowercased."""
+    digest = text.strip().lower()
+    if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+        raise ConfigValueError(f"expected a sha256 (64 hex digits), got {shown(text)}")
+    return digest
+
+
+def sha256_digest(text: str) -> str:
+    """argparse ``type`` of a sha256 flag: :func:`parse_sha256`."""
+    return _for_argparse(parse_sha256, text)
+
+
 def http_url(text: str) -> str:
     """argparse ``type`` of a URL flag: :func:`parse_http_url`."""
     return _for_argparse(parse_http_url, text)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from pathlib import Path
 
 from sam2serve.commands.common import (
@@ -21,7 +20,7 @@ from sam2serve.commands.common import (
     warning_line,
 )
 from sam2serve.config import HF_MODEL_IDS, MODEL_SIZES, parse_hf_id
-from sam2serve.config_text import http_url, parse_number, shown
+from sam2serve.config_text import http_url, parse_number, sha256_digest, shown
 
 ALL = "all"
 SAM3 = "sam3"  # SAM 3 (concepts): Meta's sam3.pt + tokenizer from the gated facebook/sam3
@@ -120,10 +119,8 @@ def url_base_value(value: str) -> str:
 
 
 def sha256_value(value: str) -> str:
-    text = value.strip().lower()
-    if not re.fullmatch(r"[0-9a-f]{64}", text):
-        raise argparse.ArgumentTypeError(f"expected a sha256 (64 hex digits), got {value!r}")
-    return text
+    """--sha256 (sam2serve.config_text)."""
+    return sha256_digest(value)
 
 
 def seconds_value(value: str) -> float:
