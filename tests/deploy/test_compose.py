@@ -41,10 +41,10 @@ def compose_override(image: str) -> str:
         "image": image,
         "entrypoint": ["python", "/standin/label_studio_standin.py"],
         "command": [],
-        "environment": {
-            "LABEL_STUDIO_API_KEY": TOKEN,
-            "STANDIN_BACKEND_URL": "http://ml-backend:9090",
-        },
+        "environment": [
+            f"LABEL_STUDIO_API_KEY={TOKEN}",
+            "STANDIN_BACKEND_URL=http://ml-backend:9090",
+        ],
         "volumes": [f"{STANDIN.parent}:/standin:ro"],
     }
     return json.dumps({"services": {"label-studio": standin}}, indent=2)
