@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -58,7 +59,7 @@ class Compose:
         self.volumes_before: set[str] = set()
         self.project = f"sam2serve-compose-test-{os.getpid()}"
         wrapper = folder / "podman"
-        wrapper.write_text("#!/bin/sh\nexec " + " ".join(podman.command()) + ' "$@"\n')
+        wrapper.write_text("#!/bin/sh\nexec " + shlex.join(podman.command()) + ' "$@"\n')
         wrapper.chmod(0o755)
         override = folder / "standin.yaml"
         override.write_text(compose_override(image))
@@ -109,6 +110,14 @@ class Compose:
     def volumes(self) -> set[str]:
         return {name for name in self.podman.volumes() if name.startswith(self.project)}
 
+    def wait_healthy(self, name: str) -> None:
+        started = time.monotonic()
+        while time.monotonic() - started < READY_WAIT_S:
+            if self.podman.run("healthcheck", "run", name, check=False).returncode == 0:
+                return
+            time.sleep(2)
+        pytest.fail(f"{name}'s HEALTHCHECK did not pass within {READY_WAIT_S} s:\n{self.logs()}")
+
     def logs(self) -> str:
         return "\n".join(f"--- {name}\n{self.podman.logs(name)}" for name in self.containers())
 
@@ -152,6 +161,9 @@ def test_serve_and_the_ml_backend_answer_over_loopback(stack):
     assert wait_ok(compose, f"http://127.0.0.1:{ports['serve']}/healthz")
     health = wait_ok(compose, f"http://127.0.0.1:{ports['ml-backend']}/health")
     assert health["status"] == "UP" and health["model_class"] == "sam2serve", health
+    # the image's HEALTHCHECK passes in both, on each command's own port (no SAM2SERVE_PORT)
+    for service in ("serve", "ml-backend"):
+        compose.wait_healthy(f"{compose.project}_{service}_1")
     # only the named volumes compose.yaml declares (podman-compose prefixes the project's
     # name): no anonymous one
     made = compose.podman.volumes() - compose.volumes_before

@@ -166,7 +166,9 @@ def test_compose_starts_serve_and_a_label_studio_pointed_at_the_ml_backend():
     assert backend["ports"] == ["127.0.0.1:${SAM2SERVE_BACKEND_PORT:-9090}:9090"]
     assert studio["ports"] == ["127.0.0.1:${LABEL_STUDIO_PORT:-8080}:8080"]
     backend_env = environment(backend)
-    assert backend_env["SAM2SERVE_PORT"] == "9090"
+    # each listens on its command's own port (serve 8000, labelstudio 9090: their help)
+    assert "SAM2SERVE_PORT" not in backend_env and "SAM2SERVE_PORT" not in environment(serve)
+    assert "(default: 9090;" in help_of("labelstudio")
     # Label Studio reaches the backend by its service name: the Host check must allow it
     assert backend_env["SAM2SERVE_ALLOWED_HOSTS"] == "ml-backend"
     assert environment(serve)["SAM2SERVE_ALLOWED_HOSTS"] == "serve"
