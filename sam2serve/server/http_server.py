@@ -74,6 +74,23 @@ def where_to_connect(host: str, port: int, allowed_hosts: tuple[str, ...] | None
     return f"{', '.join(urls)} ({note})"
 
 
+class _NoWildcardStartLine(logging.Filter):
+    """Drops uvicorn's "Uvicorn running on http://0.0.0.0:PORT" line: an address no client
+    can open (the command's own line names the ones to open instead)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        started = isinstance(record.msg, str) and record.msg.startswith("Uvicorn running on ")
+        return not (started and len(args) == 3 and args[1] in WILDCARD_HOSTS)
+
+
+def _hide_wildcard_start_line() -> None:
+    """Once per process, on uvicorn's logger (after uvicorn.Config has configured it)."""
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _NoWildcardStartLine) for f in logger.filters):
+        logger.addFilter(_NoWildcardStartLine())
+
+
 def _route_address(family: socket.AddressFamily) -> str | None:
     """This machine's address on the default route of ``family`` (None: no such route, or
     only loopback)."""
@@ -134,14 +151,15 @@ def uvicorn_config(
     app: Any, settings: ServerSettings, host: str, port: int, **options: Any
 ) -> uvicorn.Config:
     """The uvicorn config that serves ``app`` on ``host`` with ``settings``' connection
-    limits, answering only to the hosts it may be reached by (``allowed_hosts``)."""
+    limits, answering only to the hosts it may be reached by (``allowed_hosts``); uvicorn's
+    start line is left out for a wildcard ``host`` (:func:`where_to_connect` says where)."""
     app = HostGuard(app, AllowedHosts.for_server(host, settings.access.allowed_hosts))
     protocol = type(
         "HeaderTimeoutH11",
         (HeaderTimeoutH11,),
         {"header_timeout_s": settings.connections.header_timeout_s},
     )
-    return uvicorn.Config(
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -154,3 +172,5 @@ def uvicorn_config(
         ws_max_queue=2,
         **options,
     )
+    _hide_wildcard_start_line()
+    return config

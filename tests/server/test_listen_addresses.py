@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import ipaddress
+import logging
 import socket
 from urllib.parse import urlsplit
 
@@ -17,7 +18,8 @@ import uvicorn
 from sam2serve import cli
 from sam2serve.commands.common import EXIT_OK
 from sam2serve.server.allowed_hosts import AllowedHosts
-from sam2serve.server.http_server import urls_to_open, where_to_connect
+from sam2serve.server.http_server import urls_to_open, uvicorn_config, where_to_connect
+from sam2serve.server.settings import ServerSettings
 
 MACHINE = "annotation-box.example"
 WILDCARDS = ("0.0.0.0", "::")
@@ -120,3 +122,28 @@ def test_serve_logs_urls_to_open_not_the_wildcard(monkeypatch, machine_name):
     assert f"on http://127.0.0.1:{port}, http://localhost:{port}" in line
     assert "listening on all interfaces, 0.0.0.0" in line and f"0.0.0.0:{port}" not in line
     assert f"add --allowed-hosts {MACHINE}" in line
+
+
+async def no_app(scope, receive, send) -> None:
+    raise AssertionError("never called")
+
+
+@pytest.mark.parametrize(
+    ("bound", "shown"), [("0.0.0.0", False), ("::", False), ("127.0.0.1", True)]
+)
+def test_uvicorns_start_line_is_left_out_for_a_wildcard(bound, shown):
+    """uvicorn's own "Uvicorn running on http://0.0.0.0:PORT" would name the wildcard as an
+    address to open; a specific address it names as is."""
+    server = uvicorn.Server(uvicorn_config(no_app, ServerSettings(), bound, 8000))
+    server.config.load()  # as Server.serve does before it starts
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]  # collect, print nothing
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    try:
+        server._log_started_message([])  # uvicorn's own start line, as Server.startup logs it
+    finally:
+        logger.removeHandler(handler)
+    lines = [record.getMessage() for record in records]
+    assert any(line.startswith("Uvicorn running on http://") for line in lines) == shown, lines
