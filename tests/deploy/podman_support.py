@@ -254,6 +254,9 @@ class Podman:
     def volumes(self) -> set[str]:
         return set(self.run("volume", "ls", "--quiet").stdout.split())
 
+    def networks(self) -> set[str]:
+        return set(self.run("network", "ls", "--format", "{{.Name}}").stdout.split())
+
     def running(self, name: str) -> bool:
         done = self.run("inspect", "--format", "{{.State.Running}}", name, check=False)
         return done.stdout.strip() == "true"

@@ -149,11 +149,15 @@ def stack(podman: Podman, cpu_image: str, tmp_path_factory) -> Iterator[tuple[Co
         yield compose, ports
     finally:
         down = compose("down", timeout=300)
+        # podman-compose 1.0.3's down keeps the named volumes (as docker compose's does)
+        # and the project's network (docker compose removes it): both removed here
         for volume in compose.volumes():
             podman.run("volume", "rm", "-f", volume, check=False)
+        podman.run("network", "rm", "-f", f"{compose.project}_default", check=False)
         print(f"\ncompose: up, checks, down in {time.monotonic() - started:.0f} s")
         assert down.returncode == 0, (down.stdout + down.stderr)[-4000:]
         assert podman.volumes() == compose.volumes_before
+        assert not [name for name in podman.networks() if name.startswith(compose.project)]
 
 
 def test_serve_and_the_ml_backend_answer_over_loopback(stack):
