@@ -202,7 +202,7 @@ def labelstudio_command(args: argparse.Namespace) -> int:
 
     from sam2serve.labelstudio.app import create_labelstudio_app
     from sam2serve.runtime.process import configure_process
-    from sam2serve.server.http_server import uvicorn_config
+    from sam2serve.server.http_server import urls_to_open, uvicorn_config, where_to_connect
 
     configure_process(spec)  # once, before the app builds its predictor
     loading = model_flags.load_errors_as_usage(settings.runtime.checkpoint, settings.runtime.model)
@@ -216,10 +216,12 @@ def labelstudio_command(args: argparse.Namespace) -> int:
         warning_line(
             f"SAM 3 concept prompts from random weights ({concepts.size}, seed {concepts.seed})"
         )
-    address = f"http://{args.host}:{args.port}"
+    urls = urls_to_open(args.host, args.port, settings.access.allowed_hosts)
+    which = f"URL {urls[0]}" if len(urls) == 1 else "whichever URL Label Studio can reach"
     info_line(
-        f"Label Studio ML backend: {spec.model} ({spec.label}, {spec.device}) on {address} - "
-        f"connect it in Label Studio (project Settings > Model > Connect Model, URL {address})"
+        f"Label Studio ML backend: {spec.model} ({spec.label}, {spec.device}) on "
+        f"{where_to_connect(args.host, args.port, settings.access.allowed_hosts)} - connect it in Label Studio (project "
+        f"Settings > Model > Connect Model, {which})"
     )
     config = uvicorn_config(app, settings, args.host, args.port, log_level=args.log_level)
     server = uvicorn.Server(config)

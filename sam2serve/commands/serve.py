@@ -314,7 +314,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
     from sam2serve.runtime.process import configure_process
     from sam2serve.server.app import create_app
-    from sam2serve.server.http_server import uvicorn_config
+    from sam2serve.server.http_server import uvicorn_config, where_to_connect
 
     configure_process(spec)  # once, before the app builds its predictors
     concepts = load_concepts_flags(args, settings, spec.device, spec.mode)
@@ -332,8 +332,9 @@ def serve_command(args: argparse.Namespace) -> int:
     video = " and video sessions at /v1/videos" if settings.video.enabled else ""
     video += " and concept prompts at /v1/concepts" if concepts is not None else ""
     info_line(
-        f"serving {spec.model} ({spec.label}, {spec.device}) on http://{args.host}:{args.port} "
-        f"- annotation page at /, API docs at /docs{video}"
+        f"serving {spec.model} ({spec.label}, {spec.device}) on "
+        f"{where_to_connect(args.host, args.port, settings.access.allowed_hosts)} - annotation page at /, API docs at "
+        f"/docs{video}"
     )
     config = uvicorn_config(app, settings, args.host, args.port, log_level=args.log_level)
     server = uvicorn.Server(config)

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERFILE = REPO / "deploy" / "Containerfile"
@@ -21,10 +25,12 @@ STATE = Path(
     os.environ.get("SAM2SERVE_CONTAINERS_DIR")
     or Path.home() / ".cache" / "sam2serve" / "containers"
 )
-BASE_IMAGE = "localhost/sam2serve-base:bookworm"
+# plain Debian (an earlier base had the host's CA bundle inside: a new name, a new base)
+BASE_IMAGE = "localhost/sam2serve-base:bookworm-plain"
 CPU_IMAGE = "localhost/sam2serve:cpu"
 BAKED_IMAGE = "localhost/sam2serve:cpu-tiny-fast-smoke"
 BASE_TIMEOUT_S = 1800  # mmdebstrap downloads ~60 MB of packages
+READY_WAIT_S = 900  # a bound on waiting for a container, never asserted as a duration
 BUILD_TIMEOUT_S = 3600  # the first build downloads torch's dependencies and the rest
 # This machine's runtime settings: crun refuses its hybrid cgroups (so runc, cgroupfs), and
 # the default ulimits cannot be set in its containers.
@@ -36,9 +42,10 @@ default_ulimits = []
 cgroup_manager = "cgroupfs"
 runtime = "runc"
 """
-# The host's CA bundle (a TLS-intercepting proxy's CA, where there is one) goes into the
-# base, and pip inside the build uses it: the recipe keeps the ordinary indexes.
-HOST_CA_BUNDLE = "/etc/ssl/host-ca-bundle.crt"
+# Where Debian keeps a machine's own CAs (a TLS-intercepting proxy's, where there is one):
+# the build gets them through the recipe's EXTRA_CA_CERTS argument, as a user would pass
+# theirs; the base stays plain Debian.
+LOCAL_CA_DIR = Path("/usr/local/share/ca-certificates")
 
 
 def why_podman_cannot_run() -> str | None:
@@ -53,11 +60,12 @@ def why_podman_cannot_run() -> str | None:
     return None
 
 
-def host_ca_bundle() -> Path | None:
-    for candidate in (os.environ.get("PIP_CERT"), "/etc/ssl/certs/ca-certificates.crt"):
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    return None
+def extra_ca_certs() -> str:
+    """The PEM text of this machine's own CAs (LOCAL_CA_DIR), empty where it has none."""
+    if not LOCAL_CA_DIR.is_dir():
+        return ""
+    pems = [path.read_text() for path in sorted(LOCAL_CA_DIR.glob("**/*.crt"))]
+    return "".join(pem if pem.endswith("\n") else pem + "\n" for pem in pems)
 
 
 @dataclass
@@ -119,16 +127,11 @@ class Podman:
         """Debian 12 minbase from mmdebstrap, imported once (the tarball kept for reruns)."""
         if self.exists(BASE_IMAGE):
             return
-        tarball = self.state / "base.tar"
+        tarball = self.state / "base-plain.tar"
         if not tarball.exists():
-            partial = self.state / "base.tar.partial"
+            partial = self.state / "base-plain.tar.partial"
             if partial.is_dir():
                 shutil.rmtree(partial)
-            hooks: list[str] = []
-            ca = host_ca_bundle()
-            if ca is not None:
-                target = f'"$1{HOST_CA_BUNDLE}"'
-                hooks = [f"--customize-hook=mkdir -p $(dirname {target}) && cp {ca} {target}"]
             # its chroot (with /proc mounted) outside /tmp, where tree walks could keep
             # the mount busy at clean-up
             scratch = self.state / "tmp"
@@ -138,7 +141,6 @@ class Podman:
                     "mmdebstrap",
                     "--variant=minbase",
                     "--format=tar",
-                    *hooks,
                     "bookworm",
                     str(partial),
                 ],
@@ -151,10 +153,7 @@ class Podman:
             if made.returncode != 0:
                 raise AssertionError(f"mmdebstrap exited {made.returncode}:\n{made.stderr[-3000:]}")
             partial.rename(tarball)
-        changes = []
-        if host_ca_bundle() is not None:
-            changes = ["--change", f"ENV PIP_CERT={HOST_CA_BUNDLE}"]
-        self.run("import", *changes, str(tarball), BASE_IMAGE, timeout=600)
+        self.run("import", str(tarball), BASE_IMAGE, timeout=600)
 
     def torch_index(self) -> list[str]:
         """Build arguments that take torch from the CPU wheel this host's pip finds (the
@@ -195,12 +194,34 @@ class Podman:
             "TORCH_INDEX=file:///torch-index",
             "--build-arg",
             f"TORCH_VERSION={version.split('+')[0]}",
+            "--build-arg",
+            "TORCH_VARIANT=cpu",
         ]
 
-    def build(self, tag: str, *extra: str) -> float:
-        """deploy/Containerfile built from the base into ``tag``; the seconds it took."""
+    def ca_arguments(self) -> list[str]:
+        """The recipe's EXTRA_CA_CERTS with this machine's own CAs, where it has some."""
+        pems = extra_ca_certs()
+        return ["--build-arg", f"EXTRA_CA_CERTS={pems}"] if pems else []
+
+    def build(self, tag: str, *extra: str, local_torch: bool = True) -> float:
+        """deploy/Containerfile built from the base into ``tag``; the seconds it took.
+        ``local_torch``: torch from this host's wheel (:meth:`torch_index`)."""
         started = time.monotonic()
-        self.run(
+        self.try_build(tag, *extra, local_torch=local_torch, check=True)
+        return time.monotonic() - started
+
+    def try_build(
+        self,
+        tag: str,
+        *extra: str,
+        local_torch: bool = True,
+        local_cas: bool = True,
+        check: bool = False,
+    ) -> tuple[int, str]:
+        """The build's exit status and its log (``extra``: more podman build flags;
+        ``local_cas``: this machine's own CAs as EXTRA_CA_CERTS)."""
+        log = self.state / f"build-{tag.rsplit(':', 1)[-1]}.log"
+        done = self.run(
             "build",
             "--format",
             "docker",
@@ -208,9 +229,11 @@ class Podman:
             "host",
             "--runtime",
             "runc",
+            "--force-rm",  # no build container left behind by a failed step
             "--build-arg",
             f"BASE={BASE_IMAGE}",
-            *self.torch_index(),
+            *(self.torch_index() if local_torch else []),
+            *(self.ca_arguments() if local_cas else []),
             *extra,
             "-f",
             str(CONTAINERFILE),
@@ -218,14 +241,21 @@ class Podman:
             tag,
             str(REPO),
             timeout=BUILD_TIMEOUT_S,
-            log=self.state / f"build-{tag.rsplit(':', 1)[-1]}.log",
+            log=log,
+            check=check,
         )
-        return time.monotonic() - started
+        return done.returncode, log.read_text()
 
     def start(self, name: str, image: str, *args: str, env: dict[str, str]) -> None:
         self.run("rm", "-f", name, check=False)
         flags = [item for key, value in env.items() for item in ("-e", f"{key}={value}")]
         self.run("run", "-d", "--name", name, "--network", "host", *flags, image, *args)
+
+    def volumes(self) -> set[str]:
+        return set(self.run("volume", "ls", "--quiet").stdout.split())
+
+    def networks(self) -> set[str]:
+        return set(self.run("network", "ls", "--format", "{{.Name}}").stdout.split())
 
     def running(self, name: str) -> bool:
         done = self.run("inspect", "--format", "{{.State.Running}}", name, check=False)
@@ -234,3 +264,24 @@ class Podman:
     def logs(self, name: str) -> str:
         done = self.run("logs", name, check=False)
         return (done.stdout + done.stderr)[-4000:]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(podman: Podman, name: str, url: str) -> float:
+    """Seconds until ``url`` answers 200 (the container must keep running meanwhile)."""
+    started = time.monotonic()
+    while time.monotonic() - started < READY_WAIT_S:
+        if not podman.running(name):
+            pytest.fail(f"container {name} stopped before {url} answered:\n{podman.logs(name)}")
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return time.monotonic() - started
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"{url} did not answer 200 within {READY_WAIT_S} s:\n{podman.logs(name)}")

@@ -1,8 +1,11 @@
 """The CPU container image from deploy/Containerfile, built with podman from a Debian 12
-base and run: `serve` becomes ready, encodes, segments and serves the annotation page;
-`labelstudio` answers /health; the image runs as a non-root user, keeps SAM2SERVE_CACHE
-on a volume and its HEALTHCHECK passes. Build and start times are printed (pytest -s),
-never asserted.
+base and run: its default command with SAM2SERVE_RANDOM_WEIGHTS=1 (docs/deploy.md's first
+Run line) becomes ready, encodes, segments and serves the annotation page; SAM2SERVE_HOST
+and SAM2SERVE_PORT win over the image's defaults; `labelstudio` answers /health and logs
+an address to open; the image runs as a non-root user, holds a CPU torch and no sources,
+leaves no volume behind, and its HEALTHCHECK passes. A torch index out of reach fails the
+build with one line instead of installing another torch. Build and start times are printed
+(pytest -s), never asserted.
 
 Second tier (downloads and a build of several minutes the first time): pytest -m extended
 tests/deploy. Skipped, with the reason, where podman cannot run."""
@@ -13,27 +16,18 @@ import base64
 import io
 import json
 import os
-import socket
-import time
 from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pytest
 from PIL import Image
-from podman_support import BAKED_IMAGE, CPU_IMAGE, STATE, Podman, why_podman_cannot_run
+from podman_support import BAKED_IMAGE, Podman, extra_ca_certs, free_port, wait_for
 
 pytestmark = pytest.mark.extended
 
-READY_WAIT_S = 900  # a bound on waiting for a container, never asserted as a duration
 CACHE_DIR = "/var/cache/sam2serve"
 USER_ID = "10001"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def png_b64() -> str:
@@ -44,50 +38,20 @@ def png_b64() -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def wait_for(podman: Podman, name: str, url: str) -> float:
-    """Seconds until ``url`` answers 200 (the container must keep running meanwhile)."""
-    started = time.monotonic()
-    while time.monotonic() - started < READY_WAIT_S:
-        if not podman.running(name):
-            pytest.fail(f"container {name} stopped before {url} answered:\n{podman.logs(name)}")
-        try:
-            if httpx.get(url, timeout=5).status_code == 200:
-                return time.monotonic() - started
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"{url} did not answer 200 within {READY_WAIT_S} s:\n{podman.logs(name)}")
-
-
-@pytest.fixture(scope="module")
-def podman() -> Podman:
-    reason = why_podman_cannot_run()
-    if reason is not None:
-        pytest.skip(reason)
-    podman = Podman(STATE)
-    probe = podman.run("info", check=False, timeout=120)
-    if probe.returncode != 0:
-        pytest.skip(f"podman cannot run here: {(probe.stdout + probe.stderr).strip()[-300:]}")
-    return podman
-
-
-@pytest.fixture(scope="module")
-def cpu_image(podman: Podman) -> str:
-    podman.ensure_base()
-    seconds = podman.build(CPU_IMAGE)
-    size = podman.run("image", "inspect", "--format", "{{.Size}}", CPU_IMAGE).stdout.strip()
-    print(f"\n{CPU_IMAGE}: built in {seconds:.0f} s, {int(size) / 1e6:.0f} MB")
-    return CPU_IMAGE
-
-
 @pytest.fixture(scope="module")
 def served(podman: Podman, cpu_image: str) -> Iterator[tuple[str, str]]:
-    """`serve --random-weights --model tiny` in the image, on a loopback port: its URL."""
+    """The image's default command (`serve`) with docs/deploy.md's try-it variables, its
+    address and port from the environment (a loopback port instead of 0.0.0.0:8000): its
+    container name and URL."""
     name = f"sam2serve-test-serve-{os.getpid()}"
     port = free_port()
-    args = ["serve", "--random-weights", "--model", "tiny"]
-    args += ["--host", "127.0.0.1", "--port", str(port)]
-    podman.start(name, cpu_image, *args, env={"SAM2SERVE_PORT": str(port)})
+    env = {
+        "SAM2SERVE_RANDOM_WEIGHTS": "1",
+        "SAM2SERVE_MODEL": "tiny",
+        "SAM2SERVE_HOST": "127.0.0.1",
+        "SAM2SERVE_PORT": str(port),
+    }
+    podman.start(name, cpu_image, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
         seconds = wait_for(podman, name, f"{url}/readyz")
@@ -118,13 +82,48 @@ def test_image_config_runs_sam2serve_as_a_non_root_user(podman, cpu_image):
     inspected = json.loads(podman.run("image", "inspect", cpu_image).stdout)[0]
     config = inspected["Config"]
     assert config["Entrypoint"] == ["sam2serve"]
-    assert config["Cmd"] == ["serve", "--host", "0.0.0.0"]
+    # the address from the environment, so that SAM2SERVE_HOST wins; no flag in CMD
+    assert config["Cmd"] == ["serve"]
+    assert "SAM2SERVE_HOST=0.0.0.0" in config["Env"]
     assert config["User"].split(":")[0] == USER_ID
-    assert CACHE_DIR in config["Volumes"]
+    assert not config.get("Volumes"), config.get("Volumes")
     assert f"SAM2SERVE_CACHE={CACHE_DIR}" in config["Env"]
     # podman's inspect holds the health check beside Config, docker's inside it
     healthcheck = inspected.get("Healthcheck") or config["Healthcheck"]
     assert "/readyz" in " ".join(healthcheck["Test"])
+
+
+def test_the_image_holds_a_cpu_torch_no_sources_and_the_extra_cas(podman, cpu_image):
+    script = (
+        "import pathlib, torch; print(torch.__version__, torch.version.cuda); "
+        "print(*[p for p in ('/src', '/tmp/sam2serve-src', '/tmp/sam2serve-deps') "
+        "if pathlib.Path(p).exists()])"
+    )
+    done = podman.run("run", "--rm", "--entrypoint", "python", cpu_image, "-c", script)
+    torch_line, leftovers = done.stdout.splitlines()[-2:]
+    version, cuda = torch_line.split()
+    assert version.endswith("+cpu") and cuda == "None", torch_line
+    assert leftovers == "", f"sources left in the image: {leftovers}"
+    pems = extra_ca_certs()
+    if pems:  # the build used EXTRA_CA_CERTS: pip and the system trust them
+        bundle = podman.run(
+            "run",
+            "--rm",
+            "--entrypoint",
+            "cat",
+            cpu_image,
+            "/etc/ssl/certs/ca-certificates.crt",
+            "/etc/pip.conf",
+        ).stdout
+        first = pems.split("-----END CERTIFICATE-----")[0].strip().splitlines()[-1]
+        assert first in bundle
+        assert "cert = /etc/ssl/certs/ca-certificates.crt" in bundle
+
+
+def test_a_run_without_a_mount_leaves_no_volume(podman, cpu_image):
+    before = podman.volumes()
+    podman.run("run", "--rm", "--entrypoint", "true", cpu_image)
+    assert podman.volumes() == before
 
 
 def test_serve_encodes_segments_and_serves_the_page(served):
@@ -137,26 +136,58 @@ def test_serve_encodes_segments_and_serves_the_page(served):
         assert "<html" in page.text.lower()
 
 
-def test_container_user_cache_volume_and_healthcheck(podman, served):
+def test_container_user_cache_and_healthcheck(podman, served):
     name, _ = served
     assert podman.run("exec", name, "id", "-u").stdout.strip() == USER_ID
-    # the cache volume is writable by that user
+    # the cache is writable by that user, and no volume is mounted
     podman.run("exec", name, "sh", "-c", f"touch {CACHE_DIR}/probe && rm {CACHE_DIR}/probe")
+    mounts = podman.run("inspect", "--format", "{{json .Mounts}}", name).stdout.strip()
+    assert json.loads(mounts) in ([], None), mounts
     assert podman.run("healthcheck", "run", name, check=False).returncode == 0, podman.logs(name)
 
 
-def test_labelstudio_in_the_image_answers_health(podman, cpu_image):
+def test_labelstudio_in_the_image_answers_health_and_logs_where_it_is(podman, cpu_image):
     name = f"sam2serve-test-labelstudio-{os.getpid()}"
     port = free_port()
     args = ["labelstudio", "--random-weights", "--model", "tiny", "--no-warmup"]
-    args += ["--host", "127.0.0.1", "--port", str(port)]
-    podman.start(name, cpu_image, *args, env={"SAM2SERVE_PORT": str(port)})
+    env = {"SAM2SERVE_HOST": "127.0.0.1", "SAM2SERVE_PORT": str(port)}
+    podman.start(name, cpu_image, *args, env=env)
     try:
         wait_for(podman, name, f"http://127.0.0.1:{port}/health")
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json()
         assert health["status"] == "UP" and health["model_class"] == "sam2serve", health
+        assert f"on http://127.0.0.1:{port} - connect it in Label Studio" in podman.logs(name)
     finally:
         podman.run("rm", "-f", name, check=False)
+
+
+def test_an_unreachable_torch_index_fails_the_build_in_one_line(podman, cpu_image):
+    """The index refuses connections (PyPI stays reachable, as when a proxy blocks only
+    download.pytorch.org): pip must not fall back to PyPI's torch (a CUDA build)."""
+    index = "http://127.0.0.1:9/simple"
+    code, log = podman.try_build(
+        "localhost/sam2serve:no-torch-index",
+        "--build-arg",
+        f"TORCH_INDEX={index}",
+        "--build-arg",
+        "TORCH_VERSION=2.13.0",
+        local_torch=False,
+    )
+    assert code != 0
+    assert f"sam2serve build: no torch==2.13.0+cpu from TORCH_INDEX={index}" in log
+    assert "Successfully installed" not in log.split("STEP")[-1]
+    assert "nvidia" not in log.split("STEP")[-1].lower()
+
+
+def test_extra_ca_certs_that_are_no_certificate_fail_the_build_in_one_line(podman, cpu_image):
+    code, log = podman.try_build(
+        "localhost/sam2serve:bad-ca",
+        "--build-arg",
+        "EXTRA_CA_CERTS=not a certificate",
+        local_cas=False,
+    )
+    assert code != 0
+    assert "sam2serve build: EXTRA_CA_CERTS holds no PEM certificate" in log
 
 
 def test_the_baked_target_serves_its_artifacts_by_default(podman, cpu_image):
@@ -171,13 +202,13 @@ def test_the_baked_target_serves_its_artifacts_by_default(podman, cpu_image):
     )
     print(f"\n{BAKED_IMAGE}: built in {seconds:.0f} s (on top of {cpu_image})")
     config = json.loads(podman.run("image", "inspect", BAKED_IMAGE).stdout)[0]["Config"]
-    assert "--artifacts" in config["Cmd"] and config["Cmd"][:3] == ["serve", "--host", "0.0.0.0"]
+    assert config["Cmd"] == ["serve"]
+    assert "SAM2SERVE_ARTIFACTS=/opt/sam2serve/artifacts/model" in config["Env"]
     name = f"sam2serve-test-baked-{os.getpid()}"
     port = free_port()
     # the default command, with a loopback address and a free port instead of 0.0.0.0:8000
-    args = [*config["Cmd"], "--port", str(port)]
-    args[args.index("--host") + 1] = "127.0.0.1"
-    podman.start(name, BAKED_IMAGE, *args, env={"SAM2SERVE_PORT": str(port)})
+    env = {"SAM2SERVE_HOST": "127.0.0.1", "SAM2SERVE_PORT": str(port)}
+    podman.start(name, BAKED_IMAGE, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
         seconds = wait_for(podman, name, f"{url}/readyz")
