@@ -40,16 +40,6 @@ class Instance:
 Tokenize = Callable[[str], list[int]]  # phrase -> ids with start and end tokens
 
 
-def load_tokenizer(directory) -> Tokenize:
-    """CLIP BPE from ``vocab.json`` + ``merges.txt`` (the files beside the weights)."""
-    from transformers import CLIPTokenizer
-
-    tokenizer = CLIPTokenizer(
-        vocab=str(directory / "vocab.json"), merges=str(directory / "merges.txt")
-    )
-    return lambda phrase: list(tokenizer(phrase)["input_ids"])
-
-
 def token_batch(tokenize: Tokenize, phrases: Sequence[str]) -> tuple[Tensor, Tensor]:
     """Meta's rule: [start] + tokens + [end], cut to 32 with the end token kept, padded with 0;
     the attention mask is ``ids != 0``."""
