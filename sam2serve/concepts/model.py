@@ -15,7 +15,6 @@ import torch
 
 from sam2serve.concepts.roi_align import roi_align
 
-
 # Meta's norms: every LayerNorm of SAM 3 is torch's default (eps 1e-5; Meta's ViT asks for
 # it by name), where transformers' SAM 3 configs default to 1e-6.
 LAYER_NORM_EPS = 1e-5
@@ -100,9 +99,7 @@ def transformers_config(size: Sam3Size):
     return Sam3Config(
         vision_config=vision,
         text_config=text,
-        geometry_encoder_config=Sam3GeometryEncoderConfig(
-            num_layers=size.geometry_layers, **eps
-        ),
+        geometry_encoder_config=Sam3GeometryEncoderConfig(num_layers=size.geometry_layers, **eps),
         detr_encoder_config=Sam3DETREncoderConfig(num_layers=size.detr_layers, **eps),
         detr_decoder_config=Sam3DETRDecoderConfig(
             num_layers=size.detr_layers, num_queries=size.queries, **eps

@@ -24,6 +24,7 @@ import gzip
 import hashlib
 import html
 import importlib.util
+import itertools
 import json
 from collections import OrderedDict
 from functools import cache
@@ -122,7 +123,7 @@ class ClipTokenizer:
         occurrences, left to right), until no adjacent pair is a merge."""
         symbols = [*spelled[:-1], spelled[-1] + WORD_END]
         while len(symbols) > 1:
-            pairs = zip(symbols, symbols[1:], strict=False)
+            pairs = itertools.pairwise(symbols)
             rank, best = min((self.ranks.get(p, len(self.ranks)), p) for p in pairs)
             if rank == len(self.ranks):
                 break

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from meta_sam3 import build_meta_image_model  # noqa: E402
+from meta_sam3 import build_meta_image_model
 
 CONTEXT_LENGTH = 32
 PACKAGES = ("torch", "torchvision", "timm", "sam3", "ftfy", "regex", "open_clip_torch")

@@ -85,9 +85,7 @@ def test_hostile_phrase_equal_to_meta(pair):
     phrase = "Ｄog’s &amp;amp; ﬁsh"
     expected = meta_segment(meta, image, phrase, [], 0.0)
     got = segment_concepts(ours, tokenize, [image], [phrase], score_thresh=0.0)[0][phrase]
-    np.testing.assert_allclose(
-        [i.score for i in got], expected["scores"].numpy(), atol=SCORE_ATOL
-    )
+    np.testing.assert_allclose([i.score for i in got], expected["scores"].numpy(), atol=SCORE_ATOL)
 
 
 def test_image_encoded_once_for_all_phrases(pair):
