@@ -49,24 +49,33 @@ def clip_bpe() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "bpe_simple_vocab_16e6.txt.gz"
 
 
-def answer(model, image: np.ndarray, case: dict, resolution: int) -> dict:
+def answer_all(model, image: np.ndarray, cases: list[dict], resolution: int) -> list[dict]:
+    """Meta's processor: the image set once, then each case's prompts on it (Meta resets
+    the prompts between cases and keeps the image's backbone features)."""
     from PIL import Image
     from sam3.model.sam3_image_processor import Sam3Processor
 
-    processor = Sam3Processor(model, resolution, "cpu", confidence_threshold=case["thresh"])
+    processor = Sam3Processor(model, resolution, "cpu")
     h, w = image.shape[:2]
+    answers = []
     # Meta pins a 4-float scale tensor; this CUDA build has no GPU to pin for
     with mock.patch.object(torch.Tensor, "pin_memory", lambda self, *a, **k: self):
         state = processor.set_image(Image.fromarray(image))
-        state = processor.set_text_prompt(case["phrase"], state)
-        for x1, y1, x2, y2, positive in case["boxes"]:
-            cxcywh = [(x1 + x2) / 2 / w, (y1 + y2) / 2 / h, (x2 - x1) / w, (y2 - y1) / h]
-            state = processor.add_geometric_prompt(cxcywh, bool(positive), state)
-    return {
-        "scores": state["scores"].float(),
-        "boxes": state["boxes"].float(),
-        "masks": state["masks"][:, 0].bool(),
-    }
+        for case in cases:
+            processor.reset_all_prompts(state)
+            processor.set_confidence_threshold(case["thresh"])
+            state = processor.set_text_prompt(case["phrase"], state)
+            for x1, y1, x2, y2, positive in case["boxes"]:
+                cxcywh = [(x1 + x2) / 2 / w, (y1 + y2) / 2 / h, (x2 - x1) / w, (y2 - y1) / h]
+                state = processor.add_geometric_prompt(cxcywh, bool(positive), state)
+            answers.append(
+                {
+                    "scores": state["scores"].float().clone(),
+                    "boxes": state["boxes"].float().clone(),
+                    "masks": state["masks"][:, 0].bool().clone(),
+                }
+            )
+    return answers
 
 
 def main(request_path: str) -> None:
@@ -80,7 +89,7 @@ def main(request_path: str) -> None:
     built = time.monotonic()
     image = np.load(request["image"])
     with torch.inference_mode():
-        answers = [answer(model, image, c, request["size"]["image_size"]) for c in request["cases"]]
+        answers = answer_all(model, image, request["cases"], request["size"]["image_size"])
     tokens = SimpleTokenizer(bpe_path=str(clip_bpe()))(request["phrases"], CONTEXT_LENGTH)
     versions = {name: importlib.metadata.version(name) for name in PACKAGES}
     versions["torchvision.ops.roi_align"] = _roi_align_origin()

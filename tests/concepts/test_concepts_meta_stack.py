@@ -3,12 +3,11 @@
 
 Meta's side runs in its own environment (``meta_venv.py``: created when missing, ~5 min and
 ~5 GB the first time) as a subprocess (``meta_oracle.py``): Meta's builder makes the model,
-sets seeded weights and saves them, and Meta's ``Sam3Processor`` answers each case. Here the
-weights are loaded into ours through the checkpoint's key map (strictly) and the engine
-answers the same cases; the instances must agree within the docs' tolerances (scores 1e-5,
+sets seeded weights and saves them, and Meta's ``Sam3Processor`` answers each case (the image
+set once). Here the weights are loaded into ours through the checkpoint's key map (strictly)
+and the engine answers the same cases (``encode_images`` once, ``detect`` per case); the instances must agree within the docs' tolerances (scores 1e-5,
 boxes 1e-3 px, < 0.1 % of mask pixels), and Meta's tokens for the hostile phrases must be
-ours. Reduced size always; SAM 3's full size with ``SAM2SERVE_META_FULL=1`` (~8 GB, each
-side ~6 CPU-minutes on 2 cores).
+ours. Reduced size always; SAM 3's full size with ``SAM2SERVE_META_FULL=1`` (~8 GB).
 """
 
 from __future__ import annotations
@@ -29,7 +28,13 @@ from meta_venv import venv_python
 from test_concepts_tokenizer import HOSTILE
 
 from sam2serve.concepts.checkpoint import load_strict, meta_to_transformers
-from sam2serve.concepts.engine import CONTEXT_LENGTH, ExemplarBox, segment_concepts, token_batch
+from sam2serve.concepts.engine import (
+    CONTEXT_LENGTH,
+    ExemplarBox,
+    detect,
+    encode_images,
+    token_batch,
+)
 from sam2serve.concepts.model import Sam3Size, build_model
 from sam2serve.concepts.tokenizer import load_tokenizer
 
@@ -110,10 +115,11 @@ def test_equal_to_meta_on_its_real_stack(size_name, tmp_path):
     load_strict(ours, meta_to_transformers(state))
     del state
     worst = {"score": 0.0, "box_px": 0.0, "mask_fraction": 0.0, "instances": 0}
+    [encoding] = encode_images(ours, [image])  # once, as Meta's processor sets it once
     for case, expected in zip(request_cases, meta["answers"], strict=True):
         boxes = [ExemplarBox(tuple(b[:4]), bool(b[4])) for b in case["boxes"]]
         phrase = case["phrase"]
-        got = segment_concepts(ours, tokenize, [image], [phrase], boxes, case["thresh"])[0][phrase]
+        got = detect(ours, tokenize, encoding, [phrase], boxes, case["thresh"])[phrase]
         assert len(got) == len(expected["scores"]) > 0, phrase
         scores = np.array([i.score for i in got])
         boxes_px = np.array([i.box for i in got])
