@@ -7,7 +7,8 @@ sets seeded weights and saves them, and Meta's ``Sam3Processor`` answers each ca
 set once). Here the weights are loaded into ours through the checkpoint's key map (strictly)
 and the engine answers the same cases (``encode_images`` once, ``detect`` per case); the instances must agree within the docs' tolerances (scores 1e-5,
 boxes 1e-3 px, < 0.1 % of mask pixels), and Meta's tokens for the hostile phrases must be
-ours. Reduced size always; SAM 3's full size with ``SAM2SERVE_META_FULL=1`` (~8 GB).
+ours. Reduced size always (~1 min); SAM 3's full size with ``SAM2SERVE_META_FULL=1`` (~7 GB
+per side, one after the other; 16 min on 2 loaded cores).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def run_meta(size: Sam3Size, image: np.ndarray, request_cases: list[dict], tmp: 
         "tiny",
         pytest.param(
             "full",
-            marks=pytest.mark.skipif(not FULL, reason="SAM2SERVE_META_FULL=1 (~8 GB, ~12 CPU-min)"),
+            marks=pytest.mark.skipif(not FULL, reason="SAM2SERVE_META_FULL=1 (~7 GB, 16 min)"),
         ),
     ],
 )
