@@ -25,8 +25,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hostile_phrases import HOSTILE
 from meta_venv import venv_python
-from test_concepts_tokenizer import HOSTILE
 
 from sam2serve.concepts.checkpoint import load_strict, meta_to_transformers
 from sam2serve.concepts.engine import (
