@@ -21,7 +21,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -92,10 +91,7 @@ def main() -> None:
 
     load_start = os.getloadavg()
     started = time.perf_counter()
-    concepts = load_concepts(
-        ConceptsSpec(random_weights=True, size=args.size, seed=0),
-        Path(tempfile.mkdtemp()) / "sam3-stand-in",
-    )
+    concepts = load_concepts(ConceptsSpec(random_weights=True, size=args.size, seed=0))
     load_s = time.perf_counter() - started
     side = concepts.size.image_size
     concepts.encode(_images(args.warmup_images or max(args.batches)))  # lazy initialisation

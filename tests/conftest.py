@@ -99,9 +99,9 @@ def exported_programs(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def concepts_tiny(tmp_path_factory):
-    """One seeded random SAM 3 of the reduced size with the stand-in tokenizer, shared by
+    """One seeded random SAM 3 of the reduced size (CLIP's public BPE vocabulary), shared by
     every concept test in the process (read-only: the engine is stateless)."""
     from sam2serve.concepts.runtime import ConceptsSpec, load_concepts
 
     spec = ConceptsSpec(random_weights=True, size="tiny", seed=0)
-    return load_concepts(spec, tmp_path_factory.mktemp("sam3-stand-in"))
+    return load_concepts(spec)

@@ -49,16 +49,6 @@ def module_dtype(module: torch.nn.Module) -> torch.dtype:
     return torch.float32
 
 
-def load_tokenizer(directory) -> Tokenize:
-    """CLIP BPE from ``vocab.json`` + ``merges.txt`` (the files beside the weights)."""
-    from transformers import CLIPTokenizer
-
-    tokenizer = CLIPTokenizer(
-        vocab=str(directory / "vocab.json"), merges=str(directory / "merges.txt")
-    )
-    return lambda phrase: list(tokenizer(phrase)["input_ids"])
-
-
 def token_batch(tokenize: Tokenize, phrases: Sequence[str]) -> tuple[Tensor, Tensor]:
     """Meta's rule: [start] + tokens + [end], cut to 32 with the end token kept, padded with 0;
     the attention mask is ``ids != 0``."""

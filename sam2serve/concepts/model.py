@@ -15,6 +15,10 @@ import torch
 
 from sam2serve.concepts.roi_align import roi_align
 
+# Meta's norms: every LayerNorm of SAM 3 is torch's default (eps 1e-5; Meta's ViT asks for
+# it by name), where transformers' SAM 3 configs default to 1e-6.
+LAYER_NORM_EPS = 1e-5
+
 
 @dataclass(frozen=True)
 class Sam3Size:
@@ -29,6 +33,19 @@ class Sam3Size:
     detr_layers: int = 6
     queries: int = 200
     geometry_layers: int = 3
+
+    def __post_init__(self) -> None:
+        """Meta's ViT answers with the features of its last global-attention block and
+        transformers' with those of its last block: the two agree only when the last block
+        is global, so any other layout is refused (no SAM 3 size has one)."""
+        blocks = self.vit_global
+        if not blocks or list(blocks) != sorted(set(blocks)):
+            raise ValueError(f"vit_global must be increasing block indexes; got {blocks!r}")
+        if blocks[0] < 0 or blocks[-1] != self.vit_depth - 1:
+            raise ValueError(
+                f"vit_global must end with the ViT's last block ({self.vit_depth - 1}): "
+                f"Meta's ViT outputs its last global block; got {blocks!r}"
+            )
 
     @classmethod
     def full(cls) -> Sam3Size:
@@ -49,6 +66,7 @@ def transformers_config(size: Sam3Size):
         Sam3DETRDecoderConfig,
         Sam3DETREncoderConfig,
         Sam3GeometryEncoderConfig,
+        Sam3MaskDecoderConfig,
     )
 
     grid = size.image_size // 14
@@ -59,9 +77,12 @@ def transformers_config(size: Sam3Size):
         num_attention_heads=size.vit_heads,
         image_size=size.image_size,
         global_attn_indexes=list(size.vit_global),
+        layer_norm_eps=LAYER_NORM_EPS,
     )
     vision = Sam3VisionConfig(
-        backbone_config=vit, backbone_feature_sizes=[[grid * 4] * 2, [grid * 2] * 2, [grid] * 2]
+        backbone_config=vit,
+        backbone_feature_sizes=[[grid * 4] * 2, [grid * 2] * 2, [grid] * 2],
+        layer_norm_eps=LAYER_NORM_EPS,
     )
     text = CLIPTextConfig(
         vocab_size=49408,
@@ -72,16 +93,18 @@ def transformers_config(size: Sam3Size):
         max_position_embeddings=32,
         projection_dim=512,
         hidden_act="gelu",
-        layer_norm_eps=1e-5,
+        layer_norm_eps=LAYER_NORM_EPS,
     )
+    eps = {"layer_norm_eps": LAYER_NORM_EPS}
     return Sam3Config(
         vision_config=vision,
         text_config=text,
-        geometry_encoder_config=Sam3GeometryEncoderConfig(num_layers=size.geometry_layers),
-        detr_encoder_config=Sam3DETREncoderConfig(num_layers=size.detr_layers),
+        geometry_encoder_config=Sam3GeometryEncoderConfig(num_layers=size.geometry_layers, **eps),
+        detr_encoder_config=Sam3DETREncoderConfig(num_layers=size.detr_layers, **eps),
         detr_decoder_config=Sam3DETRDecoderConfig(
-            num_layers=size.detr_layers, num_queries=size.queries
+            num_layers=size.detr_layers, num_queries=size.queries, **eps
         ),
+        mask_decoder_config=Sam3MaskDecoderConfig(**eps),
     )
 
 

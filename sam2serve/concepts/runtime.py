@@ -4,15 +4,12 @@ Every surface (``run --task concepts``, the service, Label Studio, bench) loads 
 :func:`load_concepts` from a :class:`ConceptsSpec`, and calls :class:`Concepts` methods,
 which are the engine's functions bound to the model and its tokenizer.
 
-Random weights (smoke tests, benches: Meta's weights are gated) come with a stand-in
-tokenizer: CLIP's byte-level BPE alphabet with no merges (each character a token; ids below
-CLIP's 49,408), written as ``vocab.json`` + ``merges.txt`` and read by the same loader as
-the real files, so the random path runs the real tokenizer code.
+Random weights (smoke tests, benches: Meta's weights are gated) tokenise with CLIP's public
+BPE vocabulary (:mod:`sam2serve.concepts.tokenizer`): the same ids as Meta's weights' files.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,13 +26,12 @@ from sam2serve.concepts.engine import (
     detect,
     encode_images,
     encode_text,
-    load_tokenizer,
     segment_concepts,
 )
 from sam2serve.concepts.model import Sam3Size, build_model
+from sam2serve.concepts.tokenizer import load_tokenizer
 
 SIZES = {"full": Sam3Size.full, "tiny": Sam3Size.tiny}
-BPE_HEADER = "#version: 0.2"
 
 
 @dataclass(frozen=True)
@@ -55,30 +51,6 @@ class ConceptsSpec:
             raise ValueError(f"SAM 3 size must be one of {', '.join(SIZES)}; got {self.size!r}")
         if self.size != "full" and not self.random_weights:
             raise ValueError(f"SAM 3 size {self.size!r} exists for --random-weights only")
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """CLIP's reversible byte -> printable character table (GPT-2's)."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars = list(printable)
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            chars.append(256 + extra)
-            extra += 1
-    return dict(zip(printable, map(chr, chars), strict=True))
-
-
-def write_stand_in_tokenizer(directory: Path) -> Path:
-    """CLIP's byte alphabet (bytes, bytes + ``</w>``, start/end tokens) with no merges, as
-    ``vocab.json`` + ``merges.txt`` in ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    alphabet = list(_bytes_to_unicode().values())
-    vocab = [*alphabet, *(c + "</w>" for c in alphabet), "<|startoftext|>", "<|endoftext|>"]
-    (directory / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
-    (directory / "merges.txt").write_text(BPE_HEADER + "\n")
-    return directory
 
 
 def randomize_(model: torch.nn.Module, seed: int) -> None:
@@ -135,21 +107,18 @@ class Concepts:
         return segment_concepts(self.model, self.tokenize, images, phrases, boxes, score_thresh)
 
 
-def load_concepts(spec: ConceptsSpec, scratch: Path | None = None) -> Concepts:
+def load_concepts(spec: ConceptsSpec) -> Concepts:
     """The concept model of ``spec`` on its device. Real weights: strictly checked
     (:func:`sam2serve.concepts.weights.load`; a one-line ``WeightsError`` when missing).
-    Random: ``scratch`` (default: the cache's ``sam3-stand-in``) holds the stand-in
-    tokenizer files."""
+    Random: CLIP's public BPE vocabulary (a one-line ``WeightsError`` saying how to install
+    it when missing), loaded before the model is built."""
     size = SIZES[spec.size]()
     if spec.random_weights:
-        from sam2serve.cache import cache_path
-
+        tokenize = load_tokenizer()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
             model = build_model(size)
         randomize_(model, spec.seed)
-        folder = write_stand_in_tokenizer(scratch or cache_path("sam3-stand-in"))
-        tokenize = load_tokenizer(folder)
     else:
         from sam2serve.concepts.weights import load
 

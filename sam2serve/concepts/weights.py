@@ -200,7 +200,7 @@ def require(directory: Path | None = None) -> Path:
 def load(directory: Path | None = None, size: Sam3Size | None = None):
     """(model, tokenize) from the weights folder; the checkpoint's keys checked strictly."""
     from sam2serve.concepts.checkpoint import load_strict
-    from sam2serve.concepts.engine import load_tokenizer
+    from sam2serve.concepts.tokenizer import load_tokenizer
 
     directory = require(directory)
     loaded = torch.load(directory / CHECKPOINT, map_location="cpu", weights_only=True, mmap=True)

@@ -4,6 +4,9 @@ Meta's builder (``sam3.model_builder.build_sam3_image_model``) fixes every size 
 factory functions. A reduced model is Meta's own builder run while a few constructors it
 calls (ViT, text encoder, DETR encoder/decoder, geometry encoder, sine position encoding)
 get smaller keyword arguments; everything else, and all forward code, is Meta's.
+
+It imports nothing of sam2serve: ``meta_oracle.py`` runs it in the separate environment of
+Meta's real stack (``meta_venv.py``), where Meta's code finds the real torchvision and timm.
 """
 
 from __future__ import annotations
@@ -20,15 +23,19 @@ from unittest import mock
 
 import torch
 
-from sam2serve.concepts.runtime import randomize_  # noqa: F401 - the tests' seeded weights
-
 SHIM_DIR = Path(__file__).resolve().parents[1] / "shim"
 
 
-def import_sam3():
+def import_sam3(shim: bool = True):
     """Meta's sam3, with the test shims for torchvision and timm first on sys.path and its
     triton kernel module (EDT, used by the video tracker only) replaced by a stub: a
-    ``triton`` shim on sys.path would mislead torch._dynamo into thinking triton exists."""
+    ``triton`` shim on sys.path would mislead torch._dynamo into thinking triton exists.
+    ``shim=False``: Meta's sam3 as installed (its real stack, in its own environment)."""
+    if not shim:
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        import sam3.model_builder as builder
+
+        return builder
     # transformers decides once, at import, whether torchvision exists: settle that (no)
     # before the shim is on the path, so our model never sees the shim.
     import transformers.models.sam3.modeling_sam3  # noqa: F401
@@ -107,9 +114,11 @@ def _reduced(builder, reduced: dict):
         yield
 
 
-def build_meta_image_model(reduced: dict | None, bpe_path: Path, seed: int = 0) -> torch.nn.Module:
+def build_meta_image_model(
+    reduced: dict | None, bpe_path: Path, seed: int = 0, shim: bool = True
+) -> torch.nn.Module:
     """Meta's Sam3Image (eval, CPU, random init under ``seed``), reduced when asked."""
-    builder = import_sam3()
+    builder = import_sam3(shim)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         with _reduced(builder, reduced) if reduced else contextlib.nullcontext():

@@ -15,17 +15,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 if importlib.util.find_spec("sam3") is None:  # Meta's package: pip install --no-deps sam3
     pytest.skip("Meta's sam3 is not installed", allow_module_level=True)
-from meta_sam3 import (
-    build_meta_image_model,
-    import_sam3,
-    randomize_,
-    write_tokenizer_files,
-)
+from meta_sam3 import build_meta_image_model, import_sam3
 
 from sam2serve.concepts.checkpoint import CheckpointMismatch, load_strict, meta_to_transformers
-from sam2serve.concepts.engine import ExemplarBox, load_tokenizer, segment_concepts
+from sam2serve.concepts.engine import ExemplarBox, segment_concepts
 from sam2serve.concepts.model import Sam3Size, build_model
 from sam2serve.concepts.roi_align import roi_align
+from sam2serve.concepts.runtime import randomize_
+from sam2serve.concepts.tokenizer import clip_bpe_path, load_tokenizer
 
 SIZE = Sam3Size.tiny()
 SCORE_ATOL, BOX_ATOL_PX, MASK_MISMATCH = 1e-5, 1e-3, 1e-3
@@ -33,12 +30,11 @@ SCORE_ATOL, BOX_ATOL_PX, MASK_MISMATCH = 1e-5, 1e-3, 1e-3
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    tokens = write_tokenizer_files(tmp_path_factory.mktemp("tok"))
-    meta = build_meta_image_model(SIZE.as_dict(), tokens / "bpe_simple_vocab.txt.gz")
+    meta = build_meta_image_model(SIZE.as_dict(), clip_bpe_path())  # CLIP's real BPE
     randomize_(meta, 1)
     ours = build_model(SIZE)
     load_strict(ours, meta_to_transformers(meta.state_dict()))
-    return meta, ours, load_tokenizer(tokens)
+    return meta, ours, load_tokenizer()
 
 
 def meta_segment(meta, image, phrase, boxes, thresh, size=SIZE):
@@ -79,6 +75,17 @@ def test_equal_to_meta(pair, thresh, with_boxes):
     )
     masks = np.stack([i.mask for i in got])
     assert (masks != expected["masks"][:, 0].numpy()).mean() < MASK_MISMATCH
+
+
+def test_hostile_phrase_equal_to_meta(pair):
+    """Meta's text cleaning end to end: entities, a curly quote, full-width letters and a
+    ligature reach the text encoder as Meta's tokens."""
+    meta, ours, tokenize = pair
+    image = np.random.default_rng(1).integers(0, 256, (120, 90, 3), dtype=np.uint8)
+    phrase = "Ｄog’s &amp;amp; ﬁsh"
+    expected = meta_segment(meta, image, phrase, [], 0.0)
+    got = segment_concepts(ours, tokenize, [image], [phrase], score_thresh=0.0)[0][phrase]
+    np.testing.assert_allclose([i.score for i in got], expected["scores"].numpy(), atol=SCORE_ATOL)
 
 
 def test_image_encoded_once_for_all_phrases(pair):
@@ -138,14 +145,13 @@ def test_bad_inputs_are_named(pair):
 
 
 @pytest.mark.extended
-def test_full_size_meta_model_maps_strictly_onto_ours(tmp_path):
+def test_full_size_meta_model_maps_strictly_onto_ours():
     """Second tier (36 s, 3.4 GB on the Xeon host): Meta's full-size image model, as its
     own builder makes it, gives every tensor of our full-size model with its shape — the
     check ``sam2serve download --model sam3`` applies to the real sam3.pt."""
     from sam2serve.concepts.weights import check_keys
 
-    tokens = write_tokenizer_files(tmp_path)
-    meta = build_meta_image_model(Sam3Size.full().as_dict(), tokens / "bpe_simple_vocab.txt.gz")
+    meta = build_meta_image_model(Sam3Size.full().as_dict(), clip_bpe_path())
     state = {f"detector.{k}": v for k, v in meta.state_dict().items()}
     check_keys(state, Sam3Size.full())
     state.pop("detector.transformer.decoder.presence_token.weight")
@@ -154,18 +160,17 @@ def test_full_size_meta_model_maps_strictly_onto_ours(tmp_path):
 
 
 @pytest.mark.extended
-def test_full_size_equal_to_meta(tmp_path):
+def test_full_size_equal_to_meta():
     """Second tier: SAM 3's full configuration (ViT-L 1008 px, 24-layer text encoder, 6+6
     DETR layers, 200 queries) on identical seeded weights, through Meta's Sam3Processor and
     ours, text and text + a positive and a negative box: the same instances, scores, boxes
     and masks within the reduced size's tolerances."""
     full = Sam3Size.full()
-    tokens = write_tokenizer_files(tmp_path)
-    meta = build_meta_image_model(full.as_dict(), tokens / "bpe_simple_vocab.txt.gz")
+    meta = build_meta_image_model(full.as_dict(), clip_bpe_path())
     randomize_(meta, 1)
     ours = build_model(full)
     load_strict(ours, meta_to_transformers(meta.state_dict()))
-    tokenize = load_tokenizer(tokens)
+    tokenize = load_tokenizer()
     image = np.random.default_rng(0).integers(0, 256, (300, 420, 3), dtype=np.uint8)
     boxes = [ExemplarBox((30, 40, 160, 200), True), ExemplarBox((250, 20, 400, 120), False)]
     thresh = 0.2

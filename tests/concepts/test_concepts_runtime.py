@@ -1,5 +1,5 @@
-"""The concept runtime: the stand-in tokenizer, seeded random models, the spec's checks,
-and the engine's encode/detect split equal to one segment call."""
+"""The concept runtime: the random path's real tokenizer, seeded random models, the spec's
+checks, and the engine's encode/detect split equal to one segment call."""
 
 from __future__ import annotations
 
@@ -10,18 +10,24 @@ import pytest
 
 from sam2serve.commands.common import UsageError
 from sam2serve.commands.concepts_flags import add_concepts_flags, concepts_spec
-from sam2serve.concepts.engine import ExemplarBox, load_tokenizer, token_batch
-from sam2serve.concepts.runtime import ConceptsSpec, write_stand_in_tokenizer
+from sam2serve.concepts import tokenizer
+from sam2serve.concepts.engine import ExemplarBox, token_batch
+from sam2serve.concepts.runtime import ConceptsSpec, load_concepts
+from sam2serve.concepts.weights import WeightsError
 
 
-def test_stand_in_tokenizer_is_clip_bytes(tmp_path):
-    tokenize = load_tokenizer(write_stand_in_tokenizer(tmp_path))
-    ids = tokenize("Red cat")
-    assert ids[0] == 512 and ids[-1] == 513  # start, end after 256 bytes + 256 word ends
-    assert len(ids) == 2 + len("redcat")  # lower-cased, one token per character
-    assert all(0 <= i < 49408 for i in ids)
-    long_ids, mask = token_batch(tokenize, ["x" * 100])
-    assert long_ids.shape == (1, 32) and long_ids[0, -1] == 513 and mask.all()
+def test_random_weights_tokenise_with_clips_vocabulary(concepts_tiny):
+    ids = concepts_tiny.tokenize("Red cat")
+    assert ids[0] == 49406 and ids[-1] == 49407  # CLIP's start and end
+    assert len(ids) == 4  # "red", "cat": one BPE token each, not one per character
+    long_ids, mask = token_batch(concepts_tiny.tokenize, ["red cat " * 20])
+    assert long_ids.shape == (1, 32) and long_ids[0, -1] == 49407 and mask.all()
+
+
+def test_random_weights_without_the_vocabulary_say_how_to_get_it(monkeypatch):
+    monkeypatch.setattr(tokenizer, "CLIP_BPE_PACKAGE", "no_such_package_sam2serve")
+    with pytest.raises(WeightsError, match="pip install --no-deps open-clip-torch"):
+        load_concepts(ConceptsSpec(random_weights=True, size="tiny"))
 
 
 def test_spec_checks():
