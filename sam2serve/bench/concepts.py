@@ -246,10 +246,14 @@ def _phrase_pass(
     return instances
 
 
-def _top_only(instances: list[engine.Instance], top_k: int) -> list[engine.Instance]:
-    """The same list with masks kept for the ``top_k`` best scores only (memory: 200
-    full-size masks per phrase otherwise)."""
-    keep = set(sorted(range(len(instances)), key=lambda i: -instances[i].score)[:top_k])
+def _best(instances: list[engine.Instance], top_k: int) -> set[int]:
+    """The indices of the ``top_k`` best scores."""
+    return set(sorted(range(len(instances)), key=lambda i: -instances[i].score)[:top_k])
+
+
+def _top_only(instances: list[engine.Instance], keep: set[int]) -> list[engine.Instance]:
+    """The same list with masks kept at the indices ``keep`` only (memory: 200 full-size
+    masks per phrase otherwise)."""
     empty = np.zeros((0, 0), dtype=bool)
     return [
         inst if i in keep else engine.Instance(empty, inst.box, inst.score)
@@ -320,10 +324,17 @@ def _run_mode(
             if timed:
                 for stage, ms in {**image_times, **phrase_times}.items():
                     row.stages_ms.setdefault(stage, []).append(ms)
-            kept = [_top_only(instances, config.top_k) for instances in per_phrase]
             if mode == BASELINE:
-                reference[index, count] = kept
+                reference[index, count] = [
+                    _top_only(instances, _best(instances, config.top_k)) for instances in per_phrase
+                ]
             elif (index, count) in reference:
+                # The masks compared are those of the baseline's best queries: a reduced
+                # precision may reorder the scores, so its own best ones are not those.
+                kept = [
+                    _top_only(instances, _best(base, config.top_k))
+                    for instances, base in zip(per_phrase, reference[index, count], strict=True)
+                ]
                 _accumulate(row, reference[index, count], kept, config.top_k)
         log(
             f"{mode}: repeat {index + 1 if index >= 0 else 'warm-up'} "
