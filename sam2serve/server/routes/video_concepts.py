@@ -20,6 +20,8 @@ or none.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import Request
 from fastapi.responses import Response
 
@@ -107,19 +109,22 @@ async def add_concepts(
 
             def run(context: JobContext) -> tuple[list[Seed], list[ObjectMask]]:
                 frame = state.source.frame(body.frame_idx)
-                seeds = concept_seeds(
-                    model.concepts,
-                    frame,
-                    phrases,
-                    boxes,
-                    body.score_thresh,
-                    count,
-                    body.dedupe_iou,
-                )
-                return seeds, _add_objects(videos, session, body.frame_idx, ids, seeds)
+                with context.between_ops():  # SAM 3's seconds: clicks run in between
+                    seeds = concept_seeds(
+                        model.concepts,
+                        frame,
+                        phrases,
+                        boxes,
+                        body.score_thresh,
+                        count,
+                        body.dedupe_iou,
+                    )
+                del frame  # the job holds no frame of the session beyond this line
+                added = _add_objects(videos, session, body.frame_idx, ids, seeds, context.check)
+                return seeds, added
 
             try:
-                seeds, records = await service.run_job(JOB, run, clock)
+                seeds, records = await service.run_job(JOB, run, clock, long=True)
             except VideoPromptError as exc:
                 raise ApiError(422, "invalid_request", str(exc)) from None
             except FrameGone as exc:  # a live frame dropped since the check above
@@ -167,14 +172,22 @@ def _free_ids(session: VideoSession, count: int) -> list[int]:
 
 
 def _add_objects(
-    videos: VideoSessions, session: VideoSession, frame_idx: int, ids: list[int], seeds: list[Seed]
+    videos: VideoSessions,
+    session: VideoSession,
+    frame_idx: int,
+    ids: list[int],
+    seeds: list[Seed],
+    check: Callable[[], None],
 ) -> list[ObjectMask]:
     """(On the model worker.) Each seed's mask as a new object's prompt; the frame's masks
-    of the new objects. On any failure the objects added are removed again."""
+    of the new objects. Before each seed ``check()``: waiting clicks run there (each seed
+    is a SAM 2 memory encoding), or the job stops when its client has gone. On any failure
+    (that one included) the objects added are removed again."""
     added: list[int] = []
     frame = None
     try:
         for obj_id, seed in zip(ids, seeds, strict=False):
+            check()
             added.append(obj_id)
             frame = videos.predictor.add_mask(session.state, frame_idx, obj_id, seed.mask)
     except BaseException:
