@@ -214,8 +214,8 @@ class Service:
         interval = min(30.0, max(0.05, videos.limits.idle_s / 4))
         while True:
             await asyncio.sleep(interval)
-            if videos.reap():
-                release_free_memory()
+            if videos.reap():  # freed now; their pages given back off the event loop
+                await asyncio.to_thread(release_free_memory)
 
     def _set_ready(self) -> None:
         self.ready = True

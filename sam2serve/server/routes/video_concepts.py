@@ -21,6 +21,7 @@ or none.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -32,6 +33,7 @@ from sam2serve.engine.video.predictor import VideoPromptError
 from sam2serve.engine.video.sources import FrameGone
 from sam2serve.server import schemas
 from sam2serve.server import video_schemas as vs
+from sam2serve.server.answers import json_answer
 from sam2serve.server.batching import JobContext
 from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError
@@ -39,13 +41,12 @@ from sam2serve.server.routes.common import (
     format_segmentations,
     guarded,
     json_body_doc,
-    json_response,
     read_body,
     v1_router,
 )
 from sam2serve.server.routes.concepts import check_boxes_inside, concepts_of
 from sam2serve.server.routes.videos import VideosDep, _check_frame, frame_gone
-from sam2serve.server.service import RequestClock, Service
+from sam2serve.server.service import RequestClock
 from sam2serve.server.settings import ConceptSettings
 from sam2serve.server.video_sessions import VideoSession, VideoSessions
 
@@ -131,14 +132,20 @@ async def add_concepts(
                 raise frame_gone(exc) from None
             for obj_id, seed in zip(ids, seeds, strict=False):  # the session keeps the phrases
                 session.set_name(obj_id, seed.phrase)
-        objects = await _objects_out(ids, seeds, records, body.mask_format, service)
-        return json_response(
-            vs.VideoConceptsResponse(
+        by_id = {record.obj_id: record for record in records}
+        ordered = [by_id[obj_id] for obj_id in ids[: len(seeds)]]  # highest score first
+        segmentations = await format_segmentations(
+            [r.rle for r in ordered], body.mask_format, service
+        )
+        timed = clock.timed()
+        return await json_answer(
+            lambda: vs.VideoConceptsResponse(
                 session_id=session.session_id,
                 frame_idx=body.frame_idx,
-                objects=objects,
-                **clock.timed(),
-            )
+                objects=_objects_out(ordered, seeds, segmentations),
+                **timed,
+            ),
+            pieces=("objects",),
         )
 
     return await guarded(request, work, service)
@@ -201,16 +208,11 @@ def _add_objects(
     return [record for record in object_masks(frame) if record.obj_id in new]
 
 
-async def _objects_out(
-    ids: list[int],
-    seeds: list[Seed],
-    records: list[ObjectMask],
-    mask_format: str,
-    service: Service,
+def _objects_out(
+    ordered: list[ObjectMask], seeds: list[Seed], formatted: list[Any]
 ) -> list[vs.VideoConceptObjectOut]:
-    by_id = {record.obj_id: record for record in records}
-    ordered = [by_id[obj_id] for obj_id in ids[: len(seeds)]]  # highest score first
-    segmentations = await format_segmentations([r.rle for r in ordered], mask_format, service)
+    """(In a worker thread.) The new objects, highest score first, ``formatted`` their
+    segmentations in order."""
     return [
         vs.VideoConceptObjectOut(
             obj_id=r.obj_id,
@@ -220,5 +222,5 @@ async def _objects_out(
             bbox=r.bbox,
             segmentation=seg,
         )
-        for r, seed, seg in zip(ordered, seeds, segmentations, strict=True)
+        for r, seed, seg in zip(ordered, seeds, formatted, strict=True)
     ]
