@@ -15,7 +15,9 @@ minus its objects, and its bytes), and the masks SAM 3 may hold against the deco
 New objects get the smallest free ids from 1, and their phrase as their name (the
 session keeps it: every later answer and GET carry it; PATCH .../objects/{obj_id} renames).
 If adding them fails half way, the ones added are removed again: a request adds every seed
-or none.
+or none. The seeding is one long job on the model worker: clicks of other clients run
+between its torch operations while SAM 3 encodes and detects, and before each object it
+adds (:mod:`sam2serve.server.batching`).
 """
 
 from __future__ import annotations
