@@ -122,6 +122,9 @@ async def add_concepts(
                         count,
                         body.dedupe_iou,
                     )
+                    if seeds:  # SAM 2.1's features of the frame, which every seed's add
+                        # reads (computed here, where clicks can run between operations)
+                        videos.predictor.frame_features(state, body.frame_idx)
                 del frame  # the job holds no frame of the session beyond this line
                 added = _add_objects(videos, session, body.frame_idx, ids, seeds, context.check)
                 return seeds, added
