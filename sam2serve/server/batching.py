@@ -18,6 +18,15 @@ first, and a running bulk job hands the thread back at every checkpoint
 waiting run there and then, on the same thread, before the bulk job goes on. So a click
 waits for at most one AMG batch, not for a whole AMG.
 
+Between the two, *long* interactive jobs (SAM 3's concept encodes and detections, a video
+concept seed's detection: seconds of one model call each) wait in the interactive queue,
+in order, but yield at their checkpoints: ``check()`` calls, and every torch operation of
+the parts they run inside :meth:`JobContext.between_ops` (a thread-local torch function
+mode): waiting *short* interactive jobs (clicks, SAM 2 encodes) run there and then. A job only ever yields to jobs of a higher rank (bulk < long <
+short), so nesting is at most two deep and a long job never waits inside another long one.
+The long job's own operations run unchanged and in order, so its results are the same
+bits as when nothing interleaves.
+
 When a queue is full (``max_queue`` interactive, ``max_bulk_queue`` bulk jobs waiting),
 :meth:`ModelWorker.submit` raises :class:`QueueFull` at once (the service answers 503
 with Retry-After) instead of letting latency grow without bound. A job whose requester
@@ -29,6 +38,7 @@ the operating system there).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -41,6 +51,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 
 from sam2serve.engine.predictor import Embedding, Predictor
 
@@ -81,30 +92,56 @@ class JobTiming:
 @dataclass
 class JobContext:
     """Handed to a job's function: lets a long job stop early when nobody waits for it,
-    and (a bulk job) let waiting interactive jobs run at its checkpoints."""
+    and (a bulk or long job) let waiting interactive jobs run at its checkpoints."""
 
     cancelled: threading.Event = field(default_factory=threading.Event)
     yield_to: Callable[[], None] | None = None
 
     def check(self) -> None:
         """A checkpoint: raise :class:`JobCancelled` if the requester has gone; otherwise
-        run the interactive jobs waiting meanwhile (bulk jobs only)."""
+        run the interactive jobs waiting meanwhile (bulk and long jobs only)."""
         if self.cancelled.is_set():
             raise JobCancelled("the request was abandoned (timeout or disconnect)")
         if self.yield_to is not None:
             self.yield_to()
+
+    def between_ops(self) -> TorchFunctionMode:
+        """A context in which every torch operation of this thread is a checkpoint: one
+        model call of seconds (SAM 3's detector) lets waiting clicks run between its
+        operations, each of which runs as it would have (same inputs, same order)."""
+        return _CheckBetweenOps(self.check)
+
+
+class _CheckBetweenOps(TorchFunctionMode):
+    """Calls ``check`` before each torch operation. Torch pops the mode while it is in
+    ``__torch_function__``, so the jobs ``check`` runs are not intercepted themselves; the
+    mode stack is per thread, so other threads are not either."""
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        super().__init__()
+        self._check = check
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self._check()
+        return func(*args, **(kwargs or {}))
 
 
 # One result per image, in order; called on the worker thread with 1..max_batch images.
 EncodeFn = Callable[[list[np.ndarray]], list[Any]]
 
 
+# Who yields to whom: a job's checkpoints run waiting jobs of a higher rank only.
+BULK_RANK, LONG_RANK, SHORT_RANK = 0, 1, 2
+
+
 @dataclass(frozen=True)
 class Encoder:
-    """A kind of encode job the worker batches."""
+    """A kind of encode job the worker batches; a ``long`` one yields between its torch
+    operations to waiting short jobs."""
 
     encode: EncodeFn
     max_batch: int
+    long: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,6 +160,7 @@ class _Job:
     fn: Callable[[JobContext], Any] | None = None
     pixels: np.ndarray | None = None
     bulk: bool = False
+    rank: int = SHORT_RANK
 
 
 class JobHandle:
@@ -185,16 +223,19 @@ class ModelWorker:
         self._encoders: dict[str, Encoder] = {}
         self.add_encoder(ENCODE, self._encode_embeddings, max_batch_size)
 
-    def add_encoder(self, kind: str, encode: EncodeFn, max_batch: int) -> None:
+    def add_encoder(
+        self, kind: str, encode: EncodeFn, max_batch: int, *, long: bool = False
+    ) -> None:
         """Batch the encode jobs of ``kind`` (:meth:`submit_encode`): those waiting together
         go through one ``encode(images)`` call of at most ``max_batch`` images, which must
-        return one result per image, in order."""
+        return one result per image, in order. ``long``: the call yields to waiting short
+        jobs between its torch operations."""
         if max_batch < 1:
             raise ValueError(f"max_batch of encoder {kind!r} must be >= 1; got {max_batch}")
         with self._cond:
             if kind in self._encoders:
                 raise ValueError(f"an encoder of kind {kind!r} is already registered")
-            self._encoders[kind] = Encoder(encode, max_batch)
+            self._encoders[kind] = Encoder(encode, max_batch, long)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -224,24 +265,38 @@ class ModelWorker:
         """Encode one uint8 (H, W, 3) image with the encoder of ``kind`` (SAM 2's by
         default); resolves to ``(its result, JobTiming)``. A ``bulk`` encode waits in the
         bulk queue and is batched only with bulk encodes of its kind."""
-        if kind not in self._encoders:
+        encoder = self._encoders.get(kind)
+        if encoder is None:
             raise ValueError(f"no encoder of kind {kind!r} is registered")
-        return self._submit(kind, pixels=pixels, bulk=bulk)
+        return self._submit(kind, pixels=pixels, bulk=bulk, long=encoder.long)
 
     def submit(
-        self, kind: str, fn: Callable[[JobContext], Any], *, bulk: bool = False
+        self,
+        kind: str,
+        fn: Callable[[JobContext], Any],
+        *,
+        bulk: bool = False,
+        long: bool = False,
     ) -> JobHandle:
         """Run ``fn(context)`` alone on the worker; resolves to ``(result, JobTiming)``.
         A ``bulk`` job waits in the bulk queue and yields to interactive jobs at its
-        checkpoints (``context.check()``)."""
+        checkpoints (``context.check()``). A ``long`` job waits in the interactive queue
+        and yields to waiting short jobs at its checkpoints: ``context.check()``, and every
+        torch operation inside ``with context.between_ops():`` (where the job chooses;
+        a long encoder's calls are inside it whole)."""
         if kind in self._encoders:
             raise ValueError(f"{kind!r} is an encoder's kind: use submit_encode")
-        return self._submit(kind, fn=fn, bulk=bulk)
+        return self._submit(kind, fn=fn, bulk=bulk, long=long)
 
-    def _submit(self, kind: str, **payload: Any) -> JobHandle:
+    def _submit(self, kind: str, *, long: bool = False, **payload: Any) -> JobHandle:
         job = _Job(kind, Future(), time.monotonic(), JobContext(), **payload)
         if job.bulk:
-            job.context.yield_to = self._serve_interactive
+            job.rank = BULK_RANK
+        elif long:
+            job.rank = LONG_RANK
+        if job.rank != SHORT_RANK:
+            rank = job.rank
+            job.context.yield_to = lambda: self._serve_above(rank)
         queue, limit = (
             (self._bulk, self.max_bulk_queue) if job.bulk else (self._pending, self.max_queue)
         )
@@ -321,8 +376,8 @@ class ModelWorker:
             if live:
                 self._run(live)
         finally:
-            for job in batch:  # a JobHandle may outlive its job: let go of what it held
-                job.fn, job.pixels = None, None
+            _let_go(batch)
+            live.clear()
 
     def _next_batch(self) -> list[_Job] | None:
         with self._cond:
@@ -347,16 +402,27 @@ class ModelWorker:
                     return batch
                 self._cond.wait(remaining)
 
-    def _serve_interactive(self) -> None:
-        """(On the worker thread, inside a bulk job.) Run the interactive jobs waiting now,
-        encodes batched as usual but without waiting for more to join."""
-        while True:
+    def _serve_above(self, rank: int) -> None:
+        """(On the worker thread, inside a bulk or long job of ``rank``.) Run the
+        interactive jobs of a higher rank waiting now, in order, encodes batched as usual
+        but without waiting for more to join."""
+        while self._pending:  # a cheap look first: this runs between torch operations
             with self._cond:
-                if not self._pending or self._stopping:
-                    return
-                batch = [self._pending.popleft()]
-                self._take_encodes(batch, self._pending)
+                batch = self._take_above(rank)
+            if not batch:
+                return
             self._run_live(batch)
+
+    def _take_above(self, rank: int) -> list[_Job]:
+        """(Holding the lock.) The first waiting interactive job of a higher rank than
+        ``rank`` and the encodes batched with it; empty if none (or stopping)."""
+        head = next((job for job in self._pending if job.rank > rank), None)
+        if head is None or self._stopping:
+            return []
+        self._pending.remove(head)
+        batch = [head]
+        self._take_encodes(batch, self._pending)
+        return batch
 
     def _take_encodes(self, batch: list[_Job], queue: deque[_Job]) -> None:
         """Move encode jobs of the batch's kind waiting in ``queue`` into ``batch``, up to
@@ -374,20 +440,24 @@ class ModelWorker:
         started = time.monotonic()
         queue_s = [started - job.enqueued for job in jobs]
         was_busy, self._busy = self._busy, True
+        head = jobs[0]
         try:
-            encoder = self._encoders.get(jobs[0].kind)
+            encoder = self._encoders.get(head.kind)
             if encoder is not None:
-                results: list[Any] = self._encode(encoder, jobs)
+                with self._checkpointed(encoder, head):
+                    results: list[Any] = self._encode(encoder, jobs)
             else:
-                job = jobs[0]
-                assert job.fn is not None
-                results = [job.fn(job.context)]
+                assert head.fn is not None
+                results = [head.fn(head.context)]
         except BaseException as exc:  # every waiter must hear of the failure
             if isinstance(exc, JobCancelled):
                 self._cancelled(jobs[0].kind)
             self._finish(jobs[0].kind, len(jobs), queue_s, time.monotonic() - started)
-            for job in jobs:
-                job.future.set_exception(exc)
+            _fail(jobs, exc)
+            # The error's traceback holds this frame: without the jobs (their futures hold
+            # the error, their closures sessions and images) there is no cycle that only
+            # a garbage collection would free.
+            del jobs, head
             if not isinstance(exc, Exception):
                 raise
             return
@@ -401,6 +471,14 @@ class ModelWorker:
                 job.future.set_exception(result.error)
             else:
                 job.future.set_result((result, JobTiming(waited, run_s, len(jobs))))
+
+    @staticmethod
+    def _checkpointed(encoder: Encoder, head: _Job) -> contextlib.AbstractContextManager[Any]:
+        """A long encoder's torch operations as checkpoints (nothing for others). They
+        only yield: one requester that leaves must not fail the others' images."""
+        if not encoder.long or head.rank != LONG_RANK:
+            return contextlib.nullcontext()
+        return JobContext(yield_to=head.context.yield_to).between_ops()
 
     def _encode(self, encoder: Encoder, jobs: list[_Job]) -> list[Any]:
         """One call for the batch; if it fails, each image alone (its error, or result)."""
@@ -451,6 +529,21 @@ class ModelWorker:
                 self._on_batch(kind, size, queue_s, run_s)
             except Exception:  # metrics must never fail a job
                 log.exception("batch observer failed")
+
+
+def _fail(jobs: list[_Job], exc: BaseException) -> None:
+    for job in jobs:
+        job.future.set_exception(exc)
+
+
+def _let_go(batch: list[_Job]) -> None:
+    """Drop what a finished batch held. A JobHandle may outlive its job (its closure holds
+    a session, its pixels an image); and a failed job's traceback keeps the worker's frames
+    that ran it (through each frame's caller), so those must not hold the jobs either:
+    their futures hold the error, a cycle only a garbage collection would free."""
+    for job in batch:
+        job.fn, job.pixels = None, None
+    batch.clear()
 
 
 def _own_copy(embedding: Embedding) -> Embedding:

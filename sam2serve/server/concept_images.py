@@ -30,7 +30,7 @@ from sam2serve.concepts.engine import ConceptEncoding, ExemplarBox, Instance
 from sam2serve.concepts.mask_budget import DetectionMasks
 from sam2serve.concepts.runtime import Concepts
 from sam2serve.engine.rle import Rle, masks_to_rle
-from sam2serve.server.batching import JobTiming, WorkerStopped
+from sam2serve.server.batching import JobContext, JobTiming, WorkerStopped
 from sam2serve.server.cache import ByteLRU, EmbeddingKey, image_id_of, looks_like_image_id
 from sam2serve.server.decode_budget import Reservation
 from sam2serve.server.errors import ApiError
@@ -90,8 +90,13 @@ class ConceptImages:
         self.flights: Flights[EmbeddingKey, tuple[ConceptEncoding, JobTiming]] = Flights(
             service.shared_work_dropped
         )
+        # SAM 3's calls take seconds: long jobs, which let clicks run between their torch
+        # operations (server/batching.py), their results unchanged.
         service.worker.add_encoder(
-            ENCODE_JOB, self._encode_batch, service.settings.concepts.max_concept_batch_size
+            ENCODE_JOB,
+            self._encode_batch,
+            service.settings.concepts.max_concept_batch_size,
+            long=True,
         )
 
     @property
@@ -261,20 +266,22 @@ class ConceptImages:
         max_instances: int,
         clock: RequestClock,
     ) -> list[DetectedConcept]:
-        """Every phrase on the image in one detector job; the masks become RLEs off the
-        event loop, and their bytes are held in the decode budget until then."""
+        """Every phrase on the image in one detector job (a long one: clicks run between
+        its torch operations); the masks become RLEs off the event loop, and their bytes
+        are held in the decode budget until then."""
         reservation = await self.service.decoding.reserve(
             self.mask_bytes(len(phrases), max_instances, image.size),
             self._masks_what(len(phrases), max_instances, image.size),
         )
         try:
 
-            def run(context) -> dict[str, list[Instance]]:
-                return self.concepts.detect(
-                    image.encoding, phrases, boxes, score_thresh, max_instances=max_instances
-                )
+            def run(context: JobContext) -> dict[str, list[Instance]]:
+                with context.between_ops():  # clicks run between its operations
+                    return self.concepts.detect(
+                        image.encoding, phrases, boxes, score_thresh, max_instances=max_instances
+                    )
 
-            found = await self.service.run_job(DETECT_JOB, run, clock)
+            found = await self.service.run_job(DETECT_JOB, run, clock, long=True)
             return await asyncio.to_thread(_as_rles, found, image.size)
         finally:
             reservation.release()

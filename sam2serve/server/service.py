@@ -214,8 +214,8 @@ class Service:
         interval = min(30.0, max(0.05, videos.limits.idle_s / 4))
         while True:
             await asyncio.sleep(interval)
-            if videos.reap():
-                release_free_memory()
+            if videos.reap():  # freed now; their pages given back off the event loop
+                await asyncio.to_thread(release_free_memory)
 
     def _set_ready(self) -> None:
         self.ready = True
@@ -277,10 +277,13 @@ class Service:
         clock: RequestClock,
         *,
         bulk: bool = False,
+        long: bool = False,
     ) -> Any:
         """Run ``fn`` on the model worker; a requester that gives up cancels the job.
-        ``bulk`` jobs (AMG) wait in the bulk queue and yield to clicks at checkpoints."""
-        handle = self.submit_job(kind, fn, bulk=bulk)
+        ``bulk`` jobs (AMG) wait in the bulk queue and yield to clicks at checkpoints;
+        ``long`` ones (SAM 3's) wait in the interactive queue and yield to clicks between
+        their torch operations (:class:`~sam2serve.server.batching.ModelWorker`)."""
+        handle = self.submit_job(kind, fn, bulk=bulk, long=long)
         try:
             result, timing = await asyncio.wrap_future(handle.future)
         except asyncio.CancelledError:
@@ -317,10 +320,10 @@ class Service:
                 del self._bulk_jobs[client]
 
     def submit_job(
-        self, kind: str, fn: Callable[[JobContext], Any], *, bulk: bool = False
+        self, kind: str, fn: Callable[[JobContext], Any], *, bulk: bool = False, long: bool = False
     ) -> JobHandle:
         """Queue ``fn`` on the model worker (503 if its queue is full); its handle."""
-        return self._submit(lambda: self.worker.submit(kind, fn, bulk=bulk))
+        return self._submit(lambda: self.worker.submit(kind, fn, bulk=bulk, long=long))
 
     def submit_encode(
         self, pixels: np.ndarray, kind: str = ENCODE, *, bulk: bool = False

@@ -15,6 +15,7 @@ from fastapi.responses import Response
 
 from sam2serve.engine.amg import MaskGenerator, finite_or_none
 from sam2serve.server import schemas
+from sam2serve.server.answers import json_answer
 from sam2serve.server.batching import JobContext
 from sam2serve.server.dependencies import PredictorDep, ServiceDep, SettingsDep
 from sam2serve.server.prompts import amg_params
@@ -25,7 +26,6 @@ from sam2serve.server.routes.common import (
     format_segmentations,
     guarded,
     image_fields,
-    json_response,
     read_body,
     v1_router,
 )
@@ -64,26 +64,35 @@ async def amg(
         segmentations = await format_segmentations(
             [r["segmentation"] for r in records], body.mask_format, service
         )
-        masks = [
-            schemas.AMGRecord(
-                **{
-                    **record,
-                    "segmentation": segmentation,
-                    "stability_score": finite_or_none(record["stability_score"]),
-                }
-            )
-            for record, segmentation in zip(records, segmentations, strict=True)
-        ]
         public = {
             k: v for k, v in params.to_dict().items() if k not in schemas.AMG_FIELDS_NOT_IN_API
         }
-        return json_response(
-            schemas.AMGResponse(
-                **image_fields(image, service), params=public, masks=masks, **clock.timed()
-            )
+        fields, timed = image_fields(image, service), clock.timed()
+        # Hundreds of masks: built and serialised off the event loop, mask by mask.
+        return await json_answer(
+            lambda: schemas.AMGResponse(
+                **fields, params=public, masks=_records_out(records, segmentations), **timed
+            ),
+            pieces=("masks",),
         )
 
     # The slot is taken after the body is read and checked: a bad request gets its 4xx,
     # not a 429, and holds no slot.
     with service.bulk_slot(client_address(request)):
         return await guarded(request, work, service)
+
+
+def _records_out(
+    records: list[dict[str, Any]], segmentations: list[Any]
+) -> list[schemas.AMGRecord]:
+    """(In a worker thread.) The generator's records with their formatted masks."""
+    return [
+        schemas.AMGRecord(
+            **{
+                **record,
+                "segmentation": segmentation,
+                "stability_score": finite_or_none(record["stability_score"]),
+            }
+        )
+        for record, segmentation in zip(records, segmentations, strict=True)
+    ]

@@ -11,6 +11,8 @@ concept model answers 404 ``concepts_disabled``, naming how to enable it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Request
 from fastapi.responses import Response
 
@@ -20,6 +22,7 @@ from sam2serve.engine.coco import coco_bbox
 from sam2serve.engine.rle import area_from_rle
 from sam2serve.server import concept_schemas as cs
 from sam2serve.server import schemas
+from sam2serve.server.answers import json_answer
 from sam2serve.server.concept_images import ConceptImage, ConceptImages, DetectedConcept
 from sam2serve.server.dependencies import ServiceDep, SettingsDep
 from sam2serve.server.errors import ApiError
@@ -27,7 +30,6 @@ from sam2serve.server.routes.common import (
     body_doc,
     format_segmentations,
     guarded,
-    json_response,
     read_body,
     v1_router,
 )
@@ -119,12 +121,15 @@ async def concepts(request: Request, service: ServiceDep, settings: SettingsDep)
         detected = await model.detect(
             image, phrases, boxes, body.score_thresh, max_instances, clock
         )
-        return json_response(
-            cs.ConceptsResponse(
-                **_image_fields(image, model),
-                concepts=await _concepts_out(detected, body.mask_format, service),
-                **clock.timed(),
-            )
+        flat = [rle for concept in detected for rle in concept.rles]
+        segmentations = await format_segmentations(flat, body.mask_format, service)
+        fields, timed = _image_fields(image, model), clock.timed()
+        # Thousands of masks are megabytes of JSON: built and serialised off the loop.
+        return await json_answer(
+            lambda: cs.ConceptsResponse(
+                **fields, concepts=_concepts_out(detected, segmentations), **timed
+            ),
+            pieces=("concepts", "instances"),
         )
 
     return await guarded(request, work, service)
@@ -141,11 +146,10 @@ def _image_fields(image: ConceptImage, model: ConceptImages) -> dict[str, object
     }
 
 
-async def _concepts_out(
-    detected: list[DetectedConcept], mask_format: str, service: Service
-) -> list[cs.ConceptOut]:
-    flat = [rle for concept in detected for rle in concept.rles]
-    segmentations = iter(await format_segmentations(flat, mask_format, service))
+def _concepts_out(detected: list[DetectedConcept], formatted: list[Any]) -> list[cs.ConceptOut]:
+    """(In a worker thread.) Each phrase's instances, ``formatted`` their segmentations in
+    order."""
+    segmentations = iter(formatted)
     return [
         cs.ConceptOut(
             phrase=concept.phrase,

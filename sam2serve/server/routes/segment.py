@@ -9,12 +9,15 @@ of the logits.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Request
 from fastapi.responses import Response
 
 from sam2serve.engine.prompts import Prompt, PromptError
 from sam2serve.engine.rle import area_from_rle
 from sam2serve.server import schemas
+from sam2serve.server.answers import json_answer
 from sam2serve.server.batching import JobContext
 from sam2serve.server.dependencies import PredictorDep, ServiceDep, SettingsDep
 from sam2serve.server.errors import ApiError
@@ -29,7 +32,6 @@ from sam2serve.server.routes.common import (
     format_segmentations,
     guarded,
     image_fields,
-    json_response,
     read_body,
     v1_router,
 )
@@ -80,35 +82,50 @@ async def segment(
         except PromptError as exc:  # the checks above should leave none
             raise ApiError(422, "invalid_request", f"objects: {exc}") from None
         service.recount(image)  # the decoder may have kept its per-image side with it
-        objects = await _objects_out(decoded, image, body.mask_format, service)
-        return json_response(
-            schemas.SegmentResponse(
-                **image_fields(image, service), objects=objects, **clock.timed()
-            )
+        flat_rles = [rle for rles in decoded.rles for rle in rles]
+        segmentations = await format_segmentations(flat_rles, body.mask_format, service)
+        mask_ids = _store_masks(decoded, image, service)
+        fields, timed = image_fields(image, service), clock.timed()
+        # Up to max_objects x 3 masks: built and serialised off the event loop.
+        return await json_answer(
+            lambda: schemas.SegmentResponse(
+                **fields, objects=_objects_out(decoded, mask_ids, segmentations), **timed
+            ),
+            pieces=("objects", "masks"),
         )
 
     return await guarded(request, work, service)
 
 
-async def _objects_out(
-    decoded: DecodedMasks, image: ImageState, mask_format: str, service: Service
+def _store_masks(decoded: DecodedMasks, image: ImageState, service: Service) -> list[list[str]]:
+    """Each mask's low-res logits stored under a new mask_id (per object, per mask)."""
+    return [
+        [
+            service.store_mask(image.key, decoded.low_res_logits[i][c : c + 1])
+            for c in range(len(rles))
+        ]
+        for i, rles in enumerate(decoded.rles)
+    ]
+
+
+def _objects_out(
+    decoded: DecodedMasks, mask_ids: list[list[str]], formatted: list[Any]
 ) -> list[schemas.ObjectOut]:
-    """One ObjectOut per prompt object; each mask's logits are stored under its mask_id."""
-    flat_rles = [rle for rles in decoded.rles for rle in rles]
-    segmentations = iter(await format_segmentations(flat_rles, mask_format, service))
-    objects = []
-    for i, rles in enumerate(decoded.rles):
-        masks = []
-        for c, rle in enumerate(rles):
-            mask_id = service.store_mask(image.key, decoded.low_res_logits[i][c : c + 1])
-            masks.append(
+    """(In a worker thread.) One ObjectOut per prompt object, ``formatted`` the masks'
+    segmentations in order."""
+    segmentations = iter(formatted)
+    return [
+        schemas.ObjectOut(
+            masks=[
                 schemas.MaskOut(
-                    mask_id=mask_id,
+                    mask_id=mask_ids[i][c],
                     score=decoded.scores[i][c],
                     bbox=decoded.boxes[i][c],
                     area=area_from_rle(rle),
                     segmentation=next(segmentations),
                 )
-            )
-        objects.append(schemas.ObjectOut(masks=masks))
-    return objects
+                for c, rle in enumerate(rles)
+            ]
+        )
+        for i, rles in enumerate(decoded.rles)
+    ]

@@ -15,10 +15,15 @@ minus its objects, and its bytes), and the masks SAM 3 may hold against the deco
 New objects get the smallest free ids from 1, and their phrase as their name (the
 session keeps it: every later answer and GET carry it; PATCH .../objects/{obj_id} renames).
 If adding them fails half way, the ones added are removed again: a request adds every seed
-or none.
+or none. The seeding is one long job on the model worker: clicks of other clients run
+between its torch operations while SAM 3 encodes and detects, and before each object it
+adds (:mod:`sam2serve.server.batching`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -30,6 +35,7 @@ from sam2serve.engine.video.predictor import VideoPromptError
 from sam2serve.engine.video.sources import FrameGone
 from sam2serve.server import schemas
 from sam2serve.server import video_schemas as vs
+from sam2serve.server.answers import json_answer
 from sam2serve.server.batching import JobContext
 from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError
@@ -37,13 +43,12 @@ from sam2serve.server.routes.common import (
     format_segmentations,
     guarded,
     json_body_doc,
-    json_response,
     read_body,
     v1_router,
 )
 from sam2serve.server.routes.concepts import check_boxes_inside, concepts_of
 from sam2serve.server.routes.videos import VideosDep, _check_frame, frame_gone
-from sam2serve.server.service import RequestClock, Service
+from sam2serve.server.service import RequestClock
 from sam2serve.server.settings import ConceptSettings
 from sam2serve.server.video_sessions import VideoSession, VideoSessions
 
@@ -108,33 +113,45 @@ async def add_concepts(
 
             def run(context: JobContext) -> tuple[list[Seed], list[ObjectMask]]:
                 frame = state.source.frame(body.frame_idx)
-                seeds = concept_seeds(
-                    model.concepts,
-                    frame,
-                    phrases,
-                    boxes,
-                    body.score_thresh,
-                    count,
-                    body.dedupe_iou,
-                )
-                return seeds, _add_objects(videos, session, body.frame_idx, ids, seeds)
+                with context.between_ops():  # SAM 3's seconds: clicks run in between
+                    seeds = concept_seeds(
+                        model.concepts,
+                        frame,
+                        phrases,
+                        boxes,
+                        body.score_thresh,
+                        count,
+                        body.dedupe_iou,
+                    )
+                    if seeds:  # SAM 2.1's features of the frame, which every seed's add
+                        # reads (computed here, where clicks can run between operations)
+                        videos.predictor.frame_features(state, body.frame_idx)
+                del frame  # the job holds no frame of the session beyond this line
+                added = _add_objects(videos, session, body.frame_idx, ids, seeds, context.check)
+                return seeds, added
 
             try:
-                seeds, records = await service.run_job(JOB, run, clock)
+                seeds, records = await service.run_job(JOB, run, clock, long=True)
             except VideoPromptError as exc:
                 raise ApiError(422, "invalid_request", str(exc)) from None
             except FrameGone as exc:  # a live frame dropped since the check above
                 raise frame_gone(exc) from None
             for obj_id, seed in zip(ids, seeds, strict=False):  # the session keeps the phrases
                 session.set_name(obj_id, seed.phrase)
-        objects = await _objects_out(ids, seeds, records, body.mask_format, service)
-        return json_response(
-            vs.VideoConceptsResponse(
+        by_id = {record.obj_id: record for record in records}
+        ordered = [by_id[obj_id] for obj_id in ids[: len(seeds)]]  # highest score first
+        segmentations = await format_segmentations(
+            [r.rle for r in ordered], body.mask_format, service
+        )
+        timed = clock.timed()
+        return await json_answer(
+            lambda: vs.VideoConceptsResponse(
                 session_id=session.session_id,
                 frame_idx=body.frame_idx,
-                objects=objects,
-                **clock.timed(),
-            )
+                objects=_objects_out(ordered, seeds, segmentations),
+                **timed,
+            ),
+            pieces=("objects",),
         )
 
     return await guarded(request, work, service)
@@ -168,14 +185,22 @@ def _free_ids(session: VideoSession, count: int) -> list[int]:
 
 
 def _add_objects(
-    videos: VideoSessions, session: VideoSession, frame_idx: int, ids: list[int], seeds: list[Seed]
+    videos: VideoSessions,
+    session: VideoSession,
+    frame_idx: int,
+    ids: list[int],
+    seeds: list[Seed],
+    check: Callable[[], None],
 ) -> list[ObjectMask]:
     """(On the model worker.) Each seed's mask as a new object's prompt; the frame's masks
-    of the new objects. On any failure the objects added are removed again."""
+    of the new objects. Before each seed ``check()``: waiting clicks run there (each seed
+    is a SAM 2 memory encoding), or the job stops when its client has gone. On any failure
+    (that one included) the objects added are removed again."""
     added: list[int] = []
     frame = None
     try:
         for obj_id, seed in zip(ids, seeds, strict=False):
+            check()
             added.append(obj_id)
             frame = videos.predictor.add_mask(session.state, frame_idx, obj_id, seed.mask)
     except BaseException:
@@ -189,16 +214,11 @@ def _add_objects(
     return [record for record in object_masks(frame) if record.obj_id in new]
 
 
-async def _objects_out(
-    ids: list[int],
-    seeds: list[Seed],
-    records: list[ObjectMask],
-    mask_format: str,
-    service: Service,
+def _objects_out(
+    ordered: list[ObjectMask], seeds: list[Seed], formatted: list[Any]
 ) -> list[vs.VideoConceptObjectOut]:
-    by_id = {record.obj_id: record for record in records}
-    ordered = [by_id[obj_id] for obj_id in ids[: len(seeds)]]  # highest score first
-    segmentations = await format_segmentations([r.rle for r in ordered], mask_format, service)
+    """(In a worker thread.) The new objects, highest score first, ``formatted`` their
+    segmentations in order."""
     return [
         vs.VideoConceptObjectOut(
             obj_id=r.obj_id,
@@ -208,5 +228,5 @@ async def _objects_out(
             bbox=r.bbox,
             segmentation=seg,
         )
-        for r, seed, seg in zip(ordered, seeds, segmentations, strict=True)
+        for r, seed, seg in zip(ordered, seeds, formatted, strict=True)
     ]

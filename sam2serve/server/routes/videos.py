@@ -55,6 +55,7 @@ from sam2serve.engine.video_io import (
     probe_video,
 )
 from sam2serve.server import video_schemas as vs
+from sam2serve.server.answers import dump_json, json_answer
 from sam2serve.server.batching import JobCancelled, JobContext, WorkerStopped
 from sam2serve.server.decode_budget import (
     RGB_BYTES_PER_PIXEL,
@@ -65,6 +66,7 @@ from sam2serve.server.decode_budget import (
 from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError, ClientGone, error_body
 from sam2serve.server.event_stream import EVENT_STREAM, EventStream
+from sam2serve.server.memory import release_free_memory
 from sam2serve.server.prompts import check_inside
 from sam2serve.server.request_body import JSON_MEDIA
 from sam2serve.server.routes.common import (
@@ -166,7 +168,13 @@ async def get_session(session_id: str, service: ServiceDep, videos: VideosDep) -
     summary="Close a tracking session and free its memory",
 )
 async def close_session(session_id: str, service: ServiceDep, videos: VideosDep) -> Response:
-    return json_response(_session_out(videos.close(session_id), videos, service))
+    session = videos.close(session_id)
+    answer = json_response(_session_out(session, videos, service))
+    del session  # the last reference: its frames and tracking state are freed here
+    # ... and their pages given back to the system before the answer says so (the
+    # allocator would keep them until the model worker next falls idle).
+    await asyncio.to_thread(release_free_memory)
+    return answer
 
 
 @router.post(
@@ -300,13 +308,12 @@ async def add_prompt(
             if body.name is not None:  # the object exists now: its name is kept
                 session.set_name(body.obj_id, body.name)
         objects = await _objects_out(records, body.mask_format, service, session.names)
-        return json_response(
-            vs.VideoPromptResponse(
-                session_id=session.session_id,
-                frame_idx=body.frame_idx,
-                objects=objects,
-                **clock.timed(),
-            )
+        timed = clock.timed()
+        return await json_answer(
+            lambda: vs.VideoPromptResponse(
+                session_id=session.session_id, frame_idx=body.frame_idx, objects=objects, **timed
+            ),
+            pieces=("objects",),
         )
 
     with reservation:  # the mask's bytes, until the prompt is done (or abandoned)
@@ -396,17 +403,21 @@ async def _objects_out(
     """The masks in the wire format, each with its object's name (``names``: the
     session's, read now: a rename during a propagation shows in its next frames)."""
     segmentations = await format_segmentations([r.rle for r in records], mask_format, service)
-    names = names or {}
-    return [
-        vs.VideoObjectOut(
-            obj_id=r.obj_id,
-            name=names.get(r.obj_id),
-            area=r.area,
-            bbox=r.bbox,
-            segmentation=seg,
-        )
-        for r, seg in zip(records, segmentations, strict=True)
-    ]
+    named = dict(names or {})  # read now, on the event loop
+
+    def build() -> list[vs.VideoObjectOut]:  # each a validation of a whole mask's runs
+        return [
+            vs.VideoObjectOut(
+                obj_id=r.obj_id,
+                name=named.get(r.obj_id),
+                area=r.area,
+                bbox=r.bbox,
+                segmentation=seg,
+            )
+            for r, seg in zip(records, segmentations, strict=True)
+        ]
+
+    return await asyncio.to_thread(build)
 
 
 # --------------------------------------------------------------------------- propagation
@@ -543,10 +554,12 @@ async def _frame_event(
     item: tuple[int, list[ObjectMask]], mask_format: str, service: Service, names: Mapping[int, str]
 ) -> bytes:
     frame_idx, records = item
-    out = vs.VideoFrameOut(
-        frame_idx=frame_idx, objects=await _objects_out(records, mask_format, service, names)
+    objects = await _objects_out(records, mask_format, service, names)
+    # A frame of many objects' masks: serialised off the event loop, object by object.
+    data = await asyncio.to_thread(
+        lambda: dump_json(vs.VideoFrameOut(frame_idx=frame_idx, objects=objects), ("objects",))
     )
-    return f"event: frame\ndata: {out.model_dump_json()}\n\n".encode()
+    return f"event: frame\ndata: {data}\n\n".encode()
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:
