@@ -395,6 +395,27 @@ def test_the_mask_budget_bounds_a_detection_before_the_encode(predictor, concept
         assert concept_cache(client).stats().entries == 0  # refused before the encode
 
 
+def test_the_mask_budget_is_read_from_the_header_before_any_decode(predictor, concepts_tiny):
+    """A small upload whose header declares more pixels than its masks could ever hold in
+    the decode budget is refused (413) with nothing decoded, as Label Studio's path is."""
+    settings = ServerSettings.from_flat(
+        warmup=False, concepts=True, max_decoded_bytes_in_flight=1 * MiB
+    )
+    app = create_app(settings, predictor, concepts=concepts_tiny)
+
+    async def no_decode(data):
+        raise AssertionError("the image was decoded before the mask budget was checked")
+
+    app.state.service.decode = no_decode
+    with TestClient(app) as client:
+        response = client.post(
+            "/v1/concepts",
+            json={"image": b64(png_bytes(photo("astronaut", 120))), "phrases": ["a", "b", "c"]},
+        )
+        assert response.status_code == 413, response.text
+        assert error_of(response)["code"] == "over_decode_budget"
+
+
 def test_serve_concepts_without_weights_is_one_line_exit_2(tmp_path):
     command = [sys.executable, "-m", "sam2serve", "serve", "--concepts"]
     command += ["--sam3-weights", str(tmp_path), "--port", str(free_port())]

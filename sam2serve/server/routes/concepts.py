@@ -11,6 +11,7 @@ concept model answers 404 ``concepts_disabled``, naming how to enable it.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import Request
@@ -35,6 +36,7 @@ from sam2serve.server.routes.common import (
 )
 from sam2serve.server.service import RequestClock, Service
 from sam2serve.server.settings import ServerSettings
+from sam2serve.server.uploads import probe_image
 
 router = v1_router()
 
@@ -117,6 +119,13 @@ async def concepts(request: Request, service: ServiceDep, settings: SettingsDep)
         model.check_mask_budget(len(phrases), max_instances, size)
 
     async def work() -> Response:
+        if data:
+            # From the header, nothing decoded (413 past max_pixels): masks that could never
+            # fit are refused before a decode (width x height: the EXIF turn cannot change
+            # it; boxes are checked against the turned image, after the decode).
+            width, height = await asyncio.to_thread(probe_image, data, settings.limits.max_pixels)
+            if width and height:
+                model.check_mask_budget(len(phrases), max_instances, (height, width))
         image = await model.resolve(data, body.image_id, clock, check_size=check_size)
         detected = await model.detect(
             image, phrases, boxes, body.score_thresh, max_instances, clock
