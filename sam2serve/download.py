@@ -346,24 +346,26 @@ def _shut(sock: socket.socket) -> None:
 
 # urllib closes the connection's socket reference once the answer is there (the answer
 # keeps the socket): the socket is tracked when it is connected.
-class _WatchedHTTPConnection(http.client.HTTPConnection):
+class _Watched:
+    """Mixed into an HTTP(S) connection: its socket tracked by ``cutter`` once connected."""
+
+    sock: socket.socket
+
     def __init__(self, *args: Any, cutter: _Cutter, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cutter = cutter
 
     def connect(self) -> None:
-        super().connect()
+        super().connect()  # type: ignore[misc]  # the connection class mixed in after this one
         self.cutter.track(self.sock)
 
 
-class _WatchedHTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, *args: Any, cutter: _Cutter, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.cutter = cutter
+class _WatchedHTTPConnection(_Watched, http.client.HTTPConnection):
+    pass
 
-    def connect(self) -> None:
-        super().connect()
-        self.cutter.track(self.sock)
+
+class _WatchedHTTPSConnection(_Watched, http.client.HTTPSConnection):
+    pass
 
 
 class _WatchedHTTPHandler(urllib.request.HTTPHandler):
