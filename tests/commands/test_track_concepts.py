@@ -66,16 +66,17 @@ def test_text_seeds_named_objects_and_tracks_them(two_frames, tmp_path, concepts
     tests/server/test_video_concepts.py's; the command's propagation is track's own). The
     command's spec must be the fixture's (random, tiny, seed 0): it gets that very model
     instead of building a second one."""
-    from sam2serve.concepts import runtime
     from sam2serve.concepts.video_seed import concept_seeds
+    from sam2serve.runtime import concepts as runtime_concepts
 
     specs = []
 
-    def loaded(spec, scratch=None):
+    def loaded(spec):
         specs.append(spec)
         return concepts_tiny
 
-    monkeypatch.setattr(runtime, "load_concepts", loaded)
+    # where the command's loader (runtime.concepts.load_concepts_in_mode) finds it
+    monkeypatch.setattr(runtime_concepts, "load_concepts", loaded)
 
     one = tmp_path / "one"
     one.mkdir()
