@@ -9,6 +9,7 @@ scaled to the image; mask logits resized bilinearly to the image, sigmoid, > 0.5
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -63,13 +64,15 @@ def token_batch(tokenize: Tokenize, phrases: Sequence[str]) -> tuple[Tensor, Ten
 
 def meta_resizes_uint8(device: torch.device | str) -> bool:
     """Whether Meta's processor resizes the uint8 image with torch's uint8 kernel on
-    ``device``. Its ``v2.Resize`` (torchvision's ``resize_image``) does so on the CPU only,
-    and there only when torch's CPU capability reads ``AVX2`` (an ``AVX512`` build does
-    not): everywhere else it resizes in float32 and rounds back to uint8 (CUDA implements
-    antialiased bilinear for floating dtypes only). The two differ by one level in up to a
-    fifth of the resized values (random pixels)."""
-    device = torch.device(device)
-    return device.type == "cpu" and "AVX2" in torch.backends.cpu.get_cpu_capability()
+    ``device``. Its ``v2.Resize`` (torchvision 0.28's ``resize_image``) does so on the CPU
+    only, and there only where torch's CPU capability is ``AVX2`` or ``AVX512`` or the
+    machine is ARM (``_do_native_uint8_resize_on_cpu``): elsewhere (an x86 CPU without
+    AVX2, CUDA, which has no uint8 antialiased kernel) it resizes in float32 and rounds
+    back to uint8. The two differ by one level in up to a fifth of the resized values."""
+    if torch.device(device).type != "cpu":
+        return False
+    capability = torch.backends.cpu.get_cpu_capability()
+    return capability in ("AVX2", "AVX512") or platform.machine() in ("aarch64", "arm64")
 
 
 def _resize(chw: Tensor, size: int) -> Tensor:

@@ -223,12 +223,16 @@ def test_roi_align_matches_a_per_sample_loop_for_hostile_boxes():
 # -- the resize, per device --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("capability", "native"), [("AVX2", True), ("AVX512", False)])
+@pytest.mark.parametrize(
+    ("capability", "native"), [("AVX2", True), ("AVX512", True), ("DEFAULT", False)]
+)
 def test_the_resize_is_meta_processors_on_each_cpu(monkeypatch, capability, native):
-    """torchvision's Resize uses torch's uint8 kernel on a CPU whose capability reads AVX2
-    and resizes in float32, rounded back, elsewhere (AVX512, CUDA); then x * (1/255),
-    (x - 0.5) / 0.5. The two kernels differ, so the rule is seen."""
+    """torchvision's Resize uses torch's uint8 kernel on an x86 CPU whose capability reads
+    AVX2 or AVX512 and resizes in float32, rounded back, elsewhere (no AVX2, CUDA); then
+    x * (1/255), (x - 0.5) / 0.5. The two kernels differ, so the rule is seen (checked
+    against the real torchvision by tests/concepts/test_concepts_meta_stack.py)."""
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(engine.platform, "machine", lambda: "x86_64")
     image = images()[0]
     chw = torch.from_numpy(image.transpose(2, 0, 1).copy())[None]
     resize = {"size": (48, 48), "mode": "bilinear", "align_corners": False, "antialias": True}

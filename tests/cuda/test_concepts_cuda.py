@@ -63,8 +63,8 @@ def photo() -> np.ndarray:
 def test_concepts_on_cuda_equal_the_cpu(pair, monkeypatch, with_boxes):
     """Text only (the padding exemplar box through RoIAlign) and with a positive and a
     negative box: every query (threshold 0) with the CPU's score, box and mask. The CPU
-    resizes in float32 here as CUDA does (on a CPU whose capability reads AVX2 Meta's
-    processor uses the uint8 kernel, a difference of the processor, not of the device)."""
+    resizes in float32 here as CUDA does (on an AVX2 or AVX-512 CPU Meta's processor uses
+    the uint8 kernel, a difference of the processor, not of the device)."""
     cpu, gpu = pair
     monkeypatch.setattr(engine, "meta_resizes_uint8", lambda device: False)
     boxes = (

@@ -3,12 +3,14 @@
 Semantics follow torchvision v2 on image tensors: ToDtype(uint8, scale=True) keeps uint8 and
 scales floats by 255 (round-to-nearest-even after clamping, as ``_to_dtype_tensor`` does);
 Resize((h, w)) is bilinear with antialias=True, on uint8 with torch's native uint8 kernel only
-on the CPU and only where torch's CPU capability string contains "AVX2" (torchvision's
-``_do_native_uint8_resize_on_cpu``; an "AVX512" build does not), elsewhere (CUDA, AVX512) in
-float32, rounded and cast back to uint8 (``resize_image``); ToDtype(float32, scale=True)
+on the CPU and only where torch's CPU capability is "AVX2" or "AVX512" or the machine is ARM
+(torchvision 0.28's ``_do_native_uint8_resize_on_cpu``), elsewhere (CUDA, an x86 CPU without
+AVX2) in float32, rounded and cast back to uint8 (``resize_image``); ToDtype(float32, scale=True)
 multiplies uint8 by 1 / 255 (``to_dtype_image``); Normalize computes (x - mean) / std per
 channel.
 """
+
+import platform
 
 import torch
 from torch import Tensor
@@ -53,7 +55,10 @@ class Resize:
         if list(x.shape[-2:]) == self.size:
             return x
         batched = x if x.dim() == 4 else x[None]
-        native = x.device.type == "cpu" and "AVX2" in torch.backends.cpu.get_cpu_capability()
+        native = x.device.type == "cpu" and (
+            torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+            or platform.machine() in ("aarch64", "arm64")
+        )
         cast = x.dtype == torch.uint8 and not native
         out = torch.nn.functional.interpolate(
             batched.float() if cast else batched,
