@@ -1,7 +1,8 @@
 """A task's concept prompts answered by SAM 3, as Label Studio regions.
 
-One job on the service's model worker per task (a bulk job for pre-annotation, yielding to
-clicks between phrase batches; an interactive one for a typed phrase): the image is encoded
+One job on the service's model worker per task (a bulk job for pre-annotation, a long
+interactive one for a typed phrase; both let waiting clicks run between the detector's torch
+operations, as /v1/concepts does): the image is encoded
 once (the encoding kept in a byte-budgeted LRU by the image's content hash, so the next
 phrase typed on it is a detector pass only), the phrases' text once, then every phrase runs
 through the detector as one batch over that encoding, the batch cut only where its kept
@@ -141,7 +142,8 @@ class ConceptAnswerer:
             def run(context: JobContext) -> dict[str, list[_Kept]]:
                 return self._detect(context, encoding, prompt, instances)
 
-            found = await service.run_job("concepts", run, clock, bulk=bulk)
+            # long (or bulk, pre-annotation): waiting clicks run between its torch operations
+            found = await service.run_job("concepts", run, clock, bulk=bulk, long=not bulk)
             return await asyncio.to_thread(_regions, found, prompt, encoding.width, encoding.height)
         finally:
             reservation.release()
@@ -170,14 +172,15 @@ class ConceptAnswerer:
             context.check()
             batch = tuple(phrases[i] for i in indices)
             rows = text if len(batch) == len(phrases) else text_rows(text, indices)
-            answers = self.concepts.detect(
-                encoding,
-                batch,
-                boxes,
-                self.options.concept_score_thresh,
-                text=rows,
-                max_instances=instances,
-            )
+            with context.between_ops():
+                answers = self.concepts.detect(
+                    encoding,
+                    batch,
+                    boxes,
+                    self.options.concept_score_thresh,
+                    text=rows,
+                    max_instances=instances,
+                )
             for phrase in batch:
                 kept = [i for i in answers[phrase] if i.mask.any()]
                 kept.sort(key=lambda instance: -instance.score)
