@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sam2serve.concepts.phrases import VISUAL_PHRASE
+from sam2serve.concepts.phrases import META_SCORE_THRESH, VISUAL_PHRASE
 
 CONTEXT_LENGTH = 32  # Meta's VETextEncoder context
-DEFAULT_SCORE_THRESH = 0.5  # Meta's Sam3Processor confidence_threshold
+DEFAULT_SCORE_THRESH = META_SCORE_THRESH  # Meta's Sam3Processor confidence_threshold
 PADDING = -10  # transformers' label for a padding exemplar box
 
 

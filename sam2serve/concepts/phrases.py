@@ -17,7 +17,7 @@ MAX_PHRASE_CHARS = MAX_NAME_CHARS
 MAX_RAW_PHRASE_CHARS = 256
 # Meta's text stand-in when only exemplar boxes are given.
 VISUAL_PHRASE = "visual"
-META_SCORE_THRESH = 0.5  # Meta's Sam3Processor confidence_threshold (concepts.engine's)
+META_SCORE_THRESH = 0.5  # Meta's Sam3Processor confidence_threshold
 # Random weights score every query about 0.25: Meta's threshold would keep nothing.
 RANDOM_WEIGHTS_SCORE_THRESH = 0.0
 

@@ -95,14 +95,14 @@ def apply_concepts_mode(
     if spec.quantized_concepts_backbone:
         from torch.ao.quantization import quantize_dynamic
 
+        # Everything but the backbone in ``dtype``; the backbone stays fp32 around its
+        # int8 products (its weights are quantised from fp32, not from a rounded copy).
+        prefix = BACKBONE + "."
+        with torch.no_grad():
+            for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+                if not name.startswith(prefix) and tensor.is_floating_point():
+                    tensor.data = tensor.data.to(dtype)
         backbone = model.get_submodule(BACKBONE)
-        backbone_path = BACKBONE.split(".")
-        for name, child in model.named_children():
-            if name != backbone_path[0]:
-                child.to(dtype)
-        for name, child in model.get_submodule(backbone_path[0]).named_children():
-            if name != backbone_path[1]:
-                child.to(dtype)
         quantize_dynamic(backbone, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
         if dtype != torch.float32:
             backbone.register_forward_hook(_cast_output(dtype))

@@ -186,12 +186,20 @@ def spawn_server(
         "stub_encoder": stub_encoder,
         "labelstudio": labelstudio,
     }
+    proc, log_path = spawn_script(HERE / "hostile.py", json.dumps(config), "reliability")
+    url = _wait_for_url(proc, log_path, START_TIMEOUT_S)
+    cap = _cap_address_space(proc.pid, memory_headroom) if memory_headroom else None
+    return SpawnedServer(url, proc, log_path, cap)
+
+
+def spawn_script(script: Path, argument: str, name: str) -> tuple[subprocess.Popen, Path]:
+    """``python script argument`` from the repository, its stderr in a log file of its own
+    (``sam2serve-NAME-*.log``): the process and the log's path."""
     with tempfile.NamedTemporaryFile(
-        prefix="sam2serve-reliability-", suffix=".log", delete=False
+        prefix=f"sam2serve-{name}-", suffix=".log", delete=False
     ) as log_file:
-        log_path = Path(log_file.name)
         proc = subprocess.Popen(
-            [sys.executable, str(HERE / "hostile.py"), json.dumps(config)],
+            [sys.executable, str(script), argument],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log_file,
@@ -200,9 +208,7 @@ def spawn_server(
             env=subprocess_env(MALLOC_ARENA_MAX="2"),
             cwd=str(REPO),
         )
-    url = _wait_for_url(proc, log_path, START_TIMEOUT_S)
-    cap = _cap_address_space(proc.pid, memory_headroom) if memory_headroom else None
-    return SpawnedServer(url, proc, log_path, cap)
+    return proc, Path(log_file.name)
 
 
 def spawn_cli_server(args: list[str], memory_headroom: int | None = None) -> SpawnedServer:

@@ -19,13 +19,10 @@ from __future__ import annotations
 import gc
 import json
 import signal
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from hostile import HERE, REPO, START_TIMEOUT_S, SpawnedServer, _wait_for_url, subprocess_env
+from hostile import HERE, START_TIMEOUT_S, SpawnedServer, _wait_for_url, spawn_script
 
 STRIPE = 12  # pixels per stripe: a 1000-pixel column has ~80 runs
 
@@ -44,18 +41,7 @@ def striped_masks(count: int, height: int, width: int):
 
 def spawn_striped_server(settings: dict[str, Any]) -> SpawnedServer:
     """Start the striped-concepts server (``settings``: ServerSettings' flat fields)."""
-    with tempfile.NamedTemporaryFile(
-        prefix="sam2serve-striped-", suffix=".log", delete=False
-    ) as log_file:
-        log_path = Path(log_file.name)
-        proc = subprocess.Popen(
-            [sys.executable, str(HERE / "striped_concepts.py"), json.dumps(settings)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log_file,
-            env=subprocess_env(MALLOC_ARENA_MAX="2"),
-            cwd=str(REPO),
-        )
+    proc, log_path = spawn_script(HERE / "striped_concepts.py", json.dumps(settings), "striped")
     return SpawnedServer(_wait_for_url(proc, log_path, START_TIMEOUT_S), proc, log_path)
 
 
