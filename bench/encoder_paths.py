@@ -31,7 +31,9 @@ def _tensors(features: object) -> tuple[torch.Tensor, ...]:
     return (features.image_embed, *features.high_res_feats)  # type: ignore[attr-defined]  # ImageFeatures
 
 
-def _timed(encode: Encode, image: torch.Tensor, iters: int) -> tuple[float, tuple[torch.Tensor, ...]]:
+def _timed(
+    encode: Encode, image: torch.Tensor, iters: int
+) -> tuple[float, tuple[torch.Tensor, ...]]:
     out = encode(image)  # warm-up (and compilation)
     times = []
     for _ in range(iters):

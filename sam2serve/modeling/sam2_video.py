@@ -454,11 +454,15 @@ class SAM2Video(SAM2Image):
         self, vision_feats: torch.Tensor, mask: torch.Tensor, object_score_logits: torch.Tensor
     ) -> torch.Tensor:
         """B masks in [0, 1] (B, 1, 1024, 1024) on a frame of features (1, C, 64, 64) ->
-        memories (B, mem_dim, 64, 64), the no-object embedding added where absent."""
+        memories (B, mem_dim, 64, 64) float32, the no-object embedding added where absent.
+        The memory encoder runs in its weights' dtype (furious casts them to bf16 where bf16
+        is native: ``sam2serve.runtime.video``), its two inputs converted once."""
         video = self.video_config
         mask = mask * video.sigmoid_scale_for_mem_enc + video.sigmoid_bias_for_mem_enc
-        pix_feat = vision_feats.expand(mask.shape[0], -1, -1, -1)
-        features = self.memory_encoder(pix_feat, mask)
+        dtype = self.memory_encoder.out_proj.weight.dtype
+        pix_feat = vision_feats.to(dtype).expand(mask.shape[0], -1, -1, -1)
+        features = self.memory_encoder(pix_feat, mask.to(dtype))
+        # float32 either way: the embedding below is a float32 parameter.
         absent = 1 - (object_score_logits > 0).float()
         embed = self.no_obj_embed_spatial[..., None, None].expand(*features.shape)
         return features + absent[..., None, None] * embed

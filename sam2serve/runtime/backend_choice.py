@@ -28,9 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sam2serve.runtime.artifacts_kind import backend_for_artifacts, export_format, has_video_graphs
+from sam2serve.runtime.auto_table import auto_row
 from sam2serve.runtime.backends import BACKENDS
 from sam2serve.runtime.host import HostIsa, host_isa
-from sam2serve.runtime.modes import VIDEO_MODES, get_video_mode
+from sam2serve.runtime.modes import MODES, VIDEO_MODES, get_video_mode
 from sam2serve.runtime.spec import default_backend
 from sam2serve.runtime.trackers import EAGER_TRACKER, TRACKERS, TrackerInfo, get_tracker_info
 
@@ -63,17 +64,14 @@ class BackendChoiceError(ValueError):
 
 def auto_backend(mode: str, device: str, isa: HostIsa | None = None) -> str:
     """The backend ``auto`` picks for ``mode`` on ``device`` (``isa``: this host's CPU by
-    default) without an export directory: the winner of docs/benchmarks.md's
-    'Backend auto' for the CPU's class. furious's bf16 image path runs about twice as fast
-    in OpenVINO as in eager PyTorch where bf16 is native, and OpenVINO keeps its converted
-    model in the cache (only the first start converts); elsewhere eager PyTorch is as fast
-    or faster and starts at once. int8 runs only in OpenVINO (or from an export)."""
+    default) without an export directory: the row of the CPU's class in
+    :data:`~sam2serve.runtime.auto_table.AUTO_TABLE` (docs/benchmarks.md, 'Backend auto':
+    OpenVINO for furious where bf16 is native, and for int8; eager otherwise). Off the CPU
+    the mode's default backend."""
     if not device.startswith("cpu"):
         return default_backend(mode)
-    isa = isa or host_isa()
-    if mode == "furious" and isa.native_bf16:
-        return "openvino"
-    return default_backend(mode)
+    row = auto_row((isa or host_isa()).isa_class)
+    return row.backend(mode) if mode in MODES else default_backend(mode)
 
 
 def choose_backend(requested: str | None, mode: str, device: str, artifacts: str | None) -> str:

@@ -53,12 +53,35 @@ def test_furious_resolves_its_dtype_as_the_image_path_does(model):
 
 
 def test_furious_in_bf16_on_the_cpu():
-    """bf16 weights for the encoder (the image path's CPU rule), autocast for memory
-    attention; the heads and the memory path's weights stay fp32."""
+    """bf16 weights for the encoder (the image path's CPU rule) and the memory encoder,
+    a bf16 copy for memory attention; the heads and memory attention's own weights stay
+    fp32."""
     model = load_video_model("tiny", random_weights=True, seed=2)  # converted in place
     predictor = video_predictor_for(model, RuntimeSpec(mode="furious", dtype="bfloat16"))
     assert predictor.encoder_autocast_dtype is None
     assert predictor.memory_attention_dtype == torch.bfloat16
-    assert {p.dtype for p in model.image_encoder.parameters()} == {torch.bfloat16}
-    for part in (model.memory_attention, model.memory_encoder, model.sam_mask_decoder):
+    for part in (model.image_encoder, model.memory_encoder):
+        assert {p.dtype for p in part.parameters()} == {torch.bfloat16}
+    for part in (model.memory_attention, model.sam_mask_decoder):
         assert {p.dtype for p in part.parameters()} == {torch.float32}
+
+
+def test_the_bf16_memory_encoder_agrees_with_fp32():
+    """The memories furious stores (bf16 either way) from a bf16 memory encoder are those
+    of the fp32 one within bf16's rounding; float32 comes out in both."""
+    fp32 = load_video_model("tiny", random_weights=True, seed=3)
+    bf16 = load_video_model("tiny", random_weights=True, seed=3)
+    bf16.memory_encoder.to(torch.bfloat16)
+    generator = torch.Generator().manual_seed(0)
+    feats = torch.randn(1, 256, 64, 64, generator=generator)
+    mask = torch.rand(2, 1, 1024, 1024, generator=generator)
+    scores = torch.tensor([[1.0], [-1.0]])  # one present, one absent
+    with torch.inference_mode():
+        want = fp32.encode_mask(feats, mask, scores)
+        got = bf16.encode_mask(feats, mask, scores)
+    assert got.dtype == want.dtype == torch.float32
+    assert not torch.equal(got, want)  # it did run in bf16
+    rel = (got - want).norm() / want.norm()
+    assert rel < 0.02, rel
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+    assert cos > 0.999, cos

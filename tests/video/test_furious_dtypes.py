@@ -25,8 +25,9 @@ NUM_FRAMES = 9  # past num_maskmem (7): the bank fills and slides
 LARGE = 4096
 # Per tracked frame with 2 objects: the frame into the encoder and its 3 levels out, the
 # memory bank's positions, pointer tokens and positions, the frame's features and their
-# encoding into the attention, its output out, the new memory to its stored bf16, the neck.
-MAX_CASTS_PER_FRAME = 12
+# encoding into the attention, its output out, the new memory to its stored bf16, the neck,
+# and the frame's features and the masks into the bf16 memory encoder.
+MAX_CASTS_PER_FRAME = 14
 # Furious answers within what bf16 gives: per object and frame, the mask's IoU with the
 # fp32 tracker's.
 MIN_IOU = 0.9
