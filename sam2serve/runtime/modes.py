@@ -117,8 +117,8 @@ MODES: dict[str, Mode] = {
             reduced_precision_decoder=True,
             allow_tf32=True,
             video_description="image encoder and memory attention in the device's native "
-            "reduced precision (bf16; float32 on a CPU without native bf16, where it tracks "
-            "as baseline), TF32 on CUDA",
+            "reduced precision (bf16, the memory encoder too; float32 on a CPU without "
+            "native bf16, where it tracks as baseline), TF32 on CUDA",
             reduced_precision_memory_attention=True,
             concepts_description="the whole SAM 3 model (ViT backbone, text encoder, "
             "detector) in the device's native reduced precision (bf16; float32 on a CPU "
