@@ -55,7 +55,7 @@ AUTO_TABLE: tuple[AutoRow, ...] = (
         "openvino",
         None,
         "not measured by this project (no AMX host yet): by analogy with avx512_bf16, where "
-        "OpenVINO's bf16 encoder is ~1.6x eager bf16 and torch.compile slower; OpenVINO's "
+        "OpenVINO's bf16 encoder is 1.5-2.0x eager bf16 and torch.compile slower; OpenVINO's "
         "CPU plugin runs its matrix products on AMX tiles where the CPU has them, and "
         "issue 38 reports 441 ms for it against 778 ms eager bf16 on such a host",
     ),
@@ -66,8 +66,9 @@ AUTO_TABLE: tuple[AutoRow, ...] = (
         "openvino",
         "openvino",
         "2026-12-06c, Zen 4, 2 threads",
-        "the bf16 encoder: OpenVINO fastest (about 1.6x eager bf16 at 1 and 2 threads; "
-        "torch.compile with freezing, and with max-autotune, between the two)",
+        "the bf16 encoder, each path against eager bf16 in one process: OpenVINO 1.53x "
+        "(2.0x on one core), torch.compile 1.20x, max-autotune 1.08x (without AMX its C++ "
+        "GEMM template has no bf16 kernel and picks oneDNN's), channels-last 0.85x",
     ),
     _fp32_class(
         "avx512_vnni",
