@@ -27,14 +27,22 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from sam2serve.modeling.hiera import Hiera, MultiScaleBlock
+from sam2serve.modeling.sam2 import ImageEncoder, SAM2Image
+
 SIDE = 1024
 ENCODER_GFLOP = 207.0  # tiny's image path, one 1024 x 1024 image (docs/benchmarks.md)
 
 
-def _model() -> nn.Module:
+def _model() -> SAM2Image:
     from sam2serve.checkpoint import load_model
 
     return load_model("tiny", random_weights=True, seed=0)
+
+
+def _encoder(model: SAM2Image) -> ImageEncoder:
+    assert model.image_encoder is not None  # built with one
+    return model.image_encoder
 
 
 def _image() -> torch.Tensor:
@@ -86,7 +94,7 @@ def _sdpa_gflop(shapes: list[list[int]]) -> float:
 
 
 @contextmanager
-def _block_timer(trunk: nn.Module, times: dict[str, float]) -> Iterator[None]:
+def _block_timer(trunk: Hiera, times: dict[str, float]) -> Iterator[None]:
     """Inclusive wall time of every Hiera block and of its norm/attention/MLP children
     (one thread, synchronous CPU: wall time is CPU time)."""
     starts: dict[str, float] = {}
@@ -104,7 +112,8 @@ def _block_timer(trunk: nn.Module, times: dict[str, float]) -> Iterator[None]:
 
         return hook
 
-    for i, block in enumerate(trunk.blocks):
+    blocks: list[MultiScaleBlock] = list(trunk.blocks)  # type: ignore[arg-type]  # a ModuleList of them
+    for i, block in enumerate(blocks):
         for part, module in (
             ("block", block),
             ("norm", block.norm1),
@@ -126,7 +135,8 @@ def eager(iters: int) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     model = _model()
-    model.image_encoder.to(torch.bfloat16)  # furious on a CPU (runtime.build.encoder_precision)
+    encoder = _encoder(model)
+    encoder.to(torch.bfloat16)  # furious on a CPU (runtime.build.encoder_precision)
     image = _image()
     with torch.inference_mode():
         model.encode_image(image)  # warm-up
@@ -138,7 +148,7 @@ def eager(iters: int) -> str:
             for _ in range(iters):
                 model.encode_image(image)
         times: dict[str, float] = {}
-        with _block_timer(model.image_encoder.trunk, times):
+        with _block_timer(encoder.trunk, times):
             for _ in range(iters):
                 model.encode_image(image)
 
@@ -186,11 +196,11 @@ def eager(iters: int) -> str:
             f"| `{event.key}` | {event.self_cpu_time_total / 1e3 / iters:,.1f} | "
             f"{event.count // iters} |"
         )
-    out += ["", _block_table(model.image_encoder.trunk, times, iters)]
+    out += ["", _block_table(encoder.trunk, times, iters)]
     return "\n".join(out)
 
 
-def _block_table(trunk: nn.Module, times: dict[str, float], iters: int) -> str:
+def _block_table(trunk: Hiera, times: dict[str, float], iters: int) -> str:
     out = [
         "### Eager bf16, by Hiera block (inclusive wall ms per image; *layout* = the block",
         "minus its norms, attention and MLP: window partition/unpartition, pads, residual adds)",
@@ -199,7 +209,8 @@ def _block_table(trunk: nn.Module, times: dict[str, float], iters: int) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     hw = SIDE // 4
-    for i, block in enumerate(trunk.blocks):
+    blocks: list[MultiScaleBlock] = list(trunk.blocks)  # type: ignore[arg-type]  # a ModuleList of them
+    for i, block in enumerate(blocks):
         if block.q_stride:
             hw //= block.q_stride[0]
         ms = {
@@ -258,7 +269,7 @@ def onednn(threads: int) -> str:
 
 
 def openvino(threads: int, iters: int, hints: dict[str, str]) -> str:
-    import openvino as ov
+    import openvino as ov  # type: ignore[import-untyped]  # no stubs
 
     from sam2serve.runtime.export import convert_image_path
 
