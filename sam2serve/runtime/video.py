@@ -15,8 +15,9 @@ The modes' video meaning is declared in :mod:`sam2serve.runtime.modes`
   converts a handful of tensors, ``tests/video/test_furious_dtypes.py``), and where that
   precision is bf16 the memory encoder on bf16 weights as well (its inputs converted once,
   its memories stored in bf16 anyway); TF32 on CUDA where the process allows it (the
-  other modes keep it off for their calls). The dtype is resolved as for images (:func:`~sam2serve.runtime.build.resolve_dtype`): on a CPU
-  without native bf16 it is float32, and furious tracks exactly as baseline does.
+  other modes keep it off for their calls). The dtype is resolved as for images
+  (:func:`~sam2serve.runtime.build.resolve_dtype`): on a CPU without native bf16 it is
+  float32, and furious tracks exactly as baseline does.
 
 Trackers (:mod:`sam2serve.runtime.trackers`, chosen by
 :func:`sam2serve.runtime.backend_choice.choose_tracker`): eager (every mode above),
