@@ -24,7 +24,9 @@ import torch
 from sam2serve.checkpoint import load_model
 from sam2serve.modeling.sam2 import SAM2Image
 
-ENCODER_GFLOP = 207.0
+# tiny, one 1024 x 1024 image, attention included (sam2serve.bench.concepts.count_flops)
+ENCODER_GFLOP = 292.4
+)
 Encode = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
 
 

@@ -31,7 +31,9 @@ from sam2serve.modeling.hiera import Hiera, MultiScaleBlock
 from sam2serve.modeling.sam2 import ImageEncoder, SAM2Image
 
 SIDE = 1024
-ENCODER_GFLOP = 207.0  # tiny's image path, one 1024 x 1024 image (docs/benchmarks.md)
+# tiny, one 1024 x 1024 image, attention included (sam2serve.bench.concepts.count_flops)
+ENCODER_GFLOP = 292.4
+)
 
 
 def _model() -> SAM2Image:
