@@ -26,7 +26,6 @@ from sam2serve.modeling.sam2 import SAM2Image
 
 # tiny, one 1024 x 1024 image, attention included (sam2serve.bench.concepts.count_flops)
 ENCODER_GFLOP = 292.4
-)
 Encode = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
 
 

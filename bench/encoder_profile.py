@@ -33,7 +33,6 @@ from sam2serve.modeling.sam2 import ImageEncoder, SAM2Image
 SIDE = 1024
 # tiny, one 1024 x 1024 image, attention included (sam2serve.bench.concepts.count_flops)
 ENCODER_GFLOP = 292.4
-)
 
 
 def _model() -> SAM2Image:
