@@ -36,7 +36,6 @@ from sam2serve.commands.common import (
     ItemFailure,
     UsageError,
     error_line,
-    flag_of,
     info_line,
     message,
 )
@@ -143,33 +142,6 @@ def add_arguments(parser: CommandParser) -> None:
 # --------------------------------------------------------------------------- flags
 
 
-def _defaults() -> tuple[dict[str, Any], dict[str, str]]:
-    """run's flags' defaults and names, from its own parser (a flag not given has its
-    default)."""
-    from sam2serve.commands import run
-
-    parser = CommandParser(prog=f"{PROG} run")
-    run.add_arguments(parser)
-    return {action.dest: action.default for action in parser._actions}, flag_of(parser)
-
-
-def check_task_flags(args: argparse.Namespace) -> None:
-    """A flag of the other model's tasks is a usage error naming it."""
-    defaults, flags = _defaults()
-    concepts = args.task == TASK
-    for dest in SAM2_ONLY if concepts else CONCEPTS_ONLY:
-        if getattr(args, dest) != defaults[dest]:
-            if concepts:
-                raise UsageError(
-                    f"{flags[dest]} is for --task amg, sps and mps (SAM 2.1); --task concepts "
-                    "runs SAM 3, chosen by --sam3-weights and --sam3-size"
-                )
-            raise UsageError(
-                f"{flags[dest]} is for --task concepts (SAM 3); --task {args.task} is SAM 2.1"
-                + (" and finds every object without phrases" if args.task == "amg" else "")
-            )
-
-
 def _checked_numbers(args: argparse.Namespace) -> None:
     if args.score_thresh is not None and not 0.0 <= args.score_thresh <= 1.0:  # NaN too
         raise UsageError(f"--score-thresh must be a number in [0, 1], got {args.score_thresh}")
@@ -192,7 +164,7 @@ class Plan:
 
 
 def plan(args: argparse.Namespace) -> Plan:
-    check_task_flags(args)
+    """The checked work of ``run --task concepts`` (run has refused the SAM 2.1 flags)."""
     check_concepts_backend(args.backend)
     _checked_numbers(args)
     text = parse_text(args.text)
@@ -419,4 +391,4 @@ class Runner:
         print("\n".join(lines), file=sys.stderr)
 
 
-__all__ = ["add_arguments", "check_task_flags", "plan", "run_concepts"]
+__all__ = ["CONCEPTS_ONLY", "SAM2_ONLY", "add_arguments", "plan", "run_concepts"]
