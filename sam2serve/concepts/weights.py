@@ -186,15 +186,3 @@ def require(directory: Path | None = None) -> Path:
             "run 'sam2serve download --model sam3' (needs HF_TOKEN; " + LICENCE + ")"
         )
     return directory
-
-
-def load(directory: Path | None = None, size: Sam3Size | None = None):
-    """(model, tokenize) from the weights folder; the checkpoint's keys checked strictly."""
-    from sam2serve.concepts.checkpoint import load_strict
-    from sam2serve.concepts.tokenizer import load_tokenizer
-
-    directory = require(directory)
-    loaded = torch.load(directory / CHECKPOINT, map_location="cpu", weights_only=True, mmap=True)
-    model = build_model(size or EXPECTED_SIZE)
-    load_strict(model, meta_to_transformers(loaded.get("model", loaded)))
-    return model, load_tokenizer(directory)
