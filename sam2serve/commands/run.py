@@ -40,7 +40,6 @@ from sam2serve.commands.common import (
     add_weights_flags,
     described,
     error_line,
-    flag_of,
     info_line,
     warning_line,
 )
@@ -236,35 +235,8 @@ def add_arguments(parser: CommandParser) -> None:
     run_concepts.add_arguments(parser)
 
 
-def flag_defaults() -> tuple[dict[str, Any], dict[str, str]]:
-    """run's flags' defaults and names, from its own parser (a flag not given has its
-    default)."""
-    parser = CommandParser(prog=f"{PROG} run")
-    add_arguments(parser)
-    return {action.dest: action.default for action in parser._actions}, flag_of(parser)
-
-
-def check_task_flags(args: argparse.Namespace) -> None:
-    """A flag of the other model's tasks (SAM 2.1's amg, sps, mps; SAM 3's concepts) is a
-    usage error naming it."""
-    defaults, flags = flag_defaults()
-    concepts = args.task == run_concepts.TASK
-    for dest in run_concepts.SAM2_ONLY if concepts else run_concepts.CONCEPTS_ONLY:
-        if getattr(args, dest) != defaults[dest]:
-            if concepts:
-                raise UsageError(
-                    f"{flags[dest]} is for --task amg, sps and mps (SAM 2.1); --task "
-                    f"{run_concepts.TASK} runs SAM 3, chosen by --sam3-weights and --sam3-size"
-                )
-            raise UsageError(
-                f"{flags[dest]} is for --task {run_concepts.TASK} (SAM 3); --task {args.task} "
-                "is SAM 2.1"
-                + (" and finds every object without phrases" if args.task == "amg" else "")
-            )
-
-
 def run_command(args: argparse.Namespace) -> int:
-    check_task_flags(args)
+    run_concepts.check_task_flags(args, add_arguments)  # no flag of the other model's tasks
     if args.task == run_concepts.TASK:
         return run_concepts.run_concepts(args)
     spec = model_flags.runtime_spec(args)

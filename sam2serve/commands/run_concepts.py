@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +36,7 @@ from sam2serve.commands.common import (
     ItemFailure,
     UsageError,
     error_line,
+    flag_of,
     info_line,
     message,
 )
@@ -140,6 +141,36 @@ def add_arguments(parser: CommandParser) -> None:
 
 
 # --------------------------------------------------------------------------- flags
+
+
+def flag_defaults(
+    add_run_arguments: Callable[[CommandParser], None],
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """run's flags' defaults and names, from a parser ``add_run_arguments`` (run's own
+    add_arguments) fills (a flag not given has its default)."""
+    parser = CommandParser(prog=f"{PROG} run")
+    add_run_arguments(parser)
+    return {action.dest: action.default for action in parser._actions}, flag_of(parser)
+
+
+def check_task_flags(
+    args: argparse.Namespace, add_run_arguments: Callable[[CommandParser], None]
+) -> None:
+    """A flag of the other model's tasks is a usage error naming it (``run`` asks, for
+    every task, with its add_arguments)."""
+    defaults, flags = flag_defaults(add_run_arguments)
+    concepts = args.task == TASK
+    for dest in SAM2_ONLY if concepts else CONCEPTS_ONLY:
+        if getattr(args, dest) != defaults[dest]:
+            if concepts:
+                raise UsageError(
+                    f"{flags[dest]} is for --task amg, sps and mps (SAM 2.1); --task concepts "
+                    "runs SAM 3, chosen by --sam3-weights and --sam3-size"
+                )
+            raise UsageError(
+                f"{flags[dest]} is for --task concepts (SAM 3); --task {args.task} is SAM 2.1"
+                + (" and finds every object without phrases" if args.task == "amg" else "")
+            )
 
 
 def _checked_numbers(args: argparse.Namespace) -> None:
@@ -391,4 +422,4 @@ class Runner:
         print("\n".join(lines), file=sys.stderr)
 
 
-__all__ = ["CONCEPTS_ONLY", "SAM2_ONLY", "add_arguments", "plan", "run_concepts"]
+__all__ = ["add_arguments", "check_task_flags", "plan", "run_concepts"]
