@@ -1,4 +1,4 @@
-"""Every ``sam2serve ...`` command in README.md and docs/*.md parses with the real command
+"""Every ``sam2serve ...`` command in README.md, docs/*.md and pyproject.toml's comments parses with the real command
 line (``sam2serve.cli.build_parser``): no unknown flag, no invalid value. Nothing runs: only
 the parser is called, never a handler.
 
@@ -45,7 +45,8 @@ from sam2serve.cli import build_parser
 from sam2serve.commands.common import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# pyproject.toml's comments name the commands each extra serves, in inline code.
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "pyproject.toml"]
 OPERATORS = {"&&", "||", ";", "|", "&", "(", ")", ";;", "|&"}
 REDIRECTS = re.compile(r"^[<>]+&?$|^>&$|^&>$")
 ENV_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")

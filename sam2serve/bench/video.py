@@ -44,6 +44,7 @@ from sam2serve.bench.runner import (
     check_weights,
     work_directory,
 )
+from sam2serve.bench.worker import tracker_spec
 from sam2serve.engine.masks import build_point_grid
 from sam2serve.runtime.modes import VIDEO_MODES
 
@@ -190,20 +191,17 @@ def object_prompts(count: int, clip: VideoClip) -> dict[int, Prompt]:
 
 
 def _plan_video_modes(modes: Sequence[str], notes: list[str], device: str = "cpu") -> list[str]:
-    """The rows, baseline first: the reference and the modes the tracker runs."""
-    from sam2serve.runtime.backend_choice import choose_tracker
-
-    planned = _plan_modes(modes, notes)
+    """The rows, baseline first: the reference and the modes the tracker runs (a
+    ``MODE+auto`` row as the tracker auto picks)."""
+    planned = _plan_modes([_auto_tracker_row(label, device, notes) for label in modes], notes)
     refused = []
     for label in planned:
         if label == REFERENCE:
             continue
-        mode, _, backend = label.partition("+")
         try:
             if label in PEERS:
                 raise ValueError("an image peer")
-            # The bench tracks from the checkpoint: a tracker of exports is refused.
-            choose_tracker(backend or None, mode, device, None)
+            tracker_spec(label, "tiny", device, None)
         except ValueError:
             refused.append(label)
     if refused:
@@ -212,6 +210,22 @@ def _plan_video_modes(modes: Sequence[str], notes: list[str], device: str = "cpu
             f"{', '.join((REFERENCE, *VIDEO_MODES))}"
         )
     return planned
+
+
+def _auto_tracker_row(label: str, device: str, notes: list[str]) -> str:
+    """``MODE+auto`` as the row of the tracker auto picks for the mode from weights
+    (the report says which); any other row as it is."""
+    from sam2serve.runtime.backend_choice import AUTO
+
+    mode, _, backend = label.partition("+")
+    if backend != AUTO:
+        return label
+    try:
+        chosen = tracker_spec(mode, "tiny", device, None).label
+    except ValueError:
+        return mode  # refused by the plan, named by its mode
+    notes.append(f"{label} ran as {chosen}: the tracker auto picks for {mode} on this {device}")
+    return chosen
 
 
 # --------------------------------------------------------------------------- runs

@@ -31,7 +31,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sam2serve.runtime.spec import RuntimeSpec
 
 __all__ = ["SPAWN_TIME_ENV", "main", "run", "run_video", "write_checkpoint"]
 
@@ -234,17 +237,27 @@ def run(spec_path: Path, result_path: Path) -> int:
 # --------------------------------------------------------------------------- video
 
 
+def tracker_spec(label: str, model: str, device: str, threads: int | None) -> RuntimeSpec:
+    """The RuntimeSpec a video row (``MODE`` or ``MODE+BACKEND``) runs: its tracker is
+    :func:`~sam2serve.runtime.backend_choice.choose_tracker`'s answer from weights (the bench
+    tracks from the checkpoint), as ``sam2serve track`` and the server choose it."""
+    from sam2serve.runtime.backend_choice import choose_tracker
+    from sam2serve.runtime.spec import RuntimeSpec
+
+    mode, _, backend = label.partition("+")
+    tracker = choose_tracker(backend or None, mode, device, None)
+    return RuntimeSpec(model=model, mode=mode, backend=tracker, device=device, threads=threads)
+
+
 class _VideoEngineTracker:
     """Our VideoPredictor in one of the video modes (:mod:`sam2serve.runtime.video`)."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         from sam2serve.runtime.process import configure_process
-        from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+        from sam2serve.runtime.spec import WeightsSource
         from sam2serve.runtime.video import build_video_predictor
 
-        runtime = RuntimeSpec.from_label(
-            spec["mode"], model=spec["model"], device=spec["device"], threads=spec.get("threads")
-        )
+        runtime = tracker_spec(spec["mode"], spec["model"], spec["device"], spec.get("threads"))
         configure_process(runtime)  # a worker's process runs this one spec
         self.predictor = build_video_predictor(
             runtime, WeightsSource(checkpoint=spec["checkpoint"])

@@ -221,6 +221,17 @@ def _object_counts(text: str) -> tuple[int, ...]:
     return counts
 
 
+def _cached_checkpoint(model: str) -> str:
+    """Without --checkpoint or --random-weights, Meta's file in the cache's checkpoints
+    folder, downloaded there if missing: what every command that loads the model reads
+    (checkpoint.resolve_checkpoint); why it cannot be had is one usage-error line."""
+    from sam2serve.checkpoint import resolve_checkpoint
+    from sam2serve.config import get_config
+
+    with model_flags.load_errors_as_usage(None, model):
+        return str(resolve_checkpoint(get_config(model), None))
+
+
 def bench_command(args: argparse.Namespace) -> int:
     from sam2serve.bench.report import markdown, write_outputs
     from sam2serve.bench.runner import BenchConfig, BenchError, run_bench
@@ -248,6 +259,9 @@ def bench_command(args: argparse.Namespace) -> int:
     values["name"] = values["name"] or (
         f"bench_{args.model}_{args.device.replace(':', '')}" + ("_video" if video else "")
     )
+    checkpoint = args.checkpoint
+    if checkpoint is None and not args.random_weights:
+        checkpoint = _cached_checkpoint(args.model)
     try:
         config = BenchConfig(
             tasks=(
@@ -259,7 +273,7 @@ def bench_command(args: argparse.Namespace) -> int:
             ),
             model=args.model,
             modes=modes,
-            checkpoint=None if args.checkpoint is None else Path(args.checkpoint),
+            checkpoint=None if checkpoint is None else Path(checkpoint),
             random_weights=args.random_weights,
             seed=args.seed,
             device=args.device,

@@ -64,7 +64,8 @@ commands:
 
 UP_EPILOG = f"""\
 examples:
-  {PROG} export --model tiny --mode fast --random-weights --out /srv/sam2/tiny-fast
+  {PROG} export --model tiny --mode fast --random-weights \\
+      --out /tmp/sam2serve/artifacts/tiny-fast
   {PROG} cluster up --config {DEFAULT_CONFIG}
   {PROG} cluster status
   curl -s -F image=@photo.jpg http://127.0.0.1:8000/v1/embeddings

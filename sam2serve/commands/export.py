@@ -240,7 +240,7 @@ def export_compile_cache_command(args: argparse.Namespace) -> int:
         )
     if args.video:
         raise UsageError("--video exports ONNX graphs: use it with --format onnx")
-    from sam2serve.runtime.compile_cache import export_compile_cache
+    from sam2serve.runtime.backends.compiled import export_compile_cache
     from sam2serve.runtime.process import configure_process
     from sam2serve.runtime.spec import RuntimeSpec
 

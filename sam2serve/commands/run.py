@@ -236,9 +236,9 @@ def add_arguments(parser: CommandParser) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    run_concepts.check_task_flags(args, add_arguments)  # no flag of the other model's tasks
     if args.task == run_concepts.TASK:
         return run_concepts.run_concepts(args)
-    run_concepts.check_task_flags(args)  # no concepts flag on a SAM 2.1 task
     spec = model_flags.runtime_spec(args)
     if args.task == "amg" and args.prompts is not None:
         raise UsageError("--prompts is for --task sps and mps; amg needs no prompts")

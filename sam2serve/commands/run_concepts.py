@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,19 +143,22 @@ def add_arguments(parser: CommandParser) -> None:
 # --------------------------------------------------------------------------- flags
 
 
-def _defaults() -> tuple[dict[str, Any], dict[str, str]]:
-    """run's flags' defaults and names, from its own parser (a flag not given has its
-    default)."""
-    from sam2serve.commands import run
-
+def flag_defaults(
+    add_run_arguments: Callable[[CommandParser], None],
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """run's flags' defaults and names, from a parser ``add_run_arguments`` (run's own
+    add_arguments) fills (a flag not given has its default)."""
     parser = CommandParser(prog=f"{PROG} run")
-    run.add_arguments(parser)
+    add_run_arguments(parser)
     return {action.dest: action.default for action in parser._actions}, flag_of(parser)
 
 
-def check_task_flags(args: argparse.Namespace) -> None:
-    """A flag of the other model's tasks is a usage error naming it."""
-    defaults, flags = _defaults()
+def check_task_flags(
+    args: argparse.Namespace, add_run_arguments: Callable[[CommandParser], None]
+) -> None:
+    """A flag of the other model's tasks is a usage error naming it (``run`` asks, for
+    every task, with its add_arguments)."""
+    defaults, flags = flag_defaults(add_run_arguments)
     concepts = args.task == TASK
     for dest in SAM2_ONLY if concepts else CONCEPTS_ONLY:
         if getattr(args, dest) != defaults[dest]:
@@ -192,7 +195,7 @@ class Plan:
 
 
 def plan(args: argparse.Namespace) -> Plan:
-    check_task_flags(args)
+    """The checked work of ``run --task concepts`` (run has refused the SAM 2.1 flags)."""
     check_concepts_backend(args.backend)
     _checked_numbers(args)
     text = parse_text(args.text)

@@ -46,7 +46,7 @@ from sam2serve.engine.video.retention import RETENTION_MODES
 from sam2serve.runtime.backend_choice import AUTO, choose_tracker
 from sam2serve.runtime.modes import VIDEO_MODES
 from sam2serve.runtime.spec import RuntimeSpec
-from sam2serve.runtime.trackers import EAGER_TRACKER, ONNX_TRACKER, VIDEO_BACKENDS
+from sam2serve.runtime.trackers import EAGER_TRACKER, TRACKERS, VIDEO_BACKENDS
 
 SAMPLE_VIDEO = "sample"
 SAMPLE_FRAMES = 8
@@ -164,13 +164,29 @@ def add_arguments(parser: CommandParser) -> None:
         "--backend",
         choices=(AUTO, *VIDEO_BACKENDS),
         default=None,
-        help=f"what runs the model: {EAGER_TRACKER} (PyTorch, every mode) or "
-        f"{ONNX_TRACKER} (mode fast: the video graphs of '{PROG} export --format onnx "
-        f"--video' in --artifacts) (default, {AUTO}: {ONNX_TRACKER} with --artifacts, else "
-        f"{EAGER_TRACKER})",
+        help=backend_help(),
     )
     add_weights_flags(model)
     track_concepts.add_arguments(parser)
+
+
+def backend_help() -> str:
+    """--backend's help, from the trackers' registry: each tracker with its modes and
+    devices (and, for one that runs an export, that it reads --artifacts)."""
+    trackers = "; ".join(
+        f"{info.name}: {info.description}, on {', '.join(info.devices)}"
+        + (", from --artifacts" if info.needs_artifacts else "")
+        for info in TRACKERS.values()
+    )
+    exports = " or ".join(
+        f"{info.name} for --format {info.export_format}"
+        for info in TRACKERS.values()
+        if info.needs_artifacts
+    )
+    return (
+        f"what runs the model: {trackers} (default, {AUTO}: with --artifacts the tracker of "
+        f"its format, {exports}; else {EAGER_TRACKER})"
+    )
 
 
 def track_command(args: argparse.Namespace) -> int:

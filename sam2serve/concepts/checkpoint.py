@@ -10,6 +10,7 @@ transformers drops. Loading fails, naming the keys, when anything is missing or 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -258,9 +259,10 @@ def meta_to_transformers(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def load_strict(model: torch.nn.Module, state: dict[str, Tensor]) -> None:
-    """Load ``state`` (already in the model's keys) or raise naming what does not match."""
-    expected = model.state_dict()
+def check_state(expected: Mapping[str, Tensor], state: Mapping[str, Tensor]) -> None:
+    """``state`` (in the model's keys) must hold every tensor of ``expected`` (a model's
+    state dict, possibly on the meta device) with its shape, and nothing else; else a
+    CheckpointMismatch naming what does not match."""
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     shapes = sorted(
@@ -268,10 +270,16 @@ def load_strict(model: torch.nn.Module, state: dict[str, Tensor]) -> None:
         for k, v in expected.items()
         if k in state and tuple(state[k].shape) != tuple(v.shape)
     )
-    if missing or unexpected or shapes:
-        parts = []
-        for label, names in (("missing", missing), ("unexpected", unexpected), ("shape", shapes)):
-            if names:
-                parts.append(f"{label} ({len(names)}): {', '.join(names[:5])}")
-        raise CheckpointMismatch("SAM 3 checkpoint does not match the model: " + "; ".join(parts))
+    parts = [
+        f"{label} ({len(names)}): {', '.join(names[:5])}"
+        for label, names in (("missing", missing), ("unexpected", unexpected), ("shape", shapes))
+        if names
+    ]
+    if parts:
+        raise CheckpointMismatch("not a SAM 3 checkpoint: " + "; ".join(parts))
+
+
+def load_strict(model: torch.nn.Module, state: dict[str, Tensor]) -> None:
+    """Load ``state`` (already in the model's keys) or raise naming what does not match."""
+    check_state(model.state_dict(), state)
     model.load_state_dict(state, strict=True)

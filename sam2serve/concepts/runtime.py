@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sam2serve.concepts import weights as weights_folder
+from sam2serve.concepts.checkpoint import load_strict, meta_to_transformers
 from sam2serve.concepts.engine import (
     DEFAULT_SCORE_THRESH,
     ConceptEncoding,
@@ -29,7 +31,7 @@ from sam2serve.concepts.engine import (
     segment_concepts,
 )
 from sam2serve.concepts.model import Sam3Size, build_model
-from sam2serve.concepts.tokenizer import load_tokenizer
+from sam2serve.concepts.tokenizer import ClipTokenizer, load_tokenizer
 
 SIZES = {"full": Sam3Size.full, "tiny": Sam3Size.tiny}
 
@@ -109,7 +111,7 @@ class Concepts:
 
 def load_concepts(spec: ConceptsSpec) -> Concepts:
     """The concept model of ``spec`` on its device. Real weights: strictly checked
-    (:func:`sam2serve.concepts.weights.load`; a one-line ``WeightsError`` when missing).
+    (:func:`load_weights`; a one-line ``WeightsError`` when missing).
     Random: CLIP's public BPE vocabulary (a one-line ``WeightsError`` saying how to install
     it when missing), loaded before the model is built."""
     size = SIZES[spec.size]()
@@ -120,7 +122,19 @@ def load_concepts(spec: ConceptsSpec) -> Concepts:
             model = build_model(size)
         randomize_(model, spec.seed)
     else:
-        from sam2serve.concepts.weights import load
-
-        model, tokenize = load(spec.weights, size)
+        model, tokenize = load_weights(spec.weights, size)
     return Concepts(model.to(spec.device), tokenize, size, spec)
+
+
+def load_weights(
+    directory: Path | None = None, size: Sam3Size | None = None
+) -> tuple[torch.nn.Module, ClipTokenizer]:
+    """(model, tokenizer) from the weights folder (None: the download cache); the
+    checkpoint's keys checked strictly."""
+    directory = weights_folder.require(directory)
+    checkpoint = directory / weights_folder.CHECKPOINT
+    loaded = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    # Read when called: the size a downloaded file must match (tests set a reduced one).
+    model = build_model(size or weights_folder.EXPECTED_SIZE)
+    load_strict(model, meta_to_transformers(loaded.get("model", loaded)))
+    return model, load_tokenizer(directory)

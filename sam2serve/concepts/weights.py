@@ -16,7 +16,7 @@ import torch
 
 from sam2serve.cache import cache_path
 from sam2serve.checkpoint import CheckpointError, check_records
-from sam2serve.concepts.checkpoint import CheckpointMismatch, meta_to_transformers
+from sam2serve.concepts.checkpoint import CheckpointMismatch, check_state, meta_to_transformers
 from sam2serve.concepts.model import Sam3Size, build_model
 from sam2serve.download import (
     DigestMismatch,
@@ -57,20 +57,11 @@ def hf_token() -> str | None:
 
 def check_keys(state: dict[str, torch.Tensor], size: Sam3Size) -> None:
     """Meta-format ``state`` must give every parameter of ``size``'s model with its shape,
-    and nothing else (the model is built on the meta device: no memory, no time)."""
+    and nothing else (:func:`~sam2serve.concepts.checkpoint.check_state`, the check
+    ``load_strict`` makes; the model is built on the meta device: no memory, no time)."""
     with torch.device("meta"):
         expected = build_model(size).state_dict()
-    mapped = meta_to_transformers(state)
-    missing = sorted(set(expected) - set(mapped))
-    unexpected = sorted(set(mapped) - set(expected))
-    shapes = sorted(
-        k for k in expected if k in mapped and tuple(mapped[k].shape) != tuple(expected[k].shape)
-    )
-    for label, names in (("missing", missing), ("unexpected", unexpected), ("shape", shapes)):
-        if names:
-            raise CheckpointMismatch(
-                f"not a SAM 3 checkpoint: {len(names)} {label} key(s), e.g. {names[0]}"
-            )
+    check_state(expected, meta_to_transformers(state))
 
 
 def max_checkpoint_bytes(size: Sam3Size | None = None) -> int:
@@ -195,15 +186,3 @@ def require(directory: Path | None = None) -> Path:
             "run 'sam2serve download --model sam3' (needs HF_TOKEN; " + LICENCE + ")"
         )
     return directory
-
-
-def load(directory: Path | None = None, size: Sam3Size | None = None):
-    """(model, tokenize) from the weights folder; the checkpoint's keys checked strictly."""
-    from sam2serve.concepts.checkpoint import load_strict
-    from sam2serve.concepts.tokenizer import load_tokenizer
-
-    directory = require(directory)
-    loaded = torch.load(directory / CHECKPOINT, map_location="cpu", weights_only=True, mmap=True)
-    model = build_model(size or EXPECTED_SIZE)
-    load_strict(model, meta_to_transformers(loaded.get("model", loaded)))
-    return model, load_tokenizer(directory)

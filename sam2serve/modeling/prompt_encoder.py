@@ -14,6 +14,27 @@ from torch import nn
 
 from sam2serve.modeling.common import LayerNorm2d
 
+# The label SAM's prompt encoder embeds as "not a point" (padding).
+PADDING_LABEL = -1
+
+
+def points_or_padding(
+    coords: torch.Tensor | None,
+    labels: torch.Tensor | None,
+    batch: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (B, N, 2) coordinates and (B, N) int32 labels a video model's heads take for
+    ``batch`` objects: the points given, or without points (a tracked frame) one padding
+    point (0, 0) per object, as Meta's tracker passes: the mask decoder always sees at
+    least the padding tokens. Every VideoModel's ``forward_heads`` pads through here."""
+    if coords is not None and labels is not None:
+        return coords, labels
+    return (
+        torch.zeros((batch, 1, 2), device=device),
+        torch.full((batch, 1), PADDING_LABEL, dtype=torch.int32, device=device),
+    )
+
 
 class PositionEmbeddingRandom(nn.Module):
     """Random Fourier features of normalised (x, y) coordinates."""
@@ -88,10 +109,10 @@ class PromptEncoder(nn.Module):
         """
         b = coords.shape[0]
         coords = torch.cat([coords + 0.5, coords.new_zeros((b, 1, 2))], dim=1)  # pixel centres
-        labels = torch.cat([labels, labels.new_full((b, 1), -1)], dim=1)
+        labels = torch.cat([labels, labels.new_full((b, 1), PADDING_LABEL)], dim=1)
         embedding = self.pe_layer.encode_pixels(coords, self.input_image_size)
         labels = labels.unsqueeze(-1)
-        embedding = torch.where(labels == -1, self.not_a_point_embed.weight, embedding)
+        embedding = torch.where(labels == PADDING_LABEL, self.not_a_point_embed.weight, embedding)
         for label, learned in enumerate(self.point_embeddings):
             embedding = torch.where(labels == label, embedding + learned.weight, embedding)
         return embedding

@@ -26,6 +26,7 @@ from sam2serve.modeling.common import MLP
 from sam2serve.modeling.mask_decoder import MaskDecoder
 from sam2serve.modeling.memory_attention import MemoryAttention
 from sam2serve.modeling.memory_encoder import MemoryEncoder
+from sam2serve.modeling.prompt_encoder import points_or_padding
 from sam2serve.modeling.sam2 import SAM2Image, raise_on_overflow
 from sam2serve.modeling.sine_encoding import grid_sine_encoding, temporal_sine_encoding
 
@@ -337,14 +338,13 @@ class SAM2Video(SAM2Image):
         """SAM heads on B objects' (possibly memory-conditioned) features (B, C, 64, 64).
 
         Points in the 1024 frame (box corners as labels 2/3); without points, one padding
-        point (as Meta: the decoder always sees at least the padding tokens). mask_input
+        point (:func:`~sam2serve.modeling.prompt_encoder.points_or_padding`). mask_input
         (B, 1, 256, 256) logits or None.
         """
-        b = pix_feat.shape[0]
         encoder = self.sam_prompt_encoder
-        if point_coords is None:
-            point_coords = pix_feat.new_zeros((b, 1, 2))
-            point_labels = torch.full((b, 1), -1, dtype=torch.int32, device=pix_feat.device)
+        point_coords, point_labels = points_or_padding(
+            point_coords, point_labels, pix_feat.shape[0], pix_feat.device
+        )
         sparse = encoder.embed_points(point_coords, point_labels)
         if mask_input is None:
             dense = encoder.no_mask_dense()

@@ -11,8 +11,9 @@ changes nothing process-wide: threads and TF32 are the entry point's
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -20,8 +21,33 @@ from sam2serve.checkpoint import load_model
 from sam2serve.engine.predictor import Predictor, PromptDecoder
 from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder
 from sam2serve.modeling.sam2 import SAM2Image
+from sam2serve.runtime.backends import BackendInfo, get_backend_info
 from sam2serve.runtime.modes import get_mode
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+
+
+class Backend(Protocol):
+    """How a backend (a module of :mod:`sam2serve.runtime.backends`, its ``BACKEND``)
+    builds the predictor a spec describes."""
+
+    def build(self, spec: RuntimeSpec, weights: WeightsSource) -> Predictor:
+        """The predictor for ``spec`` with ``weights`` (checkpoint, random, or artifacts)."""
+        ...
+
+    def build_from_model(self, spec: RuntimeSpec, model: SAM2Image) -> Predictor:
+        """The predictor for ``spec`` around an already loaded ``model``."""
+        ...
+
+    def versions(self) -> dict[str, str]:
+        """Versions of the runtimes it uses (written into outputs and manifests)."""
+        ...
+
+
+def load_backend(info: BackendInfo) -> Backend:
+    """The registered backend's ``BACKEND``, its module imported now (the registry names
+    it without importing it)."""
+    backend: Backend = importlib.import_module(info.module).BACKEND
+    return backend
 
 
 def build_predictor(
@@ -30,8 +56,6 @@ def build_predictor(
     """The Predictor ``spec`` describes, with ``weights`` (default: the official checkpoint
     from the cache). ``model``: an already loaded model to run instead of loading one (it
     may be converted in place, e.g. its encoder cast to bf16)."""
-    from sam2serve.runtime.backends import get_backend_info
-
     weights = weights or WeightsSource()
     backend = get_backend_info(spec.backend)
     if backend.needs_artifacts != (weights.artifacts is not None):
@@ -43,7 +67,7 @@ def build_predictor(
         )
     if not backend.needs_artifacts:  # artifacts carry the dtype they were exported in
         spec = resolve_dtype(spec)
-    implementation = backend.load()
+    implementation = load_backend(backend)
     if model is None:
         predictor = implementation.build(spec, weights)
     else:

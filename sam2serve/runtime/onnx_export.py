@@ -37,7 +37,6 @@ import json
 import platform
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,7 +46,6 @@ from torch import nn
 
 from sam2serve.checkpoint import load_model, load_video_model
 from sam2serve.config import IMAGE_SIZE
-from sam2serve.modeling.prompt_encoder import PromptEncoder
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.modeling.sam2_video import SAM2Video
 from sam2serve.runtime.artifacts_kind import ONNX_FORMAT
@@ -56,6 +54,8 @@ from sam2serve.runtime.cache_entry import file_problems, sha256_file
 from sam2serve.runtime.calibration import calibration_inputs
 from sam2serve.runtime.export import ArtifactError
 from sam2serve.runtime.modes import get_mode
+from sam2serve.runtime.onnx_graph import OPSET, dense_embedding, export_graph
+from sam2serve.runtime.onnx_video import VIDEO_GRAPHS, export_video_graphs
 
 FORMAT = ONNX_FORMAT
 FORMAT_VERSION = 1
@@ -64,8 +64,6 @@ ENCODER_ONNX = "image_encoder.onnx"
 DECODER_ONNX = "prompt_decoder.onnx"
 LOW_RES_DECODER_ONNX = "decoder_low_res.onnx"
 HEADS = "heads.pt"
-# 17: what the SAM 2 ONNX files in circulation use; every ONNX Runtime since 1.14 runs it.
-OPSET = 17
 LOW_RES_CLAMP = 32.0
 ENCODER_OUTPUTS = ("image_embed", "high_res_feats_0", "high_res_feats_1")
 DECODER_INPUTS = (
@@ -160,43 +158,6 @@ class OnnxPromptDecoder(nn.Module):
         return masks, iou, logits.clamp(-LOW_RES_CLAMP, LOW_RES_CLAMP)
 
 
-def dense_embedding(
-    encoder: PromptEncoder, mask_input: torch.Tensor, has_mask_input: torch.Tensor
-) -> torch.Tensor:
-    """The prompt encoder's dense embedding (M, C, 64, 64): of ``mask_input`` where
-    ``has_mask_input`` is 1, "no mask" where 0 (0 or 1, so the blend is exactly one of the
-    two embeddings)."""
-    has_mask = has_mask_input.reshape(-1, 1, 1, 1)
-    return has_mask * encoder.embed_masks(mask_input) + (1 - has_mask) * (
-        encoder.no_mask_embed.weight.reshape(1, -1, 1, 1)
-    )
-
-
-def export_graph(
-    module: nn.Module,
-    args: tuple[torch.Tensor, ...],
-    path: Path,
-    inputs: tuple[str, ...],
-    outputs: tuple[str, ...],
-    dynamic_axes: dict[str, dict[int, str]],
-) -> None:
-    with warnings.catch_warnings():
-        # The trace sees Hiera's padding checks, the decoder's shapes and the rotary
-        # encoding's grid as constants: right for the fixed 1024 x 1024 input.
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module.eval(),
-            args,
-            str(path),
-            input_names=list(inputs),
-            output_names=list(outputs),
-            dynamic_axes=dynamic_axes,
-            opset_version=OPSET,
-            do_constant_folding=True,
-            dynamo=False,
-        )
-
-
 def _decoder_examples(features: tuple[torch.Tensor, ...], side: int) -> tuple[torch.Tensor, ...]:
     prompts, points = 2, 3
     coords = torch.rand(prompts, points, 2) * side
@@ -287,8 +248,6 @@ def export_onnx(
     files = [ENCODER_ONNX, DECODER_ONNX, LOW_RES_DECODER_ONNX, HEADS]
     video_section = None
     if video:
-        from sam2serve.runtime.onnx_video import VIDEO_GRAPHS, export_video_graphs
-
         assert isinstance(model, SAM2Video)
         video_section = export_video_graphs(model, out, progress)
         files += VIDEO_GRAPHS

@@ -49,7 +49,7 @@ from sam2serve.engine.image import IMAGENET_MEAN, IMAGENET_STD
 from sam2serve.engine.video.predictor import PREV_MASK_CLAMP
 from sam2serve.modeling.sam2_video import NO_OBJ_SCORE, SAM2Video, decode_with_tokens
 from sam2serve.modeling.sine_encoding import grid_sine_encoding
-from sam2serve.runtime.onnx_export import dense_embedding, export_graph
+from sam2serve.runtime.onnx_graph import dense_embedding, export_graph
 
 FRAME_ENCODER_ONNX = "frame_encoder.onnx"
 MEMORY_ATTENTION_ONNX = "memory_attention.onnx"

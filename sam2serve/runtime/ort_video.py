@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from sam2serve.checkpoint import WeightsInfo
 from sam2serve.config import get_config
 from sam2serve.engine.video.predictor import VideoPredictor, VideoPromptError
+from sam2serve.modeling.prompt_encoder import points_or_padding
 from sam2serve.modeling.sam2_video import FrameFeatures, HeadsOutput, ObjectPointers, SpatialMemory
 from sam2serve.runtime.backends.onnxruntime import open_session
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
@@ -141,10 +142,9 @@ class OrtVideoModel:
         multimask_output: bool,
     ) -> HeadsOutput:
         """SAM2Video.forward_heads through video_decoder.onnx."""
-        batch = pix_feat.shape[0]
-        if point_coords is None or point_labels is None:
-            point_coords = torch.zeros(batch, 1, 2)
-            point_labels = torch.full((batch, 1), -1.0)
+        point_coords, point_labels = points_or_padding(
+            point_coords, point_labels, pix_feat.shape[0], pix_feat.device
+        )
         side = self.image_size // 4
         if mask_input is None:
             masks = np.zeros((1, 1, side, side), np.float32)

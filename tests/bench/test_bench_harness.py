@@ -200,7 +200,9 @@ def test_reference_ran_metas_code_in_its_own_process_only(bench):
         assert result["torchvision"] in ("torchvision", "sam2serve stand-in")
 
 
-def test_bench_usage_errors_are_one_line(tmp_path):
+def test_bench_usage_errors_are_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAM2SERVE_CACHE", str(tmp_path / "cache"))  # no checkpoint there
+    monkeypatch.setenv("SAM2SERVE_OFFLINE", "1")
     cases = [
         (["bench", "--modes", "baseline,turbo", "--random-weights"], "turbo"),
         (["bench", "--modes", "fast+turbo", "--random-weights"], "'turbo'"),
@@ -212,7 +214,8 @@ def test_bench_usage_errors_are_one_line(tmp_path):
         (["bench", "--n", "0", "--random-weights"], "--n must be an integer >= 1, got 0"),
         (["bench", "--random-weights", "--points-per-side", "0"], "--points-per-side"),
         (["bench", "--checkpoint", str(tmp_path / "x.pt")], "not found"),
-        (["bench"], "--checkpoint"),
+        # No weights flag: the cache's checkpoint, which is not there and not fetched.
+        (["bench"], "no checkpoint for model 'tiny'"),
     ]
     for argv, fragment in cases:
         stderr = io.StringIO()
@@ -222,3 +225,24 @@ def test_bench_usage_errors_are_one_line(tmp_path):
         assert code == 2 and len(errors) == 1 and fragment in errors[0], stderr.getvalue()
         assert "Traceback" not in stderr.getvalue()
     assert not (tmp_path / "out").exists()
+
+
+def test_bench_without_weights_flags_reads_the_cached_checkpoint(tmp_path, monkeypatch):
+    """As --checkpoint's help says (and as run does): without --checkpoint or
+    --random-weights, every row loads Meta's file from the cache's checkpoints folder."""
+    from sam2serve.bench import runner
+
+    cached = tmp_path / "cache" / "checkpoints" / "sam2.1_hiera_tiny.pt"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"stand-in: the bench is not run")
+    monkeypatch.setenv("SAM2SERVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SAM2SERVE_OFFLINE", "1")
+    configs = []
+
+    def stop(config):
+        configs.append(config)
+        raise runner.BenchError("stopped before running")
+
+    monkeypatch.setattr(runner, "run_bench", stop)
+    code = cli.main(["bench", "--task", "sps", "--modes", "baseline", "--out", str(tmp_path)])
+    assert code == 2 and [config.checkpoint for config in configs] == [cached]

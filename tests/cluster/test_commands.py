@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import yaml
@@ -18,6 +19,22 @@ def test_help_explains_the_commands(capsys):
         assert word in out
     assert main(["cluster", "burst", "--help"]) == 0
     assert "execution time" in capsys.readouterr().out
+
+
+def test_up_help_exports_what_the_default_config_reads(capsys):
+    """The export example in 'cluster up --help' writes the artifacts directory (and the
+    model and mode) that deploy/serve_tiny.yaml, the default config, reads."""
+    assert main(["cluster", "up", "--help"]) == 0
+    help_text = capsys.readouterr().out.replace("\\\n", " ")
+    [words] = [line.split() for line in help_text.splitlines() if " export " in line]
+    flags = {word: value for word, value in pairwise(words) if word.startswith("--")}
+    config = yaml.safe_load((REPO / "deploy" / "serve_tiny.yaml").read_text())
+    args = config["applications"][0]["args"]
+    assert (flags["--out"], flags["--model"], flags["--mode"]) == (
+        args["artifacts"],
+        args["model"],
+        args["mode"],
+    )
 
 
 def test_up_names_a_bad_value_before_starting_anything(tmp_path, capsys):

@@ -333,7 +333,7 @@ def test_torch_free_constants_match_the_engine():
 
 def test_every_flag_is_on_one_side_or_shared():
     """Each flag of run is SAM 2.1's, SAM 3's or shared: a new flag must be placed."""
-    defaults, _ = run_concepts._defaults()
+    defaults, _ = run_concepts.flag_defaults(run.add_arguments)
     shared = {"help", "images", "task", "out", "prompts", "overlay", "coco", "device"}
     shared |= {"threads", "random_weights", "seed", "mode", "backend"}
     sides = set(run_concepts.SAM2_ONLY) | set(run_concepts.CONCEPTS_ONLY)

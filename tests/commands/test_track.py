@@ -17,6 +17,8 @@ from sam2serve import cli
 from sam2serve.commands import track
 from sam2serve.commands.common import EXIT_OK, EXIT_USAGE
 from sam2serve.engine.rle import coco_to_rle, rle_to_mask
+from sam2serve.runtime.backend_choice import AUTO
+from sam2serve.runtime.trackers import TRACKERS
 from sam2serve.samples import sample_clip
 
 SIZE = (64, 96)  # (height, width): small frames, the model resizes to 1024 anyway
@@ -249,3 +251,15 @@ def test_a_video_file_is_decoded_on_demand_with_bounded_retention(monkeypatch, t
     summary = json.loads((out / track.SUMMARY_NAME).read_text())
     assert summary["frames"] == 30 and summary["retention"] == "bounded"
     assert "tracked 30 frames" in stderr
+
+
+def test_backend_help_names_every_tracker_of_the_registry(capsys):
+    """--backend's choices and help come from runtime.trackers: each tracker is offered
+    and described there, with its devices (a tracker added to the registry cannot be left
+    out of the help)."""
+    assert cli.main(["track", "--help"]) == EXIT_OK
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"--backend {{{','.join((AUTO, *TRACKERS))}}}" in help_text
+    for info in TRACKERS.values():
+        described = f"{info.name}: {info.description}, on {', '.join(info.devices)}"
+        assert " ".join(described.split()) in help_text, info.name

@@ -122,6 +122,29 @@ def test_strict_load_names_the_missing_key(pair):
         load_strict(build_model(SIZE), state)
 
 
+def test_the_download_check_and_the_strict_load_are_one_check(pair):
+    """check_keys (what 'download --model sam3' applies to sam3.pt, on a meta-device
+    model) and load_strict (what loading applies) find and name a mismatch the same way."""
+    from sam2serve.concepts.weights import check_keys
+
+    meta, _, _ = pair
+    state = dict(meta.state_dict())
+    key = "transformer.decoder.presence_token.weight"
+    shape = tuple(state[key].shape)
+    state[key] = state[key][..., :-1]
+    state["transformer.decoder.stray"] = torch.zeros(1)
+    with pytest.raises(CheckpointMismatch) as checked:
+        check_keys(state, SIZE)
+    with pytest.raises(CheckpointMismatch) as loaded:
+        load_strict(build_model(SIZE), meta_to_transformers(state))
+    assert str(checked.value) == str(loaded.value)
+    wrong = (*shape[:-1], shape[-1] - 1)
+    assert str(checked.value) == (
+        "not a SAM 3 checkpoint: unexpected (1): detr_decoder.stray; "
+        f"shape (1): detr_decoder.presence_token.weight {wrong} != {shape}"
+    )
+
+
 def test_roi_align_matches_torchvision_semantics_shim():
     import_sam3()  # puts the shim on sys.path
     from torchvision.ops import roi_align as reference  # the test shim's loop port

@@ -25,6 +25,7 @@ from sam2serve import download as downloader
 from sam2serve.cache import CACHE_ENV
 from sam2serve.concepts import weights
 from sam2serve.concepts.model import Sam3Size
+from sam2serve.concepts.runtime import load_weights
 
 TOKEN = "hf_test_token_123"
 
@@ -130,7 +131,7 @@ def test_token_reaches_the_origin_and_the_weights_load(servers, monkeypatch, tmp
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         [*names, *(f"{n}.sha256" for n in names)]
     )
-    model, tokenize = weights.load()
+    model, tokenize = load_weights()
     assert tokenize("red cat")[0] == tokenize("dog")[0]  # the start token
     assert sum(p.numel() for p in model.parameters()) > 0
 

@@ -12,14 +12,17 @@ import pytest
 
 from sam2serve.bench.runner import BenchError
 from sam2serve.bench.video import _plan_video_modes
+from sam2serve.bench.worker import tracker_spec
 from sam2serve.commands.common import UsageError
 from sam2serve.commands.track import video_spec
+from sam2serve.runtime import backend_choice
 from sam2serve.runtime.backend_choice import (
     BackendChoiceError,
     TrackerChoice,
     choose_tracker,
     tracker_beside_images,
 )
+from sam2serve.runtime.host import HostIsa
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 from sam2serve.runtime.trackers import TRACKERS
 from sam2serve.runtime.video import build_video_predictor
@@ -113,6 +116,34 @@ def test_the_bench_tracks_the_rows_the_rule_gives_from_weights():
     for label in ("int8", "fast+onnxruntime", "fast+openvino"):
         with pytest.raises(BenchError, match=f"cannot run mode\\(s\\) {label.replace('+', '.')}"):
             _plan_video_modes(["baseline", label], [], "cpu")
+
+
+@pytest.mark.parametrize(
+    ("requested", "mode", "device"),
+    [(req, mode, dev) for req, mode, dev, kind, _ in TRACKS if kind is None],
+)
+def test_the_bench_builds_the_tracker_track_builds(requested, mode, device):
+    """A bench row (MODE, MODE+BACKEND) runs the spec `sam2serve track` runs for the same
+    --mode, --backend and --device, from weights."""
+    label = mode if requested is None else f"{mode}+{requested}"
+    args = argparse.Namespace(
+        model="small", mode=mode, backend=requested, device=device, threads=2, artifacts=None
+    )
+    assert tracker_spec(label, "small", device, 2) == video_spec(args)
+
+
+def test_a_bench_auto_row_tracks_as_track_auto_on_a_bf16_cpu(monkeypatch):
+    """Where the image rule's auto picks OpenVINO (furious on a CPU with native bf16), a
+    video row MODE+auto still runs auto's tracker, as `sam2serve track --backend auto`."""
+    monkeypatch.setattr(backend_choice, "host_isa", lambda: HostIsa(frozenset({"avx512_bf16"})))
+    assert backend_choice.auto_backend("furious", "cpu") == "openvino"  # the image rule
+    notes: list[str] = []
+    assert _plan_video_modes(["baseline", "furious+auto"], notes, "cpu") == ["baseline", "furious"]
+    args = argparse.Namespace(
+        model="tiny", mode="furious", backend="auto", device="cpu", threads=None, artifacts=None
+    )
+    assert tracker_spec("furious", "tiny", "cpu", None) == video_spec(args)
+    assert any("furious+auto ran as furious" in note for note in notes)
 
 
 # (image mode, device, export kind) -> the server's tracker, as before (eager from the image

@@ -14,7 +14,7 @@ import torch
 from sam2serve.checkpoint import load_video_model
 from sam2serve.engine.video import VideoPredictor, VideoPromptError
 from sam2serve.engine.video.frames import FrameError
-from sam2serve.engine.video.retention import memory_window, retained_entries
+from sam2serve.engine.video.retention import memory_window
 from sam2serve.engine.video.sources import FrameGone, LiveFrames, VideoFileFrames
 from sam2serve.engine.video.state import FrameOutput
 from sam2serve.engine.video_io import decode_video, write_video
@@ -104,7 +104,7 @@ def tracked_entries(stub, source, retention: str) -> tuple[int, list[int]]:
     stub.add_points(state, 0, 1, [[20, 20]], [1])
     stub.add_points(state, 0, 2, [[40, 20]], [1])
     order = [frame.frame_idx for frame in stub.propagate(state)]
-    return retained_entries(state), order
+    return state.retained_entries(), order
 
 
 def test_bounded_retention_does_not_grow_with_the_clip(stub):
@@ -155,7 +155,7 @@ def test_live_tracking_answers_each_frame_in_order(stub):
     # Cached features, and one object's prompted frame (output + mark) and the output and
     # mark of each frame of the window behind the newest.
     window = memory_window(stub.config)
-    assert retained_entries(state) == stub.feature_cache_frames + 2 + 2 * (window - 1)
+    assert state.retained_entries() == stub.feature_cache_frames + 2 + 2 * (window - 1)
     assert live.held_frames() == 4
 
 

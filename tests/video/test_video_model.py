@@ -5,8 +5,10 @@ with a real export in tests/runtime/test_onnx_video.py."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +20,7 @@ from sam2serve.engine.video.model import (
 )
 from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.engine.video.state import object_frame_bytes
+from sam2serve.modeling.prompt_encoder import points_or_padding
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +80,36 @@ def test_the_engine_reads_the_same_from_both(eager, ort):
     assert object_frame_bytes(eager) == 64 * 64 * 64 * 2 + 256 * 256 * 4 + 256 * 4 + 4
     a, b = VideoPredictor(eager), VideoPredictor(ort)
     assert a.config == b.config and a.memory_dtype == b.memory_dtype == torch.bfloat16
+
+
+def test_both_models_give_a_frame_without_points_one_padding_point(eager, ort):
+    """A tracked frame has no clicks: each model's heads see one padding point (0, 0),
+    label -1, per object (modeling.prompt_encoder.points_or_padding), exactly as if that
+    point were passed."""
+    objects = 2
+    generator = torch.Generator().manual_seed(0)
+    pix_feat = torch.randn(objects, 256, 64, 64, generator=generator)
+    high_res = (
+        torch.randn(objects, 32, 256, 256, generator=generator),
+        torch.randn(objects, 64, 128, 128, generator=generator),
+    )
+    coords, labels = points_or_padding(None, None, objects, torch.device("cpu"))
+    assert coords.tolist() == [[[0.0, 0.0]]] * objects and labels.tolist() == [[-1]] * objects
+    with torch.inference_mode():
+        padded = eager.forward_heads(pix_feat, high_res, None, None, None, False)
+        given = eager.forward_heads(pix_feat, high_res, coords, labels, None, False)
+    torch.testing.assert_close(padded.low_res_masks, given.low_res_masks, rtol=0, atol=0)
+
+    fed: dict[str, np.ndarray] = {}
+
+    class Decoder:  # video_decoder.onnx's session: records what the model feeds it
+        def run(self, names: None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+            fed.update(feeds)
+            low_res = np.zeros((objects, 1, 256, 256), np.float32)
+            return [low_res, low_res, np.zeros((objects, 256), np.float32), low_res[:, :, 0, :1]]
+
+    onnx = copy.copy(ort)
+    onnx.decoder = Decoder()
+    onnx.forward_heads(pix_feat, high_res, None, None, None, False)
+    assert fed["point_coords"].tolist() == coords.tolist()
+    assert fed["point_labels"].tolist() == labels.float().tolist()

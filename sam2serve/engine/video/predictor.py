@@ -405,7 +405,7 @@ class VideoPredictor:
                 masks[i] = low_res[row : row + 1]
         for track in tracks:
             track.frames_tracked[frame_idx] = reverse
-        state.retention.after_frame(state, frame_idx, reverse, self.config)
+        state.apply_retention(frame_idx, reverse, self.config)
         stacked = torch.cat([m for m in masks if m is not None])
         return FrameMasks(frame_idx, state.obj_ids, self._to_video_size(state, stacked))
 

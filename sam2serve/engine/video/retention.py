@@ -1,4 +1,5 @@
-"""What a video state keeps of the frames it has tracked: one policy per state.
+"""What a video state keeps of the frames it has tracked: one policy per state (the state
+applies it after each tracked frame: :meth:`~sam2serve.engine.video.state.VideoState.apply_retention`).
 
 - ``exact`` (the default, Meta's): every tracked frame's output stays (memory features,
   low-res mask logits, object pointer: 0.75 MiB per object and frame at SAM 2.1's sizes),
@@ -24,13 +25,10 @@ modes: nothing a frame reads has been dropped. What can differ in bounded mode:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from sam2serve.config import VideoConfig
-
-if TYPE_CHECKING:
-    from sam2serve.engine.video.state import VideoState
 
 RETENTION_MODES = ("exact", "bounded")
 
@@ -56,32 +54,20 @@ class Retention:
     def bounded(self) -> bool:
         return self.mode == "bounded"
 
-    def after_frame(
-        self, state: VideoState, frame_idx: int, reverse: bool, cfg: VideoConfig
-    ) -> None:
-        """Drop, in bounded mode, what no later frame of this pass reads."""
-        if not self.bounded:
-            return
+    def is_behind(self, frame: int, frame_idx: int, reverse: bool, cfg: VideoConfig) -> bool:
+        """Whether, bounded, ``frame``'s tracked output is out of reach of every frame after
+        ``frame_idx`` in this pass's direction: :func:`memory_window` frames or more behind."""
         window = memory_window(cfg)
-        for track in state.objects.values():
-            if reverse:
-                old = [t for t in track.non_cond_outputs if t >= frame_idx + window]
-            else:
-                old = [t for t in track.non_cond_outputs if t <= frame_idx - window]
-            old += [
-                t
-                for t in track.frames_tracked
-                if (t >= frame_idx + window if reverse else t <= frame_idx - window)
-                and t not in track.cond_outputs
-                and t not in track.non_cond_outputs
-            ]
-            if not old:
-                continue
-            for t in old:
-                track.non_cond_outputs.pop(t, None)
-                track.frames_tracked.pop(t, None)
-            first, last = self.dropped.get(track.obj_id, (min(old), max(old)))
-            self.dropped[track.obj_id] = (min(first, *old), max(last, *old))
+        return self.bounded and (
+            frame >= frame_idx + window if reverse else frame <= frame_idx - window
+        )
+
+    def record_dropped(self, obj_id: int, frames: Sequence[int]) -> None:
+        """Note that ``obj_id``'s tracked outputs on ``frames`` were dropped."""
+        if not frames:
+            return
+        first, last = self.dropped.get(obj_id, (min(frames), max(frames)))
+        self.dropped[obj_id] = (min(first, *frames), max(last, *frames))
 
     def was_dropped(self, obj_id: int, frame_idx: int) -> bool:
         """Whether ``obj_id``'s tracked output on ``frame_idx`` may have been dropped."""
@@ -96,16 +82,4 @@ class Retention:
             self.dropped.pop(obj_id, None)
 
 
-def retained_entries(state: VideoState) -> int:
-    """Per-frame entries the state's tracking holds now (outputs, tracked-frame marks,
-    cached features): what bounded mode keeps from growing with the clip. The frames the
-    source holds are its own (``state.source.held_frames()``)."""
-    total = len(state.features)
-    for track in state.objects.values():
-        total += len(track.cond_outputs) + len(track.non_cond_outputs)
-        total += len(track.temp_cond_outputs) + len(track.temp_non_cond_outputs)
-        total += len(track.frames_tracked)
-    return total
-
-
-__all__ = ["RETENTION_MODES", "Retention", "memory_window", "retained_entries"]
+__all__ = ["RETENTION_MODES", "Retention", "memory_window"]

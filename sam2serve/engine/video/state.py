@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sam2serve.config import VideoConfig
 from sam2serve.engine.video.model import VideoModel
 from sam2serve.engine.video.retention import Retention
 from sam2serve.engine.video.sources import FrameSource
@@ -121,6 +122,40 @@ class VideoState:
     @property
     def obj_ids(self) -> list[int]:
         return list(self.objects)
+
+    def apply_retention(self, frame_idx: int, reverse: bool, cfg: VideoConfig) -> None:
+        """After tracking ``frame_idx``, drop (bounded retention) every object's tracked
+        outputs and tracked-frame marks that no later frame of this pass reads; prompted
+        frames stay. What was dropped is recorded (:meth:`Retention.was_dropped`)."""
+        retention = self.retention
+        if not retention.bounded:
+            return
+        for track in self.objects.values():
+            old = [
+                t for t in track.non_cond_outputs if retention.is_behind(t, frame_idx, reverse, cfg)
+            ]
+            old += [
+                t
+                for t in track.frames_tracked
+                if retention.is_behind(t, frame_idx, reverse, cfg)
+                and t not in track.cond_outputs
+                and t not in track.non_cond_outputs
+            ]
+            for t in old:
+                track.non_cond_outputs.pop(t, None)
+                track.frames_tracked.pop(t, None)
+            retention.record_dropped(track.obj_id, old)
+
+    def retained_entries(self) -> int:
+        """Per-frame entries the tracking holds now (outputs, tracked-frame marks, cached
+        features): what bounded retention keeps from growing with the clip. The frames the
+        source holds are its own (``source.held_frames()``)."""
+        total = len(self.features)
+        for track in self.objects.values():
+            total += len(track.cond_outputs) + len(track.non_cond_outputs)
+            total += len(track.temp_cond_outputs) + len(track.temp_non_cond_outputs)
+            total += len(track.frames_tracked)
+        return total
 
     def memory_bytes(self) -> int:
         """Bytes of the tensors held for the objects (memories, masks, pointers, prompts)."""

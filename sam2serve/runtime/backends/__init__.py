@@ -1,37 +1,16 @@
 """Backends: what executes a mode's image path and decoder. One registry, torch-free.
 
-Each backend is a module with a ``BACKEND`` object implementing :class:`Backend`, listed
-once in :data:`BACKENDS` with the devices and modes it supports (read without importing
-the module, so the CLI, the bench and config files can offer and check names cheaply).
-Adding a backend is one new module here plus one line in :data:`BACKENDS`.
+Each backend is a module with a ``BACKEND`` object implementing
+:class:`~sam2serve.runtime.build.Backend`, listed once in :data:`BACKENDS` with the devices
+and modes it supports (read without importing the module, so the CLI, the bench, config
+files and RuntimeSpec's checks can offer and check names cheaply;
+:func:`~sam2serve.runtime.build.load_backend` imports it when it builds). Adding a backend
+is one new module here plus one line in :data:`BACKENDS`.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from sam2serve.engine.predictor import Predictor
-    from sam2serve.modeling.sam2 import SAM2Image
-    from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
-
-
-class Backend(Protocol):
-    """How a backend builds the predictor a spec describes."""
-
-    def build(self, spec: RuntimeSpec, weights: WeightsSource) -> Predictor:
-        """The predictor for ``spec`` with ``weights`` (checkpoint, random, or artifacts)."""
-        ...
-
-    def build_from_model(self, spec: RuntimeSpec, model: SAM2Image) -> Predictor:
-        """The predictor for ``spec`` around an already loaded ``model``."""
-        ...
-
-    def versions(self) -> dict[str, str]:
-        """Versions of the runtimes it uses (written into outputs and manifests)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -44,9 +23,6 @@ class BackendInfo:
     modes: tuple[str, ...] | None = None
     # Whether it starts from 'sam2serve export' artifacts instead of weights.
     needs_artifacts: bool = False
-
-    def load(self) -> Backend:
-        return importlib.import_module(self.module).BACKEND
 
 
 _FAST_MODES = ("fast", "furious")
