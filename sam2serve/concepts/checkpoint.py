@@ -15,6 +15,12 @@ import torch
 from torch import Tensor
 
 DETECTOR = "detector."  # Meta's combined image+video file prefixes the image model so
+# The tracker's tensors: the heads and the video tracker (``tracker.``, or ``inst_interactive_
+# predictor.model.`` in Meta's image model with interactivity) and the tracker's neck
+# (Meta's dual neck's ``sam2_convs``): :mod:`sam2serve.concepts.tracker_heads` loads them.
+TRACKER_KEYS = re.compile(
+    r"^(tracker\.|inst_interactive_predictor\.model\.|backbone\.vision_backbone\.sam2_convs\.)"
+)
 
 # (pattern, replacement) applied in order to each key, after dropping DETECTOR
 RENAMES: tuple[tuple[str, str], ...] = (
@@ -231,14 +237,12 @@ def _split3(tensor: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def meta_to_transformers(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Meta ``Sam3Image`` keys (optionally ``detector.``-prefixed; ``tracker.`` keys dropped)
-    -> ``Sam3Model`` keys and layouts."""
+    """Meta ``Sam3Image`` keys (optionally ``detector.``-prefixed; the tracker's keys,
+    :data:`TRACKER_KEYS`, dropped) -> ``Sam3Model`` keys and layouts."""
     out: dict[str, Tensor] = {}
     for key, tensor in state.items():
-        if key.startswith("tracker."):
-            continue
         key = key.removeprefix(DETECTOR)
-        if DERIVED.search(key):
+        if TRACKER_KEYS.match(key) or DERIVED.search(key):
             continue
         new = rename(key)
         if new.endswith((".attention.qkv.weight", ".attention.qkv.bias")):
@@ -258,8 +262,9 @@ def meta_to_transformers(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def load_strict(model: torch.nn.Module, state: dict[str, Tensor]) -> None:
-    """Load ``state`` (already in the model's keys) or raise naming what does not match."""
+def load_strict(model: torch.nn.Module, state: dict[str, Tensor], check_only: bool = False) -> None:
+    """Load ``state`` (already in the model's keys) or raise naming what does not match;
+    ``check_only``: only check (a model on the meta device)."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -274,4 +279,5 @@ def load_strict(model: torch.nn.Module, state: dict[str, Tensor]) -> None:
             if names:
                 parts.append(f"{label} ({len(names)}): {', '.join(names[:5])}")
         raise CheckpointMismatch("SAM 3 checkpoint does not match the model: " + "; ".join(parts))
-    model.load_state_dict(state, strict=True)
+    if not check_only:
+        model.load_state_dict(state, strict=True)
