@@ -262,9 +262,8 @@ def meta_to_transformers(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def load_strict(model: torch.nn.Module, state: dict[str, Tensor], check_only: bool = False) -> None:
-    """Load ``state`` (already in the model's keys) or raise naming what does not match;
-    ``check_only``: only check (a model on the meta device)."""
+def load_strict(model: torch.nn.Module, state: dict[str, Tensor]) -> None:
+    """Load ``state`` (already in the model's keys) or raise naming what does not match."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -279,5 +278,4 @@ def load_strict(model: torch.nn.Module, state: dict[str, Tensor], check_only: bo
             if names:
                 parts.append(f"{label} ({len(names)}): {', '.join(names[:5])}")
         raise CheckpointMismatch("SAM 3 checkpoint does not match the model: " + "; ".join(parts))
-    if not check_only:
-        model.load_state_dict(state, strict=True)
+    model.load_state_dict(state, strict=True)

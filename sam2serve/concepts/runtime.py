@@ -28,8 +28,10 @@ from sam2serve.concepts.engine import (
     encode_text,
     segment_concepts,
 )
+from sam2serve.concepts.interactive import InteractivePredictor
 from sam2serve.concepts.model import Sam3Size, build_model
 from sam2serve.concepts.tokenizer import load_tokenizer
+from sam2serve.concepts.tracker_heads import TrackerHeads, build_tracker_heads
 
 SIZES = {"full": Sam3Size.full, "tiny": Sam3Size.tiny}
 
@@ -67,19 +69,34 @@ def randomize_(model: torch.nn.Module, seed: int) -> None:
 
 @dataclass
 class Concepts:
-    """A loaded concept model and its tokenizer: the engine's calls, bound."""
+    """A loaded concept model and its tokenizer: the engine's calls, bound. ``tracker``:
+    SAM 3's tracker heads (the interactive path, :attr:`interactive`), which every
+    encoding then carries the image side of; they stay in float32 whatever the mode (as
+    SAM 2.1's heads do)."""
 
     model: torch.nn.Module
     tokenize: Tokenize
     size: Sam3Size
     spec: ConceptsSpec = field(default_factory=ConceptsSpec)
+    tracker: TrackerHeads | None = None
+    _interactive: InteractivePredictor | None = field(default=None, init=False, repr=False)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def interactive(self) -> InteractivePredictor:
+        """SAM 3's interactive predictor (points, boxes, mask inputs on an encoding's
+        ``tracker`` side); a ValueError when the tracker heads are not loaded."""
+        if self.tracker is None:
+            raise ValueError("SAM 3's tracker heads are not loaded")
+        if self._interactive is None or self._interactive.tracker_heads is not self.tracker:
+            self._interactive = InteractivePredictor(self.tracker)
+        return self._interactive
+
     def encode(self, images: Sequence[np.ndarray]) -> list[ConceptEncoding]:
-        return encode_images(self.model, images)
+        return encode_images(self.model, images, self.tracker)
 
     def encode_text(self, phrases: Sequence[str]):
         return encode_text(self.model, self.tokenize, phrases)
@@ -118,9 +135,11 @@ def load_concepts(spec: ConceptsSpec) -> Concepts:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
             model = build_model(size)
+            tracker = build_tracker_heads(size)
         randomize_(model, spec.seed)
+        randomize_(tracker, spec.seed + 1)
     else:
-        from sam2serve.concepts.weights import load
+        from sam2serve.concepts.weights import load_with_tracker
 
-        model, tokenize = load(spec.weights, size)
-    return Concepts(model.to(spec.device), tokenize, size, spec)
+        model, tracker, tokenize = load_with_tracker(spec.weights, size)
+    return Concepts(model.to(spec.device), tokenize, size, spec, tracker.to(spec.device))

@@ -188,11 +188,18 @@ def split_tracker_state(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], di
 def check_tracker_keys(heads_state: dict[str, Tensor], size: Sam3Size) -> None:
     """``heads_state`` (from :func:`split_tracker_state`) must give every tensor of
     ``size``'s tracker heads with its shape, and nothing else (checked on the meta device)."""
-    from sam2serve.concepts.checkpoint import load_strict
-
     with torch.device("meta"):
-        model = build_tracker_heads(size)
-    load_strict(model, heads_state, check_only=True)
+        expected = build_tracker_heads(size).state_dict()
+    missing = sorted(set(expected) - set(heads_state))
+    unexpected = sorted(set(heads_state) - set(expected))
+    shapes = sorted(
+        k for k in expected if k in heads_state and heads_state[k].shape != expected[k].shape
+    )
+    for label, names in (("missing", missing), ("unexpected", unexpected), ("shape", shapes)):
+        if names:
+            raise CheckpointMismatch(
+                f"not a SAM 3 checkpoint: {len(names)} {label} tracker key(s), e.g. {names[0]}"
+            )
 
 
 def load_tracker_heads(heads: TrackerHeads, state: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from sam2serve.cache import cache_path
 from sam2serve.checkpoint import CheckpointError, check_records
 from sam2serve.concepts.checkpoint import CheckpointMismatch, meta_to_transformers
+from sam2serve.concepts.engine import Tokenize
 from sam2serve.concepts.model import Sam3Size, build_model
 from sam2serve.download import (
     DigestMismatch,
@@ -26,6 +28,9 @@ from sam2serve.download import (
     sha256_of,
     shown_url,
 )
+
+if TYPE_CHECKING:
+    from sam2serve.concepts.tracker_heads import TrackerHeads
 
 REPO = "facebook/sam3"
 LICENCE = "SAM License (gated: accept it on https://huggingface.co/facebook/sam3)"
@@ -57,7 +62,11 @@ def hf_token() -> str | None:
 
 def check_keys(state: dict[str, torch.Tensor], size: Sam3Size) -> None:
     """Meta-format ``state`` must give every parameter of ``size``'s model with its shape,
-    and nothing else (the model is built on the meta device: no memory, no time)."""
+    the tracker heads' too (:mod:`sam2serve.concepts.tracker_heads`; the video tracker's
+    keys are named, not checked here), and nothing else (the models are built on the meta
+    device: no memory, no time)."""
+    from sam2serve.concepts.tracker_heads import check_tracker_keys, split_tracker_state
+
     with torch.device("meta"):
         expected = build_model(size).state_dict()
     mapped = meta_to_transformers(state)
@@ -71,6 +80,7 @@ def check_keys(state: dict[str, torch.Tensor], size: Sam3Size) -> None:
             raise CheckpointMismatch(
                 f"not a SAM 3 checkpoint: {len(names)} {label} key(s), e.g. {names[0]}"
             )
+    check_tracker_keys(split_tracker_state(state)[0], size)
 
 
 def max_checkpoint_bytes(size: Sam3Size | None = None) -> int:
@@ -199,11 +209,25 @@ def require(directory: Path | None = None) -> Path:
 
 def load(directory: Path | None = None, size: Sam3Size | None = None):
     """(model, tokenize) from the weights folder; the checkpoint's keys checked strictly."""
+    model, _tracker, tokenize = load_with_tracker(directory, size)
+    return model, tokenize
+
+
+def load_with_tracker(
+    directory: Path | None = None, size: Sam3Size | None = None
+) -> tuple[torch.nn.Module, TrackerHeads, Tokenize]:
+    """(detector model, tracker heads, tokenize) from the weights folder, every key of the
+    checkpoint checked strictly (the video tracker's keys are left for it)."""
     from sam2serve.concepts.checkpoint import load_strict
     from sam2serve.concepts.tokenizer import load_tokenizer
+    from sam2serve.concepts.tracker_heads import build_tracker_heads, load_tracker_heads
 
     directory = require(directory)
     loaded = torch.load(directory / CHECKPOINT, map_location="cpu", weights_only=True, mmap=True)
-    model = build_model(size or EXPECTED_SIZE)
-    load_strict(model, meta_to_transformers(loaded.get("model", loaded)))
-    return model, load_tokenizer(directory)
+    state = loaded.get("model", loaded)
+    size = size or EXPECTED_SIZE
+    model = build_model(size)
+    load_strict(model, meta_to_transformers(state))
+    tracker = build_tracker_heads(size)
+    load_tracker_heads(tracker, state)
+    return model, tracker, load_tokenizer(directory)

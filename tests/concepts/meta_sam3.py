@@ -163,6 +163,17 @@ def build_meta_image_model(
     return model.eval()
 
 
+def sam3_checkpoint(meta: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Meta's image model -> the layout of ``sam3.pt``: ``detector.`` keys, and with
+    interactivity ``tracker.`` keys (Meta's loader maps ``tracker.`` to
+    ``inst_interactive_predictor.model.``; here the other way)."""
+    out = {}
+    for key, tensor in meta.state_dict().items():
+        inner = key.removeprefix("inst_interactive_predictor.model.")
+        out[f"tracker.{inner}" if inner != key else f"detector.{key}"] = tensor
+    return out
+
+
 SYNTHETIC_MERGES = ["c a", "ca t</w>", "d o", "do g</w>", "r e", "re d</w>", "b o", "bo x</w>"]
 
 
