@@ -12,6 +12,8 @@ next refinement of the same image. The answer has /v1/segment's shape; its ``mod
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Request
 from fastapi.responses import Response
 
@@ -84,14 +86,14 @@ async def segment_sam3(
             for i, rles in enumerate(decoded.rles)
         ]
         height, width = image.size
-        fields = {
+        fields: dict[str, Any] = {
             "image_id": image.key.image_id,
             "width": width,
             "height": height,
             "model": model.model_name,
             "cached": image.cached,
         }
-        timed = clock.timed()
+        timed: dict[str, Any] = clock.timed()
         return await json_answer(
             lambda: schemas.SegmentResponse(
                 **fields, objects=_objects_out(decoded, mask_ids, segmentations), **timed
