@@ -175,6 +175,7 @@ class ConceptAnswerer:
             return decode_objects(predictor, side, [obj], multimask, check=context.check)
 
         decoded = await service.run_job("decode", run, clock)
+        images.cache.recount(image.key)  # the fast decoder keeps its per-image side with it
         scores = decoded.scores[0]
         best = max(range(len(scores)), key=scores.__getitem__)
         return decoded.rles[0][best], scores[best]

@@ -84,10 +84,10 @@ CASES = {
 }
 
 
-def ours_predict(predictor, encoding, case: dict):
+def ours_predict(predictor, side, case: dict):
     arrays = {k: np.asarray(v) for k, v in case.items() if k != "multimask_output"}
     prediction = predictor.predict(
-        encoding.tracker,
+        side,
         point_coords=arrays.get("point_coords"),
         point_labels=arrays.get("point_labels"),
         boxes=arrays.get("box"),
@@ -108,15 +108,20 @@ def assert_equal(meta_out, ours_out, objects: int) -> None:
     assert (masks != m_masks.astype(bool)).mean() < MASK_MISMATCH
 
 
+@pytest.mark.parametrize("decoder", ["reference", "fast"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_equal_to_meta(pair, name):
+def test_equal_to_meta(pair, name, decoder):
+    """SAM 2.1's reference decoder, and its fast one (what the surfaces run), on SAM 3's heads."""
     meta, state, predictor, encoding, _ = pair
     case = CASES[name]
+    if decoder == "fast":
+        predictor = InteractivePredictor(predictor.tracker_heads, decoder="fast")
+        encoding = encoding.owned()  # the fast decoder keeps its side in the encoding's
     with torch.inference_mode():
         expected = meta.predict_inst(
             state, **{k: np.asarray(v) if k != "multimask_output" else v for k, v in case.items()}
         )
-        got = ours_predict(predictor, encoding, case)
+        got = ours_predict(predictor, encoding.tracker, case)
     assert_equal(expected, got, 2 if name == "objects" else 1)
 
 
@@ -136,7 +141,7 @@ def test_mask_input_refinement_equal_to_meta(pair):
         expected = meta.predict_inst(
             state, **{k: np.asarray(v) if k != "multimask_output" else v for k, v in case.items()}
         )
-        got = ours_predict(predictor, encoding, case)
+        got = ours_predict(predictor, encoding.tracker, case)
     assert_equal(expected, got, 1)
 
 
@@ -148,7 +153,7 @@ def test_holes_are_filled_as_meta_fills_them(pair):
     with torch.inference_mode():
         expected = meta.predict_inst(state, **{k: np.asarray(v) for k, v in case.items()})
         unfilled = InteractivePredictor(predictor.tracker_heads, max_hole_area=0)
-        raw = ours_predict(unfilled, encoding, case)
+        raw = ours_predict(unfilled, encoding.tracker, case)
     assert (raw[0][0] != expected[0].astype(bool)).mean() > MASK_MISMATCH
 
 
@@ -212,3 +217,67 @@ def test_tracker_keys_load_strictly(pair):
     with pytest.raises(CheckpointMismatch, match="tracker.surprise.weight"):
         split_tracker_state(unknown)
     assert len(heads_state) == len(build_tracker_heads(SIZE).state_dict())
+
+
+@pytest.mark.extended
+def test_full_size_heads_equal_to_meta():
+    """Second tier: SAM 3's full-size interactive path after the ViT (the sam2 neck on a
+    1024 x 72² ViT output, the tracker heads at 1008 px, 288² low-res logits, Meta's hole
+    filling) through Meta's own ``predict_inst`` on its ``build_tracker`` and its dual
+    neck's ``sam2_convs``, on identical seeded weights (the ViT before it is the
+    detector's, checked at full size by test_concepts_fidelity.py)."""
+    from meta_sam3 import _interactive, import_sam3
+    from sam3.model.necks import Sam3DualViTDetNeck
+    from sam3.model.sam1_task_predictor import SAM3InteractiveImagePredictor
+    from sam3.model.sam3_image import Sam3Image
+
+    builder = import_sam3()
+    full = Sam3Size.full()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        with _interactive(builder, full.image_size):
+            tracker = builder.build_tracker(apply_temporal_disambiguation=False)
+        trunk = torch.nn.Module()
+        trunk.channel_list = [full.vit_dim]
+        neck = Sam3DualViTDetNeck(trunk, None, 256, add_sam2_neck=True)
+    tracker.eval()
+    randomize_(tracker, 2)
+    randomize_(neck.sam2_convs, 3)
+    state = {f"tracker.{k}": v for k, v in tracker.state_dict().items()}
+    prefix = "detector.backbone.vision_backbone.sam2_convs."
+    state.update({prefix + k: v for k, v in neck.sam2_convs.state_dict().items()})
+    heads = build_tracker_heads(full)
+    load_tracker_heads(heads, state)
+
+    grid = full.image_size // 14
+    vit = torch.randn(1, full.vit_dim, grid, grid, generator=torch.Generator().manual_seed(4))
+    size = (300, 420)
+    with torch.inference_mode():
+        levels = [neck.sam2_convs[i](vit) for i in range(3)]  # Meta's dual neck, scalp=1
+        decoder = tracker.sam_mask_decoder
+        fpn = [decoder.conv_s0(levels[0]), decoder.conv_s1(levels[1]), levels[2]]
+        inference_state = {
+            "original_height": size[0],
+            "original_width": size[1],
+            "backbone_out": {
+                "sam2_backbone_out": {"backbone_fpn": fpn, "vision_pos_enc": fpn},
+            },
+        }
+        host = torch.nn.Module()
+        host.inst_interactive_predictor = SAM3InteractiveImagePredictor(tracker)
+        side = heads.embedding(heads.neck_levels(vit), (size,))
+        for case in (
+            {"point_coords": [[120.0, 90.0]], "point_labels": [1]},
+            {
+                "box": [40.0, 30.0, 260.0, 240.0],
+                "point_coords": [[150.0, 100.0]],
+                "point_labels": [0],
+                "multimask_output": False,
+            },
+        ):
+            kwargs = {k: v if isinstance(v, bool) else np.asarray(v) for k, v in case.items()}
+            expected = Sam3Image.predict_inst(host, inference_state, **kwargs)
+            for decoder_name in ("reference", "fast"):
+                predictor = InteractivePredictor(heads, decoder=decoder_name)
+                got = ours_predict(predictor, side, case)
+                assert_equal(expected, got, 1)

@@ -76,6 +76,7 @@ async def segment_sam3(
             decoded = await service.run_job("decode", run, clock)
         except PromptError as exc:  # the checks above should leave none
             raise ApiError(422, "invalid_request", f"objects: {exc}") from None
+        model.cache.recount(image.key)  # the fast decoder keeps its per-image side with it
         flat_rles = [rle for rles in decoded.rles for rle in rles]
         segmentations = await format_segmentations(flat_rles, body.mask_format, service)
         mask_ids = [
