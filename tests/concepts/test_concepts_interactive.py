@@ -128,7 +128,7 @@ def test_equal_to_meta(pair, name, decoder):
             state, **{k: np.asarray(v) if k != "multimask_output" else v for k, v in case.items()}
         )
         got = ours_predict(predictor, encoding.tracker, case)
-    assert_equal(expected, got, 2 if name == "objects" else 1)
+    print(f"\n{name}, {decoder}: {assert_equal(expected, got, 2 if name == 'objects' else 1)}")
 
 
 def test_mask_input_refinement_equal_to_meta(pair):
