@@ -16,6 +16,12 @@ import torch
 from torch import Tensor
 
 DETECTOR = "detector."  # Meta's combined image+video file prefixes the image model so
+# The tracker's tensors: the heads and the video tracker (``tracker.``, or ``inst_interactive_
+# predictor.model.`` in Meta's image model with interactivity) and the tracker's neck
+# (Meta's dual neck's ``sam2_convs``): :mod:`sam2serve.concepts.tracker_heads` loads them.
+TRACKER_KEYS = re.compile(
+    r"^(tracker\.|inst_interactive_predictor\.model\.|backbone\.vision_backbone\.sam2_convs\.)"
+)
 
 # (pattern, replacement) applied in order to each key, after dropping DETECTOR
 RENAMES: tuple[tuple[str, str], ...] = (
@@ -232,14 +238,12 @@ def _split3(tensor: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def meta_to_transformers(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Meta ``Sam3Image`` keys (optionally ``detector.``-prefixed; ``tracker.`` keys dropped)
-    -> ``Sam3Model`` keys and layouts."""
+    """Meta ``Sam3Image`` keys (optionally ``detector.``-prefixed; the tracker's keys,
+    :data:`TRACKER_KEYS`, dropped) -> ``Sam3Model`` keys and layouts."""
     out: dict[str, Tensor] = {}
     for key, tensor in state.items():
-        if key.startswith("tracker."):
-            continue
         key = key.removeprefix(DETECTOR)
-        if DERIVED.search(key):
+        if TRACKER_KEYS.match(key) or DERIVED.search(key):
             continue
         new = rename(key)
         if new.endswith((".attention.qkv.weight", ".attention.qkv.bias")):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,6 +20,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sam2serve.concepts.phrases import META_SCORE_THRESH, VISUAL_PHRASE
+from sam2serve.engine.predictor import Embedding
+
+if TYPE_CHECKING:
+    from sam2serve.concepts.tracker_heads import TrackerHeads
 
 CONTEXT_LENGTH = 32  # Meta's VETextEncoder context
 DEFAULT_SCORE_THRESH = META_SCORE_THRESH  # Meta's Sam3Processor confidence_threshold
@@ -120,17 +125,39 @@ def _boxes_tensor(boxes: Sequence[ExemplarBox], width: int, height: int) -> tupl
 @dataclass(frozen=True)
 class ConceptEncoding:
     """One image's SAM 3 vision features (batch of one, on the model's device) and its
-    size: what the detector needs to answer any phrase on that image, cacheable."""
+    size: what the detector needs to answer any phrase on that image, cacheable. With the
+    tracker heads loaded, ``tracker`` is the image side of SAM 3's interactive path (the
+    sam2 neck's levels, projected: :mod:`sam2serve.concepts.interactive`), made by the
+    same backbone pass."""
 
     fpn_hidden_states: tuple[Tensor, ...]
     fpn_position_encoding: tuple[Tensor, ...]
     height: int
     width: int
+    tracker: Embedding | None = None
 
     @property
     def nbytes(self) -> int:
         tensors = (*self.fpn_hidden_states, *self.fpn_position_encoding)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        own = sum(t.numel() * t.element_size() for t in tensors)
+        return own + (self.tracker.nbytes if self.tracker is not None else 0)
+
+    def owned(self) -> ConceptEncoding:
+        """A copy owning its tensors (a batch's encodings are views of the batch's)."""
+        tracker = self.tracker
+        if tracker is not None:
+            tracker = Embedding(
+                tracker.image_embed.clone(),
+                (tracker.high_res_feats[0].clone(), tracker.high_res_feats[1].clone()),
+                tracker.original_sizes,
+            )
+        return ConceptEncoding(
+            tuple(t.clone() for t in self.fpn_hidden_states),
+            tuple(t.clone() for t in self.fpn_position_encoding),
+            self.height,
+            self.width,
+            tracker,
+        )
 
     def expanded(self, count: int):
         """transformers' vision output for ``count`` prompts over this image (views)."""
@@ -192,13 +219,22 @@ def _check_images(images: Sequence[np.ndarray]) -> None:
 
 
 @torch.inference_mode()
-def encode_images(model: torch.nn.Module, images: Sequence[np.ndarray]) -> list[ConceptEncoding]:
-    """Every image through the vision backbone in one batch; one encoding per image."""
+def encode_images(
+    model: torch.nn.Module, images: Sequence[np.ndarray], tracker: TrackerHeads | None = None
+) -> list[ConceptEncoding]:
+    """Every image through the vision backbone in one batch; one encoding per image. With
+    ``tracker``, each encoding also holds the interactive path's image side, from the same
+    ViT pass through the sam2 neck."""
     _check_images(images)
     if not images:
         return []
     vision = model.get_vision_features(pixel_values=model_pixels(model, images))
-    return split_encodings(vision, images)
+    encodings = split_encodings(vision, images)
+    if tracker is None:
+        return encodings
+    sizes = tuple((e.height, e.width) for e in encodings)
+    side = tracker.embedding(tracker.neck_levels(vision.last_hidden_state), sizes)
+    return [replace(e, tracker=side[i]) for i, e in enumerate(encodings)]
 
 
 def model_pixels(model: torch.nn.Module, images: Sequence[np.ndarray]) -> Tensor:

@@ -18,6 +18,7 @@ from sam2serve.cache import cache_path
 from sam2serve.checkpoint import CheckpointError, check_records
 from sam2serve.concepts.checkpoint import CheckpointMismatch, check_state, meta_to_transformers
 from sam2serve.concepts.model import Sam3Size, build_model
+from sam2serve.concepts.tracker_heads import check_tracker_keys, split_tracker_state
 from sam2serve.download import (
     DigestMismatch,
     DownloadError,
@@ -57,11 +58,14 @@ def hf_token() -> str | None:
 
 def check_keys(state: dict[str, torch.Tensor], size: Sam3Size) -> None:
     """Meta-format ``state`` must give every parameter of ``size``'s model with its shape,
-    and nothing else (:func:`~sam2serve.concepts.checkpoint.check_state`, the check
-    ``load_strict`` makes; the model is built on the meta device: no memory, no time)."""
+    the tracker heads' too (:mod:`sam2serve.concepts.tracker_heads`; the video tracker's
+    keys are named, not checked here), and nothing else
+    (:func:`~sam2serve.concepts.checkpoint.check_state`, the check ``load_strict`` makes;
+    the models are built on the meta device: no memory, no time)."""
     with torch.device("meta"):
         expected = build_model(size).state_dict()
     check_state(expected, meta_to_transformers(state))
+    check_tracker_keys(split_tracker_state(state)[0], size)
 
 
 def max_checkpoint_bytes(size: Sam3Size | None = None) -> int:

@@ -1,4 +1,6 @@
-"""A task's concept prompts answered by SAM 3, as Label Studio regions.
+"""A task's concept prompts answered by SAM 3, as Label Studio regions; and, with
+``--concept-clicks sam3`` (the default), its clicks and box prompts, answered by SAM 3's
+tracker heads on the same encoding (:meth:`ConceptAnswerer.click`).
 
 One job on the service's model worker per task (a bulk job for pre-annotation, a long
 interactive one for a typed phrase; both let waiting clicks run between the detector's torch
@@ -42,12 +44,15 @@ from sam2serve.concepts.engine import ConceptEncoding, ExemplarBox, Instance, te
 from sam2serve.concepts.mask_budget import DetectionMasks
 from sam2serve.concepts.runtime import Concepts
 from sam2serve.engine.formats import mask_to_polygons
+from sam2serve.engine.rle import Rle
 from sam2serve.labelstudio.brush import mask_to_brush_rle
 from sam2serve.labelstudio.concept_prompts import ConceptPrompt
+from sam2serve.labelstudio.context import ClickPrompt
 from sam2serve.labelstudio.label_config import BRUSH
 from sam2serve.labelstudio.options import LabelStudioOptions
 from sam2serve.server.batching import JobContext
 from sam2serve.server.errors import ApiError
+from sam2serve.server.prompts import DecodedMasks, decode_objects
 from sam2serve.server.service import RequestClock, Service
 from sam2serve.server.uploads import probe_image
 
@@ -147,6 +152,33 @@ class ConceptAnswerer:
             return await asyncio.to_thread(_regions, found, prompt, encoding.width, encoding.height)
         finally:
             reservation.release()
+
+    async def click(self, service: Service, data: bytes, prompt: ClickPrompt) -> tuple[Rle, float]:
+        """A click or box prompt on the image ``data`` answered by SAM 3's tracker heads over
+        the image's SAM 3 encoding (the service's concept cache: the encoding concept
+        prompts on the same image made or will use), as /v1/segment's ``"model": "sam3"``
+        answers it: the prompt's mask (the best-scored of three for a single click) and its
+        score, one interactive decode job."""
+        images = service.concepts
+        if images is None:
+            raise RuntimeError("Label Studio's concepts need the service's (--concepts)")
+        clock = RequestClock()
+        image = await images.resolve(data, None, clock)
+        height, width = image.size
+        obj, multimask = prompt.in_pixels(width, height), prompt.single_click
+        side = image.encoding.tracker
+        if side is None:
+            raise RuntimeError("SAM 3's tracker heads are not loaded")
+        predictor = self.concepts.interactive
+
+        def run(context: JobContext) -> DecodedMasks:
+            return decode_objects(predictor, side, [obj], multimask, check=context.check)
+
+        decoded = await service.run_job("decode", run, clock)
+        images.cache.recount(image.key)  # the fast decoder keeps its per-image side with it
+        scores = decoded.scores[0]
+        best = max(range(len(scores)), key=scores.__getitem__)
+        return decoded.rles[0][best], scores[best]
 
     @staticmethod
     def _check(service: Service, masks: DetectionMasks) -> None:

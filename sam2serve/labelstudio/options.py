@@ -30,6 +30,7 @@ PREANNOTATE_MODES = {
     "the embedding is cached for the clicks that follow)",
 }
 DEFAULT_PREANNOTATE = "center"
+CLICK_MODELS = ("sam3", "sam2")  # --concept-clicks
 DEFAULT_VIDEO_MAX_FRAMES = 100
 DEFAULT_URL_ENV = "LABEL_STUDIO_URL"
 DEFAULT_KEY_ENV = "LABEL_STUDIO_API_KEY"
@@ -163,6 +164,17 @@ class LabelStudioOptions:
         metavar="N",
         low=1,
         high=10_000,
+        group=GROUP,
+    )
+    # Which model answers a click or a box prompt under --concepts: SAM 3's tracker heads on
+    # the image's SAM 3 encoding (the model that found the regions being refined), or the
+    # service's SAM 2.1.
+    concept_clicks: str = option(
+        "sam3",
+        help="with --concepts: the model that answers clicks and box prompts: sam3 (SAM 3's "
+        "tracker heads on the image's SAM 3 encoding, the model that found the regions) or "
+        "sam2 (the service's SAM 2.1)",
+        choices=CLICK_MODELS,
         group=GROUP,
     )
 

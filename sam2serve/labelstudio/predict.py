@@ -20,7 +20,9 @@ Two kinds of request:
   a TextArea result answers its text, one holding rectangles labelled with a concept label
   their concepts refined by those exemplar boxes (``not <label>``: negative)
   (:mod:`sam2serve.labelstudio.concept_prompts`, :mod:`sam2serve.labelstudio.concept_predict`);
-  clicks, and boxes labelled otherwise, stay SAM 2's;
+  clicks, and boxes labelled otherwise, are answered by SAM 3's tracker heads on the image's
+  SAM 3 encoding (``--concept-clicks sam3``, the default: the model that found the regions
+  refines them) or by SAM 2.1 (``--concept-clicks sam2``);
 - a video interaction (``context`` of VideoRectangle keyframes): the objects tracked
   through the clip (:mod:`sam2serve.labelstudio.video_predict`); a video project asked
   without keyframes gets empty predictions (there is nothing to track).
@@ -347,6 +349,10 @@ class LabelStudioBackend:
             return await asyncio.to_thread(
                 lambda: [draw.region(r["segmentation"], r["predicted_iou"]) for r in records]
             )
+        if mode == "click" and self.concepts is not None and self.options.concept_clicks == "sam3":
+            assert prompt is not None  # SAM 3's tracker heads on its encoding of the image
+            rle, score = await self.concepts.click(service, data, prompt)
+            return [await asyncio.to_thread(draw.region, rle, score)]
         image = await service.image_from_bytes(data, clock)
         height, width = image.size
         if mode == "click":

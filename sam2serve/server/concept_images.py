@@ -120,7 +120,7 @@ class ConceptImages:
         encodings = self.concepts.encode(images)
         if len(images) == 1:
             return encodings
-        return [_own_copy(encoding) for encoding in encodings]
+        return [encoding.owned() for encoding in encodings]
 
     async def resolve(
         self,
@@ -285,15 +285,6 @@ class ConceptImages:
             return await asyncio.to_thread(_as_rles, found, image.size)
         finally:
             reservation.release()
-
-
-def _own_copy(encoding: ConceptEncoding) -> ConceptEncoding:
-    return ConceptEncoding(
-        tuple(t.clone() for t in encoding.fpn_hidden_states),
-        tuple(t.clone() for t in encoding.fpn_position_encoding),
-        encoding.height,
-        encoding.width,
-    )
 
 
 def _as_rles(found: dict[str, list[Instance]], size: tuple[int, int]) -> list[DetectedConcept]:

@@ -152,6 +152,14 @@ class SegmentRequest(_Strict):
         "size.",
     )
     mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
+    model: Literal["sam2", "sam3"] = Field(
+        "sam2",
+        description="Which model answers: 'sam2', the server's SAM 2.1; 'sam3', SAM 3's "
+        "tracker heads over the image's SAM 3 encoding (a server started with --concepts; "
+        "404 'concepts_disabled' otherwise), whose image_id is the one /v1/concepts returns: "
+        "clicks refine a concept instance with the same model and encoding. A mask_id "
+        "refines prompts of the model that issued it.",
+    )
 
 
 def _bounds(spec: ParamSpec) -> dict[str, Any]:

@@ -5,7 +5,8 @@ environment (PyPI's torch, torchvision, timm; Meta's sam3), never by the tests' 
 
 The request names a size (``Sam3Size`` fields), a seed, an image (``.npy``, uint8 HWC),
 cases (phrase, exemplar boxes ``[x1, y1, x2, y2, positive]`` in pixels, threshold), phrases
-to tokenise, and where to write the weights and the answers. Meta's own builder makes the
+to tokenise, interactive cases (``predict_inst``'s keyword arguments: the model is then built
+with Meta's instance interactivity), and where to write the weights and the answers. Meta's own builder makes the
 model (reduced through ``meta_sam3``), its weights are set from the seed (the rule of
 ``sam2serve.concepts.runtime.randomize_``, restated here: this environment has no sam2serve)
 and saved; Meta's ``Sam3Processor`` answers each case; Meta's ``SimpleTokenizer`` tokenises
@@ -78,23 +79,49 @@ def answer_all(model, image: np.ndarray, cases: list[dict], resolution: int) -> 
     return answers
 
 
+def answer_interactive(model, image: np.ndarray, cases: list[dict], resolution: int) -> list:
+    """Meta's interactive path (``Sam3Image.predict_inst``) on the image set once: each
+    case's keyword arguments (arrays as lists) -> (masks, IoU, low-res logits)."""
+    from PIL import Image
+    from sam3.model.sam3_image_processor import Sam3Processor
+
+    processor = Sam3Processor(model, resolution, "cpu")
+    answers = []
+    with mock.patch.object(torch.Tensor, "pin_memory", lambda self, *a, **k: self):
+        state = processor.set_image(Image.fromarray(image))
+        for case in cases:
+            kwargs = {k: v if isinstance(v, bool) else np.asarray(v) for k, v in case.items()}
+            masks, iou, low = model.predict_inst(state, **kwargs)
+            answers.append({"masks": masks.astype(bool), "iou": iou, "low_res": low})
+    return answers
+
+
 def main(request_path: str) -> None:
     from sam3.model.tokenizer_ve import SimpleTokenizer
 
     request = json.loads(Path(request_path).read_text())
+    interactive = request.get("interactive_cases", [])
     start = time.monotonic()
-    model = build_meta_image_model(request["size"], clip_bpe(), shim=False)
+    model = build_meta_image_model(
+        request["size"], clip_bpe(), shim=False, interactive=bool(interactive)
+    )
     randomize(model, request["seed"])
     torch.save(model.state_dict(), request["weights"])
     built = time.monotonic()
     image = np.load(request["image"])
+    resolution = request["size"]["image_size"]
     with torch.inference_mode():
-        answers = answer_all(model, image, request["cases"], request["size"]["image_size"])
+        answers = answer_all(model, image, request["cases"], resolution)
+        inst = answer_interactive(model, image, interactive, resolution) if interactive else []
     tokens = SimpleTokenizer(bpe_path=str(clip_bpe()))(request["phrases"], CONTEXT_LENGTH)
     versions = {name: importlib.metadata.version(name) for name in PACKAGES}
     versions["torchvision.ops.roi_align"] = _roi_align_origin()
     out = {
         "answers": answers,
+        "interactive": inst,
+        # Meta fills holes on the CPU with scikit-image, which sam3 does not depend on: where
+        # it is missing, Meta skips the step (with a warning)
+        "hole_filling": importlib.util.find_spec("skimage") is not None,
         "tokens": tokens,
         "versions": versions,
         "seconds": {"build": built - start, "answer": time.monotonic() - built},

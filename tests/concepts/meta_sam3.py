@@ -114,18 +114,64 @@ def _reduced(builder, reduced: dict):
         yield
 
 
+@contextlib.contextmanager
+def _interactive(builder, image_size: int):
+    """Meta's tracker (``build_tracker``) on the CPU at ``image_size``: its memory encoder's
+    sine encoding precomputes on "cuda" (hard-coded; on the fly is the same math), and its
+    input size is fixed at 1008 in the builder."""
+    patches = {
+        "PositionEmbeddingSine": _override(
+            builder.PositionEmbeddingSine, precompute_resolution=None
+        ),
+        "Sam3TrackerPredictor": _override(builder.Sam3TrackerPredictor, image_size=image_size),
+    }
+    with contextlib.ExitStack() as stack:
+        for name, value in patches.items():
+            stack.enter_context(mock.patch.object(builder, name, value))
+        yield
+
+
 def build_meta_image_model(
-    reduced: dict | None, bpe_path: Path, seed: int = 0, shim: bool = True
+    reduced: dict | None,
+    bpe_path: Path,
+    seed: int = 0,
+    shim: bool = True,
+    interactive: bool = False,
 ) -> torch.nn.Module:
-    """Meta's Sam3Image (eval, CPU, random init under ``seed``), reduced when asked."""
+    """Meta's Sam3Image (eval, CPU, random init under ``seed``), reduced when asked.
+    ``interactive``: with Meta's instance interactivity (the sam2 neck and the tracker's
+    heads, ``enable_inst_interactivity=True``); its predictor's feature sizes, which Meta
+    fixes at 1008 px, follow the reduced size."""
     builder = import_sam3(shim)
+    image_size = (reduced or {}).get("image_size", 1008)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        with _reduced(builder, reduced) if reduced else contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            if reduced:
+                stack.enter_context(_reduced(builder, reduced))
+            if interactive:
+                stack.enter_context(_interactive(builder, image_size))
             model = builder.build_sam3_image_model(
-                bpe_path=str(bpe_path), device="cpu", load_from_HF=False
+                bpe_path=str(bpe_path),
+                device="cpu",
+                load_from_HF=False,
+                enable_inst_interactivity=interactive,
             )
+    if interactive:
+        grid = image_size // 14
+        model.inst_interactive_predictor._bb_feat_sizes = [(grid * k, grid * k) for k in (4, 2, 1)]
     return model.eval()
+
+
+def sam3_checkpoint(meta: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Meta's image model -> the layout of ``sam3.pt``: ``detector.`` keys, and with
+    interactivity ``tracker.`` keys (Meta's loader maps ``tracker.`` to
+    ``inst_interactive_predictor.model.``; here the other way)."""
+    out = {}
+    for key, tensor in meta.state_dict().items():
+        inner = key.removeprefix("inst_interactive_predictor.model.")
+        out[f"tracker.{inner}" if inner != key else f"detector.{key}"] = tensor
+    return out
 
 
 SYNTHETIC_MERGES = ["c a", "ca t</w>", "d o", "do g</w>", "r e", "re d</w>", "b o", "bo x</w>"]

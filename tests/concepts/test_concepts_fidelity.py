@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 if importlib.util.find_spec("sam3") is None:  # Meta's package: pip install --no-deps sam3
     pytest.skip("Meta's sam3 is not installed", allow_module_level=True)
-from meta_sam3 import build_meta_image_model, import_sam3
+from meta_sam3 import build_meta_image_model, import_sam3, sam3_checkpoint
 
 from sam2serve.concepts.checkpoint import CheckpointMismatch, load_strict, meta_to_transformers
 from sam2serve.concepts.engine import ExemplarBox, segment_concepts
@@ -169,13 +169,14 @@ def test_bad_inputs_are_named(pair):
 
 @pytest.mark.extended
 def test_full_size_meta_model_maps_strictly_onto_ours():
-    """Second tier (36 s, 3.4 GB on the Xeon host): Meta's full-size image model, as its
-    own builder makes it, gives every tensor of our full-size model with its shape — the
-    check ``sam2serve download --model sam3`` applies to the real sam3.pt."""
+    """Second tier (36 s, 3.4 GB on the Xeon host): Meta's full-size image model with
+    interactivity, as its own builder makes it, gives every tensor of our full-size model
+    and tracker heads with its shape — the check ``sam2serve download --model sam3``
+    applies to the real sam3.pt."""
     from sam2serve.concepts.weights import check_keys
 
-    meta = build_meta_image_model(Sam3Size.full().as_dict(), clip_bpe_path())
-    state = {f"detector.{k}": v for k, v in meta.state_dict().items()}
+    meta = build_meta_image_model(Sam3Size.full().as_dict(), clip_bpe_path(), interactive=True)
+    state = sam3_checkpoint(meta)  # the detector, the sam2 neck and the tracker
     check_keys(state, Sam3Size.full())
     state.pop("detector.transformer.decoder.presence_token.weight")
     with pytest.raises(CheckpointMismatch, match="missing"):

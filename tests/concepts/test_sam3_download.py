@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 if importlib.util.find_spec("sam3") is None:  # the fake file has the keys of Meta's model
     pytest.skip("Meta's sam3 is not installed", allow_module_level=True)
-from meta_sam3 import build_meta_image_model, write_tokenizer_files
+from meta_sam3 import build_meta_image_model, sam3_checkpoint, write_tokenizer_files
 
 from sam2serve import cli
 from sam2serve import download as downloader
@@ -86,9 +86,9 @@ class Server:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, bytes]:
     tokens = write_tokenizer_files(tmp_path_factory.mktemp("tok"))
-    meta = build_meta_image_model(Sam3Size.tiny().as_dict(), tokens / "bpe_simple_vocab.txt.gz")
-    state = {f"detector.{k}": v for k, v in meta.state_dict().items()}
-    state["tracker.maskmem_tpos_enc"] = torch.zeros(7, 1, 1, 64)  # dropped, as Meta's loader does
+    bpe = tokens / "bpe_simple_vocab.txt.gz"
+    meta = build_meta_image_model(Sam3Size.tiny().as_dict(), bpe, interactive=True)
+    state = sam3_checkpoint(meta)  # the detector, the sam2 neck, the whole tracker
     buffer = io.BytesIO()
     torch.save({"model": state}, buffer)
     out = {name: (tokens / name).read_bytes() for name in weights.TOKENIZER_FILES}
@@ -131,9 +131,10 @@ def test_token_reaches_the_origin_and_the_weights_load(servers, monkeypatch, tmp
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         [*names, *(f"{n}.sha256" for n in names)]
     )
-    model, tokenize = load_weights()
+    model, tracker, tokenize = load_weights()
     assert tokenize("red cat")[0] == tokenize("dog")[0]  # the start token
     assert sum(p.numel() for p in model.parameters()) > 0
+    assert sum(p.numel() for p in tracker.parameters()) > 0
 
 
 def test_a_redirect_to_another_origin_gets_no_token(servers, monkeypatch):

@@ -34,6 +34,7 @@ def test_help_names_the_endpoints_and_flags():
         "--sam3-size",
         "--concept-score-thresh",
         "--concept-max-instances",
+        "--concept-clicks",
     ):
         assert text in out
     assert "(default: 9090;" in out
@@ -63,6 +64,7 @@ def test_help_names_the_endpoints_and_flags():
         (["--concept-max-labels", "0"], {}, "--concept-max-labels: concept_max_labels must be"),
         (["--concepts", "--sam3-weights", "/x"], {}, "--sam3-weights and --random-weights"),
         (["--concepts", "--sam3-size", "huge"], {}, "--sam3-size: invalid choice"),
+        (["--concept-clicks", "sam4"], {}, "--concept-clicks: invalid choice: 'sam4'"),
     ],
 )
 def test_usage_errors_are_one_line(monkeypatch, argv, env, fragment):

@@ -3,7 +3,8 @@ session's tiny random SAM 3 (``concepts_tiny``, score threshold 0: every non-emp
 an instance): pre-annotation answers every label name of the config with the engine's own
 instances (brush RLE decoded by the test's own decoder; polygons rasterised), a TextArea's
 text is an interactive prompt, rectangles labelled with a concept label are its exemplar
-boxes (``not <label>``: negative), SAM 2's clicks and other boxes are unchanged, and every
+boxes (``not <label>``: negative), clicks and other boxes are SAM 3's tracker heads' (SAM 2's
+with ``--concept-clicks sam2``), and every
 hostile request is a 4xx naming what is wrong, before any model work."""
 
 from __future__ import annotations
@@ -218,8 +219,45 @@ def test_textarea_phrases_are_answered_with_their_labels(make_client, expected, 
     assert empty.status_code == 200 and empty.json()["results"][0]["result"] == []
 
 
-def test_clicks_stay_sam2s_with_concepts_on(make_client, ls_predictor):
+def sam3_mask(concepts, coords, labels, box=None, multimask=False):
+    """SAM 3's tracker heads' answer on the image's SAM 3 encoding: the best-scored mask."""
+    [encoding] = concepts.encode([PIXELS])
+    out = concepts.interactive.predict(
+        encoding.tracker,
+        np.asarray([coords], np.float32) if coords else None,
+        np.asarray([labels], np.int32) if coords else None,
+        None if box is None else np.asarray([box], np.float32),
+        multimask_output=multimask,
+    )
+    scores = out.iou_scores[0].numpy()
+    best = int(scores.argmax())
+    return out.masks[0, best].numpy(), float(scores[best])
+
+
+def test_clicks_and_boxes_are_sam3s_with_concepts_on(make_client, concepts_tiny):
+    """--concept-clicks sam3 (the default): the model that found the regions refines them,
+    on the encoding its concept prompts used (one SAM 3 encode of the image)."""
     client = make_client()
+    body = predict_body([IMAGE], [keypoint(30, 50)], config=config())
+    response = client.post("/predict", json=body)
+    assert response.status_code == 200, response.text
+    [region] = response.json()["results"][0]["result"]
+    want, score = sam3_mask(concepts_tiny, [[0.3 * W, 0.5 * H]], [1], multimask=True)
+    assert (decode_brush(region["value"]["rle"], H, W) != want).mean() <= 1e-3
+    assert region["score"] == pytest.approx(score, abs=1e-4)
+    box = rectangle(10, 20, 40, 50, "Box")  # no concept label: a box prompt
+    response = client.post("/predict", json=predict_body([IMAGE], [box], config=config()))
+    assert response.status_code == 200, response.text
+    [region] = response.json()["results"][0]["result"]
+    want, score = sam3_mask(concepts_tiny, [], [], [0.1 * W, 0.2 * H, 0.5 * W, 0.7 * H])
+    assert (decode_brush(region["value"]["rle"], H, W) != want).mean() <= 1e-3
+    assert region["score"] == pytest.approx(score, abs=1e-4)
+    cache = client.app.state.service.concepts.cache
+    assert cache.stats().entries == 1  # both prompts on the one SAM 3 encoding
+
+
+def test_clicks_stay_sam2s_with_concept_clicks_sam2(make_client, ls_predictor):
+    client = make_client(concept_clicks="sam2")
     body = predict_body([IMAGE], [keypoint(30, 50)], config=config())
     response = client.post("/predict", json=body)
     assert response.status_code == 200, response.text
@@ -513,8 +551,8 @@ def test_hostile_exemplar_rectangles_are_422_naming_the_region(make_client, cont
     assert message in response.json()["error"]["message"], response.json()
 
 
-def test_other_rectangles_stay_sam2_boxes_with_concepts_on(make_client, ls_predictor):
-    client = make_client()
+def test_other_rectangles_stay_sam2_boxes_with_concept_clicks_sam2(make_client, ls_predictor):
+    client = make_client(concept_clicks="sam2")
     body = predict_body([IMAGE], [rectangle(10, 20, 50, 60, "Box")], config=config())
     response = client.post("/predict", json=body)
     assert response.status_code == 200, response.text

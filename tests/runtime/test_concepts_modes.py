@@ -32,7 +32,8 @@ def _image(seed: int = 0) -> np.ndarray:
 
 
 def _copy(concepts: Concepts) -> Concepts:
-    return Concepts(copy.deepcopy(concepts.model), concepts.tokenize, concepts.size, concepts.spec)
+    model = copy.deepcopy(concepts.model)
+    return Concepts(model, concepts.tokenize, concepts.size, concepts.spec, concepts.tracker)
 
 
 def test_every_mode_says_what_it_does_to_sam3():
@@ -69,7 +70,8 @@ def test_lossless_modes_leave_the_model_as_loaded(concepts_tiny):
 
 def test_furious_converts_in_place_and_keeps_encodings_in_bf16(concepts_tiny):
     """A surface's one model is converted in place (no second copy held); its encodings
-    (what the service caches) are bf16: half the bytes of fp32's."""
+    (what the service caches) are bf16: half the bytes of fp32's, but for the interactive
+    side the tracker heads make, which stay float32 (as SAM 2.1's heads)."""
     own = _copy(concepts_tiny)
     furious = apply_concepts_mode(own, "furious", reduced=BF16)
     assert furious.model is own.model
@@ -85,7 +87,10 @@ def test_furious_converts_in_place_and_keeps_encodings_in_bf16(concepts_tiny):
     fp32_encoding = concepts_tiny.encode([image])[0]
     bf16_encoding = furious.encode([image])[0]
     assert {t.dtype for t in bf16_encoding.fpn_hidden_states} == {BF16}
-    assert bf16_encoding.nbytes * 2 == fp32_encoding.nbytes
+    assert bf16_encoding.tracker.image_embed.dtype == torch.float32
+    side = fp32_encoding.tracker.nbytes
+    assert bf16_encoding.tracker.nbytes == side > 0
+    assert (bf16_encoding.nbytes - side) * 2 == fp32_encoding.nbytes - side
 
 
 @pytest.mark.parametrize("mode", ["furious", "int8"])

@@ -95,7 +95,7 @@ def test_the_concepts_panel_is_hidden_until_the_server_says_it_runs_concepts():
     assert re.search(r'id="concept-thresh"[^>]*value="0.5"', form)  # Meta's default
     # app.js shows it from /readyz's field, and only for exactly true.
     assert "concepts.enable(ready.concepts === true)" in scripts()["app.js"]
-    assert 'import { ConceptPanel } from "./concepts.js"' in scripts()["app.js"]
+    assert 'import { ConceptPanel, segmentBody } from "./concepts.js"' in scripts()["app.js"]
 
 
 def test_the_fields_the_page_sends_are_the_concepts_requests():
@@ -307,3 +307,45 @@ def test_exemplar_boxes_are_drawn_bounded_and_sent(module_dir):
     ConceptsRequest.model_validate(
         {"image_id": "a" * 64, "phrases": [], "boxes": out["request"], "score_thresh": 0.5}
     )
+
+
+SEGMENT_PROBE = """
+import { ConceptReview, segmentBody } from "./concepts.js";
+
+// base64Of reads the blob with the browser's FileReader: a stand-in answers "QUJD".
+globalThis.FileReader = class {
+  readAsDataURL() { this.result = "data:image/png;base64,QUJD"; this.onload(); }
+};
+const instance = { id: 7, phrase: "cat", colour: "#fff", mask: null, score: 0.9, box: [1, 2, 3, 4] };
+const object = ConceptReview.objectOf(instance);
+const prompt = { points: [{ x: 2, y: 3, label: 1 }], box: object.box };
+const image = { imageId: "a".repeat(64), conceptsId: "b".repeat(64), blob: null };
+const out = {
+  model: object.model,
+  sam2: await segmentBody(image, prompt, true, undefined),
+  sam3: await segmentBody(image, prompt, false, object.model),
+  sam3Evicted: await segmentBody({ ...image, conceptsId: null }, prompt, false, object.model),
+};
+console.log(JSON.stringify(out));
+"""
+
+
+@needs_node
+def test_an_object_sam3_found_is_refined_by_sam3(module_dir):
+    """An accepted instance's clicks go to /v1/segment with model "sam3" and the id of the
+    image's SAM 3 encoding (the image itself once the server has none); any other object's
+    to SAM 2.1 by its embedding's id. Every body is a valid SegmentRequest."""
+    from sam2serve.server.schemas import SegmentRequest
+
+    done = node(module_dir, SEGMENT_PROBE)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["model"] == "sam3"
+    assert out["sam2"]["image_id"] == "a" * 64 and "model" not in out["sam2"]
+    assert out["sam3"]["image_id"] == "b" * 64 and out["sam3"]["model"] == "sam3"
+    assert out["sam3Evicted"]["image"] == "QUJD" and "image_id" not in out["sam3Evicted"]
+    for body in (out["sam2"], out["sam3"], out["sam3Evicted"]):
+        SegmentRequest.model_validate(body)
+    assert out["sam3"]["multimask_output"] is False
+    app = scripts()["app.js"]
+    assert "segment(prompt, multimask, object.model)" in app

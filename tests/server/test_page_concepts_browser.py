@@ -7,7 +7,8 @@ on), an image is opened and encoded, a threshold the server refuses shows the se
 message, "cat, dog" at threshold 0 shows every instance (the canvas is exactly the union
 of the answer's masks), two instances are accepted (Enter, the list's ✓), one rejected
 (Del), an undo brings one back to the review, the review is closed; the accepted cat is
-refined with a click through /v1/segment (its box is the box prompt, the click is added);
+refined with a click through /v1/segment by SAM 3 (``"model": "sam3"``; its box is the box
+prompt, the click is added);
 the COCO export has the phrases as categories, the refined mask as the page drew it and
 the dog exactly as the server found it. Exemplar boxes: `b`, a drag (positive) and a
 Shift-drag (negative) drawn green and red, a third refused by the server's
@@ -220,6 +221,7 @@ def test_concepts_in_the_page_end_to_end(page, concepts_server, tmp_path, monkey
     assert [p["label"] for p in prompt["points"]] == [1]
     assert prompt["points"][0]["x"] == pytest.approx(x + w / 2, abs=1.5)
     assert segment["image_id"] == image_id and segment["multimask_output"] is False
+    assert segment["model"] == "sam3"  # SAM 3 found it: SAM 3 refines it
     refined = object_pixels(tab, 0)
     assert refined.any() and not np.array_equal(refined, masks["cat"][0])
 

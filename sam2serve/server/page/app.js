@@ -1,6 +1,7 @@
 // The annotation page: open an image, encode it once (POST /v1/embeddings), then every
 // click, negative click or box asks POST /v1/segment for the active object's mask by
-// image_id, with the object's previous mask_id as its mask input; "Everything" runs
+// image_id, with the object's previous mask_id as its mask input (an object SAM 3 found is
+// refined by SAM 3: "model": "sam3", concepts.js's segmentBody); "Everything" runs
 // POST /v1/amg and opens a review; "Concepts" (when the server runs SAM 3) POST
 // /v1/concepts and opens concepts.js's review; export goes through POST /v1/coco (the
 // server's COCO writer) or to PNG masks made here. A video (a file, frame images, or a video of the
@@ -8,7 +9,7 @@
 // with the person's API key.
 
 import { Api, ApiError } from "./api.js";
-import { ConceptPanel } from "./concepts.js";
+import { ConceptPanel, segmentBody } from "./concepts.js";
 import { button, element } from "./dom.js";
 import { download, maskPng, zip } from "./files.js";
 import { ObjectStore } from "./objects.js";
@@ -319,7 +320,7 @@ async function decode(id, clickedAt) {
   // One click alone is ambiguous: ask for SAM's 3 candidates and keep the best.
   const multimask = object.points.length === 1 && !object.box && !object.maskId;
   try {
-    const answer = await segment(prompt, multimask);
+    const answer = await segment(prompt, multimask, object.model);
     const best = answer.objects[0].masks.reduce((a, b) => (b.score > a.score ? b : a));
     const drawn = store.answer(id, epoch, {
       mask: fromServer(best.segmentation),
@@ -346,31 +347,32 @@ async function decode(id, clickedAt) {
   }
 }
 
-/** POST /v1/segment by image_id; a mask input or an embedding the server no longer has is
- * dropped or sent again, and busy answers are retried. */
-async function segment(prompt, multimask) {
+/** POST /v1/segment by image_id (SAM 2.1's, or SAM 3's for `model` "sam3": segmentBody);
+ * a mask input or an encoding the server no longer has is dropped or sent again, and busy
+ * answers are retried. */
+async function segment(prompt, multimask, model = "sam2") {
   const image = state.image;
-  const body = () => ({
-    image_id: image.imageId,
-    objects: [prompt],
-    multimask_output: multimask,
-    best_mask_only: multimask, // the page keeps the best candidate: only it is sent
-    mask_format: "uncompressed_rle",
-  });
+  const sam3 = model === "sam3";
   try {
-    return await api.retrying(() => api.call("POST", "/v1/segment", { json: body() }), {
-      onWait: busyNotice("asking"),
-    });
+    const send = async () =>
+      api.call("POST", "/v1/segment", { json: await segmentBody(image, prompt, multimask, model) });
+    const answer = await api.retrying(send, { onWait: busyNotice("asking") });
+    if (sam3) image.conceptsId = answer.image_id; // SAM 3's encoding is on the server now
+    return answer;
   } catch (error) {
     if (error.code === "unknown_mask_id" && prompt.mask_id) {
       delete prompt.mask_id; // the server forgot the previous mask: the clicks alone
-      return segment(prompt, multimask);
+      return segment(prompt, multimask, model);
     }
-    if (error.code === "unknown_image_id" && image === state.image) {
+    if (error.code === "unknown_image_id" && sam3 && image.conceptsId) {
+      image.conceptsId = null; // SAM 3's encoding was evicted: the image goes with the click
+      return segment(prompt, multimask, model);
+    }
+    if (error.code === "unknown_image_id" && !sam3 && image === state.image) {
       say("The server evicted this image: encoding it again.", "busy");
       image.imageId = null;
       await encode();
-      if (image.imageId && image === state.image) return segment(prompt, multimask);
+      if (image.imageId && image === state.image) return segment(prompt, multimask, model);
     }
     throw error;
   }

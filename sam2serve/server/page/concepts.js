@@ -3,7 +3,8 @@
 // image_id the answer gave, which is SAM 2.1's id of the same image too), and a review
 // shows them, a colour per phrase with their scores. An accepted instance becomes an
 // object named by its phrase (its COCO category) whose box is its box prompt: a click on it
-// later refines it through /v1/segment (SAM 2.1), as any object. A rejected one is dropped.
+// later refines it through /v1/segment with "model": "sam3" (SAM 3's tracker heads on the
+// same SAM 3 encoding, segmentBody). A rejected one is dropped.
 //
 // While the review is open, a click on the image picks the instance under it; Enter accepts
 // the current instance, Del rejects it, ↑/↓ move, Shift+Enter accepts every one left; Done
@@ -105,8 +106,27 @@ export class ConceptReview {
       box: instance.box,
       points: [],
       conceptId: instance.id,
+      model: "sam3", // its clicks are answered by SAM 3, which found it
     };
   }
+}
+
+/** The /v1/segment body for one object's prompt: SAM 2.1's by the image's embedding id;
+ * SAM 3's (`model` "sam3": an object made from a concept instance) by the id of the image's
+ * SAM 3 encoding, or with the image itself when the server has none (never searched, or
+ * evicted: the caller clears `image.conceptsId` then). */
+export async function segmentBody(image, prompt, multimask, model) {
+  const body = {
+    objects: [prompt],
+    multimask_output: multimask,
+    best_mask_only: multimask, // the page keeps the best candidate: only it is sent
+    mask_format: "uncompressed_rle",
+  };
+  if (model !== "sam3") return { image_id: image.imageId, ...body };
+  const source = image.conceptsId
+    ? { image_id: image.conceptsId }
+    : { image: await base64Of(image.blob) };
+  return { ...source, model: "sam3", ...body };
 }
 
 /** What a search asks for, in words: its phrases, and its exemplar boxes if any. */

@@ -53,6 +53,10 @@ async def segment(
     body, data = await read_body(request, schemas.SegmentRequest, service)
     check_prompt_counts(body, settings)
     prompts = [Prompt.from_api(obj) for obj in body.objects]  # valid: the schema checked
+    if body.model == "sam3":  # SAM 3's tracker heads (serve --concepts)
+        from sam2serve.server.routes.segment_sam3 import segment_sam3
+
+        return await segment_sam3(request, body, data, prompts, service, clock)
 
     async def work() -> Response:
         image = await service.resolve_image(

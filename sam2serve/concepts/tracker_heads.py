@@ -1,0 +1,213 @@
+"""SAM 3's tracker heads: the "sam2" neck on SAM 3's ViT and the SAM-style prompt encoder and
+mask decoder of SAM 3's tracker, with their weights from Meta's ``sam3.pt``.
+
+Meta's SAM 3 backbone carries a dual ViTDet neck (``sam3.model.necks.Sam3DualViTDetNeck``):
+the detector's FPN and a second FPN of the same shape (``sam2_convs``) whose levels feed the
+tracker. Meta computes four levels (scales 4, 2, 1, 0.5) and drops the last (``scalp=1``):
+at 1008 px the tracker sees 256 x 288², 256 x 144² and 256 x 72² maps (stride 14, not
+SAM 2.1's 16). The tracker's heads are SAM 2.1's (``sam3.sam.prompt_encoder``,
+``sam3.sam.mask_decoder``, ``sam3.sam.transformer``: the same math as Meta's sam2, built by
+Meta's ``build_tracker`` with SAM 2.1's settings: 3 multimask outputs, IoU head with
+sigmoid, object-score head, high-res features, dynamic multimask via stability 0.05 / 0.98),
+so they are this project's SAM 2.1 modules (:class:`~sam2serve.modeling.sam2.SAM2Image`
+without its image encoder) sized for SAM 3's 1008 px input and 72² grid.
+
+Checkpoint keys (Meta's combined image + video file): the neck is
+``detector.backbone.vision_backbone.sam2_convs.*``; the heads are ``tracker.sam_prompt_encoder.*``,
+``tracker.sam_mask_decoder.*`` and ``tracker.no_mem_embed``. The rest of ``tracker.*`` is the
+video tracker's memory (:data:`VIDEO_TRACKER_PREFIXES`), which this module does not build:
+:func:`split_tracker_state` hands those keys back for the video tracker to load.
+
+One neck pass per image gives the three levels (:meth:`TrackerHeads.neck_levels`); the
+interactive path projects them once into an :class:`~sam2serve.engine.predictor.Embedding`
+(:meth:`TrackerHeads.embedding`: ``no_mem_embed`` added to the 72² map, as Meta's
+``predict_inst`` does for an image with no memory; ``conv_s0`` / ``conv_s1`` applied to the
+high-resolution levels, as its ``Sam3Processor.set_image`` does), which SAM 2.1's
+:class:`~sam2serve.engine.predictor.Predictor` decodes unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from sam2serve.concepts.checkpoint import DETECTOR, CheckpointMismatch
+from sam2serve.concepts.model import Sam3Size
+from sam2serve.config import HieraConfig, ModelConfig
+from sam2serve.engine.predictor import Embedding
+from sam2serve.modeling.sam2 import SAM2Image
+
+TRACKER = "tracker."
+# Meta's dual neck's second FPN, in the detector's keys (after DETECTOR is dropped)
+SAM2_NECK = "backbone.vision_backbone.sam2_convs."
+# The scales of Meta's dual neck; the last level is computed by Meta and dropped (scalp=1):
+# its weights are loaded (strictly) and never run here.
+NECK_SCALES = (4.0, 2.0, 1.0, 0.5)
+USED_LEVELS = 3
+PATCH = 14  # SAM 3's ViT patch size: the stride of the tracker's lowest-resolution map
+D_MODEL = 256
+# The tracker heads' own keys, under TRACKER
+HEAD_PREFIXES = ("sam_prompt_encoder.", "sam_mask_decoder.", "no_mem_embed")
+# The video tracker's keys under TRACKER (memory encoder, memory attention, object pointers),
+# not built here; anything else under TRACKER is an unknown key.
+VIDEO_TRACKER_PREFIXES = (
+    "maskmem_backbone.",
+    "transformer.",
+    "maskmem_tpos_enc",
+    "no_mem_pos_enc",
+    "no_obj_ptr",
+    "no_obj_embed_spatial",
+    "mask_downsample.",
+    "obj_ptr_proj.",
+    "obj_ptr_tpos_proj.",
+)
+
+_NECK_RENAMES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(p), r)
+    for p, r in (
+        (r"^(\d+)\.dconv_2x2(_0)?\.", r"neck.\1.scale_layers.0."),
+        (r"^(\d+)\.dconv_2x2_1\.", r"neck.\1.scale_layers.2."),
+        (r"^(\d+)\.conv_1x1\.", r"neck.\1.proj1."),
+        (r"^(\d+)\.conv_3x3\.", r"neck.\1.proj2."),
+    )
+)
+# Meta's tracker builds its two-way transformer's MLPs as ``MLPBlock`` (lin1, lin2); ours
+# (and Meta's sam2) as an MLP with ``layers.0``, ``layers.1``: the same two Linear layers.
+_MLP_BLOCK = re.compile(r"\.mlp\.lin([12])\.")
+
+
+@dataclass(frozen=True)
+class TrackerConfig(ModelConfig):
+    """SAM 2.1's model configuration with SAM 3's input size and stride (the heads only:
+    there is no Hiera trunk, ``trunk`` is a placeholder never built)."""
+
+    @property
+    def embedding_size(self) -> int:
+        return self.image_size // PATCH
+
+
+def tracker_config(size: Sam3Size) -> TrackerConfig:
+    placeholder = HieraConfig(
+        embed_dim=0,
+        num_heads=0,
+        stages=(),
+        global_att_blocks=(),
+        window_pos_embed_bkg_spatial_size=(0, 0),
+    )
+    return TrackerConfig(name="sam3-tracker", trunk=placeholder, image_size=size.image_size)
+
+
+class TrackerHeads(nn.Module):
+    """The sam2 neck (``neck``: Meta's ``sam2_convs``, transformers' FPN layer) and the
+    tracker's SAM heads (``heads``: ``sam_prompt_encoder``, ``sam_mask_decoder``,
+    ``no_mem_embed``) of one SAM 3 size."""
+
+    def __init__(self, size: Sam3Size) -> None:
+        super().__init__()
+        from transformers.models.sam3.modeling_sam3 import Sam3FPNLayer
+
+        self.size = size
+        self.neck = nn.ModuleList(Sam3FPNLayer(size.vit_dim, D_MODEL, s) for s in NECK_SCALES)
+        self.heads = SAM2Image(tracker_config(size), with_image_encoder=False)
+
+    @property
+    def grid(self) -> int:
+        return self.size.image_size // PATCH
+
+    def neck_levels(self, vit_hidden: Tensor) -> list[Tensor]:
+        """The ViT's last hidden state (B, grid², C), as transformers' ``Sam3VisionModel``
+        returns it (``last_hidden_state``), or (B, C, grid, grid) -> the three levels the
+        tracker uses, (B, 256, 4g, 4g), (B, 256, 2g, 2g), (B, 256, g, g), in the neck's
+        dtype (the ViT may compute in another)."""
+        if vit_hidden.ndim == 3:
+            b, _, c = vit_hidden.shape
+            g = self.grid
+            vit_hidden = vit_hidden.view(b, g, g, c).permute(0, 3, 1, 2)
+        return [layer(vit_hidden) for layer in self.neck[:USED_LEVELS]]
+
+    def embedding(self, levels: list[Tensor], sizes: tuple[tuple[int, int], ...]) -> Embedding:
+        """The interactive path's image side from :meth:`neck_levels`: Meta's ``predict_inst``
+        features (``no_mem_embed`` added to the lowest level; ``conv_s0`` / ``conv_s1`` of
+        the two high-resolution levels), for images of original ``sizes`` (h, w)."""
+        s0, s1, lowest = levels
+        decoder = self.heads.sam_mask_decoder
+        image_embed = lowest + self.heads.no_mem_embed.reshape(1, -1, 1, 1)
+        return Embedding(image_embed, (decoder.conv_s0(s0), decoder.conv_s1(s1)), sizes)
+
+
+def build_tracker_heads(size: Sam3Size) -> TrackerHeads:
+    """Untrained tracker heads of ``size`` in eval mode (weights: :func:`load_tracker_heads`)."""
+    return TrackerHeads(size).eval()
+
+
+def _rename_head(key: str) -> str:
+    return "heads." + _MLP_BLOCK.sub(lambda m: f".mlp.layers.{int(m[1]) - 1}.", key)
+
+
+def _rename_neck(key: str) -> str:
+    for pattern, replacement in _NECK_RENAMES:
+        if pattern.search(key):
+            return pattern.sub(replacement, key, count=1)
+    return "neck.unknown." + key
+
+
+def split_tracker_state(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Meta's checkpoint (``detector.`` / ``tracker.`` keys, or an image model's
+    ``inst_interactive_predictor.model.`` keys) -> (the tracker heads' tensors in
+    :class:`TrackerHeads`' keys, the video tracker's ``tracker.*`` tensors with the prefix
+    dropped). Raises :class:`CheckpointMismatch` naming a ``tracker.*`` key that belongs to
+    neither."""
+    heads: dict[str, Tensor] = {}
+    video: dict[str, Tensor] = {}
+    unknown: list[str] = []
+    for key, tensor in state.items():
+        detector_key = key.removeprefix(DETECTOR)
+        if detector_key.startswith(SAM2_NECK):
+            heads[_rename_neck(detector_key.removeprefix(SAM2_NECK))] = tensor
+            continue
+        for prefix in (TRACKER, "inst_interactive_predictor.model."):
+            if key.startswith(prefix):
+                name = key.removeprefix(prefix)
+                if name.startswith(HEAD_PREFIXES):
+                    heads[_rename_head(name)] = tensor
+                elif name.startswith(VIDEO_TRACKER_PREFIXES):
+                    video[name] = tensor
+                else:
+                    unknown.append(key)
+                break
+    if unknown:
+        raise CheckpointMismatch(
+            f"not a SAM 3 checkpoint: {len(unknown)} unknown tracker key(s), e.g. {unknown[0]}"
+        )
+    return heads, video
+
+
+def check_tracker_keys(heads_state: dict[str, Tensor], size: Sam3Size) -> None:
+    """``heads_state`` (from :func:`split_tracker_state`) must give every tensor of
+    ``size``'s tracker heads with its shape, and nothing else (checked on the meta device)."""
+    with torch.device("meta"):
+        expected = build_tracker_heads(size).state_dict()
+    missing = sorted(set(expected) - set(heads_state))
+    unexpected = sorted(set(heads_state) - set(expected))
+    shapes = sorted(
+        k for k in expected if k in heads_state and heads_state[k].shape != expected[k].shape
+    )
+    for label, names in (("missing", missing), ("unexpected", unexpected), ("shape", shapes)):
+        if names:
+            raise CheckpointMismatch(
+                f"not a SAM 3 checkpoint: {len(names)} {label} tracker key(s), e.g. {names[0]}"
+            )
+
+
+def load_tracker_heads(heads: TrackerHeads, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Load ``heads`` strictly from Meta's checkpoint ``state`` (:func:`split_tracker_state`);
+    returns the video tracker's tensors (``tracker.*`` minus the prefix) for whoever builds
+    the video tracker. Raises :class:`CheckpointMismatch` naming what does not match."""
+    from sam2serve.concepts.checkpoint import load_strict
+
+    heads_state, video = split_tracker_state(state)
+    load_strict(heads, heads_state)
+    return video
