@@ -104,8 +104,10 @@ def batched_mask_to_box(masks: torch.Tensor) -> torch.Tensor:
     *batch_shape, h, w = masks.shape
     if masks.numel() == 0:
         return torch.zeros(*batch_shape, 4, dtype=torch.int64, device=masks.device)
-    rows = masks.any(dim=-1)  # (..., H): row has a set pixel
-    cols = masks.any(dim=-2)  # (..., W)
+    # any() over bool reduces ~10-20x slower on the CPU than amax() over the same bytes.
+    as_bytes = (masks if masks.dtype == torch.bool else masks != 0).view(torch.uint8)
+    rows = as_bytes.amax(dim=-1).bool()  # (..., H): row has a set pixel
+    cols = as_bytes.amax(dim=-2).bool()  # (..., W)
     y = torch.arange(h, device=masks.device)
     x = torch.arange(w, device=masks.device)
     # Unset rows/columns are pushed out of range so min/max skip them.
