@@ -69,10 +69,11 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> Non
     raise RuntimeError("the server did not become ready")
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
+def _cpu_and_faults(pid: int) -> tuple[float, int]:
+    """User + system CPU seconds and minor page faults of process ``pid`` (all its
+    threads) so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -145,7 +146,7 @@ def main() -> None:
                 )  # fmt: skip
                 time.sleep(1.0)
             client_ms, server_ms, sizes = [], [], []
-            cpu_start = _cpu_s(proc.pid)
+            cpu_start, faults_start = _cpu_and_faults(proc.pid)
             for i in range(args.n):
                 ms, payload = click(i)
                 client_ms.append(ms)
@@ -153,7 +154,9 @@ def main() -> None:
                 sizes.append(
                     sum(len(str(m["segmentation"])) for m in payload["objects"][0]["masks"])
                 )
-            server_cpu_ms = (_cpu_s(proc.pid) - cpu_start) * 1000 / args.n
+            cpu_end, faults_end = _cpu_and_faults(proc.pid)
+            server_cpu_ms = (cpu_end - cpu_start) * 1000 / args.n
+            faults = (faults_end - faults_start) / args.n
     finally:
         if spy is not None:
             spy.send_signal(2)
@@ -173,7 +176,10 @@ def main() -> None:
         f"{statistics.median(c - s for c, s in zip(client_ms, server_ms, strict=True)):.1f} ms"
         f"  | segmentation chars p50 {int(statistics.median(sizes))}"
     )
-    print(f"  server CPU per click (all threads, user + system) {server_cpu_ms:.1f} ms")
+    print(
+        f"  server per click: CPU (all threads, user + system) {server_cpu_ms:.1f} ms, "
+        f"minor page faults {faults:.0f}"
+    )
 
 
 if __name__ == "__main__":
