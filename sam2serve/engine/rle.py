@@ -454,4 +454,5 @@ def coco_to_rle(coco: Rle) -> Rle:
     counts = coco["counts"]
     if not isinstance(counts, (str, bytes, bytearray)):
         raise TypeError(f"COCO RLE counts must be str or bytes, got {type(counts).__name__}")
-    return {"size": [h, w], "counts": _decode_counts(counts).tolist()}
+    text = bytes(counts) if isinstance(counts, bytearray) else counts
+    return {"size": [h, w], "counts": _decode_counts(text).tolist()}
