@@ -20,6 +20,7 @@ import argparse
 import base64
 import io
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -111,6 +112,8 @@ def main() -> None:
         "--log-level", "warning",
     ]  # fmt: skip
     env = {**os.environ, "SAM2SERVE_API_KEY": ""}
+    # Stopped by a signal, the server it started is stopped too (the finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     proc = subprocess.Popen(command, env=env)
     spy: subprocess.Popen | None = None
     try:
