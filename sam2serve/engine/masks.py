@@ -22,6 +22,7 @@ __all__ = [
     "build_all_layer_point_grids",
     "build_point_grid",
     "calculate_stability_score",
+    "count_set",
     "generate_crop_boxes",
     "is_box_near_crop_edge",
     "remove_small_regions",
@@ -87,13 +88,25 @@ def calculate_stability_score(
     """IoU between the masks thresholded at `threshold +- offset` (..., H, W) -> (...).
 
     The high-threshold mask is always inside the low-threshold one, so the IoU is just
-    the ratio of their areas. Counting in int32 avoids an int64 copy of the masks.
+    the ratio of their areas.
     """
-    high = (mask_logits > (mask_threshold + threshold_offset)).flatten(-2)
-    low = (mask_logits > (mask_threshold - threshold_offset)).flatten(-2)
-    intersections = high.sum(-1, dtype=torch.int32)
-    unions = low.sum(-1, dtype=torch.int32)
+    intersections = count_set(mask_logits > (mask_threshold + threshold_offset))
+    unions = count_set(mask_logits > (mask_threshold - threshold_offset))
     return intersections / unions
+
+
+def count_set(masks: torch.Tensor) -> torch.Tensor:
+    """Set pixels of bool masks (..., H, W) -> int32 (...), where the masks are.
+
+    On the CPU numpy counts (count_nonzero): torch's sum of a bool tensor runs ~7x slower
+    there, and it is most of AMG's stability scores. Elsewhere an int32 sum (no int64 copy
+    of the masks)."""
+    flat = masks.flatten(-2)
+    if flat.device.type != "cpu" or flat.numel() == 0:
+        return flat.sum(-1, dtype=torch.int32)
+    rows = flat.reshape(-1, flat.shape[-1]).numpy()
+    counts = np.count_nonzero(rows, axis=-1).astype(np.int32)
+    return torch.from_numpy(counts).reshape(flat.shape[:-1])
 
 
 def batched_mask_to_box(masks: torch.Tensor) -> torch.Tensor:
@@ -104,8 +117,10 @@ def batched_mask_to_box(masks: torch.Tensor) -> torch.Tensor:
     *batch_shape, h, w = masks.shape
     if masks.numel() == 0:
         return torch.zeros(*batch_shape, 4, dtype=torch.int64, device=masks.device)
-    rows = masks.any(dim=-1)  # (..., H): row has a set pixel
-    cols = masks.any(dim=-2)  # (..., W)
+    # any() over bool reduces ~10-20x slower on the CPU than amax() over the same bytes.
+    as_bytes = (masks if masks.dtype == torch.bool else masks != 0).view(torch.uint8)
+    rows = as_bytes.amax(dim=-1).bool()  # (..., H): row has a set pixel
+    cols = as_bytes.amax(dim=-2).bool()  # (..., W)
     y = torch.arange(h, device=masks.device)
     x = torch.arange(w, device=masks.device)
     # Unset rows/columns are pushed out of range so min/max skip them.

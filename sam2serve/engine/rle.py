@@ -51,37 +51,36 @@ def _run_lengths(masks: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     ``runs[offsets[i]:offsets[i + 1]]``.
 
     Where the runs change is found on the device for the whole batch and crosses to the
-    host in one transfer; the rest is a few numpy passes over the change points."""
+    host in one transfer; the rest is a few numpy passes over the change points, none over
+    the pixels."""
     batch, h, w = masks.shape
     n_pixels = h * w
     # Column-major per mask; bool -> uint8 is a free view and transposes faster.
     flat = masks.view(torch.uint8).transpose(1, 2).reshape(batch, n_pixels)
-    # A boundary before every pixel that differs from the previous one, plus one at each
-    # mask's start and end: consecutive boundaries of a mask delimit its runs.
+    # Mask b's run boundaries at b * (n_pixels + 1) + p: before every pixel p that differs
+    # from the one before it, before pixel 0 when it is set (the counts start with zeros:
+    # a run of 0), and at the end (p = n_pixels). Each boundary ends one run.
     boundary = torch.empty((batch, n_pixels + 1), dtype=torch.bool, device=masks.device)
-    boundary[:, 0] = True
+    boundary[:, 0] = flat[:, 0]
     boundary[:, n_pixels] = True
     torch.ne(flat[:, 1:], flat[:, :-1], out=boundary[:, 1:n_pixels])
     if masks.device.type == "cpu":
         # numpy's flatnonzero is several times faster than torch's nonzero on the CPU.
         where = np.flatnonzero(boundary.numpy())
-        first_set = flat[:, 0].numpy().astype(bool)
     else:
-        index_dtype = torch.int32 if boundary.numel() < 2**31 else torch.int64
         nonzero = boundary.reshape(-1).nonzero().squeeze(1)
-        payload = torch.cat([flat[:, 0].to(index_dtype), nonzero.to(index_dtype)])
-        payload = payload.cpu().numpy().astype(np.int64)  # the one host transfer
-        first_set, where = payload[:batch].astype(bool), payload[batch:]
-    # Boundaries up to the end of each mask; the step from a mask's end to the next
-    # mask's start is not a run.
-    ends = np.searchsorted(where, np.arange(1, batch + 1) * (n_pixels + 1))
-    runs = np.delete(np.diff(where), ends[:-1] - 1)
-    lengths = np.diff(ends, prepend=0) - 1
-    # Counts start with zeros: a mask whose first pixel is set gets a leading 0 run.
-    if first_set.any():
-        runs = np.insert(runs, np.cumsum(lengths)[first_set] - lengths[first_set], 0)
-        lengths = lengths + first_set
-    return runs, np.concatenate(([0], np.cumsum(lengths)))
+        index_dtype = torch.int32 if boundary.numel() < 2**31 else torch.int64
+        where = nonzero.to(index_dtype).cpu().numpy().astype(np.int64)  # the one transfer
+    stride = n_pixels + 1
+    offsets = np.zeros(batch + 1, np.int64)
+    offsets[1:] = np.searchsorted(where, np.arange(1, batch + 1) * stride)
+    # A run is the distance from the previous boundary; a mask's first from its start.
+    runs = np.empty_like(where)
+    runs[0] = where[0]
+    np.subtract(where[1:], where[:-1], out=runs[1:])
+    firsts = offsets[:-1]
+    runs[firsts] = where[firsts] - np.arange(batch) * stride
+    return runs, offsets
 
 
 @dataclass(frozen=True)
@@ -136,10 +135,7 @@ class Runs:
 
     def areas(self) -> np.ndarray:
         """Set pixels per mask (int64): the sum of each mask's odd-indexed runs."""
-        position = np.arange(self.runs.size) - np.repeat(self.offsets[:-1], np.diff(self.offsets))
-        ones = np.where(position % 2 == 1, self.runs, 0)
-        total = np.concatenate(([0], np.cumsum(ones)))
-        return total[self.offsets[1:]] - total[self.offsets[:-1]]
+        return _areas(self.runs, self.offsets)
 
     def coco(self) -> list[Rle]:
         """Every mask as a COCO compressed RLE (``rle_to_coco`` of each, in one pass)."""
@@ -147,6 +143,21 @@ class Runs:
             return []
         texts = _encode_counts_batch(self.runs, self.offsets)
         return [{"size": list(self.size), "counts": text} for text in texts]
+
+
+def _areas(runs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Set pixels per mask (int64): the sum of each mask's runs at odd positions within
+    its counts, i.e. at odd global positions for a mask whose counts start at an even one
+    and at even ones otherwise (prefix sums of both, no per-run position array)."""
+    at_odd = np.zeros(runs.size + 1, np.int64)
+    np.cumsum(runs[1::2], out=at_odd[2::2])
+    at_odd[1::2] = at_odd[0:-1:2]  # an even position adds nothing
+    every = np.zeros(runs.size + 1, np.int64)
+    np.cumsum(runs, out=every[1:])
+    starts, stops = offsets[:-1], offsets[1:]
+    odd_sum = at_odd[stops] - at_odd[starts]
+    even_sum = every[stops] - every[starts] - odd_sum
+    return np.where(starts % 2 == 0, odd_sum, even_sum)
 
 
 def masks_to_runs(masks: torch.Tensor) -> Runs:
@@ -188,12 +199,7 @@ def masks_to_coco(masks: torch.Tensor) -> tuple[list[Rle], list[int]]:
         return [{"size": [h, w], "counts": text} for text in texts], areas
     runs, offsets = _run_lengths(masks)
     texts = _encode_counts_batch(runs, offsets)
-    # Odd-indexed runs (within each mask) are the ones.
-    position = np.arange(runs.size) - np.repeat(offsets[:-1], np.diff(offsets))
-    ones = np.where(position % 2 == 1, runs, 0)
-    areas = np.add.reduceat(ones, offsets[:-1]) if runs.size else np.zeros(batch, np.int64)
-    # reduceat of an empty segment (never here: every mask has >= 1 run) would misreport.
-    return [{"size": [h, w], "counts": text} for text in texts], areas.tolist()
+    return [{"size": [h, w], "counts": text} for text in texts], _areas(runs, offsets).tolist()
 
 
 def _coco_on_device(masks: torch.Tensor) -> tuple[list[str], list[int]]:
@@ -289,28 +295,43 @@ def _encode_counts(counts: np.ndarray) -> str:
 
 def _encode_counts_batch(counts: np.ndarray, offsets: np.ndarray) -> list[str]:
     """pycocotools' rleToString for many count lists at once: ``counts[offsets[i]:
-    offsets[i + 1]]`` -> string ``i``. Every char of every list is computed in one pass."""
-    counts = counts.astype(np.int64, copy=False)
-    lengths = np.diff(offsets)
-    position = np.arange(counts.size) - np.repeat(offsets[:-1], lengths)
+    offsets[i + 1]]`` -> string ``i``. Every char of every list is computed in one pass
+    per char position (a value has 1 to 7 chars; noisy masks' mostly 1 or 2), in int32:
+    a count is at most 2**31 - 1 pixels, a difference of two fits too."""
+    if counts.size and int(counts.max()) >= 2**31:
+        raise ValueError("a run of 2**31 pixels or more cannot be encoded")
+    counts = counts.astype(np.int32)
     # From the 4th count of a list on, store the difference to the count two before it
-    # (same parity), which is small for smooth shapes.
+    # (same parity), which is small for smooth shapes; the first three as they are.
     values = counts.copy()
-    delta = np.flatnonzero(position >= 3)
-    values[delta] -= counts[delta - 2]
+    np.subtract(counts[2:], counts[:-2], out=values[2:])
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    for k in range(3):
+        at = starts[lengths > k] + k
+        values[at] = counts[at]
     # Chars per value: 5 payload bits each, the top one of the last char the sign, so
     # a value needs bit_length(v if v >= 0 else ~v) // 5 + 1 chars.
-    magnitude = values ^ (values >> 63)
-    bit_length = np.frexp(magnitude.astype(np.float64))[1]  # exact below 2**53
-    n_chars = bit_length // _BITS_PER_CHAR + 1
-    char_starts = np.concatenate(([0], np.cumsum(n_chars)))
-    value_of_char = np.repeat(np.arange(values.size), n_chars)
-    k = np.arange(char_starts[-1]) - char_starts[value_of_char]
-    payload = (values[value_of_char] >> (_BITS_PER_CHAR * k)) & _PAYLOAD_MASK
-    more = k < n_chars[value_of_char] - 1
-    chars = (payload + np.where(more, _MORE_BIT, 0) + _CHAR_OFFSET).astype(np.uint8)
-    text = chars.tobytes()
-    bounds = char_starts[offsets]
+    magnitude = values ^ (values >> 31)
+    width = int(magnitude.max()).bit_length() // _BITS_PER_CHAR + 1 if values.size else 1
+    n_chars = np.ones(values.size, np.int8)
+    for extra in range(1, width):
+        n_chars += magnitude >= (1 << (_BITS_PER_CHAR * extra - 1))
+    # Char k of every value (those past a value's last char are dropped below).
+    chars = np.empty((values.size, width), np.uint8)
+    keep = np.empty((values.size, width), bool)
+    rest = values
+    for k in range(width):
+        np.greater(n_chars, k, out=keep[:, k])
+        column = (rest & _PAYLOAD_MASK).astype(np.uint8)
+        column += _CHAR_OFFSET
+        if k < width - 1:
+            column += (n_chars > k + 1).view(np.uint8) * np.uint8(_MORE_BIT)
+            rest = rest >> _BITS_PER_CHAR
+        chars[:, k] = column
+    text = (chars[keep] if width > 1 else chars).tobytes()
+    char_ends = np.zeros(values.size + 1, np.int64)
+    np.cumsum(n_chars, out=char_ends[1:])
+    bounds = char_ends[offsets].tolist()
     return [text[a:b].decode("ascii") for a, b in itertools.pairwise(bounds)]
 
 
@@ -433,4 +454,5 @@ def coco_to_rle(coco: Rle) -> Rle:
     counts = coco["counts"]
     if not isinstance(counts, (str, bytes, bytearray)):
         raise TypeError(f"COCO RLE counts must be str or bytes, got {type(counts).__name__}")
-    return {"size": [h, w], "counts": _decode_counts(counts).tolist()}
+    text = bytes(counts) if isinstance(counts, bytearray) else counts
+    return {"size": [h, w], "counts": _decode_counts(text).tolist()}

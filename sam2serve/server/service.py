@@ -54,7 +54,7 @@ from sam2serve.server.decode_budget import DecodeBudget, Reservation, image_deco
 from sam2serve.server.errors import ApiError
 from sam2serve.server.flight import Flight, Flights
 from sam2serve.server.image_folder import FolderIndex
-from sam2serve.server.memory import release_free_memory
+from sam2serve.server.memory import IdleRelease, release_free_memory
 from sam2serve.server.metrics import Metrics
 from sam2serve.server.settings import ServerSettings
 from sam2serve.server.uploads import decode_image, probe_image
@@ -139,7 +139,7 @@ class Service:
             max_bulk_queue=settings.batching.max_bulk_queue,
             on_batch=self.metrics.observe_batch,
             on_cancel=self.metrics.observe_cancel,
-            on_idle=release_free_memory,
+            on_idle=IdleRelease(),
         )
         # SAM 3 beside SAM 2.1 (settings.concepts.enabled): None when this server has no
         # concept model (/v1/concepts answers 404 "concepts_disabled").

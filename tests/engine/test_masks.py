@@ -331,3 +331,15 @@ def test_remove_small_regions_matches_meta_with_opencv(meta, mode):
             expected, expected_changed = meta.remove_small_regions(mask, area_thresh, mode)
             assert changed == expected_changed
             np.testing.assert_array_equal(result, expected)
+
+
+def test_count_set_counts_each_mask_like_numpy():
+    generator = torch.Generator().manual_seed(0)
+    masks = torch.rand(2, 3, 17, 11, generator=generator) > 0.6
+    expected = masks.numpy().reshape(2, 3, -1).sum(-1)
+    counts = ours.count_set(masks)
+    assert counts.dtype == torch.int32 and counts.tolist() == expected.tolist()
+    # A strided view (a transpose) counts the same; no masks, or empty masks, count 0.
+    assert ours.count_set(masks.transpose(-1, -2)).tolist() == expected.tolist()
+    assert ours.count_set(masks[:0]).shape == (0, 3)
+    assert ours.count_set(torch.zeros(4, 0, 5, dtype=torch.bool)).tolist() == [0] * 4
