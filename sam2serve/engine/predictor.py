@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from sam2serve.engine.image import load_image, preprocess
 from sam2serve.engine.prompts import BOX_CORNER_LABELS, VALID_LABELS, PromptError
+from sam2serve.engine.runtime_identity import RuntimeIdentity
 from sam2serve.engine.tf32 import tf32_policy
 from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder, ImageSide
 from sam2serve.modeling.sam2 import ImageFeatures, SAM2Image
@@ -220,7 +221,7 @@ class Predictor:
         mask_bytes_budget: int = DEFAULT_MASK_BYTES_BUDGET,
         prompt_decoder: PromptDecoder | None = None,
         *,
-        runtime: Any = None,
+        runtime: RuntimeIdentity | None = None,
         allow_tf32: bool = False,
     ) -> None:
         if decoder not in DECODERS:
