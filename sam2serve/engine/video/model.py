@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
-
-    from sam2serve.checkpoint import WeightsInfo
     from torch import nn
 
+    from sam2serve.checkpoint import WeightsInfo
     from sam2serve.config import ModelConfig, VideoConfig
     from sam2serve.modeling.mask_decoder import MaskDecoder
     from sam2serve.modeling.sam2_video import (
