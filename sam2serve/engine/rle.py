@@ -70,8 +70,8 @@ def _run_lengths(masks: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         index_dtype = torch.int32 if boundary.numel() < 2**31 else torch.int64
         nonzero = boundary.reshape(-1).nonzero().squeeze(1)
         payload = torch.cat([flat[:, 0].to(index_dtype), nonzero.to(index_dtype)])
-        payload = payload.cpu().numpy().astype(np.int64)  # the one host transfer
-        first_set, where = payload[:batch].astype(bool), payload[batch:]
+        host = payload.cpu().numpy().astype(np.int64)  # the one host transfer
+        first_set, where = host[:batch].astype(bool), host[batch:]
     # Boundaries up to the end of each mask; the step from a mask's end to the next
     # mask's start is not a run.
     ends = np.searchsorted(where, np.arange(1, batch + 1) * (n_pixels + 1))
@@ -139,7 +139,8 @@ class Runs:
         position = np.arange(self.runs.size) - np.repeat(self.offsets[:-1], np.diff(self.offsets))
         ones = np.where(position % 2 == 1, self.runs, 0)
         total = np.concatenate(([0], np.cumsum(ones)))
-        return total[self.offsets[1:]] - total[self.offsets[:-1]]
+        areas: np.ndarray = total[self.offsets[1:]] - total[self.offsets[:-1]]
+        return areas
 
     def coco(self) -> list[Rle]:
         """Every mask as a COCO compressed RLE (``rle_to_coco`` of each, in one pass)."""
@@ -191,9 +192,9 @@ def masks_to_coco(masks: torch.Tensor) -> tuple[list[Rle], list[int]]:
     # Odd-indexed runs (within each mask) are the ones.
     position = np.arange(runs.size) - np.repeat(offsets[:-1], np.diff(offsets))
     ones = np.where(position % 2 == 1, runs, 0)
-    areas = np.add.reduceat(ones, offsets[:-1]) if runs.size else np.zeros(batch, np.int64)
+    counted = np.add.reduceat(ones, offsets[:-1]) if runs.size else np.zeros(batch, np.int64)
     # reduceat of an empty segment (never here: every mask has >= 1 run) would misreport.
-    return [{"size": [h, w], "counts": text} for text in texts], areas.tolist()
+    return [{"size": [h, w], "counts": text} for text in texts], counted.tolist()
 
 
 def _coco_on_device(masks: torch.Tensor) -> tuple[list[str], list[int]]:
@@ -314,7 +315,7 @@ def _encode_counts_batch(counts: np.ndarray, offsets: np.ndarray) -> list[str]:
     return [text[a:b].decode("ascii") for a, b in itertools.pairwise(bounds)]
 
 
-def _decode_counts(text: str | bytes) -> np.ndarray:
+def _decode_counts(text: str | bytes | bytearray) -> np.ndarray:
     """pycocotools' rleFrString: compact ASCII string -> counts."""
     pieces = [counts for counts, _ in _coco_count_pieces(text)]
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
@@ -325,7 +326,7 @@ def _decode_counts(text: str | bytes) -> np.ndarray:
 PIECE_CHARS = 1 << 18
 
 
-def _coco_count_pieces(text: str | bytes) -> Iterator[tuple[np.ndarray, bool]]:
+def _coco_count_pieces(text: str | bytes | bytearray) -> Iterator[tuple[np.ndarray, bool]]:
     """The counts of a compressed string a piece at a time (and whether it is the last):
     a long string costs a piece's temporaries at once, and a reader that finds a bad
     count stops there instead of decoding the rest."""
