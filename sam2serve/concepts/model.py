@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import types
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -56,7 +57,7 @@ class Sam3Size:
         """Test size: every module present, small widths/depths, 336 px input."""
         return cls(336, 64, 2, 2, (1,), 64, 2, 1, 1, 20, 1)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

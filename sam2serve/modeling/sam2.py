@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from sam2serve.config import ModelConfig
+from sam2serve.config import ModelConfig, WeightsInfo
 from sam2serve.modeling.hiera import Hiera
 from sam2serve.modeling.mask_decoder import DecoderOutput, MaskDecoder
 from sam2serve.modeling.neck import FpnNeck
@@ -42,6 +42,8 @@ class ImageEncoder(nn.Module):
 
 
 class SAM2Image(nn.Module):
+    weights_info: WeightsInfo  # where the weights came from: set by sam2serve.checkpoint
+
     def __init__(self, cfg: ModelConfig, with_image_encoder: bool = True) -> None:
         """``with_image_encoder=False`` builds the SAM heads only, for when the image path
         runs from an ahead-of-time artifact (no trunk to initialise or hold)."""

@@ -93,7 +93,7 @@ def staging_folder(destination: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def write_manifest(staging: Path, fields: dict[str, Any], names: Iterable[str]) -> dict:
+def write_manifest(staging: Path, fields: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
     """Write the manifest: ``fields`` (``format`` among them) and the sha256 of ``names``."""
     manifest = {**fields, "files": {name: sha256_file(staging / name) for name in names}}
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

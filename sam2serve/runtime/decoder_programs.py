@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -142,7 +143,7 @@ def export_decoder_programs(
     high_res_feats: tuple[torch.Tensor, torch.Tensor],
     out: Path,
     progress: Callable[[str], None] = lambda step: None,
-) -> dict:
+) -> dict[str, Any]:
     """Export and compile the three programs into ``out``, traced on one image's features;
     returns their manifest entry (file names, the side's layout, the decoder's dtype).
 
@@ -235,7 +236,7 @@ class CompiledFastDecoder(FastMaskDecoder):
     source = "AOTInductor programs, not compiled"
 
     def __init__(
-        self, decoder: torch.nn.Module, directory: Path, entry: dict, device: torch.device
+        self, decoder: torch.nn.Module, directory: Path, entry: dict[str, Any], device: torch.device
     ) -> None:
         super().__init__(decoder, getattr(torch, entry["dtype"]))
         self.side_program = AOTIProgram(directory / SIDE_PT2, device)
@@ -293,7 +294,7 @@ class CompiledFastDecoder(FastMaskDecoder):
 
 
 def load_fast_decoder(
-    decoder: torch.nn.Module, directory: Path, entry: dict, device: torch.device
+    decoder: torch.nn.Module, directory: Path, entry: dict[str, Any], device: torch.device
 ) -> FastMaskDecoder:
     """The exported programs on ``device``, or, if they were compiled for another CPU or
     GPU (Inductor targets the exporting CPU's instruction set, or the exporting GPU's

@@ -40,6 +40,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -228,7 +229,7 @@ def export_onnx(
     video: bool = False,
     command: str | None = None,
     progress: Callable[[str], None] = lambda step: None,
-) -> dict:
+) -> dict[str, Any]:
     """Export the model of ``size`` for ``mode`` (fast or int8) as ONNX into ``out``;
     returns the manifest. Mode int8 quantises the encoder (:func:`quantize_encoder`).
     ``video`` (mode fast): also the video path's graphs (:mod:`sam2serve.runtime.onnx_video`),
@@ -365,7 +366,7 @@ def runtime_versions() -> dict[str, str]:
 QUANTIZATION_METHODS = ("dynamic", "static")
 
 
-def quantize_encoder(path: Path, method: str = "dynamic", calibration: int = 8) -> dict:
+def quantize_encoder(path: Path, method: str = "dynamic", calibration: int = 8) -> dict[str, Any]:
     """Quantise the encoder graph at ``path`` to int8, in place; returns what was done.
 
     ``dynamic`` (the default): int8 weights, activations quantised per call from their
@@ -388,14 +389,18 @@ def quantize_encoder(path: Path, method: str = "dynamic", calibration: int = 8) 
     staged = path.with_suffix(".int8.onnx")
     if method == "dynamic":
         quantize_dynamic(path, staged, weight_type=QuantType.QInt8)
-        done: dict = {"method": "dynamic", "weights": "int8", "activations": "uint8, per call"}
+        done: dict[str, Any] = {
+            "method": "dynamic",
+            "weights": "int8",
+            "activations": "uint8, per call",
+        }
     else:
 
         class Photographs(CalibrationDataReader):
             def __init__(self) -> None:
                 self.batches = iter(calibration_inputs(calibration, IMAGE_SIZE))
 
-            def get_next(self) -> dict | None:
+            def get_next(self) -> dict[str, Any] | None:
                 batch = next(self.batches, None)
                 return None if batch is None else {"image": batch}
 
@@ -419,7 +424,7 @@ def quantize_encoder(path: Path, method: str = "dynamic", calibration: int = 8) 
     return {**done, "tool": "onnxruntime.quantization"}
 
 
-def open_onnx_export(directory: str | Path, size: str | None, mode: str | None) -> dict:
+def open_onnx_export(directory: str | Path, size: str | None, mode: str | None) -> dict[str, Any]:
     """The manifest of the ONNX export in ``directory``, once onnxruntime is importable and
     every mismatch with the request is ruled out (:func:`check_onnx_manifest`)."""
     from sam2serve.runtime.export import read_manifest
@@ -431,7 +436,7 @@ def open_onnx_export(directory: str | Path, size: str | None, mode: str | None) 
 
 
 def check_onnx_manifest(
-    manifest: dict, directory: Path, size: str | None, mode: str | None
+    manifest: dict[str, Any], directory: Path, size: str | None, mode: str | None
 ) -> None:
     """Every mismatch between the ONNX export and the request or the installed runtime."""
     problems = []

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -290,7 +291,7 @@ _MODULES: dict[str, Callable[[SAM2Video], nn.Module]] = {
 
 def export_video_graphs(
     model: SAM2Video, out: Path, progress: Callable[[str], None] = lambda step: None
-) -> dict:
+) -> dict[str, Any]:
     """Write the four video graphs of ``model`` into ``out``; returns the manifest's
     ``video`` section: each graph's inputs and outputs (:func:`signatures`) and the
     tracking constants."""
@@ -305,7 +306,7 @@ def export_video_graphs(
     return {"graphs": graphs, "tracking": tracking_constants(model)}
 
 
-def tracking_constants(model: SAM2Video) -> dict:
+def tracking_constants(model: SAM2Video) -> dict[str, Any]:
     """What a tracking loop needs besides the graphs (docs/video.md, "ONNX")."""
     video = model.video_config
     return {

@@ -21,6 +21,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,7 +49,7 @@ def weights_digest(module: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def cache_key(weights: str, precision: str, identity: dict) -> str:
+def cache_key(weights: str, precision: str, identity: dict[str, Any]) -> str:
     """The entry of an image path: its weights' digest, its precision and whatever else
     changes the converted model (``identity``: input size, versions, calibration)."""
     text = json.dumps(
@@ -88,7 +89,7 @@ def cached_image_path(
     return compiled, "converted at start-up, kept in the cache"
 
 
-def _checked_files(entry: Path) -> dict | None:
+def _checked_files(entry: Path) -> dict[str, Any] | None:
     """The entry's manifest when every file it lists is there with its checksum."""
     manifest, problems = checked_manifest(entry, ENTRY_FORMAT)
     return None if problems else manifest

@@ -50,7 +50,9 @@ class OrtVideoModel:
     # memory): objects whose banks differ run in separate calls.
     per_object_banks = False
 
-    def __init__(self, manifest: dict, sessions: dict[str, Any], device: torch.device) -> None:
+    def __init__(
+        self, manifest: dict[str, Any], sessions: dict[str, Any], device: torch.device
+    ) -> None:
         from sam2serve.runtime.onnx_video import (
             FRAME_ENCODER_ONNX,
             MEMORY_ATTENTION_ONNX,

@@ -132,7 +132,7 @@ def _is_device(value: Any) -> bool:
     return isinstance(value, (torch.device, str, int)) and not isinstance(value, bool)
 
 
-def _target_device(args: tuple, kwargs: dict) -> torch.device | None:
+def _target_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
     """The device of a ``Tensor.to`` call, if it names one."""
     candidates = [kwargs.get("device"), *args[1:2]]
     for candidate in candidates:
@@ -177,7 +177,9 @@ class _FunctionSide(TorchFunctionMode):
             self.guard._mark_host_made(result)
         return result
 
-    def _kind(self, func: Any, name: str, args: tuple, kwargs: dict) -> str | None:
+    def _kind(
+        self, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> str | None:
         module = getattr(func, "__module__", "")
         if name in _HOST_DATA and module == "torch":
             device = kwargs.get("device")
@@ -234,7 +236,7 @@ class _DispatchSide(TorchDispatchMode):
         return func(*args, **kwargs)
 
     @staticmethod
-    def _crosses(name: str, args: tuple, kwargs: dict) -> bool:
+    def _crosses(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """A blocking copy between the host and a device (seen only on a real device)."""
         if kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True):
             source = args[1] if name == "aten::copy_" else args[0]

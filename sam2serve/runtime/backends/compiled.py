@@ -6,6 +6,7 @@ device and torch loads it instead of compiling."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -17,7 +18,10 @@ from sam2serve.runtime.spec import RuntimeSpec
 
 
 def compiled_image_path(
-    model: SAM2Image, spec: RuntimeSpec, out: Path | None = None, describe: dict | None = None
+    model: SAM2Image,
+    spec: RuntimeSpec,
+    out: Path | None = None,
+    describe: dict[str, Any] | None = None,
 ) -> CompileCached:
     """The mode's image path through torch.compile, its first call cached (``out``: write
     the compilation there, 'sam2serve export --format compile-cache')."""
