@@ -298,7 +298,7 @@ def _compile_in(
             try:  # None: torch could not read them (it logs why)
                 loaded = torch.compiler.load_cache_artifacts(artifacts)
             except (OSError, AssertionError, ValueError) as exc:  # writing them into work
-                loaded, why = None, exc
+                loaded, why = None, str(exc)
             else:
                 why = "torch could not read them"
             if loaded is None:

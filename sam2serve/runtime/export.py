@@ -261,9 +261,9 @@ def export_artifacts(
         reference, encoder_files, extra = _export_openvino(model, spec, out)
     if decoder == "aoti":
         fast = FastMaskDecoder(model.sam_mask_decoder, decoder_dtype(spec))
-        embed, *high_res = reference
+        embed, s0, s1 = reference
         extra["decoder"] = export_decoder_programs(
-            fast, model.sam_prompt_encoder, embed, tuple(high_res), out, progress
+            fast, model.sam_prompt_encoder, embed, (s0, s1), out, progress
         )
         encoder_files = (*encoder_files, *extra["decoder"]["files"])
     heads = {k: v for k, v in model.state_dict().items() if not k.startswith("image_encoder.")}
@@ -320,6 +320,7 @@ def _export_aoti(
 ) -> tuple[tuple[torch.Tensor, ...], tuple[str, ...], dict[str, Any]]:
     """torch.export of the image path (the encoder in the mode's dtype), compiled ahead of
     time by AOTInductor into one package."""
+    assert model.image_encoder is not None  # exported from a model with its image path
     model.image_encoder.to(encoder_dtype(spec))
     path = _ImagePath(model).eval()
     example = torch.zeros(1, 3, model.image_size, model.image_size, device=model.device)
@@ -350,7 +351,7 @@ def read_manifest(
             "(make one with 'sam2serve export')"
         )
     try:
-        manifest = json.loads(path.read_text())
+        manifest: dict[str, Any] = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"{str(path)!r} is not valid JSON: {exc}") from None
     found = manifest.get("format") if isinstance(manifest, dict) else None
@@ -424,7 +425,7 @@ def check_manifest(
 class OpenVINOImageEncoder:
     """Runs the exported image path; returns the same ImageFeatures as encode_image."""
 
-    compiled: object  # openvino.CompiledModel
+    compiled: Any  # an openvino.CompiledModel (openvino ships no type information)
     source: str = "compiled at start-up"  # or "imported, not compiled"
 
     def __call__(self, images: torch.Tensor) -> ImageFeatures:

@@ -157,7 +157,8 @@ class OnnxPromptDecoder(nn.Module):
         logits, iou = logits[:, 1:], iou[:, 1:]
         assert orig_im_size is not None
         size = (orig_im_size[0], orig_im_size[1])
-        masks = F.interpolate(logits, size=size, mode="bilinear", align_corners=False)
+        # Tensors, not ints: traced for ONNX, the output size is a dynamic input's values.
+        masks = F.interpolate(logits, size=size, mode="bilinear", align_corners=False)  # type: ignore[arg-type]  # ONNX-traced size
         return masks, iou, logits.clamp(-LOW_RES_CLAMP, LOW_RES_CLAMP)
 
 
@@ -396,7 +397,7 @@ def quantize_encoder(path: Path, method: str = "dynamic", calibration: int = 8) 
         }
     else:
 
-        class Photographs(CalibrationDataReader):
+        class Photographs(CalibrationDataReader):  # type: ignore[misc]  # onnxruntime is untyped (Any)
             def __init__(self) -> None:
                 self.batches = iter(calibration_inputs(calibration, IMAGE_SIZE))
 

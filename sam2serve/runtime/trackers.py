@@ -38,7 +38,8 @@ class TrackerInfo:
 
     def load(self) -> Callable[..., Any]:
         module, _, function = self.builder.partition(":")
-        return getattr(importlib.import_module(module), function)
+        builder: Callable[..., Any] = getattr(importlib.import_module(module), function)
+        return builder
 
 
 EAGER_TRACKER = "eager"

@@ -79,7 +79,8 @@ def build_video_predictor(
     weights = weights or WeightsSource()
     choose_tracker(spec.backend, spec.mode, spec.device, weights.artifacts)
     build = get_tracker_info(spec.backend).load()
-    return build(spec, weights, feature_cache_frames=feature_cache_frames)
+    predictor: VideoPredictor = build(spec, weights, feature_cache_frames=feature_cache_frames)
+    return predictor
 
 
 def build_eager_tracker(
@@ -112,6 +113,7 @@ def video_predictor_for(
     if encoder_autocast is not None:
         # CUDA: the tracker's encoder on reduced weights, as on the CPU, not autocast, which
         # under inference mode converts every weight again on every frame.
+        assert model.image_encoder is not None  # the tracker's model has its image path
         model.image_encoder.to(encoder_autocast)
     predictor = VideoPredictor(
         model,

@@ -46,7 +46,8 @@ class BackendInfo:
     needs_artifacts: bool = False
 
     def load(self) -> Backend:
-        return importlib.import_module(self.module).BACKEND
+        backend: Backend = importlib.import_module(self.module).BACKEND
+        return backend
 
 
 _FAST_MODES = ("fast", "furious")

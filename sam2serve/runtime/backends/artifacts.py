@@ -21,7 +21,7 @@ class Artifacts:
     def versions(self) -> dict[str, str]:
         import torch
 
-        versions = {"torch": torch.__version__}
+        versions = {"torch": str(torch.__version__)}
         try:  # CUDA artifacts are AOTInductor only: OpenVINO need not be installed
             import openvino
         except ImportError:
