@@ -10,6 +10,7 @@ transformers drops. Loading fails, naming the keys, when anything is missing or 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -17,7 +18,8 @@ from torch import Tensor
 DETECTOR = "detector."  # Meta's combined image+video file prefixes the image model so
 
 # (pattern, replacement) applied in order to each key, after dropping DETECTOR
-RENAMES: tuple[tuple[str, str], ...] = (
+# a replacement is re.sub's: a template, or a function of the match
+RENAMES: tuple[tuple[str, str | Callable[[re.Match[str]], str]], ...] = (
     # vision: ViT trunk
     (
         r"^backbone\.vision_backbone\.trunk\.pos_embed$",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from sam2serve.concepts.engine import (
     ConceptEncoding,
     ExemplarBox,
     Instance,
+    TextEncoding,
     Tokenize,
     detect,
     encode_images,
@@ -30,6 +32,9 @@ from sam2serve.concepts.engine import (
 )
 from sam2serve.concepts.model import Sam3Size, build_model
 from sam2serve.concepts.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import Sam3Model
 
 SIZES = {"full": Sam3Size.full, "tiny": Sam3Size.tiny}
 
@@ -53,7 +58,7 @@ class ConceptsSpec:
             raise ValueError(f"SAM 3 size {self.size!r} exists for --random-weights only")
 
 
-def randomize_(model: torch.nn.Module, seed: int) -> None:
+def randomize_(model: Sam3Model, seed: int) -> None:
     """Every floating tensor from ``seed``: norm scales 1 + noise, the rest noise (0.02)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -69,7 +74,7 @@ def randomize_(model: torch.nn.Module, seed: int) -> None:
 class Concepts:
     """A loaded concept model and its tokenizer: the engine's calls, bound."""
 
-    model: torch.nn.Module
+    model: Sam3Model
     tokenize: Tokenize
     size: Sam3Size
     spec: ConceptsSpec = field(default_factory=ConceptsSpec)
@@ -81,7 +86,7 @@ class Concepts:
     def encode(self, images: Sequence[np.ndarray]) -> list[ConceptEncoding]:
         return encode_images(self.model, images)
 
-    def encode_text(self, phrases: Sequence[str]):
+    def encode_text(self, phrases: Sequence[str]) -> TextEncoding:
         return encode_text(self.model, self.tokenize, phrases)
 
     def detect(
@@ -90,7 +95,7 @@ class Concepts:
         phrases: Sequence[str],
         boxes: Sequence[ExemplarBox] = (),
         score_thresh: float = DEFAULT_SCORE_THRESH,
-        text=None,
+        text: TextEncoding | None = None,
         max_instances: int | None = None,
     ) -> dict[str, list[Instance]]:
         return detect(
@@ -123,4 +128,5 @@ def load_concepts(spec: ConceptsSpec) -> Concepts:
         from sam2serve.concepts.weights import load
 
         model, tokenize = load(spec.weights, size)
-    return Concepts(model.to(spec.device), tokenize, size, spec)
+    moved = model.to(spec.device)  # type: ignore[arg-type]  # transformers' @wraps on PreTrainedModel.to hides its self
+    return Concepts(moved, tokenize, size, spec)

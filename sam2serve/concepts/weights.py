@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +27,11 @@ from sam2serve.download import (
     sha256_of,
     shown_url,
 )
+
+if TYPE_CHECKING:
+    from transformers import Sam3Model
+
+    from sam2serve.concepts.tokenizer import ClipTokenizer
 
 REPO = "facebook/sam3"
 LICENCE = "SAM License (gated: accept it on https://huggingface.co/facebook/sam3)"
@@ -79,7 +85,8 @@ def max_checkpoint_bytes(size: Sam3Size | None = None) -> int:
     and some archive overhead bound it (built on the meta device: nothing allocated)."""
     with torch.device("meta"):
         state = build_model(size or EXPECTED_SIZE).state_dict()
-    return 2 * sum(v.numel() * 4 for v in state.values()) + (16 << 20)
+    parameters: int = sum(v.numel() for v in state.values())
+    return 2 * parameters * 4 + (16 << 20)
 
 
 def verify_checkpoint(path: Path, size: Sam3Size | None = None) -> None:
@@ -197,7 +204,9 @@ def require(directory: Path | None = None) -> Path:
     return directory
 
 
-def load(directory: Path | None = None, size: Sam3Size | None = None):
+def load(
+    directory: Path | None = None, size: Sam3Size | None = None
+) -> tuple[Sam3Model, ClipTokenizer]:
     """(model, tokenize) from the weights folder; the checkpoint's keys checked strictly."""
     from sam2serve.concepts.checkpoint import load_strict
     from sam2serve.concepts.tokenizer import load_tokenizer

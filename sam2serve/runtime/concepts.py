@@ -109,7 +109,7 @@ def apply_concepts_mode(
         if dtype != torch.float32:
             backbone.register_forward_hook(_cast_output(dtype))
     else:
-        model.to(dtype)
+        model.to(dtype)  # type: ignore[arg-type]  # transformers' @wraps on PreTrainedModel.to hides its self
     return replace(concepts, model=model)
 
 
