@@ -201,7 +201,7 @@ class VideoReader:
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
-    ) -> bool:
+    ) -> Literal[False]:
         self.close()
         return reading_video(self.name).__exit__(kind, exc, tb)
 
