@@ -360,7 +360,7 @@ def describe_environment(parser: argparse.ArgumentParser) -> None:
     epilog; once per parser."""
     if getattr(parser, "_environment_described", False):
         return
-    parser._environment_described = True  # type: ignore[attr-defined]
+    parser._environment_described = True  # type: ignore[attr-defined]  # our marker on argparse's parser, read by getattr above
     for action in _env_actions(parser):
         tag = f"[env {_action_var(action)}]"
         action.help = tag if not action.help else f"{action.help} {tag}"

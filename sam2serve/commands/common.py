@@ -228,7 +228,7 @@ class CommandParser(argparse.ArgumentParser):
         if self.environment:
             describe_environment(self)
 
-    def parse_known_args(  # type: ignore[override]
+    def parse_known_args(  # type: ignore[override]  # argparse's stub overloads it; this is the one form used
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         self._add_deferred()

@@ -229,7 +229,8 @@ def rename(key: str) -> str:
 
 
 def _split3(tensor: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    return tuple(torch.chunk(tensor, 3, dim=0))  # type: ignore[return-value]
+    first, second, third = torch.chunk(tensor, 3, dim=0)
+    return first, second, third
 
 
 def meta_to_transformers(state: dict[str, Tensor]) -> dict[str, Tensor]:

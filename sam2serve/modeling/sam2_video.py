@@ -47,10 +47,11 @@ class FrameFeatures:
 
     def select(self, index: int) -> FrameFeatures:
         """Frame ``index`` of a batch of frames, as a batch of one."""
+        s0, s1 = self.high_res_feats
         return FrameFeatures(
             self.vision_feats[index : index + 1],
             self.vision_pos,
-            tuple(f[index : index + 1] for f in self.high_res_feats),  # type: ignore[arg-type]
+            (s0[index : index + 1], s1[index : index + 1]),
         )
 
 

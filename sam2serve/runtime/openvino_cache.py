@@ -95,10 +95,11 @@ def _checked_files(entry: Path) -> dict[str, Any] | None:
     return None if problems else manifest
 
 
-def _write_entry(entry: Path, save_ir: Callable[[Path], None], compiled: object, cpu: str) -> None:
+def _write_entry(entry: Path, save_ir: Callable[[Path], None], compiled: Any, cpu: str) -> None:
+    """``compiled``: an openvino.CompiledModel (openvino ships no type information)."""
     with staging_folder(entry) as staging:
         save_ir(staging)
-        (staging / BLOB).write_bytes(compiled.export_model().getvalue())  # type: ignore[attr-defined]
+        (staging / BLOB).write_bytes(compiled.export_model().getvalue())
         write_manifest(staging, {"format": ENTRY_FORMAT, "cpu": cpu}, (IR_XML, IR_BIN, BLOB))
         # An entry that is there was damaged (a complete one was returned before converting).
         publish(staging, entry, ENTRY_FORMAT)
