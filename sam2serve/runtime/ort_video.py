@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ from sam2serve.engine.video.predictor import VideoPredictor, VideoPromptError
 from sam2serve.modeling.sam2_video import FrameFeatures, HeadsOutput, ObjectPointers, SpatialMemory
 from sam2serve.runtime.backends.onnxruntime import open_session
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+
+if TYPE_CHECKING:
+    from sam2serve.runtime.trackers import TrackerBuilder
 
 __all__ = ["OrtVideoModel", "load_onnx_video_predictor"]
 
@@ -234,3 +237,7 @@ def load_onnx_video_predictor(
         feature_cache_frames=feature_cache_frames,
         runtime=spec.replace(dtype="float32"),
     )
+
+
+if TYPE_CHECKING:  # the registered builder, checked against the protocol
+    _ONNX: TrackerBuilder = load_onnx_video_predictor

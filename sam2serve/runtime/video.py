@@ -50,6 +50,7 @@ from sam2serve.runtime.trackers import (
 
 if TYPE_CHECKING:
     from sam2serve.runtime.compile_cache import CompileReport
+    from sam2serve.runtime.trackers import TrackerBuilder
 
 __all__ = [
     "build_eager_tracker",
@@ -147,3 +148,7 @@ def compile_cached_tracker(
     cached = CompileCached(lambda: warm_up(predictor), identity, root=root)
     cached()
     return cached.report
+
+
+if TYPE_CHECKING:  # the registered builders, checked against the protocol
+    _EAGER: TrackerBuilder = build_eager_tracker

@@ -3,9 +3,14 @@ exported, checked against their manifest, nothing compiled at start-up."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sam2serve.engine.predictor import Predictor
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+
+if TYPE_CHECKING:
+    from sam2serve.runtime.backends import Backend
 
 
 class Artifacts:
@@ -29,4 +34,4 @@ class Artifacts:
         return {**versions, "openvino": openvino.__version__}
 
 
-BACKEND = Artifacts()
+BACKEND: Backend = Artifacts()  # mypy checks it against the Backend protocol

@@ -6,7 +6,7 @@ device and torch loads it instead of compiling."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -15,6 +15,9 @@ from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.runtime.build import LoadsWeights, eager_image_path, predictor_for, resolve_dtype
 from sam2serve.runtime.compile_cache import CompileCached, compile_identity
 from sam2serve.runtime.spec import RuntimeSpec
+
+if TYPE_CHECKING:
+    from sam2serve.runtime.backends import Backend
 
 
 def compiled_image_path(
@@ -42,4 +45,4 @@ class Compiled(LoadsWeights):
         return {"torch": torch.__version__}
 
 
-BACKEND = Compiled()
+BACKEND: Backend = Compiled()  # mypy checks it against the Backend protocol
