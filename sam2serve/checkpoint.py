@@ -29,13 +29,14 @@ from __future__ import annotations
 import os
 import sys
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from sam2serve.cache import CACHE_ENV, cache_path
-from sam2serve.config import ModelConfig, get_config
+
+# WeightsInfo lives in config (the models below checkpoint carry one); imported from here too.
+from sam2serve.config import ModelConfig, WeightsInfo, get_config
 from sam2serve.config_text import parse_sha256
 from sam2serve.download import Fetched, fetch, sha256_of, shown_url
 from sam2serve.modeling.sam2 import SAM2Image
@@ -74,27 +75,6 @@ class CheckpointError(RuntimeError):
 
 class CheckpointDamaged(CheckpointError):
     """A checkpoint whose bytes are not those its archive was written with (a CRC-32)."""
-
-
-@dataclass(frozen=True)
-class WeightsInfo:
-    """Where a model's weights came from; printed and written with every result."""
-
-    source: str  # "checkpoint" or "random"
-    path: str | None = None
-    seed: int | None = None
-
-    @property
-    def is_random(self) -> bool:
-        return self.source == "random"
-
-    def describe(self) -> str:
-        if self.is_random:
-            return f"RANDOM WEIGHTS (seed {self.seed}) - not a trained model, masks are meaningless"
-        return f"checkpoint {self.path}"
-
-    def as_dict(self) -> dict[str, object]:
-        return {"source": self.source, "path": self.path, "seed": self.seed}
 
 
 def cache_dir() -> Path:

@@ -17,6 +17,28 @@ PROMPT_EMBED_DIM = 256
 
 
 @dataclass(frozen=True)
+class WeightsInfo:
+    """Where a model's weights came from; printed and written with every result (a model
+    carries it as ``weights_info``, set by :mod:`sam2serve.checkpoint`'s loaders)."""
+
+    source: str  # "checkpoint" or "random"
+    path: str | None = None
+    seed: int | None = None
+
+    @property
+    def is_random(self) -> bool:
+        return self.source == "random"
+
+    def describe(self) -> str:
+        if self.is_random:
+            return f"RANDOM WEIGHTS (seed {self.seed}) - not a trained model, masks are meaningless"
+        return f"checkpoint {self.path}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"source": self.source, "path": self.path, "seed": self.seed}
+
+
+@dataclass(frozen=True)
 class HieraConfig:
     embed_dim: int
     num_heads: int

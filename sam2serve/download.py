@@ -394,7 +394,7 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
     def __init__(self, url: str, token: str | None, found: _Published) -> None:
         self.origin, self.token, self.found = _origin(url), token, found
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
         _read_published(headers, self.found)
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         if new is not None and self.token and _origin(newurl) == self.origin:

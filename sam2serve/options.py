@@ -152,7 +152,7 @@ def _default_text(field: dataclasses.Field, spec: Option) -> str:
     value = field.default
     if isinstance(value, bool):
         return "on" if value else "off"
-    if spec.scale is not None and value is not None:
+    if spec.scale is not None and isinstance(value, int | float):
         return f"{value / spec.scale:g}"
     if isinstance(value, float):
         return f"{value:g}"
@@ -360,7 +360,7 @@ def describe_environment(parser: argparse.ArgumentParser) -> None:
     epilog; once per parser."""
     if getattr(parser, "_environment_described", False):
         return
-    parser._environment_described = True  # type: ignore[attr-defined]
+    parser._environment_described = True  # type: ignore[attr-defined]  # our marker on argparse's parser, read by getattr above
     for action in _env_actions(parser):
         tag = f"[env {_action_var(action)}]"
         action.help = tag if not action.help else f"{action.help} {tag}"
@@ -409,7 +409,7 @@ def _value(parser: argparse.ArgumentParser, action: argparse.Action, variable: s
 
 def read_environment(
     parser: argparse.ArgumentParser, argv: Sequence[str], environ: Mapping[str, str]
-) -> dict[str, tuple[str, Any]]:
+) -> dict[str, tuple[str, str, Any]]:
     """The values the environment gives the flags ``argv`` does not, by destination, as
     ``{dest: (variable, text, value)}``; call before parsing ``argv``, then
     :func:`apply_environment` after. A variable set to the empty string counts as unset. A
@@ -417,7 +417,7 @@ def read_environment(
     excludes; two variables of flags that exclude each other are an error, as the flags
     would be. A bad value is ``parser.error`` naming the variable and its text. Flags and
     groups the environment satisfies are no longer required."""
-    found: dict[str, tuple[str, Any]] = {}
+    found: dict[str, tuple[str, str, Any]] = {}
     exclusive = {
         id(action): group
         for group in parser._mutually_exclusive_groups
@@ -448,7 +448,7 @@ def read_environment(
 
 
 def apply_environment(
-    namespace: argparse.Namespace, found: Mapping[str, tuple[str, Any]]
+    namespace: argparse.Namespace, found: Mapping[str, tuple[str, str, Any]]
 ) -> argparse.Namespace:
     """Set the parsed ``namespace``'s values from :func:`read_environment`'s, and record
     their sources as ``namespace.env_sources`` ({dest: (variable, text)}) for messages."""

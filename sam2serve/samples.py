@@ -6,6 +6,8 @@ Four real RGB photos that scikit-image ships inside its own package, so they loa
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 __all__ = ["SAMPLE_NAMES", "load_sample", "load_samples", "sample_clip", "sample_clip_prompts"]
@@ -71,7 +73,7 @@ def sample_clip(
 
 def sample_clip_prompts(
     truth: dict[int, list[np.ndarray]], frame: int = 0
-) -> dict[int, dict[str, list]]:
+) -> dict[int, dict[str, list[Any] | None]]:
     """The sample clip's prompts on ``frame``, from its true masks: a click at the centre of
     the disc (object 1) and a box around the square (object 2), as
     ``{obj_id: {"points": [[x, y]], "labels": [1], "box": [x0, y0, x1, y1] or None}}``."""

@@ -282,7 +282,9 @@ def _measure_flops(
     (tokens padded to the 32-token context, the image's features expanded), so N phrases
     are exactly N times the work (tests/bench/test_bench_concepts.py counts both)."""
     image = config.images[0][1]
-    size = concepts.model.config.vision_config.backbone_config.image_size
+    # transformers types a nested config loosely (dict | config | None): read as declared.
+    vision_config: Any = concepts.model.config.vision_config
+    size = vision_config.backbone_config.image_size
     flops: dict[tuple[str, int], float] = {}
     with torch.inference_mode():
         pixels = engine.preprocess([image], size, concepts.device)

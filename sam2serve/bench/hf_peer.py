@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -63,6 +63,9 @@ ROWS_NOTE = (
 )
 # Meta's image-path tensors; the rest of a SAM 2 checkpoint is the video path.
 IMAGE_PREFIXES = ("image_encoder.", "sam_prompt_encoder.", "sam_mask_decoder.", "no_mem_embed")
+
+if TYPE_CHECKING:
+    from transformers import Sam2Model
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,7 @@ def hf_state_dict(meta: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_hf_model(size: str, checkpoint: Path, device: str = "cpu") -> torch.nn.Module:
+def load_hf_model(size: str, checkpoint: Path, device: str = "cpu") -> Sam2Model:
     """``Sam2Model`` with the checkpoint's weights; a RuntimeError names any parameter left
     unfilled or any converted key it does not have."""
     from transformers import Sam2Model
@@ -202,7 +205,9 @@ def load_hf_model(size: str, checkpoint: Path, device: str = "cpu") -> torch.nn.
             f"unfilled ({', '.join(missing[:4])}) and {len(unexpected)} key(s) unknown "
             f"({', '.join(unexpected[:4])})"
         )
-    return model.to(device).eval()
+    model.to(device)  # type: ignore[arg-type]  # transformers' @wraps on PreTrainedModel.to hides its self
+    model.eval()
+    return model
 
 
 # --------------------------------------------------------------------------- the runner

@@ -465,7 +465,7 @@ def bar_chart(
     image = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(image)
     draw.text((left, 10), title, fill="black", font=title_font)
-    x = left
+    x: float = left
     for name, colour in legend:
         draw.rectangle((x, 40, x + 14, 54), fill=colour)
         draw.text((x + 18, 40), name, fill="black", font=font)

@@ -457,7 +457,9 @@ def _from_artifacts(label: str) -> bool:
     from sam2serve.runtime.backends import BACKENDS
     from sam2serve.runtime.spec import RuntimeSpec
 
-    return BACKENDS[RuntimeSpec.from_label(label).backend].needs_artifacts
+    backend = RuntimeSpec.from_label(label).backend
+    assert backend is not None  # RuntimeSpec sets it
+    return BACKENDS[backend].needs_artifacts
 
 
 def _export_artifacts(

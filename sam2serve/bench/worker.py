@@ -120,7 +120,7 @@ def _make_runner(spec: dict[str, Any]) -> tuple[Runner, dict[str, Any]]:
         from sam2serve.bench.reference import ReferenceRunner
         from sam2serve.engine.amg import AMGParams
 
-        runner = ReferenceRunner(
+        reference = ReferenceRunner(
             spec["task"],
             spec["model"],
             Path(spec["checkpoint"]),
@@ -128,7 +128,7 @@ def _make_runner(spec: dict[str, Any]) -> tuple[Runner, dict[str, Any]]:
             AMGParams.from_dict(spec["amg_params"]),
             autocast_bf16=spec["mode"] == "reference-bf16",
         )
-        return runner, {"torchvision": runner.torchvision, "rle_stage": True}
+        return reference, {"torchvision": reference.torchvision, "rle_stage": True}
     from sam2serve.bench.hf_peer import HF_PEERS, HF_PROCESSOR, HFRunner
 
     if spec["mode"] in HF_PEERS:
@@ -219,7 +219,7 @@ def run(spec_path: Path, result_path: Path) -> int:
             flush=True,
         )
 
-    result = {
+    summary = {
         "mode": spec["mode"],
         "label": spec["label"],
         "task": spec["task"],
@@ -230,8 +230,8 @@ def run(spec_path: Path, result_path: Path) -> int:
         **info,
     }
     if isinstance(runner, _EngineRunner):
-        result.update(runner.describe_decode())  # after the runs: where the images went
-    return _write_result(result_path, device, result)
+        summary.update(runner.describe_decode())  # after the runs: where the images went
+    return _write_result(result_path, device, summary)
 
 
 # --------------------------------------------------------------------------- video
@@ -262,6 +262,7 @@ class _VideoEngineTracker:
         self.predictor = build_video_predictor(
             runtime, WeightsSource(checkpoint=spec["checkpoint"])
         )
+        assert self.predictor.runtime is not None  # build_video_predictor sets it
         self.dtype = self.predictor.runtime.dtype
 
     def start(self, frames_dir: str) -> Any:

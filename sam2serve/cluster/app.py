@@ -84,7 +84,7 @@ class SAM2Replica:
             app=context.app_name,
             model=self.args.model,
             mode=self.args.mode,
-            backend=predictor.runtime.backend,
+            backend=predictor.runtime.backend or "custom",
             device=predictor.runtime.device,
             source_kind=source.kind,
             source_location=source.location,
@@ -142,13 +142,13 @@ def build_app(args: dict[str, Any]) -> Application:
     """The application builder named by ``import_path`` in the config file."""
     checked = ReplicaArgs.from_dict(args)
     name = deployment_name(checked.model, checked.mode)
-    return SAM2Replica.options(name=name).bind(dataclasses.asdict(checked))
+    return SAM2Replica.options(name=name).bind(dataclasses.asdict(checked))  # type: ignore[attr-defined]  # @serve.deployment made the class a Deployment
 
 
 def bind_app(spec: AppSpec) -> Application:
     """The application of one config entry, with its deployment options applied."""
     name = deployment_name(spec.args.model, spec.args.mode)
-    deployment = SAM2Replica.options(name=name, **spec.deployment)
+    deployment = SAM2Replica.options(name=name, **spec.deployment)  # type: ignore[attr-defined]  # @serve.deployment made the class a Deployment
     return deployment.bind(dataclasses.asdict(spec.args))
 
 

@@ -132,14 +132,14 @@ def record_ray_metrics(report: ReplicaReport) -> tuple[Any, ...]:
     gauge = Gauge(
         "sam2serve_replica_start_to_ready_seconds",
         description="Time from replica process start to ready (warm).",
-        tag_keys=("model", "mode"),
+        tag_keys=("model", "mode"),  # type: ignore[arg-type]  # ray types tag_keys as tuple[str]
     )
     gauge.set(report.start_to_ready_s, tags=tags)
     histogram = Histogram(
         "sam2serve_replica_cold_start_seconds",
         description="Replica cold starts: process start to ready (warm).",
         boundaries=START_BUCKETS_S,
-        tag_keys=("model", "mode"),
+        tag_keys=("model", "mode"),  # type: ignore[arg-type]  # ray types tag_keys as tuple[str]
     )
     histogram.observe(report.start_to_ready_s, tags=tags)
     return gauge, histogram

@@ -234,9 +234,9 @@ def _cached_checkpoint(model: str) -> str:
 
 def bench_command(args: argparse.Namespace) -> int:
     from sam2serve.bench.report import markdown, write_outputs
-    from sam2serve.bench.runner import BenchConfig, BenchError, run_bench
+    from sam2serve.bench.runner import BenchConfig, BenchError, RunResult, run_bench
     from sam2serve.bench.variants import parse_variants
-    from sam2serve.bench.video import VIDEO_TASK, run_video_bench
+    from sam2serve.bench.video import VIDEO_TASK, VideoRun, run_video_bench
     from sam2serve.bench.video_report import video_markdown, write_video_outputs
 
     if args.task == CONCEPTS_TASK:
@@ -288,17 +288,20 @@ def bench_command(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     try:
         with model_flags.load_errors_as_usage(args.checkpoint, args.model):
-            result = run_video_bench(config) if video else run_bench(config)
+            video_result = run_video_bench(config) if video else None
+            image_result = None if video else run_bench(config)
     except BenchError as exc:
         raise UsageError(str(exc)) from None
-    if video:
-        paths = write_video_outputs(result, config.out_dir, config.name)
-        print(video_markdown(result, paths["png"].name))
-        names = [(f"video {run.objects} object(s)", run) for run in result.runs]
+    names: list[tuple[str, VideoRun | RunResult]]
+    if video_result is not None:
+        paths = write_video_outputs(video_result, config.out_dir, config.name)
+        print(video_markdown(video_result, paths["png"].name))
+        names = [(f"video {run.objects} object(s)", run) for run in video_result.runs]
     else:
-        paths = write_outputs(result, config.out_dir, config.name)
-        print(markdown(result, paths["png"].name))
-        names = [(run.task, run) for run in result.runs]
+        assert image_result is not None
+        paths = write_outputs(image_result, config.out_dir, config.name)
+        print(markdown(image_result, paths["png"].name))
+        names = [(run.task, run) for run in image_result.runs]
     failed = [f"{what} {run.label}" for what, run in names if not run.ok and not run.skipped]
     skipped = [f"{what} {run.label}" for what, run in names if run.skipped]
     print(

@@ -228,19 +228,19 @@ class CommandParser(argparse.ArgumentParser):
         if self.environment:
             describe_environment(self)
 
-    def parse_known_args(  # type: ignore[override]
+    def parse_known_args(  # type: ignore[override]  # argparse's stub overloads it; this is the one form used
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         self._add_deferred()
         argv = list(sys.argv[1:] if args is None else args)
         self._check_flags(argv)
-        found = {}
+        found: dict[str, tuple[str, str, Any]] = {}
         if self.environment and not {"-h", "--help"} & set(argv):
             found = read_environment(self, argv, os.environ)
-        namespace, rest = super().parse_known_args(argv, namespace)
+        parsed, rest = super().parse_known_args(argv, namespace)
         if self.environment:
-            apply_environment(namespace, found)
-        return namespace, rest
+            apply_environment(parsed, found)
+        return parsed, rest
 
     def format_usage(self) -> str:
         self._add_deferred()
@@ -268,7 +268,7 @@ class CommandParser(argparse.ArgumentParser):
                 continue  # a negative number is a value
             name = arg.split("=", 1)[0]
             if name not in known:
-                self.error(unknown_flag_message(name, known))
+                self.error(unknown_flag_message(name, list(known)))
 
 
 def unknown_flag_message(name: str, known: Sequence[str]) -> str:
@@ -362,7 +362,7 @@ def add_model_flag(parser: argparse._ActionsContainer, default: str = DEFAULT_MO
 
 def add_mode_flag(
     parser: argparse._ActionsContainer,
-    default: str = DEFAULT_MODE,
+    default: str | None = DEFAULT_MODE,
     modes: Sequence[str] = tuple(MODES),
     video: bool = False,
     concepts: bool = False,

@@ -94,7 +94,7 @@ class ConceptOutputs:
         """Write one image's files; returns its number of instances."""
         height, width = pixels.shape[:2]
         with timer.stage("rle"):
-            concepts = [
+            concepts: list[dict[str, Any]] = [
                 {
                     "phrase": phrase,
                     "category_id": self.category_id(phrase),

@@ -98,8 +98,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     )
 
 
-def targets(value: str) -> tuple[tuple[str, bool], ...]:
-    """The files ``--model VALUE`` asks for, as (size, is SAM 2.1)."""
+def targets(value: str) -> tuple[tuple[str, bool | None], ...]:
+    """The files ``--model VALUE`` asks for, as (size, is SAM 2.1; None for SAM 3)."""
     if value == ALL:
         return tuple((size, True) for size in MODEL_SIZES)
     if value in MODEL_SIZES:

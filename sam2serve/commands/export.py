@@ -99,6 +99,7 @@ def add_arguments(parser: CommandParser) -> None:
     add_model_flag(parser)
     add_mode_flag(parser, default=None, modes=EXPORT_MODES)
     [mode_flag] = [a for a in parser._actions if "--mode" in a.option_strings]
+    assert mode_flag.help is not None  # add_mode_flag writes one
     mode_flag.help = mode_flag.help.replace(
         "%(default)s", f"{DEFAULT_EXPORT_MODE}; {ONNX_MODES[0]} with --format onnx"
     )

@@ -94,6 +94,7 @@ class ImageInput:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # large images: the decoder checks them
+                assert self.path is not None  # an input is a sample or a file
                 with Image.open(self.path) as image:
                     width, height = image.size
                     orientation = image.getexif().get(0x0112)

@@ -42,6 +42,7 @@ def runtime_spec(args: argparse.Namespace) -> RuntimeSpec:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    assert spec.backend is not None  # RuntimeSpec sets it
     if get_mode(spec.mode).quantized_encoder and not BACKENDS[spec.backend].needs_artifacts:
         check_quantizer()  # quantised at start-up: say what to install before loading
     return spec

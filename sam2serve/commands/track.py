@@ -332,6 +332,7 @@ def _load_predictor(args: argparse.Namespace, spec: RuntimeSpec) -> tuple[Any, d
         predictor = build_video_predictor(spec, model_flags.weights_source(args))
     info = predictor.model.weights_info
     runtime = predictor.runtime
+    assert runtime is not None  # build_video_predictor sets it
     model_flags.announce_weights(
         args.model,
         info,

@@ -10,7 +10,7 @@ transformers drops. Loading fails, naming the keys, when anything is missing or 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -24,7 +24,8 @@ TRACKER_KEYS = re.compile(
 )
 
 # (pattern, replacement) applied in order to each key, after dropping DETECTOR
-RENAMES: tuple[tuple[str, str], ...] = (
+# a replacement is re.sub's: a template, or a function of the match
+RENAMES: tuple[tuple[str, str | Callable[[re.Match[str]], str]], ...] = (
     # vision: ViT trunk
     (
         r"^backbone\.vision_backbone\.trunk\.pos_embed$",
@@ -234,7 +235,8 @@ def rename(key: str) -> str:
 
 
 def _split3(tensor: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    return tuple(torch.chunk(tensor, 3, dim=0))  # type: ignore[return-value]
+    first, second, third = torch.chunk(tensor, 3, dim=0)
+    return first, second, third
 
 
 def meta_to_transformers(state: dict[str, Tensor]) -> dict[str, Tensor]:

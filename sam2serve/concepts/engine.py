@@ -12,7 +12,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -23,6 +23,13 @@ from sam2serve.concepts.phrases import META_SCORE_THRESH, VISUAL_PHRASE
 from sam2serve.engine.predictor import Embedding
 
 if TYPE_CHECKING:
+    from transformers import Sam3Model
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+    from transformers.models.sam3.modeling_sam3 import (
+        Sam3ImageSegmentationOutput,
+        Sam3VisionEncoderOutput,
+    )
+
     from sam2serve.concepts.tracker_heads import TrackerHeads
 
 CONTEXT_LENGTH = 32  # Meta's VETextEncoder context
@@ -44,6 +51,8 @@ class Instance:
 
 
 Tokenize = Callable[[str], list[int]]  # phrase -> ids with start and end tokens
+# What encode_text gives the detector: (ids, attention mask, the text encoder's output).
+TextEncoding = tuple[Tensor, Tensor, "BaseModelOutputWithPooling"]
 
 
 def module_dtype(module: torch.nn.Module) -> torch.dtype:
@@ -159,11 +168,11 @@ class ConceptEncoding:
             tracker,
         )
 
-    def expanded(self, count: int):
+    def expanded(self, count: int) -> Sam3VisionEncoderOutput:
         """transformers' vision output for ``count`` prompts over this image (views)."""
         from transformers.models.sam3.modeling_sam3 import Sam3VisionEncoderOutput
 
-        def grow(tensors):
+        def grow(tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
             return tuple(t.expand(count, *t.shape[1:]) for t in tensors)
 
         return Sam3VisionEncoderOutput(
@@ -173,13 +182,19 @@ class ConceptEncoding:
 
 
 def postprocess(
-    outputs, height: int, width: int, score_thresh: float, max_instances: int | None = None
+    outputs: Sam3ImageSegmentationOutput,
+    height: int,
+    width: int,
+    score_thresh: float,
+    max_instances: int | None = None,
 ) -> list[list[Instance]]:
     """Meta's Sam3Processor._forward_grounding rule, per prompt of the batch (on the
     outputs' device; each prompt's kept masks, boxes and scores cross to the host once).
     ``max_instances``: keep only that many per prompt, highest scores first, before any
     mask is upsampled (a service's bound on memory; None: Meta's, every query above the
     threshold in query order)."""
+    assert outputs.pred_logits is not None and outputs.presence_logits is not None
+    assert outputs.pred_boxes is not None and outputs.pred_masks is not None
     # fp32 from here on, whatever the detector computed in (a bf16 sigmoid keeps ~3 digits).
     probs = outputs.pred_logits.float().sigmoid() * outputs.presence_logits.float().sigmoid()
     device = probs.device
@@ -202,11 +217,12 @@ def postprocess(
             )
         else:
             masks = torch.zeros((0, height, width), dtype=torch.bool, device=device)
-        masks, boxes, scores = masks.cpu().numpy(), boxes.cpu().tolist(), scores.cpu().tolist()
+        host_masks, host_boxes = masks.cpu().numpy(), boxes.cpu().tolist()
+        host_scores = scores.cpu().tolist()
         result.append(
             [
-                Instance(mask=m, box=tuple(b), score=float(sc))
-                for m, b, sc in zip(masks, boxes, scores, strict=True)
+                Instance(mask=m, box=(b[0], b[1], b[2], b[3]), score=float(sc))
+                for m, b, sc in zip(host_masks, host_boxes, host_scores, strict=True)
             ]
         )
     return result
@@ -220,7 +236,7 @@ def _check_images(images: Sequence[np.ndarray]) -> None:
 
 @torch.inference_mode()
 def encode_images(
-    model: torch.nn.Module, images: Sequence[np.ndarray], tracker: TrackerHeads | None = None
+    model: Sam3Model, images: Sequence[np.ndarray], tracker: TrackerHeads | None = None
 ) -> list[ConceptEncoding]:
     """Every image through the vision backbone in one batch; one encoding per image. With
     ``tracker``, each encoding also holds the interactive path's image side, from the same
@@ -237,15 +253,19 @@ def encode_images(
     return [replace(e, tracker=side[i]) for i, e in enumerate(encodings)]
 
 
-def model_pixels(model: torch.nn.Module, images: Sequence[np.ndarray]) -> Tensor:
+def model_pixels(model: Sam3Model, images: Sequence[np.ndarray]) -> Tensor:
     """``images`` preprocessed for ``model``: its input size, on its device, in the dtype its
     ViT computes in."""
-    size = model.config.vision_config.backbone_config.image_size
+    # transformers types a nested config loosely (dict | config | None): read as declared.
+    vision_config: Any = model.config.vision_config
+    size: int = vision_config.backbone_config.image_size
     device = next(model.parameters()).device
     return preprocess(images, size, device).to(module_dtype(model.vision_encoder.backbone))
 
 
-def split_encodings(vision, images: Sequence[np.ndarray]) -> list[ConceptEncoding]:
+def split_encodings(
+    vision: Sam3VisionEncoderOutput, images: Sequence[np.ndarray]
+) -> list[ConceptEncoding]:
     """A batch's vision output -> one encoding per image (views, no copy)."""
     return [
         ConceptEncoding(
@@ -267,13 +287,13 @@ def _prompt_phrases(phrases: Sequence[str], boxes: Sequence[ExemplarBox]) -> lis
 
 @torch.inference_mode()
 def detect(
-    model: torch.nn.Module,
+    model: Sam3Model,
     tokenize: Tokenize,
     encoding: ConceptEncoding,
     phrases: Sequence[str],
     boxes: Sequence[ExemplarBox] = (),
     score_thresh: float = DEFAULT_SCORE_THRESH,
-    text=None,
+    text: TextEncoding | None = None,
     max_instances: int | None = None,
 ) -> dict[str, list[Instance]]:
     """Every phrase of one encoded image as one batch through the detector. Exemplar boxes
@@ -292,12 +312,12 @@ def detect(
 
 @torch.inference_mode()
 def run_detector(
-    model: torch.nn.Module,
+    model: Sam3Model,
     encoding: ConceptEncoding,
     prompts: int,
     boxes: Sequence[ExemplarBox],
-    text,
-):
+    text: TextEncoding,
+) -> Sam3ImageSegmentationOutput:
     """The detector and its heads (geometry/exemplar encoder, DETR encoder and decoder,
     mask decoder, scoring) for ``prompts`` text prompts over one encoding: raw outputs."""
     device = next(model.parameters()).device
@@ -312,27 +332,30 @@ def run_detector(
         box_t = torch.tensor([[[0.5, 0.5, 1.0, 1.0]]])
         label_t = torch.tensor([[PADDING]])
     box_t, label_t = box_t.to(device, module_dtype(model.geometry_encoder)), label_t.to(device)
-    return model(
+    outputs: Sam3ImageSegmentationOutput = model(
         vision_embeds=encoding.expanded(prompts),
         text_embeds=features,
         attention_mask=attention,
         input_boxes=box_t.expand(prompts, -1, -1),
         input_boxes_labels=label_t.expand(prompts, -1),
     )
+    return outputs
 
 
 @torch.inference_mode()
-def encode_text(model: torch.nn.Module, tokenize: Tokenize, phrases: Sequence[str]):
+def encode_text(model: Sam3Model, tokenize: Tokenize, phrases: Sequence[str]) -> TextEncoding:
     """(ids, attention mask, text features) of ``phrases`` on the model's device."""
     device = next(model.parameters()).device
     ids, attention = (t.to(device) for t in token_batch(tokenize, phrases))
     text = model.get_text_features(input_ids=ids, attention_mask=attention, return_dict=True)
+    # return_dict=True: the output object, never transformers' plain tuple
+    text = cast("BaseModelOutputWithPooling", text)
     return ids, attention, text
 
 
 @torch.inference_mode()
 def segment_concepts(
-    model: torch.nn.Module,
+    model: Sam3Model,
     tokenize: Tokenize,
     images: Sequence[np.ndarray],
     phrases: Sequence[str],
@@ -354,7 +377,7 @@ def segment_concepts(
     ]
 
 
-def text_rows(text, rows: Sequence[int]):
+def text_rows(text: TextEncoding, rows: Sequence[int]) -> TextEncoding:
     """The ``(ids, mask, features)`` of :func:`encode_text` for the phrases at ``rows`` only
     (a phrase list's subset answers from the one encoding of the whole list)."""
     import copy
@@ -366,5 +389,6 @@ def text_rows(text, rows: Sequence[int]):
         picked[name] = value.index_select(0, index) if isinstance(value, Tensor) else value
     # Sam3Model.get_text_features sets pooler_output (what the detector reads) as an
     # attribute, outside the output's fields.
+    assert features.pooler_output is not None  # set by Sam3Model.get_text_features
     picked.pooler_output = features.pooler_output.index_select(0, index)
     return ids.index_select(0, index), attention.index_select(0, index), picked

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import types
 from dataclasses import asdict, dataclass
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from sam2serve.concepts.roi_align import roi_align
+
+if TYPE_CHECKING:
+    from transformers import Sam3Config, Sam3Model
 
 # Meta's norms: every LayerNorm of SAM 3 is torch's default (eps 1e-5; Meta's ViT asks for
 # it by name), where transformers' SAM 3 configs default to 1e-6.
@@ -56,11 +58,11 @@ class Sam3Size:
         """Test size: every module present, small widths/depths, 336 px input."""
         return cls(336, 64, 2, 2, (1,), 64, 2, 1, 1, 20, 1)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def transformers_config(size: Sam3Size):
+def transformers_config(size: Sam3Size) -> Sam3Config:
     from transformers import CLIPTextConfig, Sam3Config, Sam3VisionConfig, Sam3ViTConfig
     from transformers.models.sam3.configuration_sam3 import (
         Sam3DETRDecoderConfig,
@@ -95,16 +97,19 @@ def transformers_config(size: Sam3Size):
         hidden_act="gelu",
         layer_norm_eps=LAYER_NORM_EPS,
     )
-    eps = {"layer_norm_eps": LAYER_NORM_EPS}
     return Sam3Config(
         vision_config=vision,
         text_config=text,
-        geometry_encoder_config=Sam3GeometryEncoderConfig(num_layers=size.geometry_layers, **eps),
-        detr_encoder_config=Sam3DETREncoderConfig(num_layers=size.detr_layers, **eps),
-        detr_decoder_config=Sam3DETRDecoderConfig(
-            num_layers=size.detr_layers, num_queries=size.queries, **eps
+        geometry_encoder_config=Sam3GeometryEncoderConfig(
+            num_layers=size.geometry_layers, layer_norm_eps=LAYER_NORM_EPS
         ),
-        mask_decoder_config=Sam3MaskDecoderConfig(**eps),
+        detr_encoder_config=Sam3DETREncoderConfig(
+            num_layers=size.detr_layers, layer_norm_eps=LAYER_NORM_EPS
+        ),
+        detr_decoder_config=Sam3DETRDecoderConfig(
+            num_layers=size.detr_layers, num_queries=size.queries, layer_norm_eps=LAYER_NORM_EPS
+        ),
+        mask_decoder_config=Sam3MaskDecoderConfig(layer_norm_eps=LAYER_NORM_EPS),
     )
 
 
@@ -118,11 +123,13 @@ def _bind_roi_align() -> None:
         modeling_sam3.torchvision = types.SimpleNamespace(ops=ops)
 
 
-def build_model(size: Sam3Size) -> torch.nn.Module:
+def build_model(size: Sam3Size) -> Sam3Model:
     """An untrained ``Sam3Model`` of ``size`` in eval mode (weights come from a checkpoint)."""
     from transformers import Sam3Model
 
     _bind_roi_align()
     config = transformers_config(size)
     config._attn_implementation = "sdpa"
-    return Sam3Model(config).eval()
+    model = Sam3Model(config)
+    model.eval()
+    return model

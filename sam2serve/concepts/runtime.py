@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from sam2serve.concepts.engine import (
     ConceptEncoding,
     ExemplarBox,
     Instance,
+    TextEncoding,
     Tokenize,
     detect,
     encode_images,
@@ -38,6 +40,9 @@ from sam2serve.concepts.tracker_heads import (
     build_tracker_heads,
     load_tracker_heads,
 )
+
+if TYPE_CHECKING:
+    from transformers import Sam3Model
 
 SIZES = {"full": Sam3Size.full, "tiny": Sam3Size.tiny}
 
@@ -80,7 +85,7 @@ class Concepts:
     encoding then carries the image side of; they stay in float32 whatever the mode (as
     SAM 2.1's heads do)."""
 
-    model: torch.nn.Module
+    model: Sam3Model
     tokenize: Tokenize
     size: Sam3Size
     spec: ConceptsSpec = field(default_factory=ConceptsSpec)
@@ -107,7 +112,7 @@ class Concepts:
     def encode(self, images: Sequence[np.ndarray]) -> list[ConceptEncoding]:
         return encode_images(self.model, images, self.tracker)
 
-    def encode_text(self, phrases: Sequence[str]):
+    def encode_text(self, phrases: Sequence[str]) -> TextEncoding:
         return encode_text(self.model, self.tokenize, phrases)
 
     def detect(
@@ -116,7 +121,7 @@ class Concepts:
         phrases: Sequence[str],
         boxes: Sequence[ExemplarBox] = (),
         score_thresh: float = DEFAULT_SCORE_THRESH,
-        text=None,
+        text: TextEncoding | None = None,
         max_instances: int | None = None,
     ) -> dict[str, list[Instance]]:
         return detect(
@@ -149,12 +154,13 @@ def load_concepts(spec: ConceptsSpec) -> Concepts:
         randomize_(tracker, spec.seed + 1)
     else:
         model, tracker, tokenize = load_weights(spec.weights, size)
-    return Concepts(model.to(spec.device), tokenize, size, spec, tracker.to(spec.device))
+    moved = model.to(spec.device)  # type: ignore[arg-type]  # transformers' @wraps on PreTrainedModel.to hides its self
+    return Concepts(moved, tokenize, size, spec, tracker.to(spec.device))
 
 
 def load_weights(
     directory: Path | None = None, size: Sam3Size | None = None
-) -> tuple[torch.nn.Module, TrackerHeads, ClipTokenizer]:
+) -> tuple[Sam3Model, TrackerHeads, ClipTokenizer]:
     """(detector model, tracker heads, tokenizer) from the weights folder (None: the
     download cache); every key of the checkpoint checked strictly (the video tracker's
     keys are left for it)."""

@@ -29,6 +29,7 @@ import json
 from collections import OrderedDict
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from sam2serve.concepts.weights import WeightsError
 
@@ -64,7 +65,7 @@ def byte_alphabet() -> dict[int, str]:
 
 
 @cache
-def _patterns():
+def _patterns() -> tuple[Any, Any]:  # two compiled `regex` patterns (regex is untyped)
     import regex
 
     specials = "|".join(regex.escape(w) for w in SPECIAL_WORDS)
@@ -80,7 +81,8 @@ def clean(text: str) -> str:
     import ftfy
 
     text = html.unescape(html.unescape(ftfy.fix_text(text))).strip()
-    return _patterns()[1].sub(" ", text).strip().lower()
+    spaced: str = _patterns()[1].sub(" ", text)
+    return spaced.strip().lower()
 
 
 class ClipTokenizer:

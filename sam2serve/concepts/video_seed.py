@@ -19,10 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sam2serve.concepts.engine import DEFAULT_SCORE_THRESH, ExemplarBox, Instance
+
+if TYPE_CHECKING:
+    from sam2serve.concepts.runtime import Concepts
 
 DEFAULT_DEDUPE_IOU = 0.7  # as the brief of issue 29 and AMG's box_nms_thresh default
 
@@ -117,13 +121,13 @@ def seeds_of(
         max_instances,
     )
     return [
-        Seed(phrase, float(inst.score), inst.mask, tuple(inst.box))
+        Seed(phrase, float(inst.score), inst.mask, inst.box)
         for phrase, inst in (candidates[i] for i in keep)
     ]
 
 
 def concept_seeds(
-    concepts,
+    concepts: Concepts,
     frame: np.ndarray,
     phrases: Sequence[str],
     boxes: Sequence[ExemplarBox] = (),

@@ -74,7 +74,8 @@ def max_checkpoint_bytes(size: Sam3Size | None = None) -> int:
     and some archive overhead bound it (built on the meta device: nothing allocated)."""
     with torch.device("meta"):
         state = build_model(size or EXPECTED_SIZE).state_dict()
-    return 2 * sum(v.numel() * 4 for v in state.values()) + (16 << 20)
+    parameters: int = sum(v.numel() for v in state.values())
+    return 2 * parameters * 4 + (16 << 20)
 
 
 def verify_checkpoint(path: Path, size: Sam3Size | None = None) -> None:

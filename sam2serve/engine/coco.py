@@ -73,7 +73,7 @@ def select_masks(
     return [record for _, record in kept]
 
 
-def _uncompressed(segmentation: Mapping[str, Any]) -> dict[str, Any]:
+def _uncompressed(segmentation: object) -> dict[str, Any]:
     """The engine's uncompressed RLE of an RLE in either form."""
     if not isinstance(segmentation, Mapping) or "size" not in segmentation:
         raise ValueError(

@@ -11,7 +11,7 @@ import (the service's settings import it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, get_args
 
 if TYPE_CHECKING:
     import numpy as np
@@ -78,7 +78,7 @@ def check_image_decode(choice: str) -> ImageDecode:
     """``choice`` if it is one of IMAGE_DECODES; ValueError naming it otherwise."""
     if choice not in IMAGE_DECODES:
         raise ValueError(f"image_decode must be one of {', '.join(IMAGE_DECODES)}, got {choice!r}")
-    return choice  # type: ignore[return-value]
+    return cast(ImageDecode, choice)  # one of IMAGE_DECODES, the Literal's values
 
 
 def image_decoder(choice: str, device: Any) -> ImageDecoder:

@@ -128,12 +128,13 @@ def orient(pixels: torch.Tensor, orientation: int) -> torch.Tensor:
 def import_nvimgcodec() -> ModuleType:
     """nvImageCodec's Python bindings; DeviceDecodeUnavailable naming the packages."""
     try:
-        from nvidia import nvimgcodec  # type: ignore[attr-defined]
+        from nvidia import nvimgcodec
     except ImportError as exc:
         raise DeviceDecodeUnavailable(
             f"NVIDIA nvImageCodec, which is not installed ({exc}): install {NVIMGCODEC_PACKAGES}"
         ) from None
-    return nvimgcodec
+    module: ModuleType = nvimgcodec
+    return module
 
 
 def unavailable_reason(device: Any) -> str | None:

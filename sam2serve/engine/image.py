@@ -203,7 +203,7 @@ def _float_to_uint8(pixels: np.ndarray, what: str) -> np.ndarray:
 
 
 def preprocess(
-    images: Sequence[np.ndarray],
+    images: Sequence[np.ndarray | torch.Tensor],
     image_size: int = 1024,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,

@@ -118,9 +118,9 @@ def _greedy_keep_on_device(suppresses: torch.Tensor) -> torch.Tensor:
         if torch.equal(keep, previous):
             return keep
     positions = _greedy_keep(suppresses.cpu().numpy())  # a very long suppression chain
-    keep = np.zeros(n, dtype=bool)
-    keep[positions] = True
-    return to_device(keep, suppresses.device)
+    kept = np.zeros(n, dtype=bool)
+    kept[positions] = True
+    return to_device(kept, suppresses.device)
 
 
 def _nms_with_groups(

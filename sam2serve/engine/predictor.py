@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from sam2serve.engine.image import load_image, preprocess
 from sam2serve.engine.prompts import BOX_CORNER_LABELS, VALID_LABELS, PromptError
+from sam2serve.engine.runtime_identity import RuntimeIdentity
 from sam2serve.engine.tf32 import tf32_policy
 from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder, ImageSide
 from sam2serve.modeling.sam2 import ImageFeatures, SAM2Image
@@ -96,7 +97,8 @@ class Embedding:
         """Bytes held: the features and what the decoders derived from them."""
         tensors = (self.image_embed, *self.high_res_feats)
         own = sum(t.numel() * t.element_size() for t in tensors)
-        return own + sum(side.nbytes for side in list(self.derived.values()))
+        derived: int = sum(side.nbytes for side in list(self.derived.values()))
+        return own + derived
 
 
 @dataclass(frozen=True)
@@ -108,10 +110,11 @@ class Prediction:
     low_res_logits: torch.Tensor  # (B, C, 256, 256), clamped to +-32
 
     def numpy(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return tuple(
+        masks, iou_scores, low_res_logits = (
             t.float().cpu().numpy() if t.is_floating_point() else t.cpu().numpy()
             for t in (self.masks, self.iou_scores, self.low_res_logits)
         )
+        return masks, iou_scores, low_res_logits
 
 
 def _passing_rows(iou: torch.Tensor, min_iou: float | None) -> torch.Tensor:
@@ -220,7 +223,7 @@ class Predictor:
         mask_bytes_budget: int = DEFAULT_MASK_BYTES_BUDGET,
         prompt_decoder: PromptDecoder | None = None,
         *,
-        runtime: Any = None,
+        runtime: RuntimeIdentity | None = None,
         allow_tf32: bool = False,
     ) -> None:
         if decoder not in DECODERS:
@@ -375,10 +378,15 @@ class Predictor:
         whose predicted IoU exceeds ``min_iou`` get logits (the fast decoder then skips
         the upscaling of the others altogether). Returns (logits of the kept prompts,
         IoU of ALL prompts, indices of the kept prompts)."""
-        context = embedding if isinstance(embedding, DecoderContext) else None
-        if context is None:
+        if isinstance(embedding, DecoderContext):
+            context = embedding
+        else:
             context = self.decoder_context(embedding)
-        total = coords.shape[0] if coords is not None else mask_input.shape[0]
+        if coords is not None:
+            total = coords.shape[0]
+        else:
+            assert mask_input is not None, "a decode needs points or a mask input"
+            total = mask_input.shape[0]
         # One mask input may serve every prompt; otherwise it is sliced with them.
         shared_mask = mask_input is not None and mask_input.shape[0] == 1
         fast = mask_input is None and context.use_fast(total)
@@ -387,10 +395,12 @@ class Predictor:
             chunk = slice(start, start + self.prompt_chunk)
             chunk_masks = mask_input if mask_input is None or shared_mask else mask_input[chunk]
             if fast:
+                assert coords is not None and labels is not None  # fast: points, no mask input
                 low, iou, rows = self._decode_fast(
                     context.side, coords[chunk], labels[chunk], multimask_output, min_iou
                 )
             elif self.prompt_decoder is not None and coords is not None:
+                assert labels is not None  # given with the points
                 low, iou, rows = self._decode_external(
                     context.embedding,
                     coords[chunk],
@@ -428,12 +438,14 @@ class Predictor:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         sparse = self.model.sam_prompt_encoder.embed_points(coords, labels)
         decoder = self.model.sam_mask_decoder
+        fast_decoder = self.fast_decoder
+        assert fast_decoder is not None  # decoder "fast" always has one
         if multimask_output:
             keep = None if min_iou is None else lambda iou: _passing_rows(iou[:, 1:], min_iou)
-            low, iou, rows = self.fast_decoder.forward(side, sparse, MULTIMASK_TOKENS, keep)
+            low, iou, rows = fast_decoder.forward(side, sparse, MULTIMASK_TOKENS, keep)
             return low, iou[:, 1:], rows
         # Single mask: all four tokens, then the dynamic multimask choice as in the decoder.
-        low, iou, rows = self.fast_decoder.forward(side, sparse, ALL_MASK_TOKENS)
+        low, iou, rows = fast_decoder.forward(side, sparse, ALL_MASK_TOKENS)
         low, iou = decoder.select_single_mask(low, iou)
         if min_iou is not None:
             rows = _passing_rows(iou, min_iou)
@@ -557,6 +569,7 @@ class Predictor:
                         f"{corners.shape[0]} boxes but {coords.shape[0]} point groups: "
                         "give one box per point group"
                     )
+                assert labels is not None  # given with the points
                 coords = torch.cat([corners, coords], dim=1)
                 labels = torch.cat([corner_labels, labels], dim=1)
         return coords, labels

@@ -241,13 +241,13 @@ class Prompt:
                     f"got {label_array.shape}"
                 )
             label_list = label_array.tolist()
-        corners = None
+        box_list: list[float] | None = None
         if box is not None:
             corners = _numeric_array(box, "box").astype(np.float64)
             if corners.size != 4:
                 raise PromptError(f"box must be [x0, y0, x1, y1], got shape {corners.shape}")
-            corners = corners.reshape(4).tolist()
-        return cls(coords.tolist(), label_list, corners)
+            box_list = corners.reshape(4).tolist()
+        return cls(coords.tolist(), label_list, box_list)
 
     def with_mask(self, mask_input: Any) -> Prompt:
         """This prompt with ``mask_input`` (a previous prediction's low-res logits)."""
@@ -275,7 +275,7 @@ class Prompt:
                     "box",
                 )
 
-    def tokens(self) -> tuple[list[tuple[float, float]], list[int]]:
+    def tokens(self) -> tuple[list[Sequence[float]], list[int]]:
         """The points the prompt encoder sees and their labels: the box's corners (labels 2
         and 3) first, then the clicks."""
         points = list(self.points)

@@ -157,7 +157,8 @@ def _areas(runs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     starts, stops = offsets[:-1], offsets[1:]
     odd_sum = at_odd[stops] - at_odd[starts]
     even_sum = every[stops] - every[starts] - odd_sum
-    return np.where(starts % 2 == 0, odd_sum, even_sum)
+    areas: np.ndarray = np.where(starts % 2 == 0, odd_sum, even_sum)
+    return areas
 
 
 def masks_to_runs(masks: torch.Tensor) -> Runs:
@@ -335,7 +336,7 @@ def _encode_counts_batch(counts: np.ndarray, offsets: np.ndarray) -> list[str]:
     return [text[a:b].decode("ascii") for a, b in itertools.pairwise(bounds)]
 
 
-def _decode_counts(text: str | bytes) -> np.ndarray:
+def _decode_counts(text: str | bytes | bytearray) -> np.ndarray:
     """pycocotools' rleFrString: compact ASCII string -> counts."""
     pieces = [counts for counts, _ in _coco_count_pieces(text)]
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
@@ -346,7 +347,7 @@ def _decode_counts(text: str | bytes) -> np.ndarray:
 PIECE_CHARS = 1 << 18
 
 
-def _coco_count_pieces(text: str | bytes) -> Iterator[tuple[np.ndarray, bool]]:
+def _coco_count_pieces(text: str | bytes | bytearray) -> Iterator[tuple[np.ndarray, bool]]:
     """The counts of a compressed string a piece at a time (and whether it is the last):
     a long string costs a piece's temporaries at once, and a reader that finds a bad
     count stops there instead of decoding the rest."""

@@ -288,7 +288,7 @@ def amg(
     if timer is not None:  # a generator of this call's own, its work in their stages
         timed = _TimedPredictor(generator.predictor, timer)
         encode = rle_encoder(flags.batch_rle, timer)
-        generator = MaskGenerator(timed, params, rle=encode)  # type: ignore[arg-type]
+        generator = MaskGenerator(timed, params, rle=encode)  # type: ignore[arg-type]  # a Predictor's timed stand-in: forwards what the generator calls
     with _stage(timer, "postprocess"):
         records = generator.generate(pixels, embedding=embedding)
     return [dict(record) for record in records]

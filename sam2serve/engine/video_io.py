@@ -21,7 +21,7 @@ import io
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Self
+from typing import Any, BinaryIO, Literal, Self
 
 import numpy as np
 
@@ -80,7 +80,7 @@ class reading_video:  # a context manager: ``with reading_video(name):``
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, _tb: object
-    ) -> bool:
+    ) -> Literal[False]:
         if exc is None or isinstance(exc, VideoError):
             return False
         if isinstance(exc, read_errors()):
@@ -201,7 +201,7 @@ class VideoReader:
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
-    ) -> bool:
+    ) -> Literal[False]:
         self.close()
         return reading_video(self.name).__exit__(kind, exc, tb)
 

@@ -46,7 +46,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sam2serve.engine.amg import MaskGenerator
+from sam2serve.engine.amg import MaskGenerator, MaskRecord
 from sam2serve.engine.amg_params import AMGParams
 from sam2serve.engine.prompts import FOREGROUND, Prompt
 from sam2serve.engine.rle import Rle, rle_to_mask
@@ -482,17 +482,17 @@ async def _best_mask(
 
 async def _amg(
     service: Service, image: ImageState, pixels: Any, clock: RequestClock
-) -> list[dict[str, Any]]:
+) -> list[MaskRecord]:
     """Every object of the image (AMG with Meta's defaults), as the service's bulk job."""
     params = AMGParams.from_dict({"output_mode": "uncompressed_rle"})
     generator = MaskGenerator(service.predictor, params)
 
-    def run(context: JobContext) -> list[dict[str, Any]]:
+    def run(context: JobContext) -> list[MaskRecord]:
         return generator.generate(
             pixels, embedding=image.embedding, progress=lambda done, total: context.check()
         )
 
-    records: list[dict[str, Any]] = await service.run_job("amg", run, clock, bulk=True)
+    records: list[MaskRecord] = await service.run_job("amg", run, clock, bulk=True)
     return sorted(records, key=lambda r: -r["area"])
 
 

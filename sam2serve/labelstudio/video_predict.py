@@ -229,7 +229,8 @@ async def _track(
                 boxes[record.obj_id].append(list(record.bbox) if record.area else None)
             context.check()  # lets waiting clicks run; stops if the client left
         first = min(starts.values())
-        return {obj_id: [None] * first + seen for obj_id, seen in boxes.items()}
+        before: Boxes = [None] * first
+        return {obj_id: before + seen for obj_id, seen in boxes.items()}
 
     boxes = await service.run_job("labelstudio_video", run, RequestClock(), bulk=True)
     return boxes, starts

@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -76,7 +77,8 @@ def prompts_first(x: torch.Tensor, batch: int) -> torch.Tensor:
 def gelu_(x: torch.Tensor, act: torch.nn.GELU) -> torch.Tensor:
     """``act(x)`` in place: the upscaling's activations are the largest per-prompt tensors,
     and a fresh output for each would be one more pass over memory."""
-    return torch.ops.aten.gelu_(x, approximate=act.approximate)
+    out: torch.Tensor = torch.ops.aten.gelu_(x, approximate=act.approximate)
+    return out
 
 
 def _tokens_at(tokens: torch.Tensor, positions: list[int]) -> torch.Tensor:
@@ -143,8 +145,8 @@ def side_plan(decoder: MaskDecoder) -> SidePlan:
     consts = weight.new_zeros((0, channels))  # constant rows' vectors, in row order
     blocks: list[tuple[str, torch.Tensor]] = []
     pe_blocks: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
-    norm_gains = []
-    for index, layer in enumerate(transformer.layers):
+    norm_gains: list[torch.Tensor] = []
+    for index, layer in enumerate(transformer.blocks()):
         name = f"layer{index}"
         t2i, i2t = layer.cross_attn_token_to_image, layer.cross_attn_image_to_token
         blocks += [
@@ -172,7 +174,7 @@ def side_plan(decoder: MaskDecoder) -> SidePlan:
         families = {f: (w, norm @ since) for f, (w, since) in families.items()}
         consts = torch.cat([consts @ norm.T, layer.norm4.bias[None]])
     final = transformer.final_attn_token_to_image
-    dc1 = decoder.output_upscaling[0]
+    dc1 = decoder.upscaling()[0]
     w1 = dc1.weight.permute(2, 3, 1, 0).reshape(-1, channels)  # rows (sub-pixel, channel)
     blocks += [
         ("final.k", final.k_proj.weight @ keys_map),
@@ -286,6 +288,11 @@ class SymbolicKeys:
             None if self.scale_cast is None else self.scale_cast[index],
         )
 
+    def scale_in_dtype(self) -> torch.Tensor:
+        """``scale_cast``, which the keys have from the first LayerNorm on."""
+        assert self.scale_cast is not None, "the keys have no scale before a LayerNorm"
+        return self.scale_cast
+
     def final(self) -> FinalKeys:
         scale = self.scale
         if scale is None:
@@ -392,7 +399,8 @@ class FastMaskDecoder:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The high-res features plus the transposed convolutions' biases, channels-last in
         "parent pixel, then sub-pixel" order: s1 (1, N, 4 * 64), s0 (1, 4N, 4 * 32)."""
-        dc1, dc2 = self.decoder.output_upscaling[0], self.decoder.output_upscaling[3]
+        dc1, _, _, dc2, _ = self.decoder.upscaling()
+        assert dc1.bias is not None and dc2.bias is not None  # both convolutions have a bias
         feat_s0, feat_s1 = high_res_feats
         h, w = size
         c1, c0 = feat_s1.shape[1], feat_s0.shape[1]
@@ -409,7 +417,8 @@ class FastMaskDecoder:
         """``layer(x)`` with the product in the decoder's dtype; the result fp32 (the
         tokens' residual stream and norms stay fp32)."""
         if self.dtype == FP32:
-            return layer(x)
+            out: torch.Tensor = layer(x)
+            return out
         return F.linear(x.to(self.dtype), *self._weights(layer)).float()
 
     def _weights(self, layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
@@ -421,10 +430,11 @@ class FastMaskDecoder:
     def mlp(self, mlp: MLP, x: torch.Tensor) -> torch.Tensor:
         """``mlp(x)``, the hidden activations in the decoder's dtype."""
         if self.dtype == FP32:
-            return mlp(x)
+            out: torch.Tensor = mlp(x)
+            return out
         x = x.to(self.dtype)
         for index, layer in enumerate(mlp.layers):
-            x = F.linear(x, *self._weights(layer))
+            x = F.linear(x, *self._weights(cast(nn.Linear, layer)))
             if index < len(mlp.layers) - 1:
                 x = mlp.act(x)
         return x.float()
@@ -450,7 +460,8 @@ class FastMaskDecoder:
         else:
             q = queries + query_pe
             queries = queries + self.attention(layer.self_attn, q, q, queries)
-        return layer.norm1(queries)
+        normed: torch.Tensor = layer.norm1(queries)
+        return normed
 
     def image_queries(self, attn: Attention, x: torch.Tensor) -> torch.Tensor:
         """(B, H, T, dh): a token-to-image attention's queries of the token states ``x``
@@ -508,7 +519,7 @@ class FastMaskDecoder:
         # Each product is consumed at once: the next one's output reuses its memory, warm.
         low_rank.add_(prompts_first(q_heads @ image, b))
         logits = q_heads @ side.pe_block(name).view(num_heads, dh, -1)
-        prompts_first(logits, b).addcmul_(low_rank, keys.scale_cast[:, None])
+        prompts_first(logits, b).addcmul_(low_rank, keys.scale_in_dtype()[:, None])
         return logits
 
     def weighted_values(
@@ -527,7 +538,7 @@ class FastMaskDecoder:
         b = keys.coef.shape[0]
         t = bt // b
         if keys.scale is not None:  # probs is the caller's own: scaled in place
-            prompts_first(probs, b).mul_(keys.scale_cast[:, None])
+            prompts_first(probs, b).mul_(keys.scale_in_dtype()[:, None])
         shared = side.block(name).view(num_heads, -1, n).transpose(1, 2)  # (H, N, dh)
         out = prompts_first(probs @ shared, b).float()  # (B, H, T, dh)
         if keys.rank:
@@ -574,7 +585,7 @@ class FastMaskDecoder:
         low_rank = self.low_rank_scores(keys, attn.q_proj.weight, k).view(b, num_heads, t, n)
         low_rank.add_(prompts_first(k_heads @ image, b))
         logits = k_heads @ side.pe_block(f"{name}.q").view(num_heads, dh, -1)
-        prompts_first(logits, b).addcmul_(low_rank, keys.scale_cast[:, None])
+        prompts_first(logits, b).addcmul_(low_rank, keys.scale_in_dtype()[:, None])
         return logits.view(num_heads, b, t, n)
 
     def append_family(
@@ -596,7 +607,7 @@ class FastMaskDecoder:
         target = coef[:, start : start + rows].view(b, num_heads, t - 1, n)
         target.copy_(probs[:, :, : t - 1])
         if keys.scale is not None:
-            target.div_(keys.scale_cast[:, None])
+            target.div_(keys.scale_in_dtype()[:, None])
         coef[:, start + rows :].zero_()
         out_weight = attn.out_proj.weight  # (C, H*dh)
         wo = out_weight.reshape(out_weight.shape[0], num_heads, -1)
@@ -611,6 +622,7 @@ class FastMaskDecoder:
             vecs = torch.cat([vecs, constant], dim=1)
             const_rows, ones_row, rank = [*const_rows, (rank, rank + 1)], rank, rank + 1
         else:
+            assert ones_row is not None  # not new_ones_row
             vecs[:, ones_row : ones_row + 1] += constant
         family = FamilyRows(f"layer{keys.layer}.i2t", start, ones_row, values)
         return SymbolicKeys(
@@ -753,7 +765,7 @@ class FastMaskDecoder:
             const_rows=[],
             ones_row=None,
         )
-        layers = self.transformer.layers
+        layers = self.transformer.blocks()
         query_pe = tokens
         queries = self.self_attention(layers[0], tokens, query_pe)
         attn = layers[0].cross_attn_token_to_image
@@ -798,7 +810,8 @@ class FastMaskDecoder:
                 self.image_queries(final, q_out + _tokens_at(query_pe, read_tokens))
             )
         attn_out = self.token_to_image(side, keys, final, final_queries, "final")
-        return self.transformer.norm_final_attn(q_out + attn_out)
+        normed: torch.Tensor = self.transformer.norm_final_attn(q_out + attn_out)
+        return normed
 
     def transformer_forward(
         self, side: ImageSide, tokens: torch.Tensor, read_tokens: list[int]
@@ -828,7 +841,7 @@ class FastMaskDecoder:
         needed until the final logits, and the high-res features are laid out the same way
         once per image."""
         dec = self.decoder
-        dc1, ln1, act1, dc2, act2 = dec.output_upscaling
+        dc1, ln1, act1, dc2, act2 = dec.upscaling()
         c_in, c_mid = dc1.weight.shape[:2]
         c_out = dc2.weight.shape[1]
         dtype = self.dtype
@@ -894,9 +907,7 @@ class FastMaskDecoder:
         )
         rows = keep(iou)
         if rows.numel() == 0:  # nothing survives (the index's size is known on the host)
-            none = iou.new_zeros(
-                (0, len(mask_indices), self.decoder.output_upscaling[3].out_channels)
-            )
+            none = iou.new_zeros((0, len(mask_indices), self.decoder.upscaling()[3].out_channels))
             return iou, rows, none, keys.select(rows).final()
         keys = keys.select(rows)
         masks = [2 + m for m in mask_indices]

@@ -24,11 +24,13 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=7, stride=4, padding=3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).permute(0, 2, 3, 1)
+        projected: torch.Tensor = self.proj(x)
+        return projected.permute(0, 2, 3, 1)
 
 
 def pool_nhwc(x: torch.Tensor, pool: nn.Module) -> torch.Tensor:
-    return pool(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+    pooled: torch.Tensor = pool(x.permute(0, 3, 1, 2))
+    return pooled.permute(0, 2, 3, 1)
 
 
 def to_windows(x: torch.Tensor, size: int) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -77,7 +79,8 @@ class MultiScaleAttention(nn.Module):
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         )
-        return self.proj(out.transpose(1, 2).reshape(b, h, w, -1))
+        projected: torch.Tensor = self.proj(out.transpose(1, 2).reshape(b, h, w, -1))
+        return projected
 
 
 class MultiScaleBlock(nn.Module):
@@ -125,7 +128,8 @@ class MultiScaleBlock(nn.Module):
             x = from_windows(x, window, padded_hw, hw)
 
         x = shortcut + x
-        return x + self.mlp(self.norm2(x))
+        mlp_out: torch.Tensor = self.mlp(self.norm2(x))
+        return x + mlp_out
 
 
 class Hiera(nn.Module):

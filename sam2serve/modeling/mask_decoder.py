@@ -8,6 +8,7 @@ stride-4 and stride-8 encoder features mixed into the upscaling path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -64,6 +65,16 @@ class MaskDecoder(nn.Module):
         self.pred_obj_score_head = MLP(transformer_dim, transformer_dim, 1, 3)
         self.stability_delta = dynamic_multimask_stability_delta
         self.stability_thresh = dynamic_multimask_stability_thresh
+
+    def upscaling(
+        self,
+    ) -> tuple[nn.ConvTranspose2d, LayerNorm2d, nn.GELU, nn.ConvTranspose2d, nn.GELU]:
+        """``output_upscaling``'s five modules, typed (``nn.Sequential`` hands them out as
+        plain modules)."""
+        return cast(
+            tuple[nn.ConvTranspose2d, LayerNorm2d, nn.GELU, nn.ConvTranspose2d, nn.GELU],
+            tuple(self.output_upscaling),
+        )
 
     def forward(
         self,

@@ -52,7 +52,8 @@ class MemoryAttentionLayer(nn.Module):
             key_mask=key_mask,
         )
         normed = self.norm3(tgt)
-        return tgt + self.linear2(F.relu(self.linear1(normed)))
+        mlp_out: torch.Tensor = self.linear2(F.relu(self.linear1(normed)))
+        return tgt + mlp_out
 
 
 class MemoryAttention(nn.Module):
@@ -83,4 +84,5 @@ class MemoryAttention(nn.Module):
         output = curr + 0.1 * curr_pos
         for layer in self.layers:
             output = layer(output, memory, memory_pos, num_obj_ptr_tokens, key_mask)
-        return self.norm(output)
+        normed: torch.Tensor = self.norm(output)
+        return normed

@@ -33,7 +33,8 @@ class MaskDownSampler(nn.Module):
         self.encoder.append(nn.Conv2d(channels, embed_dim, kernel_size=1))
 
     def forward(self, masks: torch.Tensor) -> torch.Tensor:
-        return self.encoder(masks)
+        encoded: torch.Tensor = self.encoder(masks)
+        return encoded
 
 
 class CXBlock(nn.Module):
@@ -51,7 +52,8 @@ class CXBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.norm(self.dwconv(x)).permute(0, 2, 3, 1)
         y = self.gamma * self.pwconv2(F.gelu(self.pwconv1(y)))
-        return x + y.permute(0, 3, 1, 2)
+        out: torch.Tensor = x + y.permute(0, 3, 1, 2)
+        return out
 
 
 class Fuser(nn.Module):
@@ -78,7 +80,8 @@ class MemoryEncoder(nn.Module):
         """pix_feat (B, C, 64, 64) raw stride-16 features; mask_input (B, 1, 1024, 1024)
         already scaled (sigmoid or binarized, * 20 - 10) -> memory (B, out_dim, 64, 64)."""
         x = self.pix_feat_proj(pix_feat) + self.mask_downsampler(mask_input)
-        return self.out_proj(self.fuser(x))
+        memory: torch.Tensor = self.out_proj(self.fuser(x))
+        return memory
 
     def position_encoding(self, height: int, width: int, device: torch.device) -> torch.Tensor:
         """(1, out_dim, H, W): the same for every memory, so computed once per state."""

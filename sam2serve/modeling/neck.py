@@ -8,6 +8,8 @@ path does not compute it.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,6 +27,10 @@ class FpnNeck(nn.Module):
             lateral.add_module("conv", nn.Conv2d(channels, d_model, kernel_size=1))
             self.convs.append(lateral)
         self.top_down_levels = tuple(top_down_levels)
+
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype of the neck's (and so the encoder's) weights."""
+        return cast(nn.Conv2d, self.convs[0].conv).weight.dtype
 
     def forward(self, stages: list[torch.Tensor]) -> list[torch.Tensor]:
         """``stages`` highest resolution first; returns the levels in the same order."""

@@ -8,6 +8,7 @@ features of their pixel-centre position plus a learned embedding per label:
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import nn
@@ -38,6 +39,8 @@ def points_or_padding(
 
 class PositionEmbeddingRandom(nn.Module):
     """Random Fourier features of normalised (x, y) coordinates."""
+
+    positional_encoding_gaussian_matrix: torch.Tensor  # a buffer (registered in __init__)
 
     def __init__(self, num_pos_feats: int) -> None:
         super().__init__()
@@ -114,12 +117,14 @@ class PromptEncoder(nn.Module):
         labels = labels.unsqueeze(-1)
         embedding = torch.where(labels == PADDING_LABEL, self.not_a_point_embed.weight, embedding)
         for label, learned in enumerate(self.point_embeddings):
-            embedding = torch.where(labels == label, embedding + learned.weight, embedding)
+            weight = cast(nn.Embedding, learned).weight
+            embedding = torch.where(labels == label, embedding + weight, embedding)
         return embedding
 
     def embed_masks(self, mask_logits: torch.Tensor) -> torch.Tensor:
         """(B, 1, 256, 256) logits -> (B, C, 64, 64)."""
-        return self.mask_downscaling(mask_logits)
+        embedded: torch.Tensor = self.mask_downscaling(mask_logits)
+        return embedded
 
     def no_mask_dense(self) -> torch.Tensor:
         """(1, C, 64, 64) dense embedding used when no mask is given (broadcast over prompts)."""

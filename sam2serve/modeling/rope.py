@@ -170,4 +170,5 @@ class RoPEAttention(nn.Module):
         mask = None if key_mask is None else key_mask[:, None, None, :]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b, heads, n, d = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(b, n, heads * d))
+        projected: torch.Tensor = self.out_proj(out.transpose(1, 2).reshape(b, n, heads * d))
+        return projected

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from sam2serve.config import ModelConfig
+from sam2serve.config import ModelConfig, WeightsInfo
 from sam2serve.modeling.hiera import Hiera
 from sam2serve.modeling.mask_decoder import DecoderOutput, MaskDecoder
 from sam2serve.modeling.neck import FpnNeck
@@ -37,11 +37,13 @@ class ImageEncoder(nn.Module):
 
     def forward(self, images: torch.Tensor) -> list[torch.Tensor]:
         """Normalised (B, 3, 1024, 1024) -> FPN levels at strides 4, 8, 16."""
-        levels = self.neck(self.trunk(images))
+        levels: list[torch.Tensor] = self.neck(self.trunk(images))
         return levels[: len(levels) - self.scalp]
 
 
 class SAM2Image(nn.Module):
+    weights_info: WeightsInfo  # where the weights came from: set by sam2serve.checkpoint
+
     def __init__(self, cfg: ModelConfig, with_image_encoder: bool = True) -> None:
         """``with_image_encoder=False`` builds the SAM heads only, for when the image path
         runs from an ahead-of-time artifact (no trunk to initialise or hold)."""
@@ -74,13 +76,16 @@ class SAM2Image(nn.Module):
         heads in fp32): with its weights cast (the CPU), or under autocast to
         ``autocast_dtype`` (CUDA, as Meta runs it). Its outputs are cast to the heads'
         dtype here; fp16 features that overflowed are an error, never silent inf/NaN."""
-        encoder_dtype = self.image_encoder.neck.convs[0].conv.weight.dtype
+        encoder = self.image_encoder
+        assert encoder is not None, "built without the image encoder (with_image_encoder=False)"
+        encoder_dtype = encoder.neck.weight_dtype()
         heads_dtype = self.no_mem_embed.dtype
+        levels: list[torch.Tensor]
         if autocast_dtype is None:
-            levels = self.image_encoder(images.to(encoder_dtype))
+            levels = encoder(images.to(encoder_dtype))
         else:
             with torch.autocast(images.device.type, dtype=autocast_dtype):
-                levels = self.image_encoder(images)
+                levels = encoder(images)
         if torch.float16 in (autocast_dtype, encoder_dtype):
             raise_on_overflow(levels, "the image encoder")
         return [level.to(heads_dtype) for level in levels]
@@ -116,9 +121,10 @@ class SAM2Image(nn.Module):
                 raise ValueError("decode_masks needs points or a mask input")
             sparse = image_embed.new_zeros((mask_input.shape[0], 0, image_embed.shape[1]))
         else:
+            assert point_labels is not None, "point_coords without point_labels"
             sparse = encoder.embed_points(point_coords, point_labels)
         dense = encoder.no_mask_dense() if mask_input is None else encoder.embed_masks(mask_input)
-        return self.sam_mask_decoder(
+        output: DecoderOutput = self.sam_mask_decoder(
             image_embed,
             encoder.dense_positional_encoding(),
             sparse,
@@ -126,6 +132,7 @@ class SAM2Image(nn.Module):
             high_res_feats,
             multimask_output,
         )
+        return output
 
 
 def raise_on_overflow(tensors: Sequence[torch.Tensor], where: str) -> None:

@@ -15,6 +15,7 @@ every key. Which frames enter the memory bank is the predictor's business
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -47,10 +48,11 @@ class FrameFeatures:
 
     def select(self, index: int) -> FrameFeatures:
         """Frame ``index`` of a batch of frames, as a batch of one."""
+        s0, s1 = self.high_res_feats
         return FrameFeatures(
             self.vision_feats[index : index + 1],
             self.vision_pos,
-            tuple(f[index : index + 1] for f in self.high_res_feats),  # type: ignore[arg-type]
+            (s0[index : index + 1], s1[index : index + 1]),
         )
 
 
@@ -75,7 +77,7 @@ class ObjectPointers:
     max_distance: int  # the normaliser of the temporal encoding
 
 
-def _per_object(values: list, batch: int) -> list[list[int]] | None:
+def _per_object(values: Sequence[int | tuple[int, ...]], batch: int) -> list[list[int]] | None:
     """``values`` (one int, or a tuple of ``batch`` ints, per slot) as per-object lists
     (batch, slots); None when every slot's value is shared."""
     if all(isinstance(value, int) for value in values):
@@ -86,7 +88,7 @@ def _per_object(values: list, batch: int) -> list[list[int]] | None:
     ]
 
 
-def upload(values: list, device: torch.device) -> torch.Tensor:
+def upload(values: Sequence[object], device: torch.device) -> torch.Tensor:
     """Small host integers on ``device`` without a blocking copy (a pageable host-to-device
     copy with ``non_blocking`` is staged at once and waits for nothing)."""
     return torch.tensor(values).to(device, non_blocking=True)
@@ -221,6 +223,7 @@ class SAM2Video(SAM2Image):
                 ptr_tokens, ptr_pos, ptr_mask = pad_tokens(
                     ptr_tokens, ptr_pos, static_bank[1], split
                 )
+                assert key_mask is not None  # the memory tokens' mask, made with the static bank
                 key_mask = torch.cat([key_mask, ptr_mask], dim=1)
             tokens = torch.cat([tokens, ptr_tokens], dim=1)
             token_pos = torch.cat([token_pos, ptr_pos], dim=1)
@@ -238,7 +241,7 @@ class SAM2Video(SAM2Image):
             raise_on_overflow([out], "memory attention")
         return out.float()
 
-    def memory_attention_in(self, dtype: torch.dtype) -> nn.Module:
+    def memory_attention_in(self, dtype: torch.dtype) -> MemoryAttention:
         """The memory attention with its weights in ``dtype``: the module itself in its
         own dtype, else a copy made once and kept (not a parameter: checkpoints and
         ``.to()`` never see it; made again if the model moved). Running the reduced
@@ -251,6 +254,7 @@ class SAM2Video(SAM2Image):
         if dtype == weight.dtype:
             return attention
         key = (dtype, weight.device)
+        cache: dict[tuple[torch.dtype, torch.device], MemoryAttention]
         cache = self.__dict__.setdefault("_reduced_attention", {})
         if key not in cache:
             cache.clear()
@@ -318,7 +322,7 @@ class SAM2Video(SAM2Image):
         curr = vision_feats.flatten(2).transpose(1, 2).expand(batch, -1, -1)
         curr_pos = vision_pos.flatten(2).transpose(1, 2).expand(batch, -1, -1)
         attention = self.memory_attention if attention is None else attention
-        out = attention(curr, curr_pos, memory, memory_pos, num_ptr_tokens, key_mask)
+        out: torch.Tensor = attention(curr, curr_pos, memory, memory_pos, num_ptr_tokens, key_mask)
         return out.transpose(1, 2).reshape(batch, c, h, w)
 
     # -- SAM heads ----------------------------------------------------------------------------
@@ -461,7 +465,7 @@ class SAM2Video(SAM2Image):
         mask = mask * video.sigmoid_scale_for_mem_enc + video.sigmoid_bias_for_mem_enc
         dtype = self.memory_encoder.out_proj.weight.dtype
         pix_feat = vision_feats.to(dtype).expand(mask.shape[0], -1, -1, -1)
-        features = self.memory_encoder(pix_feat, mask.to(dtype))
+        features: torch.Tensor = self.memory_encoder(pix_feat, mask.to(dtype))
         # float32 either way: the embedding below is a float32 parameter.
         absent = 1 - (object_score_logits > 0).float()
         embed = self.no_obj_embed_spatial[..., None, None].expand(*features.shape)

@@ -10,6 +10,8 @@ No per-prompt copy of the image features is ever made up front.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -52,7 +54,8 @@ class Attention(nn.Module):
                 q = q.expand(bk, -1, -1)
             out = F.scaled_dot_product_attention(self._heads(q), self._heads(k), self._heads(v))
             out = out.transpose(1, 2).reshape(out.shape[0], nq, -1)
-        return self.out_proj(out)
+        projected: torch.Tensor = self.out_proj(out)
+        return projected
 
 
 class TwoWayAttentionBlock(nn.Module):
@@ -130,6 +133,10 @@ class TwoWayTransformer(nn.Module):
             embedding_dim, num_heads, downsample_rate=attention_downsample_rate
         )
         self.norm_final_attn = nn.LayerNorm(embedding_dim)
+
+    def blocks(self) -> list[TwoWayAttentionBlock]:
+        """``layers``, typed (an ``nn.ModuleList`` hands its items out as plain modules)."""
+        return [cast(TwoWayAttentionBlock, layer) for layer in self.layers]
 
     def forward(
         self, image_embedding: torch.Tensor, image_pe: torch.Tensor, point_embedding: torch.Tensor

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 ONNX_FORMAT = "onnx"
 MANIFEST = "manifest.json"
 
 
-def _manifest(directory: str | Path) -> dict | None:
+def _manifest(directory: str | Path) -> dict[str, Any] | None:
     try:
         manifest = json.loads((Path(directory) / MANIFEST).read_text())
     except (OSError, ValueError):

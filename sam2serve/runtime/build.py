@@ -57,6 +57,7 @@ def build_predictor(
     from the cache). ``model``: an already loaded model to run instead of loading one (it
     may be converted in place, e.g. its encoder cast to bf16)."""
     weights = weights or WeightsSource()
+    assert spec.backend is not None  # RuntimeSpec sets it
     backend = get_backend_info(spec.backend)
     if backend.needs_artifacts != (weights.artifacts is not None):
         raise ValueError(
@@ -146,7 +147,8 @@ def decoder_dtype(spec: RuntimeSpec) -> torch.dtype:
 
 
 def _reduced(spec: RuntimeSpec) -> torch.dtype:
-    return getattr(torch, resolve_dtype(spec).dtype or "float32")
+    dtype: torch.dtype = getattr(torch, resolve_dtype(spec).dtype or "float32")
+    return dtype
 
 
 def eager_image_path(model: SAM2Image, spec: RuntimeSpec) -> Callable[[torch.Tensor], Any]:
@@ -167,6 +169,7 @@ def encoder_precision(model: SAM2Image, spec: RuntimeSpec) -> torch.dtype | None
         return None
     if model.device.type == "cuda":
         return dtype
+    assert model.image_encoder is not None  # a model that runs its own image path
     model.image_encoder.to(dtype)
     return None
 

@@ -54,7 +54,7 @@ def file_problems(directory: Path, files: dict[str, str]) -> list[str]:
     return problems
 
 
-def read_manifest(entry: Path, entry_format: int) -> dict[str, Any] | None:
+def read_manifest(entry: Path, entry_format: int | str) -> dict[str, Any] | None:
     """The manifest of ``entry``, or None if it has none, an unreadable one or another
     format."""
     try:
@@ -67,7 +67,7 @@ def read_manifest(entry: Path, entry_format: int) -> dict[str, Any] | None:
 
 
 def checked_manifest(
-    entry: Path, entry_format: int, names: Iterable[str] | None = None
+    entry: Path, entry_format: int | str, names: Iterable[str] | None = None
 ) -> tuple[dict[str, Any] | None, list[str]]:
     """The manifest of ``entry`` and what is wrong with its files: none may be missing or
     differ from its checksum, and (given ``names``) the manifest must list exactly those.
@@ -93,7 +93,7 @@ def staging_folder(destination: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def write_manifest(staging: Path, fields: dict[str, Any], names: Iterable[str]) -> dict:
+def write_manifest(staging: Path, fields: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
     """Write the manifest: ``fields`` (``format`` among them) and the sha256 of ``names``."""
     manifest = {**fields, "files": {name: sha256_file(staging / name) for name in names}}
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -103,7 +103,7 @@ def write_manifest(staging: Path, fields: dict[str, Any], names: Iterable[str]) 
 def publish(
     staging: Path,
     destination: Path,
-    entry_format: int,
+    entry_format: int | str,
     replaceable: Callable[[Path], bool] = lambda _: True,
 ) -> None:
     """Rename ``staging`` to ``destination``. An existing ``destination`` is removed first

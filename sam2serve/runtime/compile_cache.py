@@ -115,12 +115,12 @@ def entry_name(identity: dict[str, Any]) -> str:
     return "-".join(str(identity.get(k)) for k in ("model", "mode", "device")) + f"-{digest}"
 
 
-def read_entry_manifest(entry: Path) -> dict | None:
+def read_entry_manifest(entry: Path) -> dict[str, Any] | None:
     """The manifest of a compile-cache entry, or None if ``entry`` is not one."""
     return read_manifest(entry, ENTRY_FORMAT)
 
 
-def _difference(found: dict, wanted: dict) -> str:
+def _difference(found: dict[str, Any], wanted: dict[str, Any]) -> str:
     return ", ".join(
         f"{name} {found.get(name)!r} (here {wanted.get(name)!r})"
         for name in sorted(set(found) | set(wanted))
@@ -196,7 +196,7 @@ class CompileCached:
         self.out = out
         self.describe = describe or {}
         self.report = CompileReport()
-        self.manifest: dict | None = None
+        self.manifest: dict[str, Any] | None = None
         self._first_done = False
         self._lock = threading.Lock()
 
@@ -273,7 +273,7 @@ class CompileCached:
         return None
 
 
-def _shapes(args: tuple[Any, ...]) -> list:
+def _shapes(args: tuple[Any, ...]) -> list[Any]:
     return [
         [*arg.shape, str(arg.dtype).removeprefix("torch.")]
         if isinstance(arg, torch.Tensor)
@@ -298,7 +298,7 @@ def _compile_in(
             try:  # None: torch could not read them (it logs why)
                 loaded = torch.compiler.load_cache_artifacts(artifacts)
             except (OSError, AssertionError, ValueError) as exc:  # writing them into work
-                loaded, why = None, exc
+                loaded, why = None, str(exc)
             else:
                 why = "torch could not read them"
             if loaded is None:
@@ -333,9 +333,9 @@ def _write_entry(
     identity: dict[str, Any],
     artifacts: bytes,
     work: Path,
-    describe: dict,
+    describe: dict[str, Any],
     replace: bool,
-) -> dict:
+) -> dict[str, Any]:
     """Write the entry (runtime.cache_entry: staged, then renamed into place). An existing
     ``destination`` is replaced if it is an entry or empty (or ``replace``: the cache's own
     name for this identity)."""

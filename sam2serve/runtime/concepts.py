@@ -21,7 +21,9 @@ Every mode runs on the eager backend: no other backend has been measured for SAM
 from __future__ import annotations
 
 import copy as copying
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -59,10 +61,10 @@ def concepts_dtype(
     return reduced or _DTYPES[native_reduced_dtype(device)]
 
 
-def _cast_output(dtype: torch.dtype):
+def _cast_output(dtype: torch.dtype) -> Callable[[torch.nn.Module, tuple[Any, ...], Any], Any]:
     """A forward hook casting a module output's floating tensors to ``dtype``."""
 
-    def hook(module, args, output):
+    def hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> Any:
         fields = {
             key: value.to(dtype) if torch.is_tensor(value) and value.is_floating_point() else value
             for key, value in output.items()
@@ -107,7 +109,7 @@ def apply_concepts_mode(
         if dtype != torch.float32:
             backbone.register_forward_hook(_cast_output(dtype))
     else:
-        model.to(dtype)
+        model.to(dtype)  # type: ignore[arg-type]  # transformers' @wraps on PreTrainedModel.to hides its self
     return replace(concepts, model=model)
 
 
@@ -128,8 +130,8 @@ def stage_precisions(concepts: Concepts, mode: str) -> dict[str, str]:
     quantized = get_mode(mode).quantized_concepts_backbone
     return {
         "backbone": "int8" if quantized else short(model.get_submodule(BACKBONE)),
-        "text": short(model.text_encoder),
-        "detector": short(model.detr_encoder),
+        "text": short(model.get_submodule("text_encoder")),
+        "detector": short(model.get_submodule("detr_encoder")),
     }
 
 

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from sam2serve.modeling.fast_mask_decoder import FastMaskDecoder, FinalKeys, ImageSide
+from sam2serve.modeling.mask_decoder import MaskDecoder
+from sam2serve.modeling.prompt_encoder import PromptEncoder
 from sam2serve.runtime.aoti import AOTIProgram, compile_target
 
 SIDE_PT2 = "decoder_side.pt2"
@@ -66,7 +68,7 @@ class _SideProgram(torch.nn.Module):
     """Per image: the image side without the positional constant. The positional encoding
     and the no-mask embedding are the prompt encoder's constants, computed inside."""
 
-    def __init__(self, fast: FastMaskDecoder, prompt_encoder: torch.nn.Module):
+    def __init__(self, fast: FastMaskDecoder, prompt_encoder: PromptEncoder):
         super().__init__()
         self.fast, self.prompt_encoder = fast, prompt_encoder
 
@@ -112,7 +114,7 @@ class _MasksProgram(torch.nn.Module):
 
 def _side(
     fast: FastMaskDecoder,
-    prompt_encoder: torch.nn.Module,
+    prompt_encoder: PromptEncoder,
     image_embed: torch.Tensor,
     high_res_feats: tuple[torch.Tensor, torch.Tensor],
 ) -> ImageSide:
@@ -137,12 +139,12 @@ def _inductor_configs() -> dict[str, object]:
 
 def export_decoder_programs(
     fast: FastMaskDecoder,
-    prompt_encoder: torch.nn.Module,
+    prompt_encoder: PromptEncoder,
     image_embed: torch.Tensor,
     high_res_feats: tuple[torch.Tensor, torch.Tensor],
     out: Path,
     progress: Callable[[str], None] = lambda step: None,
-) -> dict:
+) -> dict[str, Any]:
     """Export and compile the three programs into ``out``, traced on one image's features;
     returns their manifest entry (file names, the side's layout, the decoder's dtype).
 
@@ -150,7 +152,8 @@ def export_decoder_programs(
     the examples' (an expanded example made it misread contiguous tensors), and
     :class:`CompiledFastDecoder` passes contiguous tensors only."""
     image_embed = image_embed.float().contiguous()
-    high_res_feats = tuple(t.float().contiguous() for t in high_res_feats)
+    s0, s1 = (t.float().contiguous() for t in high_res_feats)
+    high_res_feats = (s0, s1)
     with torch.inference_mode():
         side = _side(fast, prompt_encoder, image_embed, high_res_feats)
         leaves = [t.contiguous() for t in side_leaves(side)]
@@ -214,20 +217,6 @@ def export_decoder_programs(
     }
 
 
-@dataclass
-class CompiledSide:
-    """The image side as the programs pass it around: a flat list of tensors."""
-
-    leaves: list[torch.Tensor]
-    size: tuple[int, int]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of this image's own tensors (``pe`` is shared by every image)."""
-        own = [t for name, t in zip(SIDE_LAYOUT, self.leaves, strict=True) if name != "pe"]
-        return sum(t.numel() * t.element_size() for t in own)
-
-
 class CompiledFastDecoder(FastMaskDecoder):
     """:class:`FastMaskDecoder` with its three stages run by the exported programs; the
     filter between them (``forward``) is the eager one."""
@@ -235,7 +224,7 @@ class CompiledFastDecoder(FastMaskDecoder):
     source = "AOTInductor programs, not compiled"
 
     def __init__(
-        self, decoder: torch.nn.Module, directory: Path, entry: dict, device: torch.device
+        self, decoder: MaskDecoder, directory: Path, entry: dict[str, Any], device: torch.device
     ) -> None:
         super().__init__(decoder, getattr(torch, entry["dtype"]))
         self.side_program = AOTIProgram(directory / SIDE_PT2, device)
@@ -248,28 +237,28 @@ class CompiledFastDecoder(FastMaskDecoder):
         image_pe: torch.Tensor,
         no_mask_dense: torch.Tensor,
         high_res_feats: tuple[torch.Tensor, torch.Tensor],
-    ) -> CompiledSide:
+    ) -> ImageSide:
         # The positional encoding and no-mask embedding are constants inside the program;
-        # the positional encoding's projections are the eager decoder's constant.
+        # the positional encoding's projections are the eager decoder's constant. The side
+        # is the eager decoder's ImageSide (the programs read it as its flat leaves).
         inputs = (image_embed, *high_res_feats)
         per_image = dict(
             zip(PER_IMAGE, self.side_program([t.float().contiguous() for t in inputs]))
         )
         per_image["pe"] = self.pe_projections(image_pe, self.dtype)
         leaves = [per_image[name].contiguous() for name in SIDE_LAYOUT]
-        return CompiledSide(leaves, tuple(image_embed.shape[-2:]))
+        return side_from_leaves(self, leaves, (image_embed.shape[-2], image_embed.shape[-1]))
 
     def decode_prompts(
-        self, side: CompiledSide, sparse_embeddings: torch.Tensor, mask_indices: list[int]
+        self, side: ImageSide, sparse_embeddings: torch.Tensor, mask_indices: list[int]
     ) -> tuple[torch.Tensor, torch.Tensor, FinalKeys]:
         prompts, points = sparse_embeddings.shape[:2]
         if prompts > MAX_PROMPTS or not 2 <= points <= MAX_POINTS:
             # Outside the range torch.export reasoned about (the compiled program does not
             # check it): the eager stage, on the same precomputed side.
-            eager_side = side_from_leaves(self, side.leaves, side.size)
-            return super().decode_prompts(eager_side, sparse_embeddings, mask_indices)
+            return super().decode_prompts(side, sparse_embeddings, mask_indices)
         iou, hyper, scale, coef, vecs = self.prompts_program(
-            [sparse_embeddings.float().contiguous(), *side.leaves]
+            [sparse_embeddings.float().contiguous(), *side_leaves(side)]
         )
         if mask_indices != ALL_MASKS:  # not a list index: that would be a host sync
             hyper = torch.stack([hyper[:, m] for m in mask_indices], dim=1)
@@ -277,7 +266,7 @@ class CompiledFastDecoder(FastMaskDecoder):
 
     def decode_filtered(
         self,
-        side: CompiledSide,
+        side: ImageSide,
         sparse_embeddings: torch.Tensor,
         mask_indices: list[int],
         keep: Callable[[torch.Tensor], torch.Tensor],
@@ -287,13 +276,16 @@ class CompiledFastDecoder(FastMaskDecoder):
         rows = keep(iou)
         return iou, rows, hyper[rows], keys.select(rows)
 
-    def upscale(self, side: CompiledSide, keys: FinalKeys, hyper: torch.Tensor) -> torch.Tensor:
+    def upscale(self, side: ImageSide, keys: FinalKeys, hyper: torch.Tensor) -> torch.Tensor:
         finals = (keys.scale, keys.coef, keys.vecs, hyper)
-        return self.masks_program([*(t.contiguous() for t in finals), *side.leaves])[0]
+        logits: torch.Tensor = self.masks_program(
+            [*(t.contiguous() for t in finals), *side_leaves(side)]
+        )[0]
+        return logits
 
 
 def load_fast_decoder(
-    decoder: torch.nn.Module, directory: Path, entry: dict, device: torch.device
+    decoder: MaskDecoder, directory: Path, entry: dict[str, Any], device: torch.device
 ) -> FastMaskDecoder:
     """The exported programs on ``device``, or, if they were compiled for another CPU or
     GPU (Inductor targets the exporting CPU's instruction set, or the exporting GPU's

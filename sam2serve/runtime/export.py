@@ -41,6 +41,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -152,7 +153,7 @@ def cpu_name() -> str:
     return str(ov.Core().get_property("CPU", "FULL_DEVICE_NAME"))
 
 
-def _import_compiled(directory: Path, manifest: dict) -> OpenVINOImageEncoder | None:
+def _import_compiled(directory: Path, manifest: dict[str, Any]) -> OpenVINOImageEncoder | None:
     """The exported compiled image path, if it was compiled on this kind of CPU."""
     import openvino as ov
 
@@ -195,7 +196,7 @@ def openvino_image_encoder(model: SAM2Image, spec: RuntimeSpec) -> OpenVINOImage
 
 def mode_image_path(
     model: SAM2Image, spec: RuntimeSpec
-) -> tuple[object, tuple[torch.Tensor, ...], dict]:
+) -> tuple[object, tuple[torch.Tensor, ...], dict[str, Any]]:
     """The image path as OpenVINO runs it in ``spec``'s mode: converted, then for int8
     quantised by NNCF (sam2serve.runtime.quantize); its fp32 eager outputs on the example
     input; and what the manifest records of the quantisation ({} for the float modes)."""
@@ -221,7 +222,7 @@ def export_artifacts(
     command: str | None = None,
     device: str = "cpu",
     progress: Callable[[str], None] = lambda step: None,
-) -> dict:
+) -> dict[str, Any]:
     """Export the model of ``size`` for ``mode`` on ``device`` into ``out``; returns the
     manifest. ``progress`` is told each step as it starts (the whole export takes minutes)."""
     if backend not in BACKENDS:
@@ -260,9 +261,9 @@ def export_artifacts(
         reference, encoder_files, extra = _export_openvino(model, spec, out)
     if decoder == "aoti":
         fast = FastMaskDecoder(model.sam_mask_decoder, decoder_dtype(spec))
-        embed, *high_res = reference
+        embed, s0, s1 = reference
         extra["decoder"] = export_decoder_programs(
-            fast, model.sam_prompt_encoder, embed, tuple(high_res), out, progress
+            fast, model.sam_prompt_encoder, embed, (s0, s1), out, progress
         )
         encoder_files = (*encoder_files, *extra["decoder"]["files"])
     heads = {k: v for k, v in model.state_dict().items() if not k.startswith("image_encoder.")}
@@ -303,7 +304,7 @@ def export_artifacts(
 
 def _export_openvino(
     model: SAM2Image, spec: RuntimeSpec, out: Path
-) -> tuple[tuple[torch.Tensor, ...], tuple[str, ...], dict]:
+) -> tuple[tuple[torch.Tensor, ...], tuple[str, ...], dict[str, Any]]:
     import openvino as ov
 
     converted, reference, quantization = mode_image_path(model, spec)
@@ -316,9 +317,10 @@ def _export_openvino(
 
 def _export_aoti(
     model: SAM2Image, spec: RuntimeSpec, out: Path
-) -> tuple[tuple[torch.Tensor, ...], tuple[str, ...], dict]:
+) -> tuple[tuple[torch.Tensor, ...], tuple[str, ...], dict[str, Any]]:
     """torch.export of the image path (the encoder in the mode's dtype), compiled ahead of
     time by AOTInductor into one package."""
+    assert model.image_encoder is not None  # exported from a model with its image path
     model.image_encoder.to(encoder_dtype(spec))
     path = _ImagePath(model).eval()
     example = torch.zeros(1, 3, model.image_size, model.image_size, device=model.device)
@@ -337,7 +339,9 @@ def _runtime_versions(backend: str) -> dict[str, str]:
     return {"openvino": ov.__version__, "torch": torch.__version__}
 
 
-def read_manifest(directory: str | Path, expected_format: int | str = FORMAT_VERSION) -> dict:
+def read_manifest(
+    directory: str | Path, expected_format: int | str = FORMAT_VERSION
+) -> dict[str, Any]:
     """The manifest in ``directory``; ``expected_format``: these artifacts' format version,
     or ``"onnx"`` for 'sam2serve export --format onnx' (run by backend 'onnxruntime')."""
     path = Path(directory) / MANIFEST
@@ -347,7 +351,7 @@ def read_manifest(directory: str | Path, expected_format: int | str = FORMAT_VER
             "(make one with 'sam2serve export')"
         )
     try:
-        manifest = json.loads(path.read_text())
+        manifest: dict[str, Any] = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"{str(path)!r} is not valid JSON: {exc}") from None
     found = manifest.get("format") if isinstance(manifest, dict) else None
@@ -372,7 +376,7 @@ def read_manifest(directory: str | Path, expected_format: int | str = FORMAT_VER
 
 
 def check_manifest(
-    manifest: dict,
+    manifest: dict[str, Any],
     directory: Path,
     size: str | None,
     mode: str | None,
@@ -421,7 +425,7 @@ def check_manifest(
 class OpenVINOImageEncoder:
     """Runs the exported image path; returns the same ImageFeatures as encode_image."""
 
-    compiled: object  # openvino.CompiledModel
+    compiled: Any  # an openvino.CompiledModel (openvino ships no type information)
     source: str = "compiled at start-up"  # or "imported, not compiled"
 
     def __call__(self, images: torch.Tensor) -> ImageFeatures:

@@ -39,6 +39,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -154,7 +155,8 @@ class OnnxPromptDecoder(nn.Module):
         logits, iou = logits[:, 1:], iou[:, 1:]
         assert orig_im_size is not None
         size = (orig_im_size[0], orig_im_size[1])
-        masks = F.interpolate(logits, size=size, mode="bilinear", align_corners=False)
+        # Tensors, not ints: traced for ONNX, the output size is a dynamic input's values.
+        masks = F.interpolate(logits, size=size, mode="bilinear", align_corners=False)  # type: ignore[arg-type]  # ONNX-traced size
         return masks, iou, logits.clamp(-LOW_RES_CLAMP, LOW_RES_CLAMP)
 
 
@@ -189,7 +191,7 @@ def export_onnx(
     video: bool = False,
     command: str | None = None,
     progress: Callable[[str], None] = lambda step: None,
-) -> dict:
+) -> dict[str, Any]:
     """Export the model of ``size`` for ``mode`` (fast or int8) as ONNX into ``out``;
     returns the manifest. Mode int8 quantises the encoder (:func:`quantize_encoder`).
     ``video`` (mode fast): also the video path's graphs (:mod:`sam2serve.runtime.onnx_video`),
@@ -324,7 +326,7 @@ def runtime_versions() -> dict[str, str]:
 QUANTIZATION_METHODS = ("dynamic", "static")
 
 
-def quantize_encoder(path: Path, method: str = "dynamic", calibration: int = 8) -> dict:
+def quantize_encoder(path: Path, method: str = "dynamic", calibration: int = 8) -> dict[str, Any]:
     """Quantise the encoder graph at ``path`` to int8, in place; returns what was done.
 
     ``dynamic`` (the default): int8 weights, activations quantised per call from their
@@ -347,14 +349,18 @@ def quantize_encoder(path: Path, method: str = "dynamic", calibration: int = 8) 
     staged = path.with_suffix(".int8.onnx")
     if method == "dynamic":
         quantize_dynamic(path, staged, weight_type=QuantType.QInt8)
-        done: dict = {"method": "dynamic", "weights": "int8", "activations": "uint8, per call"}
+        done: dict[str, Any] = {
+            "method": "dynamic",
+            "weights": "int8",
+            "activations": "uint8, per call",
+        }
     else:
 
-        class Photographs(CalibrationDataReader):
+        class Photographs(CalibrationDataReader):  # type: ignore[misc]  # onnxruntime is untyped (Any)
             def __init__(self) -> None:
                 self.batches = iter(calibration_inputs(calibration, IMAGE_SIZE))
 
-            def get_next(self) -> dict | None:
+            def get_next(self) -> dict[str, Any] | None:
                 batch = next(self.batches, None)
                 return None if batch is None else {"image": batch}
 
@@ -378,7 +384,7 @@ def quantize_encoder(path: Path, method: str = "dynamic", calibration: int = 8) 
     return {**done, "tool": "onnxruntime.quantization"}
 
 
-def open_onnx_export(directory: str | Path, size: str | None, mode: str | None) -> dict:
+def open_onnx_export(directory: str | Path, size: str | None, mode: str | None) -> dict[str, Any]:
     """The manifest of the ONNX export in ``directory``, once onnxruntime is importable and
     every mismatch with the request is ruled out (:func:`check_onnx_manifest`)."""
     from sam2serve.runtime.export import read_manifest
@@ -390,7 +396,7 @@ def open_onnx_export(directory: str | Path, size: str | None, mode: str | None) 
 
 
 def check_onnx_manifest(
-    manifest: dict, directory: Path, size: str | None, mode: str | None
+    manifest: dict[str, Any], directory: Path, size: str | None, mode: str | None
 ) -> None:
     """Every mismatch between the ONNX export and the request or the installed runtime."""
     problems = []

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,7 @@ from torch import nn
 
 from sam2serve.engine.image import IMAGENET_MEAN, IMAGENET_STD
 from sam2serve.engine.video.predictor import PREV_MASK_CLAMP
+from sam2serve.modeling.memory_attention import MemoryAttentionLayer
 from sam2serve.modeling.sam2_video import NO_OBJ_SCORE, SAM2Video, decode_with_tokens
 from sam2serve.modeling.sine_encoding import grid_sine_encoding
 from sam2serve.runtime.onnx_graph import dense_embedding, export_graph
@@ -77,6 +79,9 @@ class OnnxMemoryAttention(nn.Module):
     """SAM2Video's memory conditioning over a bank given as tensors (N memories, P
     pointers: both dynamic axes); the position encodings are constants of the graph."""
 
+    vision_pos: torch.Tensor  # buffers (registered in __init__)
+    memory_pos: torch.Tensor
+
     def __init__(self, model: SAM2Video) -> None:
         super().__init__()
         self.model = model
@@ -88,7 +93,7 @@ class OnnxMemoryAttention(nn.Module):
         # The rotary encoding's real and imaginary parts, the very tensors every layer reads:
         # as buffers in the state dict (which the tracer maps to initializers by identity),
         # the graph holds them once instead of a copy per use.
-        attention = model.memory_attention.layers[0].self_attn
+        attention = cast(MemoryAttentionLayer, model.memory_attention.layers[0]).self_attn
         _, cos, sin = attention.frequencies(side * side, device)
         self.register_buffer("rope_cos", cos)
         self.register_buffer("rope_sin", sin)
@@ -155,7 +160,8 @@ class OnnxVideoDecoder(nn.Module):
         token = torch.where(multimask_output, multi_token, single_token)
         low_res, obj_ptr = model.gate_output(low_res, token, object_score)
         size = (orig_im_size[0], orig_im_size[1])
-        masks = F.interpolate(low_res, size=size, mode="bilinear", align_corners=False)
+        # Tensors, not ints: traced for ONNX, the output size is a dynamic input's values.
+        masks = F.interpolate(low_res, size=size, mode="bilinear", align_corners=False)  # type: ignore[arg-type]  # ONNX-traced size
         return masks, low_res, obj_ptr, object_score
 
 
@@ -203,7 +209,7 @@ def signatures(model: SAM2Video) -> dict[str, dict[str, dict[str, Shape]]]:
     embed, low = model.config.embedding_size, side // 4
     objects = "num_objects"
     feats: Shape = [1, hidden, embed, embed]
-    high_res = {"high_res_feats_0": [1, hidden // 8, low, low]}
+    high_res: dict[str, Shape] = {"high_res_feats_0": [1, hidden // 8, low, low]}
     high_res["high_res_feats_1"] = [1, hidden // 4, low // 2, low // 2]
     low_res: Shape = [objects, 1, low, low]
     scores: Shape = [objects, 1]
@@ -290,7 +296,7 @@ _MODULES: dict[str, Callable[[SAM2Video], nn.Module]] = {
 
 def export_video_graphs(
     model: SAM2Video, out: Path, progress: Callable[[str], None] = lambda step: None
-) -> dict:
+) -> dict[str, Any]:
     """Write the four video graphs of ``model`` into ``out``; returns the manifest's
     ``video`` section: each graph's inputs and outputs (:func:`signatures`) and the
     tracking constants."""
@@ -305,7 +311,7 @@ def export_video_graphs(
     return {"graphs": graphs, "tracking": tracking_constants(model)}
 
 
-def tracking_constants(model: SAM2Video) -> dict:
+def tracking_constants(model: SAM2Video) -> dict[str, Any]:
     """What a tracking loop needs besides the graphs (docs/video.md, "ONNX")."""
     video = model.video_config
     return {

@@ -21,6 +21,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,7 +49,7 @@ def weights_digest(module: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def cache_key(weights: str, precision: str, identity: dict) -> str:
+def cache_key(weights: str, precision: str, identity: dict[str, Any]) -> str:
     """The entry of an image path: its weights' digest, its precision and whatever else
     changes the converted model (``identity``: input size, versions, calibration)."""
     text = json.dumps(
@@ -88,16 +89,17 @@ def cached_image_path(
     return compiled, "converted at start-up, kept in the cache"
 
 
-def _checked_files(entry: Path) -> dict | None:
+def _checked_files(entry: Path) -> dict[str, Any] | None:
     """The entry's manifest when every file it lists is there with its checksum."""
     manifest, problems = checked_manifest(entry, ENTRY_FORMAT)
     return None if problems else manifest
 
 
-def _write_entry(entry: Path, save_ir: Callable[[Path], None], compiled: object, cpu: str) -> None:
+def _write_entry(entry: Path, save_ir: Callable[[Path], None], compiled: Any, cpu: str) -> None:
+    """``compiled``: an openvino.CompiledModel (openvino ships no type information)."""
     with staging_folder(entry) as staging:
         save_ir(staging)
-        (staging / BLOB).write_bytes(compiled.export_model().getvalue())  # type: ignore[attr-defined]
+        (staging / BLOB).write_bytes(compiled.export_model().getvalue())
         write_manifest(staging, {"format": ENTRY_FORMAT, "cpu": cpu}, (IR_XML, IR_BIN, BLOB))
         # An entry that is there was damaged (a complete one was returned before converting).
         publish(staging, entry, ENTRY_FORMAT)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,6 +27,9 @@ from sam2serve.modeling.prompt_encoder import points_or_padding
 from sam2serve.modeling.sam2_video import FrameFeatures, HeadsOutput, ObjectPointers, SpatialMemory
 from sam2serve.runtime.backends.onnxruntime import open_session
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+
+if TYPE_CHECKING:
+    from sam2serve.runtime.trackers import TrackerBuilder
 
 __all__ = ["OrtVideoModel", "load_onnx_video_predictor"]
 
@@ -51,7 +54,9 @@ class OrtVideoModel:
     # memory): objects whose banks differ run in separate calls.
     per_object_banks = False
 
-    def __init__(self, manifest: dict, sessions: dict[str, Any], device: torch.device) -> None:
+    def __init__(
+        self, manifest: dict[str, Any], sessions: dict[str, Any], device: torch.device
+    ) -> None:
         from sam2serve.runtime.onnx_video import (
             FRAME_ENCODER_ONNX,
             MEMORY_ATTENTION_ONNX,
@@ -232,3 +237,7 @@ def load_onnx_video_predictor(
         feature_cache_frames=feature_cache_frames,
         runtime=spec.replace(dtype="float32"),
     )
+
+
+if TYPE_CHECKING:  # the registered builder, checked against the protocol
+    _ONNX: TrackerBuilder = load_onnx_video_predictor

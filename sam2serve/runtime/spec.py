@@ -64,6 +64,7 @@ class RuntimeSpec:
         mode = get_mode(self.mode)
         if self.backend is None:
             object.__setattr__(self, "backend", default_backend(mode.name))
+        assert self.backend is not None  # set just above
         backend = get_backend_info(self.backend)
         device_type = self.device.split(":", 1)[0]
         if device_type not in DEVICE_TYPES:

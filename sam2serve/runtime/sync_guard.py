@@ -42,6 +42,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, Self
 
 import torch
@@ -118,7 +119,7 @@ def _callers() -> list[tuple[str, int]]:
     """(module.qualname, line) of the Python frames on the stack outside torch and this
     module, innermost first."""
     out = []
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename != _THIS_FILE and not filename.startswith(_TORCH_DIR):
@@ -132,7 +133,7 @@ def _is_device(value: Any) -> bool:
     return isinstance(value, (torch.device, str, int)) and not isinstance(value, bool)
 
 
-def _target_device(args: tuple, kwargs: dict) -> torch.device | None:
+def _target_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
     """The device of a ``Tensor.to`` call, if it names one."""
     candidates = [kwargs.get("device"), *args[1:2]]
     for candidate in candidates:
@@ -160,7 +161,13 @@ class _FunctionSide(TorchFunctionMode):
         super().__init__()
         self.guard = guard
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         module = getattr(func, "__module__", "") or ""
@@ -177,7 +184,9 @@ class _FunctionSide(TorchFunctionMode):
             self.guard._mark_host_made(result)
         return result
 
-    def _kind(self, func: Any, name: str, args: tuple, kwargs: dict) -> str | None:
+    def _kind(
+        self, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> str | None:
         module = getattr(func, "__module__", "")
         if name in _HOST_DATA and module == "torch":
             device = kwargs.get("device")
@@ -212,10 +221,16 @@ class _FunctionSide(TorchFunctionMode):
 
 class _DispatchSide(TorchDispatchMode):
     def __init__(self, guard: SyncGuard) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torch leaves TorchDispatchMode.__init__ unannotated
         self.guard = guard
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         if not self.guard._is_quiet():
             name = func._schema.name
@@ -234,13 +249,14 @@ class _DispatchSide(TorchDispatchMode):
         return func(*args, **kwargs)
 
     @staticmethod
-    def _crosses(name: str, args: tuple, kwargs: dict) -> bool:
+    def _crosses(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """A blocking copy between the host and a device (seen only on a real device)."""
         if kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True):
-            source = args[1] if name == "aten::copy_" else args[0]
+            source: torch.Tensor = args[1] if name == "aten::copy_" else args[0]
             return source.device.type != "cpu"  # device -> host is waited for anyway
         if name == "aten::copy_":
-            dst, src = args[0], args[1]
+            dst: torch.Tensor = args[0]
+            src: torch.Tensor = args[1]
             return (dst.device.type == "cpu") != (src.device.type == "cpu")
         target = kwargs.get("device")
         return target is not None and (torch.device(target).type == "cpu") != (
@@ -280,7 +296,7 @@ class SyncGuard:
         self._local = threading.local()
         # id -> weak reference of the host tensors made inside (not a WeakSet: its lookups
         # compare tensors with ==, itself a tensor operation).
-        self._host_made: dict[int, weakref.ref] = {}
+        self._host_made: dict[int, weakref.ref[torch.Tensor]] = {}
         self._modes: list[Any] = []
 
     # -- use ----------------------------------------------------------------------------------
@@ -305,7 +321,7 @@ class SyncGuard:
         finally:
             self._stages.pop()
 
-    def counts(self, by: str = "stage", *, allowed: bool | None = None) -> Counter:
+    def counts(self, by: str = "stage", *, allowed: bool | None = None) -> Counter[str]:
         """How many requests per ``by`` (stage, kind, where or op); ``allowed`` True/False
         counts only the allowed / disallowed ones."""
         return Counter(

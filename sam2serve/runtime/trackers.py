@@ -14,11 +14,22 @@ every RuntimeSpec passes).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from sam2serve.runtime.modes import VIDEO_MODES
+
+if TYPE_CHECKING:
+    from sam2serve.engine.video.predictor import VideoPredictor
+    from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+
+
+class TrackerBuilder(Protocol):
+    """A tracker's builder (mypy checks each registered one against it)."""
+
+    def __call__(
+        self, spec: RuntimeSpec, weights: WeightsSource, *, feature_cache_frames: int = ...
+    ) -> VideoPredictor: ...
 
 
 @dataclass(frozen=True)
@@ -36,9 +47,10 @@ class TrackerInfo:
     def needs_artifacts(self) -> bool:
         return self.export_format is not None
 
-    def load(self) -> Callable[..., Any]:
+    def load(self) -> TrackerBuilder:
         module, _, function = self.builder.partition(":")
-        return getattr(importlib.import_module(module), function)
+        builder: TrackerBuilder = getattr(importlib.import_module(module), function)
+        return builder
 
 
 EAGER_TRACKER = "eager"

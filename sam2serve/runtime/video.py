@@ -52,6 +52,7 @@ from sam2serve.runtime.trackers import (
 
 if TYPE_CHECKING:
     from sam2serve.runtime.compile_cache import CompileReport
+    from sam2serve.runtime.trackers import TrackerBuilder
 
 __all__ = [
     "build_eager_tracker",
@@ -81,7 +82,8 @@ def build_video_predictor(
     weights = weights or WeightsSource()
     choose_tracker(spec.backend, spec.mode, spec.device, weights.artifacts)
     build = get_tracker_info(spec.backend).load()
-    return build(spec, weights, feature_cache_frames=feature_cache_frames)
+    predictor: VideoPredictor = build(spec, weights, feature_cache_frames=feature_cache_frames)
+    return predictor
 
 
 def build_eager_tracker(
@@ -114,6 +116,7 @@ def video_predictor_for(
     if encoder_autocast is not None:
         # CUDA: the tracker's encoder on reduced weights, as on the CPU, not autocast, which
         # under inference mode converts every weight again on every frame.
+        assert model.image_encoder is not None  # the tracker's model has its image path
         model.image_encoder.to(encoder_autocast)
     if attention == torch.bfloat16:
         # The memory encoder (1.76x faster in bf16 on a Zen 4 core) writes bf16 memories
@@ -151,3 +154,7 @@ def compile_cached_tracker(
     cached = CompileCached(lambda: warm_up(predictor), identity, root=root)
     cached()
     return cached.report
+
+
+if TYPE_CHECKING:  # the registered builders, checked against the protocol
+    _EAGER: TrackerBuilder = build_eager_tracker

@@ -183,6 +183,7 @@ class ConceptImages:
         flight = self.flights.get(key)
         if flight is None:
             pixels, reservation = await self.service.decode(data)
+            handed_on = False  # the reservation, to the flight that releases it
             try:
                 if check_size is not None:
                     check_size(pixels.shape[:2])
@@ -191,9 +192,9 @@ class ConceptImages:
                 if encoding is None and flight is None:
                     # The pixels' bytes stay reserved until the encode ends.
                     flight = self._start_flight(key, pixels, reservation, bulk)
-                    reservation = None
+                    handed_on = True
             finally:
-                if reservation is not None:
+                if not handed_on:
                     reservation.release()
             if encoding is not None:
                 return ConceptImage(key, encoding, cached=True)

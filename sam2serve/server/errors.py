@@ -10,7 +10,7 @@ with a generic 500 that leaks nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -121,7 +121,7 @@ def field_path(loc: Sequence[Any]) -> str:
 
 
 def describe_validation_errors(
-    errors: Sequence[dict[str, Any]], model: type[BaseModel] | None = None
+    errors: Sequence[Mapping[str, Any]], model: type[BaseModel] | None = None
 ) -> tuple[str, list[dict[str, Any]]]:
     """A one-line message and per-field details from pydantic's error list."""
     details = []
@@ -226,7 +226,8 @@ def install_error_handlers(
             message = f"no endpoint at {request.url.path!r}; see /docs for the API"
         elif exc.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path!r}; see /docs"
-        return respond(ApiError(exc.status_code, code, message, headers=exc.headers))
+        headers = None if exc.headers is None else dict(exc.headers)
+        return respond(ApiError(exc.status_code, code, message, headers=headers))
 
     async def on_client_gone(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ClientGone)

@@ -34,7 +34,7 @@ V = TypeVar("V")
 class Flight(Generic[V]):
     """A computation under way that every request for its key waits on."""
 
-    abandon: Callable[[], None]
+    abandon: Callable[[], object]
     task: asyncio.Task[V] = field(init=False)
     waiters: int = 0
 
@@ -57,7 +57,7 @@ class Flights(Generic[K, V]):
         self,
         key: K,
         work: Coroutine[Any, Any, V],
-        abandon: Callable[[], None] | None = None,
+        abandon: Callable[[], object] | None = None,
     ) -> Flight[V]:
         """Run ``work`` as the key's flight (the caller checked that none is under way).
         ``abandon`` runs when every waiter has given up before it finished (default:

@@ -108,7 +108,7 @@ class HeaderTimeoutH11(H11Protocol):
 
     header_timeout_s: float = 10.0
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn's is typed Transport, asyncio's BaseTransport
         super().connection_made(transport)
         self._header_timer: asyncio.TimerHandle | None = None
         self._arm_header_timer()

@@ -415,7 +415,7 @@ def machine_description() -> dict[str, str]:
     try:
         import torch
 
-        torch_version = torch.__version__
+        torch_version = str(torch.__version__)
     except ImportError:
         torch_version = "not installed"
     return {

@@ -78,7 +78,9 @@ class _StateCollector(Collector):
         self._memory_limit = memory_limit_bytes()
 
     def collect(self) -> Iterable[Metric]:
-        def family(kind: type, name: str, doc: str) -> Metric:
+        def family(
+            kind: type[CounterMetricFamily | GaugeMetricFamily], name: str, doc: str
+        ) -> CounterMetricFamily | GaugeMetricFamily:
             return kind(f"{PREFIX}_{name}", doc, labels=["cache"])
 
         hits = family(CounterMetricFamily, "cache_hits", "Cache lookups that found the entry.")
@@ -113,20 +115,20 @@ class _StateCollector(Collector):
             "Jobs a queue may hold before new ones get 503 (max_queue, max_bulk_queue).",
             labels=["queue"],
         )
-        for queue, size in self._queue_capacities.items():
-            capacity.add_metric([queue], size)
+        for queue, limit in self._queue_capacities.items():
+            capacity.add_metric([queue], limit)
         yield capacity
         peak = GaugeMetricFamily(
             f"{PREFIX}_process_peak_rss_bytes", "Peak resident memory of the server process."
         )
         peak.add_metric([], _peak_rss_bytes())
         yield peak
-        limit = GaugeMetricFamily(
+        memory_limit = GaugeMetricFamily(
             f"{PREFIX}_memory_limit_bytes",
             "Memory the process may use: its cgroup's limit, else the machine's memory.",
         )
-        limit.add_metric([], self._memory_limit)
-        yield limit
+        memory_limit.add_metric([], self._memory_limit)
+        yield memory_limit
 
 
 def _peak_rss_bytes() -> int:

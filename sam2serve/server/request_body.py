@@ -220,7 +220,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     data = dict(pairs)
     if len(data) != len(pairs):
         seen: set[str] = set()
-        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        twice = next(key for key, _ in pairs if key in seen or _add(seen, key))
         raise ValueError(f"the key {short_repr(twice)} appears more than once in one object")
     return data
 
@@ -256,8 +256,14 @@ def validate(model: type[ModelT], data: Any) -> ModelT:
         raise validation_error(exc, model) from None
 
 
-def require_image(data: bytes | None, why: str = "") -> None:
-    """422 naming the missing image and the two ways to send one."""
+def _add(seen: set[str], key: str) -> bool:
+    """Adds ``key`` to ``seen``; False (for a generator's condition)."""
+    seen.add(key)
+    return False
+
+
+def require_image(data: bytes | None, why: str = "") -> bytes:
+    """``data``; a 422 naming the missing image and the two ways to send one if there is none."""
     if data is None:
         raise ApiError(
             422,
@@ -265,3 +271,4 @@ def require_image(data: bytes | None, why: str = "") -> None:
             f"image: field required (base64 'image', or a multipart file part '{IMAGE_PART}')"
             + why,
         )
+    return data

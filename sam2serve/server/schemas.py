@@ -24,7 +24,7 @@ from sam2serve.server.settings import MAX_OBJECTS, MAX_POINTS_PER_OBJECT
 
 # The wire formats of a mask: the JSON ones of engine.formats (binary_mask is not JSON).
 MASK_FORMATS: tuple[str, ...] = formats.JSON_FORMATS
-MaskFormat = Literal[MASK_FORMATS]
+MaskFormat = Literal[MASK_FORMATS]  # type: ignore[valid-type]  # the names of MASK_FORMATS, kept in one place
 MASK_FORMAT_DOC = "Form of each mask. " + " ".join(
     f"'{name}': {formats.FORMATS[name].description}." for name in MASK_FORMATS
 )
@@ -199,7 +199,7 @@ def _amg_field(name: str, spec: ParamSpec, default: Any) -> tuple[Any, Any]:
 # AMGParams fields the API does not take: the output form is chosen by mask_format.
 AMG_FIELDS_NOT_IN_API = ("output_mode",)
 
-AMGOptions = create_model(
+AMGOptions = create_model(  # type: ignore[call-overload]  # fields built from AMGParams' specs
     "AMGOptions",
     __base__=_Strict,
     __module__=__name__,

@@ -179,6 +179,6 @@ def _modified(info: dict[str, Any]) -> float | None:
         value = info.get(key)
         if isinstance(value, (int, float)):
             return float(value)
-        if hasattr(value, "timestamp"):
+        if value is not None and hasattr(value, "timestamp"):
             return float(value.timestamp())
     return None

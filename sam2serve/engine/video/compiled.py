@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sam2serve.engine.video.model import CompilableParts
 from sam2serve.engine.video.predictor import VideoPredictor
 
 __all__ = ["compile_mode_for", "compile_tracker", "compiled_parts", "warm_up"]
@@ -41,6 +42,11 @@ def compiled_parts(predictor: VideoPredictor) -> dict[str, nn.Module]:
     """The modules compiled: the memory attention the predictor runs (its reduced copy
     under furious), the memory encoder, the mask decoder's transformer."""
     model = predictor.model
+    if not isinstance(model, CompilableParts):
+        raise TypeError(
+            f"the compiled tracker compiles SAM 2's own model; {type(model).__name__} has no "
+            "memory_encoder, sam_mask_decoder or memory_attention_in"
+        )
     dtype = predictor.memory_attention_dtype or torch.float32
     return {
         "memory_attention": model.memory_attention_in(dtype),

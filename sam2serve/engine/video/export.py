@@ -127,7 +127,7 @@ def video_coco(
         }
         for frame_idx in range(video.num_frames)
     ]
-    annotations = []
+    annotations: list[dict[str, Any]] = []
     for (frame_idx, obj_id), mask in sorted(encoded.items()):
         if mask.area == 0:
             continue
@@ -166,7 +166,7 @@ def video_youtube_vis(
     per-frame lists hold its mask, area and bbox, ``null`` where it is absent."""
     categories, category_of = _categories(objects)
     encoded = _encoded_masks(video, objects, masks)
-    annotations = []
+    annotations: list[dict[str, Any]] = []
     for obj in objects:
         frames = [encoded.get((frame_idx, obj.obj_id)) for frame_idx in range(video.num_frames)]
         present = [mask if mask is not None and mask.area > 0 else None for mask in frames]

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from sam2serve.checkpoint import WeightsInfo
     from sam2serve.config import ModelConfig, VideoConfig
+    from sam2serve.modeling.mask_decoder import MaskDecoder
     from sam2serve.modeling.sam2_video import (
         FrameFeatures,
         HeadsOutput,
@@ -104,6 +106,24 @@ class VideoModel(Protocol):
         ...
 
 
+@runtime_checkable
+class CompilableParts(Protocol):
+    """What the compiled tracker (:mod:`sam2serve.engine.video.compiled`) hands to
+    torch.compile, beyond :class:`VideoModel`: SAM 2's own model
+    (:class:`~sam2serve.modeling.sam2_video.SAM2Video`) has them; a model without them
+    (the ONNX graphs) tracks uncompiled."""
+
+    @property
+    def memory_encoder(self) -> nn.Module: ...
+
+    @property
+    def sam_mask_decoder(self) -> MaskDecoder: ...
+
+    def memory_attention_in(self, dtype: torch.dtype) -> nn.Module:
+        """The memory attention with its weights in ``dtype`` (the one the tracker runs)."""
+        ...
+
+
 # The members VideoModel names, for the structural checks.
 VIDEO_MODEL_ATTRIBUTES = (
     "config",
@@ -123,4 +143,4 @@ VIDEO_MODEL_METHODS = (
     "encode_memory",
 )
 
-__all__ = ["VIDEO_MODEL_ATTRIBUTES", "VIDEO_MODEL_METHODS", "VideoModel"]
+__all__ = ["VIDEO_MODEL_ATTRIBUTES", "VIDEO_MODEL_METHODS", "CompilableParts", "VideoModel"]

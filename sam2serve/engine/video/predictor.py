@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from sam2serve.engine.prompts import Prompt, PromptError, prompt_arrays
+from sam2serve.engine.runtime_identity import RuntimeIdentity
 from sam2serve.engine.tf32 import tf32_policy
 from sam2serve.engine.video.frames import preprocess_frame
 from sam2serve.engine.video.memory import (
@@ -84,7 +85,7 @@ class VideoPredictor:
         storage_device: str | torch.device = "cpu",
         encoder_autocast_dtype: torch.dtype | None = None,
         memory_attention_dtype: torch.dtype | None = None,
-        runtime: Any = None,
+        runtime: RuntimeIdentity | None = None,
         allow_tf32: bool = False,
         static_bank: tuple[int, int] | None = None,
         objects_per_call: int | None = None,

@@ -183,5 +183,5 @@ def object_frame_bytes(model: VideoModel) -> int:
     side = model.image_size // 16  # the memory's feature map (64 at 1024)
     low_res = model.image_size // 4  # the decoder's mask logits (256 at 1024)
     hidden = model.config.d_model  # the object pointer's width
-    memory = model.video_config.mem_dim * side * side * memory_dtype.itemsize
+    memory: int = model.video_config.mem_dim * side * side * memory_dtype.itemsize
     return memory + low_res * low_res * 4 + hidden * 4 + 4

@@ -3,9 +3,14 @@ exported, checked against their manifest, nothing compiled at start-up."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sam2serve.engine.predictor import Predictor
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
+
+if TYPE_CHECKING:
+    from sam2serve.runtime.build import Backend
 
 
 class Artifacts:
@@ -21,7 +26,7 @@ class Artifacts:
     def versions(self) -> dict[str, str]:
         import torch
 
-        versions = {"torch": torch.__version__}
+        versions = {"torch": str(torch.__version__)}
         try:  # CUDA artifacts are AOTInductor only: OpenVINO need not be installed
             import openvino
         except ImportError:
@@ -29,4 +34,4 @@ class Artifacts:
         return {**versions, "openvino": openvino.__version__}
 
 
-BACKEND = Artifacts()
+BACKEND: Backend = Artifacts()  # mypy checks it against the Backend protocol

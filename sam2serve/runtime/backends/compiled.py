@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,9 @@ from sam2serve.runtime.build import LoadsWeights, eager_image_path, predictor_fo
 from sam2serve.runtime.compile_cache import CompileCached, compile_identity
 from sam2serve.runtime.spec import RuntimeSpec
 from sam2serve.runtime.warmup import warm_up
+
+if TYPE_CHECKING:
+    from sam2serve.runtime.build import Backend
 
 
 def compiled_image_path(
@@ -82,4 +85,4 @@ class Compiled(LoadsWeights):
         return {"torch": torch.__version__}
 
 
-BACKEND = Compiled()
+BACKEND: Backend = Compiled()  # mypy checks it against the Backend protocol

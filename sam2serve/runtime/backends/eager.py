@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from sam2serve.engine.predictor import Predictor
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.runtime.build import LoadsWeights, eager_image_path, predictor_for
 from sam2serve.runtime.spec import RuntimeSpec
+
+if TYPE_CHECKING:
+    from sam2serve.runtime.build import Backend
 
 
 class Eager(LoadsWeights):
@@ -18,4 +23,4 @@ class Eager(LoadsWeights):
         return {"torch": torch.__version__}
 
 
-BACKEND = Eager()
+BACKEND: Backend = Eager()  # mypy checks it against the Backend protocol

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,6 +28,10 @@ from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 
 CPU_PROVIDERS = ("CPUExecutionProvider",)
 CUDA_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+if TYPE_CHECKING:
+    from sam2serve.runtime.build import Backend
 
 
 def providers_for(device: str) -> list[str]:
@@ -164,4 +168,4 @@ class OnnxRuntime:
         return {"onnxruntime": onnxruntime.__version__, "torch": torch.__version__}
 
 
-BACKEND = OnnxRuntime()
+BACKEND: Backend = OnnxRuntime()  # mypy checks it against the Backend protocol

@@ -5,10 +5,15 @@ that calibration runs at every start-up; ``sam2serve export --mode int8`` does i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sam2serve.engine.predictor import Predictor
 from sam2serve.modeling.sam2 import SAM2Image
 from sam2serve.runtime.build import LoadsWeights, predictor_for
 from sam2serve.runtime.spec import RuntimeSpec
+
+if TYPE_CHECKING:
+    from sam2serve.runtime.build import Backend
 
 
 class OpenVINO(LoadsWeights):
@@ -28,4 +33,4 @@ class OpenVINO(LoadsWeights):
         return {**versions, "nncf": nncf.__version__}
 
 
-BACKEND = OpenVINO()
+BACKEND: Backend = OpenVINO()  # mypy checks it against the Backend protocol

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from sam2serve.engine.amg import MaskGenerator, finite_or_none
+from sam2serve.engine.amg import MaskGenerator, MaskRecord, finite_or_none
 from sam2serve.server import schemas
 from sam2serve.server.answers import json_answer
 from sam2serve.server.batching import JobContext
@@ -45,7 +45,7 @@ async def amg(
 ) -> Response:
     clock = RequestClock()
     body, data = await read_body(request, schemas.AMGRequest, service)
-    require_image(data, "; AMG needs the pixels, not an image_id")
+    data = require_image(data, "; AMG needs the pixels, not an image_id")
     params = amg_params(body.params, settings)
 
     async def work() -> Response:
@@ -54,7 +54,7 @@ async def amg(
         with reservation:  # AMG crops the pixels: their bytes stay reserved until it ends
             image = await service.image_from_bytes(data, clock, pixels)
 
-            def run(context: JobContext) -> list[dict[str, Any]]:
+            def run(context: JobContext) -> list[MaskRecord]:
                 return generator.generate(
                     pixels, embedding=image.embedding, progress=lambda done, total: context.check()
                 )
@@ -82,9 +82,7 @@ async def amg(
         return await guarded(request, work, service)
 
 
-def _records_out(
-    records: list[dict[str, Any]], segmentations: list[Any]
-) -> list[schemas.AMGRecord]:
+def _records_out(records: list[MaskRecord], segmentations: list[Any]) -> list[schemas.AMGRecord]:
     """(In a worker thread.) The generator's records with their formatted masks."""
     return [
         schemas.AMGRecord(

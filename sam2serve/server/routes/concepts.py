@@ -110,7 +110,7 @@ async def concepts(request: Request, service: ServiceDep, settings: SettingsDep)
     body, data = await read_body(request, cs.ConceptsRequest, service)
     body = body.with_server_default(model.concepts.spec.random_weights)
     check_concept_counts(body, settings)
-    boxes = [ExemplarBox(tuple(b.box), b.positive) for b in body.boxes]  # type: ignore[arg-type]
+    boxes = [ExemplarBox(tuple(b.box), b.positive) for b in body.boxes]  # type: ignore[arg-type]  # the schema checked 4 numbers
     phrases = body.prompt_phrases()
     max_instances = body.max_instances or settings.concepts.max_concept_instances
 

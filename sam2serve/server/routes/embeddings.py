@@ -35,7 +35,7 @@ router = v1_router()
 async def embeddings(request: Request, service: ServiceDep) -> Response:
     clock = RequestClock()
     _, data = await read_body(request, schemas.EmbeddingRequest, service)
-    require_image(data)
+    data = require_image(data)
 
     async def work() -> Response:
         image = await service.image_from_bytes(data, clock)

@@ -92,12 +92,12 @@ async def add_concepts(
     count = body.max_instances or max(1, min(room, limits.max_concept_instances))
     _check_counts(body, count, limits)
     _check_frame(body.frame_idx, state.num_frames, "frame_idx")
-    check_boxes_inside(body, (state.height, state.width))  # type: ignore[arg-type]
+    check_boxes_inside(body, (state.height, state.width))  # type: ignore[arg-type]  # its video request has the image request's boxes
     videos.check_new_objects(session, count, f"max_instances {count}")
     phrases = body.prompt_phrases()
     size = (state.height, state.width)
     model.check_mask_budget(len(phrases), count, size)
-    boxes = [ExemplarBox(tuple(b.box), b.positive) for b in body.boxes]  # type: ignore[arg-type]
+    boxes = [ExemplarBox(tuple(b.box), b.positive) for b in body.boxes]  # type: ignore[arg-type]  # the schema checked 4 numbers
 
     async def work() -> Response:
         reservation = await service.decoding.reserve(
