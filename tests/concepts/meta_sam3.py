@@ -26,6 +26,22 @@ import torch
 SHIM_DIR = Path(__file__).resolve().parents[1] / "shim"
 
 
+def _import_transformers_without_shim() -> None:
+    shim = str(SHIM_DIR)
+    saved_path = list(sys.path)
+    shimmed = {
+        name: sys.modules.pop(name)
+        for name in list(sys.modules)
+        if name == "torchvision" or name.startswith("torchvision.")
+    }
+    sys.path[:] = [p for p in sys.path if p != shim]
+    try:
+        import transformers.models.sam3.modeling_sam3  # noqa: F401
+    finally:
+        sys.path[:] = saved_path
+        sys.modules.update(shimmed)
+
+
 def import_sam3(shim: bool = True):
     """Meta's sam3, with the test shims for torchvision and timm first on sys.path and its
     triton kernel module (EDT, used by the video tracker only) replaced by a stub: a
@@ -37,8 +53,9 @@ def import_sam3(shim: bool = True):
 
         return builder
     # transformers decides once, at import, whether torchvision exists: settle that (no)
-    # before the shim is on the path, so our model never sees the shim.
-    import transformers.models.sam3.modeling_sam3  # noqa: F401
+    # with the shim off the path (an earlier test's Meta sam2 oracle may have put it
+    # there), so our model never sees the shim.
+    _import_transformers_without_shim()
 
     if str(SHIM_DIR) not in sys.path:
         sys.path.insert(0, str(SHIM_DIR))
