@@ -108,7 +108,7 @@ async def health(service: ServiceDep, backend: BackendDep) -> HealthResponse:
     openapi_extra=_json_body(SetupRequest),
 )
 async def setup(request: Request, service: ServiceDep, backend: BackendDep) -> Response:
-    body = await parse_json_body(request, SetupRequest, service.settings)
+    body = await parse_json_body(request, SetupRequest, service.settings.limits)
     return json_response(await backend.setup(body, service))
 
 
@@ -127,7 +127,7 @@ async def predict(request: Request, service: ServiceDep, backend: BackendDep) ->
         if isinstance(tasks, list):
             check_task_count(len(tasks), limit)
 
-    body = await parse_json_body(request, PredictRequest, service.settings, count_tasks)
+    body = await parse_json_body(request, PredictRequest, service.settings.limits, count_tasks)
 
     async def work() -> Response:
         return json_response(await backend.predict(body, service, client_address(request)))
@@ -161,7 +161,7 @@ class WebhookEvent(BaseModel):
     openapi_extra=_json_body(WebhookEvent),
 )
 async def webhook(request: Request, service: ServiceDep) -> dict[str, str]:
-    body = await parse_json_body(request, WebhookEvent, service.settings)
+    body = await parse_json_body(request, WebhookEvent, service.settings.limits)
     return {"status": "ignored", "action": (body.action or "")[:80]}
 
 

@@ -47,9 +47,11 @@ from sam2serve.server.routes.common import (
     v1_router,
 )
 from sam2serve.server.routes.concepts import check_boxes_inside, concepts_of
-from sam2serve.server.routes.videos import VideosDep, _check_frame, frame_gone
+from sam2serve.server.routes.videos import VideosDep
 from sam2serve.server.service import RequestClock
 from sam2serve.server.settings import ConceptSettings
+from sam2serve.server.video_answers import frame_gone
+from sam2serve.server.video_prompt_checks import check_frame
 from sam2serve.server.video_sessions import VideoSession, VideoSessions
 
 JOB = "video_concepts"
@@ -91,7 +93,7 @@ async def add_concepts(
     room = videos.limits.max_objects - len(state.obj_ids)
     count = body.max_instances or max(1, min(room, limits.max_concept_instances))
     _check_counts(body, count, limits)
-    _check_frame(body.frame_idx, state.num_frames, "frame_idx")
+    check_frame(body.frame_idx, state.num_frames, "frame_idx")
     check_boxes_inside(body, (state.height, state.width))  # type: ignore[arg-type]
     videos.check_new_objects(session, count, f"max_instances {count}")
     phrases = body.prompt_phrases()
