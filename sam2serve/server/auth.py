@@ -1,7 +1,7 @@
 """The API key: a FastAPI dependency that accepts it as a bearer token or in X-API-Key.
 
 The routers that need it declare it (``dependencies=[Depends(require_api_key)]``); the key
-itself comes from the app's settings (:func:`~sam2serve.server.dependencies.get_settings`),
+itself comes from the app's access settings (:func:`~sam2serve.server.dependencies.get_access`),
 so the check follows whichever app answers the request. A WebSocket (the live frames)
 is checked by :func:`websocket_allowed` before it is accepted: the same key, and from a
 browser an allowed origin.
@@ -17,7 +17,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 
 from sam2serve.server.allowed_hosts import SCOPE_KEY as ALLOWED_HOSTS_KEY
 from sam2serve.server.allowed_hosts import origin_allowed
-from sam2serve.server.dependencies import SettingsDep
+from sam2serve.server.dependencies import AccessDep
 from sam2serve.server.errors import ApiError
 from sam2serve.server.settings_groups import AccessSettings
 
@@ -28,12 +28,12 @@ BEARER = HTTPBearer(auto_error=False, description="Authorization: Bearer <API ke
 
 
 async def require_api_key(
-    settings: SettingsDep,
+    access: AccessDep,
     key: Annotated[str | None, Security(API_KEY_HEADER)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)],
 ) -> None:
     """401 unless the request carries the app's API key (when it has one)."""
-    expected = settings.access.api_key
+    expected = access.api_key
     if expected is None:
         return
     given = key if key is not None else (credentials.credentials if credentials else None)

@@ -50,7 +50,7 @@ from sam2serve.server.live_modes import SeqLog, skip_message
 from sam2serve.server.prompts import check_inside
 from sam2serve.server.request_body import load_json
 from sam2serve.server.service import RequestClock, Service
-from sam2serve.server.settings_groups import LimitSettings, LiveSettings
+from sam2serve.server.settings_groups import LimitSettings
 from sam2serve.server.video_answers import frame_gone, objects_out
 from sam2serve.server.video_schemas import LivePromptMessage
 from sam2serve.server.video_sessions import VideoSession, VideoSessions
@@ -100,15 +100,13 @@ class LiveConnection:
         session: VideoSession,
         mode: str,
         *,
-        live: LiveSettings,
         limits: LimitSettings,
-        idle_s: float,
     ) -> None:
         self.ws = websocket
         self.mode = mode
-        self.live = live
-        self.limits = limits
-        self.idle_s = idle_s
+        self.live = videos.live  # what the session keeps, and how much may wait
+        self.limits = limits  # the HTTP bodies' bounds, for prompts (JSON, clicks)
+        self.idle_s = videos.limits.idle_s
         # latest mode: the queued frame no one has taken yet, when it is the queue's last
         # item (a newer frame replaces it; a prompt behind it keeps it).
         self.waiting: _Frame | None = None
@@ -374,9 +372,7 @@ class LiveConnection:
                 f"points: {len(body.points)} clicks; at most {limit} (max_points_per_object)",
             )
         self.videos.check_new_object(session, body.obj_id)
-        self.videos.check_live_prompt(
-            session, body.obj_id, frame_idx, self.live.max_live_prompted_frames
-        )
+        self.videos.check_live_prompt(session, body.obj_id, frame_idx)
         if not body.clear_old_points:
             total = self.videos.clicks_on(session, body.obj_id, frame_idx) + len(body.points)
             if total > limit:

@@ -38,7 +38,6 @@ from sam2serve.server.decode_budget import (
     video_decode_bytes,
 )
 from sam2serve.server.errors import ApiError, ClientGone
-from sam2serve.server.settings_groups import VideoSettings
 from sam2serve.server.uploads import decode_image, probe_image
 from sam2serve.server.video_sessions import VideoSessions
 
@@ -50,20 +49,14 @@ _MAX_FIELD_BYTES = 1024 * 1024
 
 
 class VideoUpload:
-    """Reads one session's upload within the limits of ``video`` and ``max_pixels``, its
-    decoded bytes reserved in ``decoding``; ``sessions`` checks that they would fit."""
+    """Reads the upload of a session of ``sessions``, within their limits and
+    ``max_pixels``, its decoded bytes reserved in ``decoding``."""
 
-    def __init__(
-        self,
-        video: VideoSettings,
-        max_pixels: int,
-        decoding: DecodeBudget,
-        sessions: VideoSessions,
-    ) -> None:
-        self.video = video
+    def __init__(self, sessions: VideoSessions, max_pixels: int, decoding: DecodeBudget) -> None:
+        self.sessions = sessions
+        self.limits = sessions.limits
         self.max_pixels = max_pixels
         self.decoding = decoding
-        self.sessions = sessions
 
     async def read(self, request: Request) -> tuple[VideoFrames, Reservation]:
         """The frames of the uploaded video file or frame files, and their bytes reserved
@@ -77,7 +70,7 @@ class VideoUpload:
                 f"multipart/form-data with a file part '{VIDEO_PART}' (a video file) or one "
                 f"file part '{FRAME_PART}' per frame",
             )
-        max_frames = self.video.max_video_frames
+        max_frames = self.limits.max_frames
         try:
             form = await request.form(
                 max_files=max_frames + 1, max_fields=0, max_part_size=_MAX_FIELD_BYTES
@@ -110,12 +103,13 @@ class VideoUpload:
                     f"{max_frames} frames (max_video_frames)",
                 )
             uploaded = sum(part.size or 0 for part in parts)
-            if uploaded > self.video.max_video_upload_bytes:
+            max_bytes = self.limits.max_upload_bytes
+            if max_bytes is not None and uploaded > max_bytes:
                 raise ApiError(
                     413,
                     "upload_too_large",
                     f"the upload is {uploaded:,} bytes; the limit is "
-                    f"{self.video.max_video_upload_bytes:,} (max_video_upload_bytes)",
+                    f"{max_bytes:,} (max_video_upload_bytes)",
                 )
             if video_parts:
                 return await self._video_file(parts[0])
@@ -161,7 +155,7 @@ class VideoUpload:
             return probe_video(
                 upload.file,
                 upload.filename or VIDEO_PART,
-                max_frames=self.video.max_video_frames,
+                max_frames=self.limits.max_frames,
                 max_pixels=self.max_pixels,
             )
 
@@ -171,9 +165,9 @@ class VideoUpload:
             return decode_video(
                 upload.file,
                 upload.filename or VIDEO_PART,
-                max_frames=self.video.max_video_frames,
+                max_frames=self.limits.max_frames,
                 max_pixels=self.max_pixels,
-                max_bytes=self.video.max_video_session_bytes,
+                max_bytes=self.limits.max_bytes,
                 probe=probe,
             )
 
@@ -195,7 +189,7 @@ class VideoUpload:
     def _decode_frames(self, parts: Sequence[UploadFile]) -> VideoFrames:
         """(In a worker thread.) The frame files decoded, within max_video_session_bytes,
         all of one size."""
-        limit = self.video.max_video_session_bytes
+        limit = self.limits.max_bytes
         frames: list[np.ndarray] = []
         names: list[str] = []
         held = 0

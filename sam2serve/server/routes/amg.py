@@ -17,7 +17,7 @@ from sam2serve.engine.amg import MaskGenerator, finite_or_none
 from sam2serve.server import schemas
 from sam2serve.server.answers import json_answer
 from sam2serve.server.batching import JobContext
-from sam2serve.server.dependencies import PredictorDep, ServiceDep, SettingsDep
+from sam2serve.server.dependencies import LimitsDep, PredictorDep, ServiceDep
 from sam2serve.server.prompts import amg_params
 from sam2serve.server.request_body import require_image
 from sam2serve.server.routes.common import (
@@ -41,12 +41,12 @@ router = v1_router()
     openapi_extra=body_doc(schemas.AMGRequest),
 )
 async def amg(
-    request: Request, service: ServiceDep, settings: SettingsDep, predictor: PredictorDep
+    request: Request, service: ServiceDep, limits: LimitsDep, predictor: PredictorDep
 ) -> Response:
     clock = RequestClock()
     body, data = await read_body(request, schemas.AMGRequest, service)
     require_image(data, "; AMG needs the pixels, not an image_id")
-    params = amg_params(body.params, settings)
+    params = amg_params(body.params, limits)
 
     async def work() -> Response:
         generator = MaskGenerator(predictor, **params.to_dict())

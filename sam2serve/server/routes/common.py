@@ -125,7 +125,7 @@ async def read_body(
 ) -> tuple[ModelT, bytes | None]:
     """The request model and the image bytes (if any), within the app's body limits."""
     started = time.perf_counter()
-    parsed = await parse_body(request, model, service.settings.limits)
+    parsed = await parse_body(request, model, service.limits)
     service.metrics.stage_latency.labels("read_body").observe(time.perf_counter() - started)
     return parsed
 
@@ -134,9 +134,7 @@ def guarded(
     request: Request, work: Callable[[], Awaitable[Response]], service: Service
 ) -> Awaitable[Response]:
     """The work after the body: within request_timeout_s, cancelled if the client goes."""
-    return run_guarded(
-        request, work, service.settings.limits.request_timeout_s, service.retry_headers
-    )
+    return run_guarded(request, work, service.limits.request_timeout_s, service.retry_headers)
 
 
 def image_fields(image: ImageState, service: Service) -> dict[str, Any]:

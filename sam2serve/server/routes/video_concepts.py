@@ -87,7 +87,7 @@ async def add_concepts(
     model = concepts_of(service)
     body, _ = await read_body(request, vs.VideoConceptsRequest, service)
     body = body.with_server_default(model.concepts.spec.random_weights)
-    limits = service.settings.concepts
+    limits = model.limits
     session = videos.get(session_id)
     state = session.state
     room = videos.limits.max_objects - len(state.obj_ids)
@@ -109,9 +109,7 @@ async def add_concepts(
         with reservation, videos.using(session, "concepts"):
             videos.check_new_objects(session, count, "the objects asked for")
             ids = _free_ids(session, count)
-            videos.check_live_prompt(
-                session, ids[0], body.frame_idx, service.settings.live.max_live_prompted_frames
-            )
+            videos.check_live_prompt(session, ids[0], body.frame_idx)
 
             def run(context: JobContext) -> tuple[list[Seed], list[ObjectMask]]:
                 frame = state.source.frame(body.frame_idx)

@@ -20,8 +20,6 @@ import json
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import Response
 
-from sam2serve.engine.video.retention import memory_window
-from sam2serve.engine.video.sources import LiveFrames
 from sam2serve.server import video_schemas as vs
 from sam2serve.server.auth import websocket_allowed
 from sam2serve.server.dependencies import ServiceDep
@@ -37,6 +35,7 @@ from sam2serve.server.routes.common import client_address, json_response, read_b
 from sam2serve.server.routes.videos import VideosDep
 from sam2serve.server.service import Service
 from sam2serve.server.session_ids import SESSION_HEADER
+from sam2serve.server.settings_groups import AccessSettings
 from sam2serve.server.video_answers import session_out
 
 router = v1_router()
@@ -53,17 +52,16 @@ ws_router = APIRouter(prefix="/v1")
 )
 async def create_live_session(request: Request, service: ServiceDep, videos: VideosDep) -> Response:
     body, _ = await read_body(request, vs.LiveVideoRequest, service)
-    settings = service.settings
-    if body.width * body.height > settings.limits.max_pixels:
+    max_pixels = service.limits.max_pixels
+    if body.width * body.height > max_pixels:
         raise ApiError(
             413,
             "image_too_large",
-            f"frames of {body.width}x{body.height} exceed the {settings.limits.max_pixels:,}-pixel "
+            f"frames of {body.width}x{body.height} exceed the {max_pixels:,}-pixel "
             "limit (max_pixels)",
         )
-    source = LiveFrames(body.height, body.width, keep=settings.live.live_frames_kept)
-    tracked = memory_window(videos.predictor.config) + settings.live.max_live_prompted_frames
-    session = videos.create_live(source, body.fps, client_address(request), tracked, body.mode)
+    client = client_address(request)
+    session = videos.create_live(body.height, body.width, body.fps, client, body.mode)
     answer = json_response(session_out(session, videos, service.model_name), status=201)
     answer.headers[SESSION_HEADER] = session.session_id
     return answer
@@ -72,8 +70,8 @@ async def create_live_session(request: Request, service: ServiceDep, videos: Vid
 @ws_router.websocket("/videos/{session_id}/live")
 async def live_connection(websocket: WebSocket, session_id: str) -> None:
     service: Service = websocket.app.state.service
-    settings = service.settings
-    if not websocket_allowed(websocket, settings.access):
+    access: AccessSettings = websocket.app.state.access
+    if not websocket_allowed(websocket, access):
         await websocket.close(code=CLOSE_POLICY)  # before accepting: an HTTP 403
         return
     await websocket.accept()
@@ -105,9 +103,7 @@ async def live_connection(websocket: WebSocket, session_id: str) -> None:
         videos,
         session,
         mode,
-        live=settings.live,
-        limits=settings.limits,
-        idle_s=settings.video.video_idle_s,
+        limits=service.limits,
     )
     try:
         reason, close_code = await connection.run()

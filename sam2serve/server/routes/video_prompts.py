@@ -65,7 +65,7 @@ async def add_prompt(
     prompt = None if body.mask is not None else Prompt.from_api(body)
     if prompt is not None:
         check_inside(prompt, (state.height, state.width), what="frame")
-    check_clicks(body, 0, service.settings.limits.max_points_per_object)
+    check_clicks(body, 0, service.limits.max_points_per_object)
     mask, reservation = None, Reservation(None, 0)
     if body.mask is not None:
         mask, reservation = await read_mask_prompt(
@@ -75,12 +75,10 @@ async def add_prompt(
     async def work() -> Response:
         with videos.using(session, "prompt"):
             videos.check_new_object(session, body.obj_id)
-            videos.check_live_prompt(
-                session, body.obj_id, body.frame_idx, service.settings.live.max_live_prompted_frames
-            )
+            videos.check_live_prompt(session, body.obj_id, body.frame_idx)
             if not body.clear_old_points:
                 earlier = videos.clicks_on(session, body.obj_id, body.frame_idx)
-                check_clicks(body, earlier, service.settings.limits.max_points_per_object)
+                check_clicks(body, earlier, service.limits.max_points_per_object)
 
             def run(context: JobContext) -> list[ObjectMask]:
                 predictor = videos.predictor

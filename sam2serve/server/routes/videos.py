@@ -98,9 +98,7 @@ VideosDep = Annotated[VideoSessions, Depends(get_videos)]
 async def create_session(request: Request, service: ServiceDep, videos: VideosDep) -> Response:
     client = client_address(request)
     videos.check_room(client)  # before reading a large body that could not be kept
-    upload = VideoUpload(
-        service.settings.video, service.settings.limits.max_pixels, service.decoding, videos
-    )
+    upload = VideoUpload(videos, service.limits.max_pixels, service.decoding)
     frames, reservation = await upload.read(request)
     with reservation:  # from here the session holds the frames, and its limits count them
         session = videos.create(frames, client)
