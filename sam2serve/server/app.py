@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -35,6 +35,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from pydantic.json_schema import models_json_schema
 
+from sam2serve.checkpoint import WeightsInfo
 from sam2serve.engine.predictor import Predictor
 from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
@@ -103,7 +104,7 @@ def create_app(
         finally:
             await service.stop()
 
-    app = FastAPI(
+    app = _DocumentedApp(
         title="sam2serve",
         summary="Segment Anything 2 on images over HTTP: embeddings, prompts, AMG.",
         version="0.1.0",
@@ -145,7 +146,6 @@ def create_app(
             allow_methods=["GET", "POST", "PATCH", "DELETE"],
             allow_headers=["Authorization", "X-API-Key", "Content-Type"],
         )
-    _document_request_models(app)
     return app
 
 
@@ -172,7 +172,10 @@ def load_video_predictor(runtime: RuntimeSettings, predictor: Predictor) -> Vide
     )
     if choice.artifacts is not None:
         return build_video_predictor(spec, WeightsSource(artifacts=choice.artifacts))
-    model = video_model_like(image.model, predictor.model.weights_info, predictor.device)
+    # Every loader records where a model's weights came from on it (an nn.Module attribute,
+    # which the checker reads as a tensor or a module).
+    weights = cast(WeightsInfo, predictor.model.weights_info)
+    model = video_model_like(image.model, weights, predictor.device)
     return video_predictor_for(model, spec)
 
 
@@ -198,34 +201,36 @@ def endpoint_paths(app: FastAPI) -> frozenset[str]:
     return frozenset(route.path for route in routes if isinstance(route, APIRoute))
 
 
-def _document_request_models(app: FastAPI) -> None:
-    """Add the request models (read by hand, not by FastAPI) to the OpenAPI components."""
-    request_models = (
-        schemas.EmbeddingRequest,
-        schemas.SegmentRequest,
-        schemas.AMGRequest,
-        concept_schemas.ConceptsRequest,
-        video_schemas.VideoPromptRequest,
-        video_schemas.PropagateRequest,
-        video_schemas.VideoConceptsRequest,
-    )
+# Request bodies the routes read by hand (not by FastAPI), added to the OpenAPI components.
+_REQUEST_MODELS = (
+    schemas.EmbeddingRequest,
+    schemas.SegmentRequest,
+    schemas.AMGRequest,
+    concept_schemas.ConceptsRequest,
+    video_schemas.VideoPromptRequest,
+    video_schemas.PropagateRequest,
+    video_schemas.VideoConceptsRequest,
+)
 
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
+
+class _DocumentedApp(FastAPI):
+    """The FastAPI app whose OpenAPI document also defines the request models read by hand
+    (made when first asked for, so routes an app built on this one adds are in it)."""
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
             spec = get_openapi(
-                title=app.title, version=app.version, summary=app.summary, routes=app.routes
+                title=self.title, version=self.version, summary=self.summary, routes=self.routes
             )
             _, definitions = models_json_schema(
-                [(m, "validation") for m in request_models],
+                [(m, "validation") for m in _REQUEST_MODELS],
                 ref_template="#/components/schemas/{model}",
             )
             components = spec.setdefault("components", {}).setdefault("schemas", {})
             for name, schema in definitions.get("$defs", {}).items():
                 components.setdefault(name, schema)
-            app.openapi_schema = spec
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+            self.openapi_schema = spec
+        return self.openapi_schema
 
 
 __all__ = ["create_app", "endpoint_paths", "load_concepts_model", "load_video_predictor"]

@@ -214,7 +214,8 @@ class ConceptImages:
             return ConceptImage(key, encoding, cached=True)
         flight = self.flights.get(key)
         if flight is None:
-            pixels, reservation = await self.service.decode(data)
+            pixels, decoded = await self.service.decode(data)
+            reservation: Reservation | None = decoded  # None once the flight holds it
             try:
                 if check_size is not None:
                     check_size(pixels.shape[:2])
@@ -222,7 +223,7 @@ class ConceptImages:
                 flight = self.flights.get(key)
                 if encoding is None and flight is None:
                     # The pixels' bytes stay reserved until the encode ends.
-                    flight = self._start_flight(key, pixels, reservation, bulk)
+                    flight = self._start_flight(key, pixels, decoded, bulk)
                     reservation = None
             finally:
                 if reservation is not None:

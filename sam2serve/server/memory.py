@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 _CGROUP_LIMITS = (
@@ -22,7 +23,7 @@ _CGROUP_LIMITS = (
 
 
 @functools.cache
-def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+def _malloc_trim() -> Callable[[int], int] | None:
     name = ctypes.util.find_library("c")
     if name is None:
         return None

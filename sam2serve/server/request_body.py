@@ -253,8 +253,8 @@ def validate(model: type[ModelT], data: Any) -> ModelT:
         raise validation_error(exc, model) from None
 
 
-def require_image(data: bytes | None, why: str = "") -> None:
-    """422 naming the missing image and the two ways to send one."""
+def require_image(data: bytes | None, why: str = "") -> bytes:
+    """The image bytes; 422 naming the missing image and the two ways to send one."""
     if data is None:
         raise ApiError(
             422,
@@ -262,3 +262,4 @@ def require_image(data: bytes | None, why: str = "") -> None:
             f"image: field required (base64 'image', or a multipart file part '{IMAGE_PART}')"
             + why,
         )
+    return data

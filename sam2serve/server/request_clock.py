@@ -7,8 +7,16 @@ Every route that runs model work keeps a :class:`RequestClock` and answers with 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 from sam2serve.server.batching import JobTiming
+
+
+class Timed(TypedDict):
+    """The timing fields of an answer."""
+
+    inference_ms: float
+    queue_ms: float
 
 
 @dataclass
@@ -22,11 +30,11 @@ class RequestClock:
         self.queue_s += timing.queue_s
         self.run_s += timing.run_s
 
-    def timed(self) -> dict[str, float]:
+    def timed(self) -> Timed:
         return {
             "inference_ms": round(self.run_s * 1000, 3),
             "queue_ms": round(self.queue_s * 1000, 3),
         }
 
 
-__all__ = ["RequestClock"]
+__all__ = ["RequestClock", "Timed"]

@@ -163,7 +163,7 @@ class Service:
         weights = getattr(predictor.model, "weights_info", None)
         self.weights = _public_weights(weights.as_dict() if weights is not None else {})
         runtime = predictor.runtime
-        self.backend = runtime.backend if runtime is not None else "custom"
+        self.backend = runtime.backend if runtime is not None and runtime.backend else "custom"
         self.metrics.model_info.info(
             {
                 "model": self.model_name,
@@ -187,8 +187,8 @@ class Service:
         self.flights: Flights[EmbeddingKey, tuple[Embedding, JobTiming]] = Flights(
             self.shared_work_dropped
         )
-        self._warmup_task: asyncio.Task | None = None
-        self._reaper_task: asyncio.Task | None = None
+        self._warmup_task: asyncio.Task[None] | None = None
+        self._reaper_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -414,7 +414,9 @@ class Service:
                 if check_size is not None:
                     check_size(pixels.shape[:2])
                 if key in self.cache:  # another request finished it meanwhile
-                    return ImageState(key, self.cache.get(key), cached=True)
+                    finished = self.cache.get(key)
+                    if finished is not None:
+                        return ImageState(key, finished, cached=True)
                 flight = self.flights.get(key)
                 if flight is None:  # the pixels' bytes are held until the encode ends
                     flight = self._start_flight(key, pixels, reservation)

@@ -88,7 +88,8 @@ async def frame_events(
     try:
         while True:
             getter = asyncio.ensure_future(frames.get())
-            await asyncio.wait({getter, finished}, return_when=asyncio.FIRST_COMPLETED)
+            either: set[asyncio.Future[Any]] = {getter, finished}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             if not getter.done():
                 break
             yield await _frame_event(getter.result(), mask_format, service, names)

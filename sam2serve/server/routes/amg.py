@@ -45,14 +45,14 @@ async def amg(
 ) -> Response:
     clock = RequestClock()
     body, data = await read_body(request, schemas.AMGRequest, service)
-    require_image(data, "; AMG needs the pixels, not an image_id")
+    upload = require_image(data, "; AMG needs the pixels, not an image_id")
     params = amg_params(body.params, limits)
 
     async def work() -> Response:
         generator = MaskGenerator(predictor, **params.to_dict())
-        pixels, reservation = await service.decode(data)
+        pixels, reservation = await service.decode(upload)
         with reservation:  # AMG crops the pixels: their bytes stay reserved until it ends
-            image = await service.image_from_bytes(data, clock, pixels)
+            image = await service.image_from_bytes(upload, clock, pixels)
 
             def run(context: JobContext) -> list[dict[str, Any]]:
                 return generator.generate(

@@ -12,7 +12,7 @@ concept model answers 404 ``concepts_disabled``, naming how to enable it.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, TypedDict
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -75,7 +75,17 @@ def check_concept_counts(body: cs.ConceptsRequest, limits: ConceptSettings) -> N
             )
 
 
-def check_boxes_inside(body: cs.ConceptsRequest, size: tuple[int, int]) -> None:
+def exemplar_boxes(body: cs.ConceptPrompts) -> list[ExemplarBox]:
+    """The request's exemplar boxes as the engine takes them (the schema checked each has
+    four corners)."""
+    out = []
+    for exemplar in body.boxes:
+        x0, y0, x1, y1 = exemplar.box
+        out.append(ExemplarBox((x0, y0, x1, y1), exemplar.positive))
+    return out
+
+
+def check_boxes_inside(body: cs.ConceptPrompts, size: tuple[int, int]) -> None:
     """422 naming the first exemplar box that is not inside the image (the rule of
     :func:`sam2serve.concepts.phrases.check_box`, the command line's)."""
     for i, exemplar in enumerate(body.boxes):
@@ -109,7 +119,7 @@ async def concepts(request: Request, service: ServiceDep, limits: LimitsDep) -> 
     body, data = await read_body(request, cs.ConceptsRequest, service)
     body = body.with_server_default(model.concepts.spec.random_weights)
     check_concept_counts(body, model.limits)
-    boxes = [ExemplarBox(tuple(b.box), b.positive) for b in body.boxes]  # type: ignore[arg-type]
+    boxes = exemplar_boxes(body)
     phrases = body.prompt_phrases()
     max_instances = body.max_instances or model.limits.max_concept_instances
 
@@ -143,7 +153,15 @@ async def concepts(request: Request, service: ServiceDep, limits: LimitsDep) -> 
     return await guarded(request, work, service)
 
 
-def _image_fields(image: ConceptImage, model: ConceptImages) -> dict[str, object]:
+class _ImageFields(TypedDict):
+    image_id: str
+    width: int
+    height: int
+    model: str
+    cached: bool
+
+
+def _image_fields(image: ConceptImage, model: ConceptImages) -> _ImageFields:
     height, width = image.size
     return {
         "image_id": image.key.image_id,

@@ -28,7 +28,6 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from sam2serve.concepts.engine import ExemplarBox
 from sam2serve.concepts.video_seed import Seed, concept_seeds
 from sam2serve.engine.video.outputs import ObjectMask, object_masks
 from sam2serve.engine.video.predictor import VideoPromptError
@@ -46,7 +45,7 @@ from sam2serve.server.routes.common import (
     read_body,
     v1_router,
 )
-from sam2serve.server.routes.concepts import check_boxes_inside, concepts_of
+from sam2serve.server.routes.concepts import check_boxes_inside, concepts_of, exemplar_boxes
 from sam2serve.server.routes.videos import VideosDep
 from sam2serve.server.service import RequestClock
 from sam2serve.server.settings import ConceptSettings
@@ -94,12 +93,12 @@ async def add_concepts(
     count = body.max_instances or max(1, min(room, limits.max_concept_instances))
     _check_counts(body, count, limits)
     check_frame(body.frame_idx, state.num_frames, "frame_idx")
-    check_boxes_inside(body, (state.height, state.width))  # type: ignore[arg-type]
+    check_boxes_inside(body, (state.height, state.width))
     videos.check_new_objects(session, count, f"max_instances {count}")
     phrases = body.prompt_phrases()
     size = (state.height, state.width)
     model.check_mask_budget(len(phrases), count, size)
-    boxes = [ExemplarBox(tuple(b.box), b.positive) for b in body.boxes]  # type: ignore[arg-type]
+    boxes = exemplar_boxes(body)
 
     async def work() -> Response:
         reservation = await service.decoding.reserve(

@@ -83,6 +83,7 @@ async def add_prompt(
             def run(context: JobContext) -> list[ObjectMask]:
                 predictor = videos.predictor
                 if prompt is None:
+                    assert mask is not None  # a mask prompt: read above
                     frame = predictor.add_mask(state, body.frame_idx, body.obj_id, mask)
                 else:
                     frame = predictor.add_prompt(
