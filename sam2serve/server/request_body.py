@@ -217,8 +217,10 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     data = dict(pairs)
     if len(data) != len(pairs):
         seen: set[str] = set()
-        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise ValueError(f"the key {short_repr(twice)} appears more than once in one object")
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"the key {short_repr(key)} appears more than once in one object")
+            seen.add(key)
     return data
 
 

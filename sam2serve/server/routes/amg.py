@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from sam2serve.engine.amg import MaskGenerator, finite_or_none
+from sam2serve.engine.amg import MaskGenerator, MaskRecord, finite_or_none
 from sam2serve.server import schemas
 from sam2serve.server.answers import json_answer
 from sam2serve.server.batching import JobContext
@@ -54,7 +54,7 @@ async def amg(
         with reservation:  # AMG crops the pixels: their bytes stay reserved until it ends
             image = await service.image_from_bytes(upload, clock, pixels)
 
-            def run(context: JobContext) -> list[dict[str, Any]]:
+            def run(context: JobContext) -> list[MaskRecord]:
                 return generator.generate(
                     pixels, embedding=image.embedding, progress=lambda done, total: context.check()
                 )
