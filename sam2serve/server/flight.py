@@ -34,7 +34,7 @@ V = TypeVar("V")
 class Flight(Generic[V]):
     """A computation under way that every request for its key waits on."""
 
-    abandon: Callable[[], None]
+    abandon: Callable[[], object]
     task: asyncio.Task[V] = field(init=False)
     waiters: int = 0
 
@@ -57,7 +57,7 @@ class Flights(Generic[K, V]):
         self,
         key: K,
         work: Coroutine[Any, Any, V],
-        abandon: Callable[[], None] | None = None,
+        abandon: Callable[[], object] | None = None,
     ) -> Flight[V]:
         """Run ``work`` as the key's flight (the caller checked that none is under way).
         ``abandon`` runs when every waiter has given up before it finished (default:
@@ -101,7 +101,7 @@ class Flights(Generic[K, V]):
             flight.waiters -= 1
 
 
-def _consume_exception(task: asyncio.Task) -> None:
+def _consume_exception(task: asyncio.Task[Any]) -> None:
     """Mark a flight's error as seen (its waiters got it, or there were none)."""
     if not task.cancelled():
         task.exception()
