@@ -107,7 +107,7 @@ class ConceptAnswerer:
     def max_instances(self, service: Service) -> int:
         """The instances kept per phrase: ``--concept-max-instances``, no more than the
         service's ``--max-concept-instances`` (/v1/concepts' bound) nor SAM 3's queries."""
-        limit = service.settings.concepts.max_concept_instances
+        limit = service.concept_limits.max_concept_instances
         return min(self.options.concept_max_instances, limit, self.concepts.size.queries)
 
     def masks(self, prompt: ConceptPrompt, instances: int, size: tuple[int, int]) -> DetectionMasks:
@@ -131,9 +131,7 @@ class ConceptAnswerer:
         instances = self.max_instances(service)
         # From the header (nothing decoded; 413 past max_pixels): masks that could never fit
         # are refused before the image is decoded or encoded.
-        width, height = await asyncio.to_thread(
-            probe_image, data, service.settings.limits.max_pixels
-        )
+        width, height = await asyncio.to_thread(probe_image, data, service.limits.max_pixels)
         if width and height:
             self._check(service, self.masks(prompt, instances, (height, width)))
         # Cached (a phrase typed after another decodes nothing), joined, or decoded within

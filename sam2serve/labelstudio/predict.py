@@ -129,7 +129,7 @@ class LabelStudioBackend:
             identity = f"random-seed{weights.get('seed')}"
         else:
             identity = str(weights.get("source"))
-        version = f"sam2serve-{service.model_name}-{service.settings.runtime.mode}-{identity}"
+        version = f"sam2serve-{service.model_name}-{service.mode}-{identity}"
         return version if self.concepts is None else f"{version}+{self.concepts.identity()}"
 
     async def setup(self, body: SetupRequest, service: Service) -> SetupResponse:
@@ -176,7 +176,7 @@ class LabelStudioBackend:
 
     # ------------------------------------------------------------------ /predict
     async def predict(self, body: PredictRequest, service: Service, client: str) -> PredictResponse:
-        check_task_count(len(body.tasks), service.settings.limits.max_predict_tasks)
+        check_task_count(len(body.tasks), service.limits.max_predict_tasks)
         config = await asyncio.to_thread(_config, body.label_config, self.concepts is not None)
         context = body.params.context
         version = self.model_version(service)
@@ -190,15 +190,12 @@ class LabelStudioBackend:
         if concept is not None:
             return await self._predict_concepts(body, config, concept, service, client)
         prompt = prompt_from_context(context) if context is not None else None
-        if (
-            prompt is not None
-            and len(prompt.points) > service.settings.limits.max_points_per_object
-        ):
+        if prompt is not None and len(prompt.points) > service.limits.max_points_per_object:
             raise ApiError(
                 422,
                 "too_many_prompts",
                 f"context.result: {len(prompt.points)} clicks; at most "
-                f"{service.settings.limits.max_points_per_object} per object (max_points_per_object)",
+                f"{service.limits.max_points_per_object} per object (max_points_per_object)",
             )
         if context is not None and prompt is None:
             mode = "empty"  # an interaction without clicks (all removed): nothing to show
@@ -256,7 +253,7 @@ class LabelStudioBackend:
         limit = self.options.concept_max_labels
         if context is None:
             return label_prompts(config, limit)
-        max_boxes = service.settings.concepts.max_concept_boxes
+        max_boxes = service.concept_limits.max_concept_boxes
         return context_prompts(context, config, limit, max_boxes)
 
     async def _predict_concepts(

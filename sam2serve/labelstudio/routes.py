@@ -33,7 +33,7 @@ from sam2serve.labelstudio.protocol import (
     SetupResponse,
     VersionsResponse,
 )
-from sam2serve.server.dependencies import ServiceDep, SettingsDep
+from sam2serve.server.dependencies import AccessDep, ServiceDep
 from sam2serve.server.errors import ApiError
 from sam2serve.server.request_body import JSON_MEDIA, parse_json_body
 from sam2serve.server.request_guard import run_guarded
@@ -53,10 +53,10 @@ async def get_backend(request: Request) -> LabelStudioBackend:
 BackendDep = Annotated[LabelStudioBackend, Depends(get_backend)]
 
 
-async def require_key(request: Request, settings: SettingsDep) -> None:
+async def require_key(request: Request, access: AccessDep) -> None:
     """401 unless the request carries the service's API key (when it has one): as the
     basic-auth password, a bearer token, or X-API-Key."""
-    expected = settings.access.api_key
+    expected = access.api_key
     if expected is None:
         return
     given = request.headers.get("x-api-key")
@@ -108,7 +108,7 @@ async def health(service: ServiceDep, backend: BackendDep) -> HealthResponse:
     openapi_extra=_json_body(SetupRequest),
 )
 async def setup(request: Request, service: ServiceDep, backend: BackendDep) -> Response:
-    body = await parse_json_body(request, SetupRequest, service.settings)
+    body = await parse_json_body(request, SetupRequest, service.limits)
     return json_response(await backend.setup(body, service))
 
 
@@ -120,21 +120,19 @@ async def setup(request: Request, service: ServiceDep, backend: BackendDep) -> R
     openapi_extra=_json_body(PredictRequest),
 )
 async def predict(request: Request, service: ServiceDep, backend: BackendDep) -> Response:
-    limit = service.settings.limits.max_predict_tasks
+    limit = service.limits.max_predict_tasks
 
     def count_tasks(document: Any) -> None:  # before the tasks are validated, one by one
         tasks = document.get("tasks") if isinstance(document, dict) else None
         if isinstance(tasks, list):
             check_task_count(len(tasks), limit)
 
-    body = await parse_json_body(request, PredictRequest, service.settings, count_tasks)
+    body = await parse_json_body(request, PredictRequest, service.limits, count_tasks)
 
     async def work() -> Response:
         return json_response(await backend.predict(body, service, client_address(request)))
 
-    return await run_guarded(
-        request, work, service.settings.limits.request_timeout_s, service.retry_headers
-    )
+    return await run_guarded(request, work, service.limits.request_timeout_s, service.retry_headers)
 
 
 @router.get(
@@ -161,7 +159,7 @@ class WebhookEvent(BaseModel):
     openapi_extra=_json_body(WebhookEvent),
 )
 async def webhook(request: Request, service: ServiceDep) -> dict[str, str]:
-    body = await parse_json_body(request, WebhookEvent, service.settings)
+    body = await parse_json_body(request, WebhookEvent, service.limits)
     return {"status": "ignored", "action": (body.action or "")[:80]}
 
 

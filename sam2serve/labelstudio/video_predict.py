@@ -68,13 +68,13 @@ async def track_task(
         )
     if not prompts:
         return []
-    settings = service.settings
-    if len(prompts) > settings.video.max_video_objects:
+    limits = videos.limits
+    if len(prompts) > limits.max_objects:
         raise ApiError(
             413,
             "too_many_objects",
             f"context.result: {len(prompts)} VideoRectangle regions to track; at most "
-            f"{settings.video.max_video_objects} per request (max_video_objects)",
+            f"{limits.max_objects} per request (max_video_objects)",
         )
     wanted = prompts[0].to_name
     try:
@@ -113,10 +113,11 @@ async def _fetch_and_track(
     options: LabelStudioOptions,
 ) -> list[dict[str, Any]]:
     """Steps 2 to 5 (the module's docstring) for the objects of one video task."""
-    settings = service.settings
+    videos = service.videos
+    assert videos is not None and videos.limits.max_upload_bytes is not None
     source = f"{where}.data.{video.field}"
     limit = ByteLimit(
-        settings.video.max_video_upload_bytes, "video", "max_video_upload_bytes", data_uri=False
+        videos.limits.max_upload_bytes, "video", "max_video_upload_bytes", data_uri=False
     )
     # The download is held in memory until its frames are decoded: counted in the
     # process's decode budget from before the first byte (its most), then as it is.
@@ -141,24 +142,24 @@ async def _decode_and_track(
     service: Service,
     options: LabelStudioOptions,
 ) -> list[dict[str, Any]]:
-    settings = service.settings
     videos = service.videos
     assert videos is not None
+    limits = videos.limits
     data = await fetch  # only this frame holds it: dropped once decoded
     download.shrink(len(data))
     with _video_errors():
-        header = await asyncio.to_thread(read_header, data, source, settings.limits.max_pixels)
-    max_frames = min(options.video_max_frames, settings.video.max_video_frames)
+        header = await asyncio.to_thread(read_header, data, source, service.limits.max_pixels)
+    max_frames = min(options.video_max_frames, limits.max_frames)
     frames_bytes = max_frames * header.width * header.height * 3
     tracking = len(prompts) * max_frames * videos.object_frame_bytes
-    if frames_bytes + tracking > settings.video.max_video_session_bytes:
+    if frames_bytes + tracking > limits.max_bytes:
         raise ApiError(
             413,
             "session_too_large",
             f"{source}: {max_frames} frames of {header.width}x{header.height} "
             f"({frames_bytes / MiB:.1f} MiB) plus {tracking / MiB:.1f} MiB to track "
             f"{len(prompts)} object(s) through them would pass "
-            f"{settings.video.max_video_session_bytes / MiB:.1f} MiB (max_video_session_bytes); "
+            f"{limits.max_bytes / MiB:.1f} MiB (max_video_session_bytes); "
             "track fewer frames (--video-max-frames) or objects",
         )
     first = min(prompt.first_frame for prompt in prompts)
@@ -176,8 +177,8 @@ async def _decode_and_track(
                 frame_rate=frame_rate,
                 first_frame=first,
                 max_frames=max_frames,
-                max_skipped=settings.video.max_video_frames,
-                max_pixels=settings.limits.max_pixels,
+                max_skipped=limits.max_frames,
+                max_pixels=service.limits.max_pixels,
             )
         del data
         download.release()

@@ -4,12 +4,14 @@ app.py (the app factory), routes/ (the endpoints, one router per concern),
 dependencies.py (the app's shared resources as FastAPI dependencies), service.py (the request flow: caches, shared
 encodes, model jobs), request_body.py (JSON or multipart bodies), request_guard.py
 (disconnects and timeouts after the body), uploads.py (base64 and image decoding with
-their limits), prompts.py (prompt checks and decoding), auth.py (the API key),
+their limits), video_uploads.py (a video session's upload), live_protocol.py (the live
+frames' WebSocket protocol), video_answers.py (what the video routes answer),
+prompts.py (prompt checks and decoding), auth.py (the API key),
 body_limit.py (the body's size and time limits), http_server.py (uvicorn: header timeout,
 connection cap), memory.py (returning freed memory), api_docs.py (offline /docs),
-schemas.py (the API contract), settings.py (model and limits), cache.py (embedding and
-mask caches), batching.py (the model worker), metrics.py (Prometheus), errors.py (one
-error shape), loadtest.py (the load generator). The ``serve`` and ``loadtest`` commands
+schemas.py (the API contract), settings.py (model and limits, handed on group by
+group), cache.py (embedding and mask caches), batching.py (the model worker), metrics.py
+(Prometheus), errors.py (one error shape), loadtest.py (the load generator). The ``serve`` and ``loadtest`` commands
 are in :mod:`sam2serve.commands`.
 
 ``create_app`` and ``ServerSettings`` are importable from here; FastAPI is only imported

@@ -42,11 +42,14 @@ from sam2serve.server import concept_schemas, schemas, video_schemas
 from sam2serve.server.api_docs import install_offline_docs
 from sam2serve.server.body_limit import BodyLimitMiddleware
 from sam2serve.server.errors import install_error_handlers
+from sam2serve.server.image_folder import FolderIndex
 from sam2serve.server.metrics import RequestMetricsMiddleware
 from sam2serve.server.routes import ROUTERS
 from sam2serve.server.routes.videos import VIDEOS_PATH
 from sam2serve.server.service import Service
 from sam2serve.server.settings import ServerSettings
+from sam2serve.server.settings_groups import RuntimeSettings
+from sam2serve.server.video_sessions import SessionLimits, VideoSessions
 
 if TYPE_CHECKING:
     from sam2serve.concepts.runtime import Concepts
@@ -66,19 +69,30 @@ def create_app(
     ``WeightsError`` when its weights are missing).
     ``body_limits``: body limits of paths an app built on this one adds (``{path: (bytes,
     what the 413 names)}``); every other path has the service's."""
+    runtime = settings.runtime
     if predictor is None:
         from sam2serve.runtime.build import build_predictor
 
-        predictor = build_predictor(settings.runtime.spec(), settings.runtime.weights_source())
-    if settings.video.enabled and video_predictor is None:
-        video_predictor = load_video_predictor(settings, predictor)
+        predictor = build_predictor(runtime.spec(), runtime.weights_source())
+    videos = None
+    if settings.video.enabled:
+        if video_predictor is None:
+            video_predictor = load_video_predictor(runtime, predictor)
+        videos = VideoSessions(video_predictor, SessionLimits.of(settings.video), settings.live)
     if settings.concepts.enabled and concepts is None:
-        concepts = load_concepts_model(settings)
+        concepts = load_concepts_model(runtime)
+    images_dir = settings.page.images_dir
     service = Service(
-        settings,
         predictor,
-        video_predictor if settings.video.enabled else None,
-        concepts if settings.concepts.enabled else None,
+        runtime=runtime,
+        limits=settings.limits,
+        batching=settings.batching,
+        caches=settings.caches,
+        store=settings.store,
+        videos=videos,
+        folder=None if images_dir is None else FolderIndex(images_dir, videos=videos is not None),
+        concepts=concepts if settings.concepts.enabled else None,
+        concept_limits=settings.concepts,
     )
 
     @contextlib.asynccontextmanager
@@ -89,7 +103,7 @@ def create_app(
         finally:
             await service.stop()
 
-    app = FastAPI(
+    app = _DocumentedApp(
         title="sam2serve",
         summary="Segment Anything 2 on images over HTTP: embeddings, prompts, AMG.",
         version="0.1.0",
@@ -98,7 +112,11 @@ def create_app(
         redoc_url=None,
     )
     install_offline_docs(app)
-    app.state.service = service  # what the routes' dependencies hand them
+    # What the routes' dependencies hand them (sam2serve.server.dependencies): the Service,
+    # and the settings groups that no part of it reads.
+    app.state.service = service
+    app.state.access = settings.access
+    app.state.video = settings.video
     for router in ROUTERS:
         app.include_router(router)
     endpoints = endpoint_paths(app)  # the metric labels; every other path is "other"
@@ -127,11 +145,10 @@ def create_app(
             allow_methods=["GET", "POST", "PATCH", "DELETE"],
             allow_headers=["Authorization", "X-API-Key", "Content-Type"],
         )
-    _document_request_models(app)
     return app
 
 
-def load_video_predictor(settings: ServerSettings, predictor: Predictor) -> VideoPredictor:
+def load_video_predictor(runtime: RuntimeSettings, predictor: Predictor) -> VideoPredictor:
     """The tracker beside the image model, on its device
     (:func:`~sam2serve.runtime.backend_choice.tracker_beside_images`): the video graphs of
     the ONNX export it serves, where the export has them; else SAM 2's video model with the
@@ -141,8 +158,8 @@ def load_video_predictor(settings: ServerSettings, predictor: Predictor) -> Vide
     from sam2serve.runtime.video import build_video_predictor, video_predictor_for
     from sam2serve.runtime.video_model import video_model_like
 
-    image = settings.runtime.spec()
-    artifacts = settings.runtime.weights_source().artifacts
+    image = runtime.spec()
+    artifacts = runtime.weights_source().artifacts
     device = str(predictor.device)
     choice = tracker_beside_images(image.mode, device, artifacts)
     spec = RuntimeSpec(
@@ -154,18 +171,18 @@ def load_video_predictor(settings: ServerSettings, predictor: Predictor) -> Vide
     )
     if choice.artifacts is not None:
         return build_video_predictor(spec, WeightsSource(artifacts=choice.artifacts))
-    model = video_model_like(image.model, predictor.model.weights_info, predictor.device)
+    weights = predictor.model.weights_info
+    model = video_model_like(image.model, weights, predictor.device)
     return video_predictor_for(model, spec)
 
 
-def load_concepts_model(settings: ServerSettings) -> Concepts:
-    """SAM 3 as the settings choose it, in their mode: random (same seed) with random SAM 2
-    weights, else from the download cache's sam3 folder ('serve' passes its
+def load_concepts_model(runtime: RuntimeSettings) -> Concepts:
+    """SAM 3 as the runtime settings choose it, in their mode: random (same seed) with
+    random SAM 2 weights, else from the download cache's sam3 folder ('serve' passes its
     --sam3-weights model)."""
     from sam2serve.concepts.runtime import ConceptsSpec
     from sam2serve.runtime.concepts import load_concepts_in_mode
 
-    runtime = settings.runtime
     spec = ConceptsSpec(
         random_weights=runtime.random_weights, seed=runtime.seed, device=runtime.device
     )
@@ -181,34 +198,36 @@ def endpoint_paths(app: FastAPI) -> frozenset[str]:
     return frozenset(route.path for route in routes if isinstance(route, APIRoute))
 
 
-def _document_request_models(app: FastAPI) -> None:
-    """Add the request models (read by hand, not by FastAPI) to the OpenAPI components."""
-    request_models = (
-        schemas.EmbeddingRequest,
-        schemas.SegmentRequest,
-        schemas.AMGRequest,
-        concept_schemas.ConceptsRequest,
-        video_schemas.VideoPromptRequest,
-        video_schemas.PropagateRequest,
-        video_schemas.VideoConceptsRequest,
-    )
+# Request bodies the routes read by hand (not by FastAPI), added to the OpenAPI components.
+_REQUEST_MODELS = (
+    schemas.EmbeddingRequest,
+    schemas.SegmentRequest,
+    schemas.AMGRequest,
+    concept_schemas.ConceptsRequest,
+    video_schemas.VideoPromptRequest,
+    video_schemas.PropagateRequest,
+    video_schemas.VideoConceptsRequest,
+)
 
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
+
+class _DocumentedApp(FastAPI):
+    """The FastAPI app whose OpenAPI document also defines the request models read by hand
+    (made when first asked for, so routes an app built on this one adds are in it)."""
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
             spec = get_openapi(
-                title=app.title, version=app.version, summary=app.summary, routes=app.routes
+                title=self.title, version=self.version, summary=self.summary, routes=self.routes
             )
             _, definitions = models_json_schema(
-                [(m, "validation") for m in request_models],
+                [(m, "validation") for m in _REQUEST_MODELS],
                 ref_template="#/components/schemas/{model}",
             )
             components = spec.setdefault("components", {}).setdefault("schemas", {})
             for name, schema in definitions.get("$defs", {}).items():
                 components.setdefault(name, schema)
-            app.openapi_schema = spec
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+            self.openapi_schema = spec
+        return self.openapi_schema
 
 
 __all__ = ["create_app", "endpoint_paths", "load_concepts_model", "load_video_predictor"]

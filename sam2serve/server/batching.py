@@ -44,7 +44,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,7 +121,13 @@ class _CheckBetweenOps(TorchFunctionMode):
         super().__init__()
         self._check = check
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Collection[type],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
         self._check()
         return func(*args, **(kwargs or {}))
 
@@ -154,13 +160,20 @@ class _Failed:
 @dataclass(eq=False)
 class _Job:
     kind: str
-    future: Future
+    future: Future[tuple[Any, JobTiming]]
     enqueued: float
     context: JobContext
     fn: Callable[[JobContext], Any] | None = None
     pixels: np.ndarray | None = None
     bulk: bool = False
     rank: int = SHORT_RANK
+
+
+def _pixels_of(job: _Job) -> np.ndarray:
+    """An encode job's image (every encode job is submitted with one)."""
+    if job.pixels is None:
+        raise RuntimeError(f"a {job.kind} encode job without an image")
+    return job.pixels
 
 
 class JobHandle:
@@ -171,7 +184,7 @@ class JobHandle:
         self._job = job
 
     @property
-    def future(self) -> Future:
+    def future(self) -> Future[tuple[Any, JobTiming]]:
         return self._job.future
 
     def cancel(self) -> None:
@@ -199,7 +212,7 @@ class ModelWorker:
         max_bulk_queue: int = 8,
         on_batch: BatchObserver | None = None,
         on_cancel: Callable[[str], None] | None = None,
-        on_idle: Callable[[], None] | None = None,
+        on_idle: Callable[[], object] | None = None,
     ) -> None:
         if max_batch_size < 1 or max_queue < 1 or max_bulk_queue < 1 or max_wait_s < 0:
             raise ValueError(
@@ -482,9 +495,9 @@ class ModelWorker:
 
     def _encode(self, encoder: Encoder, jobs: list[_Job]) -> list[Any]:
         """One call for the batch; if it fails, each image alone (its error, or result)."""
-        images = [job.pixels for job in jobs]
+        images = [_pixels_of(job) for job in jobs]
         try:
-            results = encoder.encode(images)  # type: ignore[arg-type]
+            results = encoder.encode(images)
         except Exception:
             if len(jobs) == 1:
                 raise
@@ -502,9 +515,9 @@ class ModelWorker:
         return results
 
     @staticmethod
-    def _encode_alone(encoder: Encoder, image: np.ndarray | None) -> Any:
+    def _encode_alone(encoder: Encoder, image: np.ndarray) -> Any:
         try:
-            (result,) = encoder.encode([image])  # type: ignore[list-item]
+            (result,) = encoder.encode([image])
         except Exception as exc:  # noqa: BLE001 - handed to the image's job, not lost
             return _Failed(exc)
         return result

@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -30,21 +30,49 @@ from sam2serve.concepts.engine import ConceptEncoding, ExemplarBox, Instance
 from sam2serve.concepts.mask_budget import DetectionMasks
 from sam2serve.concepts.runtime import Concepts
 from sam2serve.engine.rle import Rle, masks_to_rle
-from sam2serve.server.batching import JobContext, JobTiming, WorkerStopped
+from sam2serve.server.batching import JobContext, JobHandle, JobTiming, ModelWorker, WorkerStopped
 from sam2serve.server.cache import ByteLRU, EmbeddingKey, image_id_of, looks_like_image_id
-from sam2serve.server.decode_budget import Reservation
+from sam2serve.server.decode_budget import DecodeBudget, Reservation
 from sam2serve.server.errors import ApiError
 from sam2serve.server.flight import Flight, Flights
+from sam2serve.server.request_clock import RequestClock
+from sam2serve.server.settings_groups import ConceptSettings
 
 MiB = 1024 * 1024
 log = logging.getLogger("sam2serve.server")
 
-if TYPE_CHECKING:
-    from sam2serve.server.service import RequestClock, Service
-
 ENCODE_JOB = "concepts_encode"
 DETECT_JOB = "concepts_detect"
 WARM_UP_SIDE = 64
+
+
+class ImageWork(Protocol):
+    """What concept images need of the service they serve in (the Service): its decoding
+    of uploads within the decode budget, and its model worker's jobs."""
+
+    @property
+    def worker(self) -> ModelWorker: ...
+
+    @property
+    def decoding(self) -> DecodeBudget: ...
+
+    def shared_work_dropped(self) -> ApiError: ...
+
+    async def decode(self, data: bytes, for_encoder: bool = False) -> tuple[Any, Reservation]: ...
+
+    def submit_encode(
+        self, pixels: np.ndarray, kind: str = ..., *, bulk: bool = False
+    ) -> JobHandle: ...
+
+    async def run_job(
+        self,
+        kind: str,
+        fn: Callable[[JobContext], Any],
+        clock: RequestClock,
+        *,
+        bulk: bool = False,
+        long: bool = False,
+    ) -> Any: ...
 
 
 class ConceptCache(ByteLRU[EmbeddingKey, ConceptEncoding]):
@@ -79,13 +107,17 @@ class DetectedConcept:
 class ConceptImages:
     """The concept model of a service, its encoding cache, and its two model jobs."""
 
-    def __init__(self, service: Service, concepts: Concepts) -> None:
+    def __init__(
+        self, service: ImageWork, concepts: Concepts, limits: ConceptSettings, cache_bytes: int
+    ) -> None:
         self.service = service
         self.concepts = concepts
+        # The bounds of concept requests (phrases, boxes, instances), read by the routes.
+        self.limits = limits
         spec = concepts.spec
         self.model_name = "sam3" if spec.size == "full" else f"sam3-{spec.size}"
         self.dtype_name = str(next(concepts.model.parameters()).dtype).removeprefix("torch.")
-        self.cache = ConceptCache(service.settings.caches.concept_cache_bytes)
+        self.cache = ConceptCache(cache_bytes)
         # Encodes under way, by image: concurrent requests for one image share one.
         self.flights: Flights[EmbeddingKey, tuple[ConceptEncoding, JobTiming]] = Flights(
             service.shared_work_dropped
@@ -95,7 +127,7 @@ class ConceptImages:
         service.worker.add_encoder(
             ENCODE_JOB,
             self._encode_batch,
-            service.settings.concepts.max_concept_batch_size,
+            limits.max_concept_batch_size,
             long=True,
         )
 

@@ -101,7 +101,7 @@ class Flights(Generic[K, V]):
             flight.waiters -= 1
 
 
-def _consume_exception(task: asyncio.Task) -> None:
+def _consume_exception(task: asyncio.Task[Any]) -> None:
     """Mark a flight's error as seen (its waiters got it, or there were none)."""
     if not task.cancelled():
         task.exception()

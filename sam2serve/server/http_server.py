@@ -17,7 +17,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
-from typing import Any
+from typing import Any, cast
 
 import h11
 import uvicorn
@@ -108,8 +108,9 @@ class HeaderTimeoutH11(H11Protocol):
 
     header_timeout_s: float = 10.0
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn's is typed Transport, asyncio's BaseTransport
-        super().connection_made(transport)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvicorn's h11 protocol narrows asyncio's BaseTransport to a Transport.
+        super().connection_made(cast(asyncio.Transport, transport))
         self._header_timer: asyncio.TimerHandle | None = None
         self._arm_header_timer()
 

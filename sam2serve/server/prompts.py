@@ -20,7 +20,7 @@ from sam2serve.engine.prompts import Prompt, PromptError, prompt_arrays
 from sam2serve.engine.rle import Rle, masks_to_rle
 from sam2serve.server import schemas
 from sam2serve.server.errors import ApiError
-from sam2serve.server.settings import ServerSettings
+from sam2serve.server.settings_groups import LimitSettings
 
 
 @dataclass(frozen=True)
@@ -33,22 +33,22 @@ class DecodedMasks:
     low_res_logits: list[torch.Tensor]  # per object (C, 256, 256)
 
 
-def check_prompt_counts(request: schemas.SegmentRequest, settings: ServerSettings) -> None:
+def check_prompt_counts(request: schemas.SegmentRequest, limits: LimitSettings) -> None:
     """The prompt limits, checked before any image work."""
-    if len(request.objects) > settings.limits.max_objects:
+    if len(request.objects) > limits.max_objects:
         raise ApiError(
             422,
             "too_many_prompts",
-            f"objects: {len(request.objects)} objects; at most {settings.limits.max_objects} per "
+            f"objects: {len(request.objects)} objects; at most {limits.max_objects} per "
             "request (max_objects)",
         )
     for i, obj in enumerate(request.objects):
-        if len(obj.points) > settings.limits.max_points_per_object:
+        if len(obj.points) > limits.max_points_per_object:
             raise ApiError(
                 422,
                 "too_many_prompts",
                 f"objects[{i}].points: {len(obj.points)} points; at most "
-                f"{settings.limits.max_points_per_object} per object (max_points_per_object)",
+                f"{limits.max_points_per_object} per object (max_points_per_object)",
             )
 
 
@@ -131,7 +131,7 @@ def decode_objects(
     return DecodedMasks(rles, scores, boxes, low_res)
 
 
-def amg_params(options: schemas.AMGOptions, settings: ServerSettings) -> AMGParams:
+def amg_params(options: schemas.AMGOptions, limits: LimitSettings) -> AMGParams:
     values = options.model_dump()
     if values["point_grids"] is not None and "points_per_side" not in options.model_fields_set:
         values["points_per_side"] = None  # explicit grids replace the default grid
@@ -141,20 +141,20 @@ def amg_params(options: schemas.AMGOptions, settings: ServerSettings) -> AMGPara
         raise ApiError(422, "invalid_request", f"params: {exc}") from None
     # Counted, not built: the grids are made only once the request is within the limits.
     crops = params.crop_count()
-    if crops > settings.limits.max_amg_crops:
+    if crops > limits.max_amg_crops:
         raise ApiError(
             422,
             "too_many_crops",
             f"params.crop_n_layers: {params.crop_n_layers} crop layers encode {crops} crops; at "
-            f"most {settings.limits.max_amg_crops} per request (max_amg_crops): lower crop_n_layers",
+            f"most {limits.max_amg_crops} per request (max_amg_crops): lower crop_n_layers",
         )
     clicks = params.click_count()
-    if clicks > settings.limits.max_amg_points:
+    if clicks > limits.max_amg_points:
         raise ApiError(
             422,
             "too_many_prompts",
             f"params: these AMG parameters decode {clicks} clicks over all crops; at most "
-            f"{settings.limits.max_amg_points} per request (max_amg_points): lower points_per_side "
+            f"{limits.max_amg_points} per request (max_amg_points): lower points_per_side "
             "or crop_n_layers",
         )
     return params

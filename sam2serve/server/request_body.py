@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from sam2serve.server.errors import ApiError, ClientGone, short_repr, validation_error
-from sam2serve.server.settings import ServerSettings
+from sam2serve.server.settings_groups import LimitSettings
 from sam2serve.server.uploads import decode_base64_image
 
 JSON_MEDIA = "application/json"
@@ -41,7 +41,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 async def parse_body(
-    request: Request, model: type[ModelT], settings: ServerSettings
+    request: Request, model: type[ModelT], limits: LimitSettings
 ) -> tuple[ModelT, bytes | None]:
     """The request model and the image bytes, from a JSON or a multipart body."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -50,10 +50,10 @@ async def parse_body(
             raw = await request.body()
         except ClientDisconnect:
             raise ClientGone("upload") from None
-        return await asyncio.to_thread(_from_json_body, raw, model, settings)
+        return await asyncio.to_thread(_from_json_body, raw, model, limits)
     if media == MULTIPART_MEDIA:
         try:
-            return await _parse_multipart(request, model, settings)
+            return await _parse_multipart(request, model, limits)
         except ClientDisconnect:
             raise ClientGone("upload") from None
     raise ApiError(
@@ -68,7 +68,7 @@ async def parse_body(
 async def parse_json_body(
     request: Request,
     model: type[ModelT],
-    settings: ServerSettings,
+    limits: LimitSettings,
     check: Callable[[Any], None] | None = None,
 ) -> ModelT:
     """The request model of a body that is JSON only (Label Studio's endpoints): the same
@@ -88,7 +88,7 @@ async def parse_json_body(
         raise ClientGone("upload") from None
 
     def parsed() -> ModelT:
-        document = load_json(raw, settings, "the request body")
+        document = load_json(raw, limits, "the request body")
         if check is not None:
             check(document)
         return validate(model, document)
@@ -97,7 +97,7 @@ async def parse_json_body(
 
 
 async def _parse_multipart(
-    request: Request, model: type[ModelT], settings: ServerSettings
+    request: Request, model: type[ModelT], limits: LimitSettings
 ) -> tuple[ModelT, bytes | None]:
     try:
         form = await request.form(max_files=1, max_fields=1, max_part_size=MAX_PART_BYTES)
@@ -125,7 +125,7 @@ async def _parse_multipart(
                 "invalid_multipart",
                 f"part '{REQUEST_PART}' must be a JSON text field, not a file",
             )
-        parsed = await asyncio.to_thread(_from_request_part, fields, model, settings)
+        parsed = await asyncio.to_thread(_from_request_part, fields, model, limits)
         upload = form.get(IMAGE_PART)
         if upload is None:
             return parsed, None
@@ -136,12 +136,12 @@ async def _parse_multipart(
                 f"part '{IMAGE_PART}' must be a file (filename=...), not a text field",
             )
         image = await upload.read()
-        if len(image) > settings.limits.max_upload_bytes:
+        if len(image) > limits.max_upload_bytes:
             raise ApiError(
                 413,
                 "upload_too_large",
                 f"image: {len(image)} bytes; the limit is "
-                f"{settings.limits.max_upload_bytes} bytes (max_upload_bytes)",
+                f"{limits.max_upload_bytes} bytes (max_upload_bytes)",
             )
         if not image:
             raise ApiError(400, "invalid_image", "image: the uploaded file is empty")
@@ -151,20 +151,20 @@ async def _parse_multipart(
 
 
 def _from_json_body(
-    raw: bytes, model: type[ModelT], settings: ServerSettings
+    raw: bytes, model: type[ModelT], limits: LimitSettings
 ) -> tuple[ModelT, bytes | None]:
     """(In a worker thread.) The request model and the decoded image of a JSON body."""
-    parsed = validate(model, load_json(raw, settings, "the request body"))
+    parsed = validate(model, load_json(raw, limits, "the request body"))
     image = getattr(parsed, "image", None)
     if image is None:
         return parsed, None
-    return parsed, decode_base64_image(image, settings.limits.max_upload_bytes)
+    return parsed, decode_base64_image(image, limits.max_upload_bytes)
 
 
-def _from_request_part(fields: str | None, model: type[ModelT], settings: ServerSettings) -> ModelT:
+def _from_request_part(fields: str | None, model: type[ModelT], limits: LimitSettings) -> ModelT:
     """(In a worker thread.) The request model from the multipart 'request' part."""
     where = f"part '{REQUEST_PART}'"
-    data = {} if fields is None else load_json(fields.encode("utf-8"), settings, where)
+    data = {} if fields is None else load_json(fields.encode("utf-8"), limits, where)
     if isinstance(data, dict) and "image" in data:
         raise ApiError(
             422,
@@ -175,19 +175,19 @@ def _from_request_part(fields: str | None, model: type[ModelT], settings: Server
     return validate(model, data)
 
 
-def load_json(raw: bytes, settings: ServerSettings, where: str) -> Any:
+def load_json(raw: bytes, limits: LimitSettings, where: str) -> Any:
     """Parse JSON within the structure limits: at most ``max_json_items`` containers and
     separators (counted on the raw bytes, before parsing) and ``max_json_depth`` levels."""
     items = sum(
         part.count(b"{") + part.count(b"[") + part.count(b",")
         for part in (raw[i : i + _COUNT_SLICE] for i in range(0, len(raw), _COUNT_SLICE))
     )  # in slices: each count holds the GIL, and the event loop waits for it
-    if items > settings.limits.max_json_items:
+    if items > limits.max_json_items:
         raise ApiError(
             413,
             "json_too_large",
             f"{where} has {items} JSON items (objects, arrays and separators); the limit is "
-            f"{settings.limits.max_json_items} (max_json_items); send fewer objects or points",
+            f"{limits.max_json_items} (max_json_items); send fewer objects or points",
         )
     try:
         data = json.loads(raw, object_pairs_hook=_unique_keys)
@@ -198,14 +198,11 @@ def load_json(raw: bytes, settings: ServerSettings, where: str) -> Any:
         if "integer string conversion" in reason:  # Python's own advice is not the client's
             reason = "a number has more than 4300 digits"
         raise ApiError(400, "invalid_json", f"{where} is not valid JSON: {reason}") from None
-    if (
-        data is _TOO_DEEP
-        or json_depth(data, settings.limits.max_json_depth) > settings.limits.max_json_depth
-    ):
+    if data is _TOO_DEEP or json_depth(data, limits.max_json_depth) > limits.max_json_depth:
         raise ApiError(
             400,
             "json_too_deep",
-            f"{where} nests arrays and objects more than {settings.limits.max_json_depth} levels deep "
+            f"{where} nests arrays and objects more than {limits.max_json_depth} levels deep "
             "(max_json_depth); the API's own structure needs 6",
         )
     return data
@@ -220,8 +217,10 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     data = dict(pairs)
     if len(data) != len(pairs):
         seen: set[str] = set()
-        twice = next(key for key, _ in pairs if key in seen or _add(seen, key))
-        raise ValueError(f"the key {short_repr(twice)} appears more than once in one object")
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"the key {short_repr(key)} appears more than once in one object")
+            seen.add(key)
     return data
 
 
@@ -256,14 +255,8 @@ def validate(model: type[ModelT], data: Any) -> ModelT:
         raise validation_error(exc, model) from None
 
 
-def _add(seen: set[str], key: str) -> bool:
-    """Adds ``key`` to ``seen``; False (for a generator's condition)."""
-    seen.add(key)
-    return False
-
-
 def require_image(data: bytes | None, why: str = "") -> bytes:
-    """``data``; a 422 naming the missing image and the two ways to send one if there is none."""
+    """The image bytes; 422 naming the missing image and the two ways to send one."""
     if data is None:
         raise ApiError(
             422,

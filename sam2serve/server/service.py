@@ -4,7 +4,7 @@
 embedding and mask caches and the metrics. Embeddings are cached by content hash
 (:mod:`sam2serve.server.cache`); concurrent requests for the same uncached image share one
 encode (a flight, :mod:`sam2serve.server.flight`). With a persistent store
-(``settings.store.location``, :mod:`sam2serve.store`) an embedding comes from memory, else
+(``store.location``, :mod:`sam2serve.store`) an embedding comes from memory, else
 the store, else an encode, and every encode is written through to the store before it is
 answered, so any replica that shares the store can answer the image's ``image_id`` without
 encoding it again. A client that gives up cancels its model jobs; every failure a client
@@ -28,7 +28,6 @@ import torch
 
 from sam2serve.engine.decode_choice import image_decoder
 from sam2serve.engine.predictor import Embedding, Predictor
-from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.runtime.warmup import warm_up
 from sam2serve.server.batching import (
     BULK,
@@ -50,22 +49,30 @@ from sam2serve.server.cache import (
     image_id_of,
     looks_like_image_id,
 )
+from sam2serve.server.concept_images import ConceptImages
 from sam2serve.server.decode_budget import DecodeBudget, Reservation, image_decode_bytes
 from sam2serve.server.errors import ApiError
 from sam2serve.server.flight import Flight, Flights
 from sam2serve.server.image_folder import FolderIndex
 from sam2serve.server.memory import IdleRelease, release_free_memory
 from sam2serve.server.metrics import Metrics
-from sam2serve.server.settings import ServerSettings
+from sam2serve.server.request_clock import RequestClock
+from sam2serve.server.settings_groups import (
+    BatchingSettings,
+    CacheSettings,
+    ConceptSettings,
+    LimitSettings,
+    RuntimeSettings,
+    StoreSettings,
+)
 from sam2serve.server.uploads import decode_image, probe_image
-from sam2serve.server.video_sessions import SessionLimits, VideoSessions
+from sam2serve.server.video_sessions import VideoSessions
 from sam2serve.store.embedding_store import EmbeddingStore
 from sam2serve.store.identity import StoreIdentity, embedding_dtype, weights_identity
 from sam2serve.store.location import StoreError
 
 if TYPE_CHECKING:
     from sam2serve.concepts.runtime import Concepts
-    from sam2serve.server.concept_images import ConceptImages
 
 log = logging.getLogger("sam2serve.server")
 # Longest a request waits for room in the decode budget (less if request_timeout_s is).
@@ -85,84 +92,82 @@ class ImageState:
         return self.embedding.original_size
 
 
-@dataclass
-class RequestClock:
-    """Model time and queue time of one request, over its jobs."""
-
-    queue_s: float = 0.0
-    run_s: float = 0.0
-
-    def add_job(self, timing: JobTiming) -> None:
-        self.queue_s += timing.queue_s
-        self.run_s += timing.run_s
-
-    def timed(self) -> dict[str, float]:
-        return {
-            "inference_ms": round(self.run_s * 1000, 3),
-            "queue_ms": round(self.queue_s * 1000, 3),
-        }
-
-
 class Service:
     """Everything one app shares between requests: model worker, caches, metrics."""
 
     def __init__(
         self,
-        settings: ServerSettings,
         predictor: Predictor,
-        video_predictor: VideoPredictor | None = None,
+        *,
+        runtime: RuntimeSettings,
+        limits: LimitSettings,
+        batching: BatchingSettings,
+        caches: CacheSettings,
+        store: StoreSettings,
+        videos: VideoSessions | None = None,
+        folder: FolderIndex | None = None,
         concepts: Concepts | None = None,
+        concept_limits: ConceptSettings = ConceptSettings(),  # noqa: B008 - frozen
     ) -> None:
-        self.settings = settings
+        """``runtime``: the mode (the caches' keys), the warm-up and the image decoding;
+        ``limits``: what every request is held to (the routes read them here too);
+        ``videos``, ``folder``, ``concepts``: the video sessions, the page's image folder and
+        SAM 3 of this server, each None when it has none; ``concept_limits``: the bounds of
+        concept requests (Label Studio's read them without ``concepts`` too)."""
+        self.limits = limits
+        self.concept_limits = concept_limits
+        self.mode = runtime.mode
+        self.warmup = runtime.warmup
+        self.batching = batching
         self.predictor = predictor
         self.model_name = predictor.model.config.name
         # What the mode computes in (furious: its reduced precision), else the heads' dtype.
         self.dtype_name = embedding_dtype(predictor)
         self.metrics = Metrics()
-        self.cache = EmbeddingCache(settings.caches.cache_bytes)
-        self.store = self._open_store()
-        self.masks = MaskCache(settings.caches.mask_cache_bytes)
+        self.cache = EmbeddingCache(caches.cache_bytes)
+        self.store = _open_store(store, runtime, predictor, self.model_name, self.dtype_name)
+        self.masks = MaskCache(caches.mask_cache_bytes)
         # Decoded bytes of every upload in flight (images, videos, masks, COCO runs).
         self.decoding = DecodeBudget(
-            settings.limits.max_decoded_bytes_in_flight,
-            wait_s=min(settings.limits.request_timeout_s, MAX_DECODE_WAIT_S),
+            limits.max_decoded_bytes_in_flight,
+            wait_s=min(limits.request_timeout_s, MAX_DECODE_WAIT_S),
         )
         self.metrics.watch_decoding(lambda: self.decoding.held, lambda: self.decoding.waiting)
-        # How images for the encoder are decoded (settings.runtime.image_decode), chosen once.
-        self.image_decoder = image_decoder(settings.runtime.image_decode, predictor.device)
+        # How images for the encoder are decoded (runtime.image_decode), chosen once.
+        self.image_decoder = image_decoder(runtime.image_decode, predictor.device)
         log.info("image decode: %s", self.image_decoder.describe())
         self.worker = ModelWorker(
             predictor,
-            max_batch_size=settings.batching.max_batch_size,
-            max_wait_s=settings.batching.max_wait_ms / 1000,
-            max_queue=settings.batching.max_queue,
-            max_bulk_queue=settings.batching.max_bulk_queue,
+            max_batch_size=batching.max_batch_size,
+            max_wait_s=batching.max_wait_ms / 1000,
+            max_queue=batching.max_queue,
+            max_bulk_queue=batching.max_bulk_queue,
             on_batch=self.metrics.observe_batch,
             on_cancel=self.metrics.observe_cancel,
             on_idle=IdleRelease(),
         )
-        # SAM 3 beside SAM 2.1 (settings.concepts.enabled): None when this server has no
-        # concept model (/v1/concepts answers 404 "concepts_disabled").
+        # SAM 3 beside SAM 2.1 (serve --concepts): None when this server has no concept
+        # model (/v1/concepts answers 404 "concepts_disabled").
         self.concepts: ConceptImages | None = None
-        caches = {"embeddings": self.cache.stats, "masks": self.masks.stats}
+        cache_stats = {"embeddings": self.cache.stats, "masks": self.masks.stats}
         if concepts is not None:
-            from sam2serve.server.concept_images import ConceptImages
-
-            self.concepts = ConceptImages(self, concepts)
-            caches["concepts"] = self.concepts.cache.stats
+            self.concepts = ConceptImages(
+                self, concepts, concept_limits, caches.concept_cache_bytes
+            )
+            cache_stats["concepts"] = self.concepts.cache.stats
         self.metrics.watch(
-            caches,
+            cache_stats,
             self.worker.depths,
-            {INTERACTIVE: settings.batching.max_queue, BULK: settings.batching.max_bulk_queue},
+            {INTERACTIVE: batching.max_queue, BULK: batching.max_bulk_queue},
         )
         weights = getattr(predictor.model, "weights_info", None)
         self.weights = _public_weights(weights.as_dict() if weights is not None else {})
-        runtime = predictor.runtime
-        self.backend = runtime.backend if runtime is not None else "custom"
+        identity = predictor.runtime
+        self.backend = identity.backend if identity is not None and identity.backend else "custom"
         self.metrics.model_info.info(
             {
                 "model": self.model_name,
-                "mode": settings.runtime.mode,
+                "mode": self.mode,
                 "backend": self.backend,
                 "device": str(predictor.device),
                 "dtype": self.dtype_name,
@@ -170,31 +175,25 @@ class Service:
                 "weights": str(self.weights.get("source")),
             }
         )
-        # Video tracking sessions (settings.video.enabled): None when this server does not track.
-        self.videos = (
-            None if video_predictor is None else VideoSessions(video_predictor, _limits(settings))
-        )
-        if self.videos is not None:
-            self.metrics.watch_videos(self.videos)
-        # The image folder the annotation page browses (settings.page.images_dir), or None.
-        self.folder = (
-            None
-            if settings.page.images_dir is None
-            else FolderIndex(settings.page.images_dir, videos=settings.video.enabled)
-        )
+        # Video tracking sessions (serve --video): None when this server does not track.
+        self.videos = videos
+        if videos is not None:
+            self.metrics.watch_videos(videos)
+        # The image folder the annotation page browses (serve --images), or None.
+        self.folder = folder
         self.ready = False
         self._bulk_jobs: dict[str, int] = {}  # per client: bulk jobs queued or running
         # Encodes under way, by image: concurrent requests for one image share one.
         self.flights: Flights[EmbeddingKey, tuple[Embedding, JobTiming]] = Flights(
             self.shared_work_dropped
         )
-        self._warmup_task: asyncio.Task | None = None
-        self._reaper_task: asyncio.Task | None = None
+        self._warmup_task: asyncio.Task[None] | None = None
+        self._reaper_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self.worker.start()
-        if self.settings.runtime.warmup:
+        if self.warmup:
             self._warmup_task = asyncio.create_task(self._warm_up())
         else:
             self._set_ready()
@@ -236,26 +235,8 @@ class Service:
             return
         self._set_ready()
 
-    def _open_store(self) -> EmbeddingStore | None:
-        """The persistent store of ``settings.store.location`` for this runtime, or None."""
-        if self.settings.store.location is None:
-            return None
-        weights_info = getattr(self.predictor.model, "weights_info", None)
-        try:
-            weights = weights_identity(weights_info, self.settings.runtime.artifacts)
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"store {self.settings.store.location!r}: {exc}") from None
-        identity = StoreIdentity(
-            self.model_name,
-            self.settings.runtime.mode,
-            self.dtype_name,
-            weights,
-            self.settings.store.dtype,
-        )
-        return EmbeddingStore(self.settings.store.location, identity)
-
     def key_for(self, image_id: str) -> EmbeddingKey:
-        return EmbeddingKey(image_id, self.model_name, self.settings.runtime.mode, self.dtype_name)
+        return EmbeddingKey(image_id, self.model_name, self.mode, self.dtype_name)
 
     def retry_headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.worker.retry_after_s())}
@@ -300,12 +281,12 @@ class Service:
     def bulk_slot(self, client: str) -> Iterator[None]:
         """Hold one of ``client``'s ``max_bulk_jobs_per_client`` bulk slots (else 429)."""
         held = self._bulk_jobs.get(client, 0)
-        if held >= self.settings.batching.max_bulk_jobs_per_client:
+        if held >= self.batching.max_bulk_jobs_per_client:
             raise ApiError(
                 429,
                 "too_many_bulk_jobs",
                 f"this client already has {held} AMG requests queued or running; at most "
-                f"{self.settings.batching.max_bulk_jobs_per_client} per client "
+                f"{self.batching.max_bulk_jobs_per_client} per client "
                 "(max_bulk_jobs_per_client): wait for one to finish",
                 headers=self.retry_headers(),
             )
@@ -340,8 +321,8 @@ class Service:
                 503,
                 "overloaded",
                 f"the server is busy: {exc.depth} model jobs are waiting in this queue "
-                f"(max_queue {self.settings.batching.max_queue} for clicks and encodes, max_bulk_queue "
-                f"{self.settings.batching.max_bulk_queue} for AMG); retry after {exc.retry_after_s} s",
+                f"(max_queue {self.batching.max_queue} for clicks and encodes, max_bulk_queue "
+                f"{self.batching.max_bulk_queue} for AMG); retry after {exc.retry_after_s} s",
                 headers={"Retry-After": str(exc.retry_after_s)},
             ) from None
         except WorkerStopped as exc:
@@ -433,7 +414,9 @@ class Service:
                 if check_size is not None:
                     check_size(pixels.shape[:2])
                 if key in self.cache:  # another request finished it meanwhile
-                    return ImageState(key, self.cache.get(key), cached=True)
+                    finished = self.cache.get(key)
+                    if finished is not None:
+                        return ImageState(key, finished, cached=True)
                 flight = self.flights.get(key)
                 if flight is None:  # the pixels' bytes are held until the encode ends
                     flight = self._start_flight(key, pixels, reservation)
@@ -457,10 +440,10 @@ class Service:
         """The image's pixels and their bytes reserved in the decode budget (reserved from
         the header before decoding, then only what the pixels hold): release it when they
         are no longer needed. ``for_encoder``: pixels only the encoder reads, decoded as
-        settings.runtime.image_decode says (maybe a tensor on the device); else a host
+        runtime.image_decode says (maybe a tensor on the device); else a host
         array."""
         started = time.perf_counter()
-        max_pixels = self.settings.limits.max_pixels
+        max_pixels = self.limits.max_pixels
         width, height = await asyncio.to_thread(probe_image, data, max_pixels)
         reservation = await self.decoding.reserve(
             image_decode_bytes(width, height), f"image of {width}x{height}"
@@ -557,13 +540,23 @@ def _public_weights(weights: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _limits(settings: ServerSettings) -> SessionLimits:
-    return SessionLimits(
-        max_sessions=settings.video.max_video_sessions,
-        max_frames=settings.video.max_video_frames,
-        max_bytes=settings.video.max_video_session_bytes,
-        max_objects=settings.video.max_video_objects,
-        idle_s=settings.video.video_idle_s,
-        max_per_client=settings.video.max_video_sessions_per_client,
-        max_total_bytes=settings.video.max_video_total_bytes,
-    )
+def _open_store(
+    store: StoreSettings,
+    runtime: RuntimeSettings,
+    predictor: Predictor,
+    model_name: str,
+    dtype_name: str,
+) -> EmbeddingStore | None:
+    """The persistent store at ``store.location`` for this runtime, or None."""
+    if store.location is None:
+        return None
+    weights_info = getattr(predictor.model, "weights_info", None)
+    try:
+        weights = weights_identity(weights_info, runtime.artifacts)
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"store {store.location!r}: {exc}") from None
+    identity = StoreIdentity(model_name, runtime.mode, dtype_name, weights, store.dtype)
+    return EmbeddingStore(store.location, identity)
+
+
+__all__ = ["MAX_DECODE_WAIT_S", "ImageState", "RequestClock", "Service"]

@@ -8,13 +8,14 @@ and every answer repeats; frames by their 0-based index in the uploaded video.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sam2serve.concepts.video_seed import DEFAULT_DEDUPE_IOU
 from sam2serve.engine.prompts import Prompt
 from sam2serve.server.concept_schemas import ConceptPrompts
+from sam2serve.server.live_modes import LiveMode
 from sam2serve.server.object_names import NAME_DOC, ObjectName
 from sam2serve.server.schemas import (
     MASK_FORMAT_DOC,
@@ -43,10 +44,11 @@ class MaskPrompt(_Strict):
     )
 
 
-class VideoPromptRequest(_Strict):
-    """Prompts for one object on one frame: clicks and/or a box, or a mask."""
+class _ObjectPrompt(_Strict):
+    """Prompts for one object on one frame: what POST .../prompts and a live prompt share
+    (the frame is named by each its own way)."""
 
-    frame_idx: int = Field(ge=0, le=MAX_FRAME_IDX, description="The frame (0-based).")
+    frame_idx: int | None = Field(None, ge=0, le=MAX_FRAME_IDX, description="The frame.")
     obj_id: int = Field(
         ge=0, le=MAX_OBJ_ID, description="The object, an id the client chooses (new ids add one)."
     )
@@ -79,7 +81,7 @@ class VideoPromptRequest(_Strict):
     )
 
     @model_validator(mode="after")
-    def _one_kind_of_prompt(self) -> VideoPromptRequest:
+    def _one_kind_of_prompt(self) -> Self:
         clicks = bool(self.points) or self.box is not None
         if self.mask is not None and clicks:
             raise ValueError("give either points and/or a box, or a mask - not both")
@@ -88,6 +90,46 @@ class VideoPromptRequest(_Strict):
         if clicks:
             Prompt.from_api(self)  # the engine's checks, as for an image's object
         return self
+
+
+class VideoPromptRequest(_ObjectPrompt):
+    """Prompts for one object on one frame: clicks and/or a box, or a mask."""
+
+    frame_idx: int = Field(ge=0, le=MAX_FRAME_IDX, description="The frame (0-based).")
+
+
+class LivePromptMessage(_ObjectPrompt):
+    """A prompt on a live connection: POST .../prompts' body (no mask) with a type."""
+
+    type: str = Field("prompt", pattern="^prompt$")
+    frame_idx: int | None = Field(
+        None, ge=0, le=MAX_FRAME_IDX, description="The frame (0-based), or give seq."
+    )
+    seq: int | None = Field(
+        None, ge=0, description="The frame by the seq it was sent as on this connection."
+    )
+
+    @model_validator(mode="after")
+    def _one_frame(self) -> Self:
+        if (self.frame_idx is None) == (self.seq is None):
+            raise ValueError("name the frame by frame_idx or by seq (one of them)")
+        return self
+
+
+class LiveVideoRequest(BaseModel):
+    """A live video's frame size (and rate, for the record)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    width: int = Field(ge=1, le=16384, description="Frame width in pixels.")
+    height: int = Field(ge=1, le=16384, description="Frame height in pixels.")
+    fps: float | None = Field(None, gt=0, le=1000, description="The stream's frame rate.")
+    mode: LiveMode = Field(
+        "every",
+        description='Frames that come faster than they are tracked: "every" tracks each '
+        '(one sent while max_live_pending wait is refused, too_fast); "latest" tracks the '
+        "newest, a newer frame replacing the waiting one (answered as skipped).",
+    )
 
 
 class PropagateRequest(_Strict):
@@ -229,6 +271,8 @@ def session_out(description: dict[str, Any], model: str) -> VideoSessionOut:
 
 
 __all__ = [
+    "LivePromptMessage",
+    "LiveVideoRequest",
     "MaskPrompt",
     "ObjectRenameRequest",
     "PropagateDone",

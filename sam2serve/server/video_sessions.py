@@ -35,11 +35,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from sam2serve.engine.video.predictor import VideoPredictor
+from sam2serve.engine.video.retention import memory_window
 from sam2serve.engine.video.sources import LiveFrames
 from sam2serve.engine.video.state import VideoState, object_frame_bytes
 from sam2serve.engine.video_io import VideoFrames
 from sam2serve.server.errors import ApiError
 from sam2serve.server.session_ids import new_session_id
+from sam2serve.server.settings_groups import LiveSettings, VideoSettings
 
 # Frames decoded to uint8 RGB: what the session's frames cost in memory.
 _BYTES_PER_PIXEL = 3
@@ -55,6 +57,22 @@ class SessionLimits:
     max_per_client: int
     # Every session's counted bytes together (None: only the per-session limit).
     max_total_bytes: int | None = None
+    # The upload (a video file or its frames) that creates a session (None: unbounded).
+    max_upload_bytes: int | None = None
+
+    @classmethod
+    def of(cls, video: VideoSettings) -> SessionLimits:
+        """The limits the server's video settings set."""
+        return cls(
+            max_sessions=video.max_video_sessions,
+            max_frames=video.max_video_frames,
+            max_bytes=video.max_video_session_bytes,
+            max_objects=video.max_video_objects,
+            idle_s=video.video_idle_s,
+            max_per_client=video.max_video_sessions_per_client,
+            max_total_bytes=video.max_video_total_bytes,
+            max_upload_bytes=video.max_video_upload_bytes,
+        )
 
 
 @dataclass(eq=False)
@@ -126,16 +144,19 @@ class VideoSession:
 
 
 class VideoSessions:
-    """The sessions of one process (one replica), their limits and their expiry."""
+    """The sessions of one process (one replica), their limits and their expiry; ``live``:
+    what a live session keeps (its newest frames, its prompted frames)."""
 
     def __init__(
         self,
         predictor: VideoPredictor,
         limits: SessionLimits,
+        live: LiveSettings,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.predictor = predictor
         self.limits = limits
+        self.live = live
         self.clock = clock
         self.object_frame_bytes = object_frame_bytes(predictor.model)
         self._sessions: dict[str, VideoSession] = {}
@@ -291,16 +312,15 @@ class VideoSessions:
         return session
 
     def create_live(
-        self,
-        source: LiveFrames,
-        fps: float | None,
-        client: str,
-        tracked_frames: int,
-        mode: str = "every",
+        self, height: int, width: int, fps: float | None, client: str, mode: str = "every"
     ) -> VideoSession:
-        """A new live session of ``client`` for frames that will come (``source``, empty),
-        tracking with bounded retention: each object holds at most ``tracked_frames``
-        frames' state, so the byte limit counts that many, not the video's length."""
+        """A new live session of ``client`` for frames of ``height`` x ``width`` that will
+        come, of which it holds the newest ``live_frames_kept``, tracking with bounded
+        retention: each object holds the frames SAM 2's memory reads next and its
+        ``max_live_prompted_frames`` prompted ones, so the byte limit counts that many, not
+        the video's length."""
+        source = LiveFrames(height, width, keep=self.live.live_frames_kept)
+        tracked_frames = memory_window(self.predictor.config) + self.live.max_live_prompted_frames
         self.check_room(client)
         frames_bytes = source.keep * source.height * source.width * _BYTES_PER_PIXEL
         self._check_bytes(frames_bytes, tracked_frames, objects=1, what="the live video")
@@ -375,13 +395,12 @@ class VideoSessions:
         """Frames and tracking memory of every session (the metric)."""
         return sum(s.frames_bytes + s.state.memory_bytes() for s in self._sessions.values())
 
-    def check_live_prompt(
-        self, session: VideoSession, obj_id: int, frame_idx: int, max_prompted_frames: int
-    ) -> None:
+    def check_live_prompt(self, session: VideoSession, obj_id: int, frame_idx: int) -> None:
         """On a live session, 422 unless ``frame_idx`` is still held and ``obj_id`` stays
-        within ``max_prompted_frames`` prompted frames (each a memory kept for good)."""
+        within ``max_live_prompted_frames`` prompted frames (each a memory kept for good)."""
         if not session.live:
             return
+        max_prompted_frames = self.live.max_live_prompted_frames
         source = session.state.source
         assert isinstance(source, LiveFrames)
         if not source.oldest_held <= frame_idx < len(source):

@@ -331,7 +331,7 @@ def engine_track_boxes(boxes: list[list[float]], num_frames: int) -> list[list[l
 
     settings = ServerSettings.from_flat(random_weights=True, seed=0, video=True, warmup=False)
     image = build_predictor(settings.runtime.spec(), settings.runtime.weights_source())
-    tracker = load_video_predictor(settings, image)
+    tracker = load_video_predictor(settings.runtime, image)
     frames = decode_video(io.BytesIO(clip_bytes(num_frames)), "clip").frames
     state = tracker.init_state(frames)
     for obj_id, box in enumerate(boxes):

@@ -220,7 +220,7 @@ def test_a_name_that_is_not_an_image_of_the_folder_is_refused(page_server, name,
     assert error["code"] == code
     assert "name" in error["message"] or "query.name" in error["message"]
     assert "outside the folder" not in answer.text
-    assert str(page_server.service.settings.page.images_dir) not in answer.text
+    assert str(page_server.service.folder.root_dir) not in answer.text
 
 
 def test_the_name_is_never_a_path_even_when_encoded(page_server):

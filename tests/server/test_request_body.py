@@ -16,12 +16,12 @@ from sam2serve.server.request_body import json_depth, load_json
 from sam2serve.server.settings import ServerSettings
 from sam2serve.server.uploads import decode_base64_image
 
-SETTINGS = ServerSettings.from_flat(max_json_items=1000, max_json_depth=8)
+LIMITS = ServerSettings.from_flat(max_json_items=1000, max_json_depth=8).limits
 
 
 def refused(raw: bytes) -> ApiError:
     with pytest.raises(ApiError) as caught:
-        load_json(raw, SETTINGS, "the body")
+        load_json(raw, LIMITS, "the body")
     return caught.value
 
 
@@ -31,7 +31,7 @@ def test_items_are_counted_before_parsing():
     assert (error.status, error.code) == (413, "json_too_large")
     assert "1002 JSON items" in error.message and "max_json_items" in error.message
     # Strings count nothing, so a large image in base64 is never refused for its size.
-    assert load_json(json.dumps({"image": "A" * 100_000}).encode(), SETTINGS, "x")
+    assert load_json(json.dumps({"image": "A" * 100_000}).encode(), LIMITS, "x")
 
 
 @pytest.mark.parametrize("depth", [9, 500, 100_000])
@@ -41,7 +41,7 @@ def test_nesting_deeper_than_the_limit_is_a_400(depth):
     if error is None:  # past max_json_items too: refused for its size first
         error = refused(raw)
         assert error.code == "json_too_large"
-        deep = ServerSettings.from_flat(max_json_items=200_000, max_json_depth=8)
+        deep = ServerSettings.from_flat(max_json_items=200_000, max_json_depth=8).limits
         with pytest.raises(ApiError) as caught:  # json's own RecursionError, caught
             load_json(raw, deep, "the body")
         error = caught.value

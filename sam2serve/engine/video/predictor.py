@@ -14,7 +14,7 @@ encoder once.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -351,7 +351,7 @@ class VideoPredictor:
         start_frame_idx: int | None = None,
         max_frame_num_to_track: int | None = None,
         reverse: bool = False,
-    ) -> Iterator[FrameMasks]:
+    ) -> Generator[FrameMasks, None, None]:
         """Track every object through the video, yielding each frame's masks in order:
         from ``start_frame_idx`` (default: the first prompted frame) forward to the end, or
         in reverse to frame 0, at most ``max_frame_num_to_track`` frames further."""

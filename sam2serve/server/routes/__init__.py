@@ -7,7 +7,8 @@
 - health.py: GET /healthz, /readyz (probes) and /metrics (Prometheus)
 - coco.py: POST /v1/coco (masks a client holds -> a COCO file, by the engine's writer)
 - images.py: GET /v1/images, /v1/images/file (the server's image folder, serve --images)
-- videos.py: /v1/videos (video tracking sessions: upload, prompts, streamed propagation)
+- videos.py: /v1/videos (video tracking sessions: upload, read, edit, close)
+- video_prompts.py: /v1/videos/{id}/prompts and /propagate (prompts, streamed propagation)
 - video_concepts.py: POST /v1/videos/{id}/concepts (SAM 3 on one frame seeds new objects)
 - video_frames.py: GET /v1/videos/{id}/frames/{i} (a session's frame as a JPEG, for the page)
 - video_export.py: POST /v1/video-export (a video's masks a client holds -> COCO, YouTube-VIS)
@@ -39,6 +40,7 @@ from sam2serve.server.routes import (
     video_export,
     video_frames,
     video_live,
+    video_prompts,
     videos,
 )
 
@@ -51,6 +53,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     coco.router,
     images.router,
     videos.router,
+    video_prompts.router,
     video_concepts.router,
     video_frames.router,
     video_export.router,

@@ -17,7 +17,7 @@ from sam2serve.engine.amg import MaskGenerator, MaskRecord, finite_or_none
 from sam2serve.server import schemas
 from sam2serve.server.answers import json_answer
 from sam2serve.server.batching import JobContext
-from sam2serve.server.dependencies import PredictorDep, ServiceDep, SettingsDep
+from sam2serve.server.dependencies import LimitsDep, PredictorDep, ServiceDep
 from sam2serve.server.prompts import amg_params
 from sam2serve.server.request_body import require_image
 from sam2serve.server.routes.common import (
@@ -41,18 +41,18 @@ router = v1_router()
     openapi_extra=body_doc(schemas.AMGRequest),
 )
 async def amg(
-    request: Request, service: ServiceDep, settings: SettingsDep, predictor: PredictorDep
+    request: Request, service: ServiceDep, limits: LimitsDep, predictor: PredictorDep
 ) -> Response:
     clock = RequestClock()
     body, data = await read_body(request, schemas.AMGRequest, service)
-    data = require_image(data, "; AMG needs the pixels, not an image_id")
-    params = amg_params(body.params, settings)
+    upload = require_image(data, "; AMG needs the pixels, not an image_id")
+    params = amg_params(body.params, limits)
 
     async def work() -> Response:
         generator = MaskGenerator(predictor, **params.to_dict())
-        pixels, reservation = await service.decode(data)
+        pixels, reservation = await service.decode(upload)
         with reservation:  # AMG crops the pixels: their bytes stay reserved until it ends
-            image = await service.image_from_bytes(data, clock, pixels)
+            image = await service.image_from_bytes(upload, clock, pixels)
 
             def run(context: JobContext) -> list[MaskRecord]:
                 return generator.generate(
@@ -82,7 +82,9 @@ async def amg(
         return await guarded(request, work, service)
 
 
-def _records_out(records: list[MaskRecord], segmentations: list[Any]) -> list[schemas.AMGRecord]:
+def _records_out(
+    records: list[dict[str, Any]], segmentations: list[Any]
+) -> list[schemas.AMGRecord]:
     """(In a worker thread.) The generator's records with their formatted masks."""
     return [
         schemas.AMGRecord(

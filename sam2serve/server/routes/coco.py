@@ -31,12 +31,11 @@ from sam2serve.engine.user_text import (
     check_file_name,
     check_name,
 )
-from sam2serve.server.dependencies import ServiceDep, SettingsDep
+from sam2serve.server.dependencies import LimitsDep, ServiceDep
 from sam2serve.server.errors import ApiError
 from sam2serve.server.memory import release_free_memory
 from sam2serve.server.request_body import JSON_MEDIA
 from sam2serve.server.routes.common import inline_schema, read_body, v1_router
-from sam2serve.server.settings import ServerSettings
 
 MAX_IMAGES = 256
 MAX_OBJECTS_PER_IMAGE = 4096
@@ -176,13 +175,13 @@ class CocoFile(BaseModel):
         }
     },
 )
-async def coco(request: Request, service: ServiceDep, settings: SettingsDep) -> Response:
+async def coco(request: Request, service: ServiceDep, limits: LimitsDep) -> Response:
     body, image = await read_body(request, CocoRequest, service)
     if image is not None:
         raise ApiError(422, "invalid_request", "image: /v1/coco takes masks, not an image")
     reservation = await service.decoding.reserve(decode_bytes(body), "the masks' runs")
     with reservation:
-        text = await asyncio.to_thread(dataset_json, body, settings)
+        text = await asyncio.to_thread(dataset_json, body, limits.max_pixels)
     return Response(text, media_type=JSON_MEDIA)
 
 
@@ -199,16 +198,16 @@ def decode_bytes(body: CocoRequest) -> int:
     )
 
 
-def dataset_json(body: CocoRequest, settings: ServerSettings) -> str:
+def dataset_json(body: CocoRequest, max_pixels: int) -> str:
     """(In a worker thread.) The COCO file of the request as JSON text (the writer's own
     dict: an annotation without a score has no "score" key)."""
     try:
-        return json.dumps(build_dataset(body, settings), allow_nan=False)
+        return json.dumps(build_dataset(body, max_pixels), allow_nan=False)
     finally:
         release_free_memory()  # the runs' arrays: give their pages back now
 
 
-def build_dataset(body: CocoRequest, settings: ServerSettings) -> dict[str, Any]:
+def build_dataset(body: CocoRequest, max_pixels: int) -> dict[str, Any]:
     """(In a worker thread.) The COCO dict of the request, or a 422 naming the bad mask."""
     names: dict[str, int] = {}
     for image in body.images:
@@ -221,12 +220,12 @@ def build_dataset(body: CocoRequest, settings: ServerSettings) -> dict[str, Any]
     writer = CocoWriter(coco_info(body.description), categories)
     for i, image in enumerate(body.images):
         where = f"images[{i}]"
-        if image.width * image.height > settings.limits.max_pixels:
+        if image.width * image.height > max_pixels:
             raise ApiError(
                 422,
                 "invalid_request",
                 f"{where}: {image.width}x{image.height} pixels; the limit is "
-                f"{settings.limits.max_pixels} (max_pixels)",
+                f"{max_pixels} (max_pixels)",
             )
         records = [
             {

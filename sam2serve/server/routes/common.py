@@ -1,5 +1,6 @@
 """What the /v1 routes share: their router's policy, their OpenAPI pieces, and the steps
-every request takes (read the body, run the work guarded, describe the image, format masks).
+every request takes (read the body, run the work guarded, describe the image, format masks:
+:func:`~sam2serve.server.segmentations.format_segmentations`, handed on from here).
 
 The steps are plain functions of the request and the :class:`Service` they act on, so a
 route reads top to bottom as its request's flow and nothing is captured from an app.
@@ -7,7 +8,6 @@ route reads top to bottom as its request's flow and nothing is captured from an 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,7 +16,6 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from sam2serve.engine.rle import Rle
 from sam2serve.server import schemas
 from sam2serve.server.auth import require_api_key
 from sam2serve.server.request_body import (
@@ -29,6 +28,7 @@ from sam2serve.server.request_body import (
     parse_body,
 )
 from sam2serve.server.request_guard import run_guarded
+from sam2serve.server.segmentations import format_segmentations
 from sam2serve.server.service import ImageState, Service
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -125,7 +125,7 @@ async def read_body(
 ) -> tuple[ModelT, bytes | None]:
     """The request model and the image bytes (if any), within the app's body limits."""
     started = time.perf_counter()
-    parsed = await parse_body(request, model, service.settings)
+    parsed = await parse_body(request, model, service.limits)
     service.metrics.stage_latency.labels("read_body").observe(time.perf_counter() - started)
     return parsed
 
@@ -134,9 +134,7 @@ def guarded(
     request: Request, work: Callable[[], Awaitable[Response]], service: Service
 ) -> Awaitable[Response]:
     """The work after the body: within request_timeout_s, cancelled if the client goes."""
-    return run_guarded(
-        request, work, service.settings.limits.request_timeout_s, service.retry_headers
-    )
+    return run_guarded(request, work, service.limits.request_timeout_s, service.retry_headers)
 
 
 def image_fields(image: ImageState, service: Service) -> dict[str, Any]:
@@ -151,11 +149,16 @@ def image_fields(image: ImageState, service: Service) -> dict[str, Any]:
     }
 
 
-async def format_segmentations(rles: list[Rle], mask_format: str, service: Service) -> list[Any]:
-    """Masks in the requested format, encoded off the event loop (polygons and PNGs cost)."""
-    started = time.perf_counter()
-    out = await asyncio.to_thread(
-        lambda: [schemas.encode_segmentation(rle, mask_format) for rle in rles]
-    )
-    service.metrics.stage_latency.labels("format").observe(time.perf_counter() - started)
-    return out
+__all__ = [
+    "ERROR_RESPONSES",
+    "body_doc",
+    "client_address",
+    "format_segmentations",
+    "guarded",
+    "image_fields",
+    "inline_schema",
+    "json_body_doc",
+    "json_response",
+    "read_body",
+    "v1_router",
+]

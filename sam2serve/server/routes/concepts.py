@@ -12,7 +12,7 @@ concept model answers 404 ``concepts_disabled``, naming how to enable it.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, TypedDict
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -25,7 +25,7 @@ from sam2serve.server import concept_schemas as cs
 from sam2serve.server import schemas
 from sam2serve.server.answers import json_answer
 from sam2serve.server.concept_images import ConceptImage, ConceptImages, DetectedConcept
-from sam2serve.server.dependencies import ServiceDep, SettingsDep
+from sam2serve.server.dependencies import LimitsDep, ServiceDep
 from sam2serve.server.errors import ApiError
 from sam2serve.server.routes.common import (
     body_doc,
@@ -35,7 +35,7 @@ from sam2serve.server.routes.common import (
     v1_router,
 )
 from sam2serve.server.service import RequestClock, Service
-from sam2serve.server.settings import ServerSettings
+from sam2serve.server.settings_groups import ConceptSettings
 from sam2serve.server.uploads import probe_image
 
 router = v1_router()
@@ -54,10 +54,9 @@ def concepts_of(service: Service) -> ConceptImages:
     return service.concepts
 
 
-def check_concept_counts(body: cs.ConceptsRequest, settings: ServerSettings) -> None:
+def check_concept_counts(body: cs.ConceptsRequest, limits: ConceptSettings) -> None:
     """The server's limits on a request, before any image work (the schema's bounds are
     the API's; these may be lower)."""
-    limits = settings.concepts
     for field, count, limit, name in (
         ("phrases", len(body.phrases), limits.max_concept_phrases, "max_concept_phrases"),
         ("boxes", len(body.boxes), limits.max_concept_boxes, "max_concept_boxes"),
@@ -76,7 +75,17 @@ def check_concept_counts(body: cs.ConceptsRequest, settings: ServerSettings) -> 
             )
 
 
-def check_boxes_inside(body: cs.ConceptsRequest, size: tuple[int, int]) -> None:
+def exemplar_boxes(body: cs.ConceptPrompts) -> list[ExemplarBox]:
+    """The request's exemplar boxes as the engine takes them (the schema checked each has
+    four corners)."""
+    out = []
+    for exemplar in body.boxes:
+        x0, y0, x1, y1 = exemplar.box
+        out.append(ExemplarBox((x0, y0, x1, y1), exemplar.positive))
+    return out
+
+
+def check_boxes_inside(body: cs.ConceptPrompts, size: tuple[int, int]) -> None:
     """422 naming the first exemplar box that is not inside the image (the rule of
     :func:`sam2serve.concepts.phrases.check_box`, the command line's)."""
     for i, exemplar in enumerate(body.boxes):
@@ -104,15 +113,15 @@ def check_boxes_inside(body: cs.ConceptsRequest, size: tuple[int, int]) -> None:
         },
     },
 )
-async def concepts(request: Request, service: ServiceDep, settings: SettingsDep) -> Response:
+async def concepts(request: Request, service: ServiceDep, limits: LimitsDep) -> Response:
     clock = RequestClock()
     model = concepts_of(service)
     body, data = await read_body(request, cs.ConceptsRequest, service)
     body = body.with_server_default(model.concepts.spec.random_weights)
-    check_concept_counts(body, settings)
-    boxes = [ExemplarBox(tuple(b.box), b.positive) for b in body.boxes]  # type: ignore[arg-type]  # the schema checked 4 numbers
+    check_concept_counts(body, model.limits)
+    boxes = exemplar_boxes(body)
     phrases = body.prompt_phrases()
-    max_instances = body.max_instances or settings.concepts.max_concept_instances
+    max_instances = body.max_instances or model.limits.max_concept_instances
 
     def check_size(size: tuple[int, int]) -> None:  # before the image is encoded
         check_boxes_inside(body, size)
@@ -123,7 +132,7 @@ async def concepts(request: Request, service: ServiceDep, settings: SettingsDep)
             # From the header, nothing decoded (413 past max_pixels): masks that could never
             # fit are refused before a decode (width x height: the EXIF turn cannot change
             # it; boxes are checked against the turned image, after the decode).
-            width, height = await asyncio.to_thread(probe_image, data, settings.limits.max_pixels)
+            width, height = await asyncio.to_thread(probe_image, data, limits.max_pixels)
             if width and height:
                 model.check_mask_budget(len(phrases), max_instances, (height, width))
         image = await model.resolve(data, body.image_id, clock, check_size=check_size)
@@ -144,7 +153,15 @@ async def concepts(request: Request, service: ServiceDep, settings: SettingsDep)
     return await guarded(request, work, service)
 
 
-def _image_fields(image: ConceptImage, model: ConceptImages) -> dict[str, object]:
+class _ImageFields(TypedDict):
+    image_id: str
+    width: int
+    height: int
+    model: str
+    cached: bool
+
+
+def _image_fields(image: ConceptImage, model: ConceptImages) -> _ImageFields:
     height, width = image.size
     return {
         "image_id": image.key.image_id,

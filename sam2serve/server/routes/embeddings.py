@@ -35,10 +35,10 @@ router = v1_router()
 async def embeddings(request: Request, service: ServiceDep) -> Response:
     clock = RequestClock()
     _, data = await read_body(request, schemas.EmbeddingRequest, service)
-    data = require_image(data)
+    image_bytes = require_image(data)
 
     async def work() -> Response:
-        image = await service.image_from_bytes(data, clock)
+        image = await service.image_from_bytes(image_bytes, clock)
         return json_response(
             schemas.EmbeddingResponse(**image_fields(image, service), **clock.timed())
         )

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 
 from sam2serve.server import schemas
 from sam2serve.server.auth import require_api_key
-from sam2serve.server.dependencies import PredictorDep, ServiceDep, SettingsDep
+from sam2serve.server.dependencies import PredictorDep, ServiceDep
 from sam2serve.server.errors import ApiError
 from sam2serve.server.routes.common import ERROR_RESPONSES
 
@@ -31,9 +31,7 @@ async def healthz() -> schemas.Health:
     responses={503: {"model": schemas.ErrorResponse, "description": "Not warm yet"}},
     summary="The model is loaded and warm",
 )
-async def readyz(
-    service: ServiceDep, settings: SettingsDep, predictor: PredictorDep
-) -> schemas.Ready:
+async def readyz(service: ServiceDep, predictor: PredictorDep) -> schemas.Ready:
     if not service.ready:
         raise ApiError(
             503,
@@ -41,10 +39,10 @@ async def readyz(
             "the model is warming up; retry shortly",
             headers={"Retry-After": "1"},
         )
-    concepts = settings.concepts if service.concepts is not None else None
+    concepts = service.concepts.limits if service.concepts is not None else None
     return schemas.Ready(
         model=service.model_name,
-        mode=settings.runtime.mode,
+        mode=service.mode,
         backend=service.backend,
         device=str(predictor.device),
         dtype=service.dtype_name,

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from sam2serve.server import schemas
 from sam2serve.server.auth import require_api_key
-from sam2serve.server.dependencies import ServiceDep
+from sam2serve.server.dependencies import ServiceDep, VideoSettingsDep
 from sam2serve.server.errors import ApiError
 from sam2serve.server.image_folder import (
     IMAGE_EXTENSIONS,
@@ -147,6 +147,7 @@ async def list_images(
 )
 async def read_image(
     service: ServiceDep,
+    video: VideoSettingsDep,
     name: Annotated[
         str,
         Query(
@@ -171,9 +172,7 @@ async def read_image(
     if folder is not None:  # a frame of a subfolder: image files only
         root = subfolder(root, frames_folder(index, folder))
         check_name(name)
-        data = await asyncio.to_thread(
-            read_image_file, root, name, service.settings.limits.max_upload_bytes
-        )
+        data = await asyncio.to_thread(read_image_file, root, name, service.limits.max_upload_bytes)
         return Response(
             data,
             media_type=MEDIA_TYPES[Path(name).suffix.lower()],
@@ -183,13 +182,11 @@ async def read_image(
     media_type = MEDIA_TYPES[Path(name).suffix.lower()]
     headers = {"Cache-Control": "private, no-cache", "X-Content-Type-Options": "nosniff"}
     if kind_of(name) == "video":
-        limit = service.settings.video.max_video_upload_bytes  # what a session would accept
+        limit = video.max_video_upload_bytes  # what a session would accept
         size, chunks = await asyncio.to_thread(file_chunks, root, name, limit, index.extensions)
         headers["Content-Length"] = str(size)
         return StreamingResponse(chunks, media_type=media_type, headers=headers)
-    data = await asyncio.to_thread(
-        read_image_file, root, name, service.settings.limits.max_upload_bytes
-    )
+    data = await asyncio.to_thread(read_image_file, root, name, service.limits.max_upload_bytes)
     return Response(data, media_type=media_type, headers=headers)
 
 

@@ -19,7 +19,7 @@ from sam2serve.engine.rle import area_from_rle
 from sam2serve.server import schemas
 from sam2serve.server.answers import json_answer
 from sam2serve.server.batching import JobContext
-from sam2serve.server.dependencies import PredictorDep, ServiceDep, SettingsDep
+from sam2serve.server.dependencies import LimitsDep, PredictorDep, ServiceDep
 from sam2serve.server.errors import ApiError
 from sam2serve.server.prompts import (
     DecodedMasks,
@@ -47,11 +47,11 @@ router = v1_router()
     openapi_extra=body_doc(schemas.SegmentRequest),
 )
 async def segment(
-    request: Request, service: ServiceDep, settings: SettingsDep, predictor: PredictorDep
+    request: Request, service: ServiceDep, limits: LimitsDep, predictor: PredictorDep
 ) -> Response:
     clock = RequestClock()
     body, data = await read_body(request, schemas.SegmentRequest, service)
-    check_prompt_counts(body, settings)
+    check_prompt_counts(body, limits)
     prompts = [Prompt.from_api(obj) for obj in body.objects]  # valid: the schema checked
     if body.model == "sam3":  # SAM 3's tracker heads (serve --concepts)
         from sam2serve.server.routes.segment_sam3 import segment_sam3

@@ -94,7 +94,7 @@ async def segment_sam3(
             "model": model.model_name,
             "cached": image.cached,
         }
-        timed: dict[str, Any] = clock.timed()
+        timed = clock.timed()
         return await json_answer(
             lambda: schemas.SegmentResponse(
                 **fields, objects=_objects_out(decoded, mask_ids, segmentations), **timed

@@ -28,7 +28,6 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from sam2serve.concepts.engine import ExemplarBox
 from sam2serve.concepts.video_seed import Seed, concept_seeds
 from sam2serve.engine.video.outputs import ObjectMask, object_masks
 from sam2serve.engine.video.predictor import VideoPromptError
@@ -46,10 +45,12 @@ from sam2serve.server.routes.common import (
     read_body,
     v1_router,
 )
-from sam2serve.server.routes.concepts import check_boxes_inside, concepts_of
-from sam2serve.server.routes.videos import VideosDep, _check_frame, frame_gone
+from sam2serve.server.routes.concepts import check_boxes_inside, concepts_of, exemplar_boxes
+from sam2serve.server.routes.videos import VideosDep
 from sam2serve.server.service import RequestClock
 from sam2serve.server.settings import ConceptSettings
+from sam2serve.server.video_answers import frame_gone
+from sam2serve.server.video_prompt_checks import check_frame
 from sam2serve.server.video_sessions import VideoSession, VideoSessions
 
 JOB = "video_concepts"
@@ -85,19 +86,19 @@ async def add_concepts(
     model = concepts_of(service)
     body, _ = await read_body(request, vs.VideoConceptsRequest, service)
     body = body.with_server_default(model.concepts.spec.random_weights)
-    limits = service.settings.concepts
+    limits = model.limits
     session = videos.get(session_id)
     state = session.state
     room = videos.limits.max_objects - len(state.obj_ids)
     count = body.max_instances or max(1, min(room, limits.max_concept_instances))
     _check_counts(body, count, limits)
-    _check_frame(body.frame_idx, state.num_frames, "frame_idx")
-    check_boxes_inside(body, (state.height, state.width))  # type: ignore[arg-type]  # its video request has the image request's boxes
+    check_frame(body.frame_idx, state.num_frames, "frame_idx")
+    check_boxes_inside(body, (state.height, state.width))
     videos.check_new_objects(session, count, f"max_instances {count}")
     phrases = body.prompt_phrases()
     size = (state.height, state.width)
     model.check_mask_budget(len(phrases), count, size)
-    boxes = [ExemplarBox(tuple(b.box), b.positive) for b in body.boxes]  # type: ignore[arg-type]  # the schema checked 4 numbers
+    boxes = exemplar_boxes(body)
 
     async def work() -> Response:
         reservation = await service.decoding.reserve(
@@ -107,9 +108,7 @@ async def add_concepts(
         with reservation, videos.using(session, "concepts"):
             videos.check_new_objects(session, count, "the objects asked for")
             ids = _free_ids(session, count)
-            videos.check_live_prompt(
-                session, ids[0], body.frame_idx, service.settings.live.max_live_prompted_frames
-            )
+            videos.check_live_prompt(session, ids[0], body.frame_idx)
 
             def run(context: JobContext) -> tuple[list[Seed], list[ObjectMask]]:
                 frame = state.source.frame(body.frame_idx)

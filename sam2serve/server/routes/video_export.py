@@ -44,7 +44,7 @@ from sam2serve.engine.video.export import (
     video_folder,
     video_youtube_vis,
 )
-from sam2serve.server.dependencies import ServiceDep
+from sam2serve.server.dependencies import ServiceDep, VideoSettingsDep
 from sam2serve.server.errors import ApiError
 from sam2serve.server.memory import release_free_memory
 from sam2serve.server.request_body import JSON_MEDIA
@@ -59,7 +59,6 @@ from sam2serve.server.routes.coco import (
 )
 from sam2serve.server.routes.common import inline_schema, read_body, v1_router
 from sam2serve.server.service import Service
-from sam2serve.server.settings import ServerSettings
 from sam2serve.server.video_sessions import VideoSession
 
 EXPORT_PATH = "/v1/video-export"
@@ -149,11 +148,11 @@ class VideoExportRequest(_Strict):
         }
     },
 )
-async def video_export(request: Request, service: ServiceDep) -> Response:
+async def video_export(request: Request, service: ServiceDep, video: VideoSettingsDep) -> Response:
     body, image = await read_body(request, VideoExportRequest, service)
     if image is not None:
         raise ApiError(422, "invalid_request", "image: /v1/video-export takes masks, not images")
-    check_bounds(body, service.settings)
+    check_bounds(body, video.max_video_frames, service.limits.max_pixels)
     names = session_names(body, service)
     reservation = await service.decoding.reserve(decode_bytes(body), "the masks' runs")
     with reservation:
@@ -161,19 +160,18 @@ async def video_export(request: Request, service: ServiceDep) -> Response:
     return Response(text, media_type=JSON_MEDIA)
 
 
-def check_bounds(body: VideoExportRequest, settings: ServerSettings) -> None:
+def check_bounds(body: VideoExportRequest, max_frames: int, max_pixels: int) -> None:
     """422 for a video larger than the server tracks or an answer larger than it writes."""
     video = body.video
     problems = []
-    if video.num_frames > settings.video.max_video_frames:
+    if video.num_frames > max_frames:
         problems.append(
             f"video.num_frames: {video.num_frames}; this server tracks at most "
-            f"{settings.video.max_video_frames} frames (max_video_frames)"
+            f"{max_frames} frames (max_video_frames)"
         )
-    if video.width * video.height > settings.limits.max_pixels:
+    if video.width * video.height > max_pixels:
         problems.append(
-            f"video: {video.width}x{video.height} pixels; the limit is {settings.limits.max_pixels} "
-            "(max_pixels)"
+            f"video: {video.width}x{video.height} pixels; the limit is {max_pixels} (max_pixels)"
         )
     if len(body.objects) * video.num_frames > MAX_TRACK_CELLS:
         problems.append(

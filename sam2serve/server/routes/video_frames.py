@@ -26,7 +26,8 @@ from sam2serve.engine.video.sources import FrameGone
 from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError
 from sam2serve.server.routes.common import v1_router
-from sam2serve.server.routes.videos import VideosDep, frame_gone
+from sam2serve.server.routes.videos import VideosDep
+from sam2serve.server.video_answers import frame_gone
 
 JPEG_QUALITY = 90
 # The encoder's RGB copy of the frame and its output (never larger than the frame).

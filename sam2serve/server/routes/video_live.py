@@ -6,113 +6,42 @@
   (server/live_modes.py; a connection may choose with ``?mode=``). Its tracking keeps
   only what SAM 2's memory reads next (retention "bounded"), and the newest
   ``live_frames_kept`` frames.
-- WebSocket /v1/videos/{session_id}/live: the client sends each frame as a binary
-  message (raw RGB, W*H*3 bytes, row-major; or an image file: JPEG, PNG, ...) and
-  prompts as text messages (``{"type": "prompt", "frame_idx", "obj_id", "points",
-  "labels", "box", "clear_old_points", "name"}``, as POST .../prompts without masks; each
-  answered object carries its ``name``, null when unnamed). The server
-  answers, in the order they came, every frame (``{"type": "frame", "seq", "frame_idx",
-  "objects", "received_ms", "latency_ms", "track_ms"}``) and prompt (``{"type": "prompt",
-  ...}``), and refuses one it cannot take with ``{"type": "error", "seq"?, "code",
-  "message", "error": {"code", "message"}}`` (the connection stays): a frame of the wrong
-  size, bytes that are no image, one sent while ``max_live_pending`` are waiting
-  (``too_fast``), a text message that is not JSON within the body limits
-  (``max_json_items``, ``max_json_depth``: the HTTP API's own parser). A message over
-  ``max_live_frame_bytes`` closes the connection (1009), as does ``{"type": "end"}``
-  (1000) once everything sent before it is answered, and video_idle_s without a message.
-  Nothing a client sends ends the handler without an answer: a failure the client caused
-  is an error message then a close 1008, one of the server's (a bug, logged) a close 1011.
+- WebSocket /v1/videos/{session_id}/live: frames as binary messages and prompts as text
+  messages, each answered in order; the protocol is :mod:`sam2serve.server.live_protocol`'.
 
 One connection per session at a time (the session is busy while it is open; a second is
-closed with 1013 after an error message). Every model step runs on the app's model worker
-as an interactive job, one at a time per connection. docs/video.md has a client.
+closed with 1013 after an error message). docs/video.md has a client.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import logging
-import secrets
-import time
-from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from sam2serve.engine.prompts import Prompt
-from sam2serve.engine.video.outputs import ObjectMask, object_masks
-from sam2serve.engine.video.predictor import VideoPromptError
-from sam2serve.engine.video.retention import memory_window
-from sam2serve.engine.video.sources import FrameGone, LiveFrames
 from sam2serve.server import video_schemas as vs
-from sam2serve.server.allowed_hosts import SCOPE_KEY as ALLOWED_HOSTS_KEY
-from sam2serve.server.allowed_hosts import origin_allowed
+from sam2serve.server.auth import websocket_allowed
 from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError
-from sam2serve.server.live_modes import LIVE_MODES, LiveMode, SeqLog, skip_message
-from sam2serve.server.prompts import check_inside
-from sam2serve.server.request_body import load_json
+from sam2serve.server.live_modes import LIVE_MODES
+from sam2serve.server.live_protocol import (
+    CLOSE_POLICY,
+    CLOSE_TRY_LATER,
+    LiveConnection,
+    error_message,
+)
 from sam2serve.server.routes.common import client_address, json_response, read_body, v1_router
-from sam2serve.server.routes.videos import VideosDep, _objects_out, _session_out, frame_gone
-from sam2serve.server.service import RequestClock, Service
+from sam2serve.server.routes.videos import VideosDep
+from sam2serve.server.service import Service
 from sam2serve.server.session_ids import SESSION_HEADER
-from sam2serve.server.video_sessions import VideoSession, VideoSessions
-
-log = logging.getLogger("sam2serve.server")
+from sam2serve.server.settings_groups import AccessSettings
+from sam2serve.server.video_answers import session_out
 
 router = v1_router()
 # The WebSocket route checks the API key itself (the HTTP security dependencies read a
 # Request); it is a route of the same /v1 prefix.
 ws_router = APIRouter(prefix="/v1")
-
-# WebSocket close codes (RFC 6455 7.4.1).
-CLOSE_NORMAL = 1000
-CLOSE_POLICY = 1008
-CLOSE_SERVER_ERROR = 1011
-CLOSE_TRY_LATER = 1013
-# A text message (a prompt: a few hundred bytes; its clicks are max_points_per_object at
-# most) longer than this is refused unread.
-MAX_TEXT_CHARS = 64 * 1024
-
-
-class LiveVideoRequest(BaseModel):
-    """A live video's frame size (and rate, for the record)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    width: int = Field(ge=1, le=16384, description="Frame width in pixels.")
-    height: int = Field(ge=1, le=16384, description="Frame height in pixels.")
-    fps: float | None = Field(None, gt=0, le=1000, description="The stream's frame rate.")
-    mode: LiveMode = Field(
-        "every",
-        description='Frames that come faster than they are tracked: "every" tracks each '
-        '(one sent while max_live_pending wait is refused, too_fast); "latest" tracks the '
-        "newest, a newer frame replacing the waiting one (answered as skipped).",
-    )
-
-
-class LivePromptMessage(vs.VideoPromptRequest):
-    """A prompt on a live connection: POST .../prompts' body (no mask) with a type."""
-
-    type: str = Field("prompt", pattern="^prompt$")
-    frame_idx: int | None = Field(  # type: ignore[assignment]
-        None, ge=0, le=vs.MAX_FRAME_IDX, description="The frame (0-based), or give seq."
-    )
-    seq: int | None = Field(
-        None, ge=0, description="The frame by the seq it was sent as on this connection."
-    )
-
-    @model_validator(mode="after")
-    def _one_frame(self) -> LivePromptMessage:
-        if (self.frame_idx is None) == (self.seq is None):
-            raise ValueError("name the frame by frame_idx or by seq (one of them)")
-        return self
 
 
 @router.post(
@@ -122,319 +51,27 @@ class LivePromptMessage(vs.VideoPromptRequest):
     summary="Create an empty live session: frames come over its WebSocket",
 )
 async def create_live_session(request: Request, service: ServiceDep, videos: VideosDep) -> Response:
-    body, _ = await read_body(request, LiveVideoRequest, service)
-    settings = service.settings
-    if body.width * body.height > settings.limits.max_pixels:
+    body, _ = await read_body(request, vs.LiveVideoRequest, service)
+    max_pixels = service.limits.max_pixels
+    if body.width * body.height > max_pixels:
         raise ApiError(
             413,
             "image_too_large",
-            f"frames of {body.width}x{body.height} exceed the {settings.limits.max_pixels:,}-pixel "
+            f"frames of {body.width}x{body.height} exceed the {max_pixels:,}-pixel "
             "limit (max_pixels)",
         )
-    source = LiveFrames(body.height, body.width, keep=settings.live.live_frames_kept)
-    tracked = memory_window(videos.predictor.config) + settings.live.max_live_prompted_frames
-    session = videos.create_live(source, body.fps, client_address(request), tracked, body.mode)
-    answer = json_response(_session_out(session, videos, service), status=201)
+    client = client_address(request)
+    session = videos.create_live(body.height, body.width, body.fps, client, body.mode)
+    answer = json_response(session_out(session, videos, service.model_name), status=201)
     answer.headers[SESSION_HEADER] = session.session_id
     return answer
-
-
-@dataclass
-class _Frame:
-    seq: int
-    data: bytes
-    received: float  # perf_counter
-    skipped: int = 0  # frames this one replaced while waiting (latest mode)
-
-
-@dataclass
-class _PromptItem:
-    body: LivePromptMessage
-    received: float
-    frames_before: int  # frames the connection had received when it came
-
-
-_END = object()
-
-
-class _Connection:
-    """One live connection: reads messages, answers them in order, within the limits."""
-
-    def __init__(
-        self, websocket: WebSocket, service: Service, videos: VideoSessions, session, mode: str
-    ):
-        self.ws = websocket
-        self.mode = mode
-        # latest mode: the queued frame no one has taken yet, when it is the queue's last
-        # item (a newer frame replaces it; a prompt behind it keeps it).
-        self.waiting: _Frame | None = None
-        self.seqs = SeqLog()
-        self.received = 0  # frames received (the next seq)
-        self.service = service
-        self.settings = service.settings
-        self.videos = videos
-        self.session: VideoSession = session
-        self.source: LiveFrames = session.state.source
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
-        self.pending = 0
-        self.prompts = 0  # prompts of those (latest mode bounds them, not frames)
-        self.send_lock = asyncio.Lock()
-        self.open = True
-
-    async def send(self, message: dict[str, Any]) -> None:
-        if not self.open:
-            return
-        async with self.send_lock:
-            try:
-                await self.ws.send_text(json.dumps(message))
-            except (WebSocketDisconnect, RuntimeError, OSError):
-                self.open = False
-
-    async def error(self, code: str, message: str, seq: int | None = None) -> None:
-        await self.send(error_message(code, message, seq))
-
-    # -- reading ------------------------------------------------------------------------
-
-    async def read(self) -> str:
-        """Read until the client leaves, ends or idles; why it stopped."""
-        seq = 0
-        while True:
-            try:
-                message = await asyncio.wait_for(
-                    self.ws.receive(), timeout=self.settings.video.video_idle_s
-                )
-            except TimeoutError:
-                return "idle"
-            if message["type"] == "websocket.disconnect":
-                return "disconnect"
-            self.videos.get(self.session.session_id)  # touched: in use
-            data, text = message.get("bytes"), message.get("text")
-            if data is not None:
-                this, seq = seq, seq + 1
-                self.received = seq
-                if len(data) > self.settings.live.max_live_frame_bytes:
-                    await self.error(
-                        "frame_too_large",
-                        f"message of {len(data):,} bytes; at most "
-                        f"{self.settings.live.max_live_frame_bytes:,} (max_live_frame_bytes)",
-                        this,
-                    )
-                elif self.mode == "latest":
-                    await self._latest(_Frame(this, data, time.perf_counter()))
-                elif self._room(this):
-                    self.pending += 1
-                    self.queue.put_nowait(_Frame(this, data, time.perf_counter()))
-                else:
-                    await self._too_fast(this)
-            elif text is not None and await self._text(text) == "end":
-                return "end"
-
-    async def _latest(self, frame: _Frame) -> None:
-        """Latest frame wins: the waiting frame (if any) is replaced and answered as
-        skipped; else the frame waits. Never refused: frames in the queue are at most one
-        behind each prompt, and prompts are bounded by max_live_pending."""
-        waiting = self.waiting
-        if waiting is None:
-            self.pending += 1
-            self.waiting = frame
-            self.queue.put_nowait(frame)
-            return
-        old = waiting.seq
-        waiting.seq, waiting.data, waiting.received = frame.seq, frame.data, frame.received
-        waiting.skipped += 1
-        self.seqs.skipped(old, frame.seq)
-        await self.send(skip_message(old, frame.seq))
-
-    def _room(self, seq: int | None) -> bool:
-        return self.pending < self.settings.live.max_live_pending
-
-    async def _too_fast(self, seq: int | None) -> None:
-        waiting = "prompts" if self.mode == "latest" else "messages"
-        count = self.prompts if self.mode == "latest" else self.pending
-        await self.error(
-            "too_fast",
-            f"{count} {waiting} are waiting to be answered, the limit "
-            f"(max_live_pending {self.settings.live.max_live_pending}): this one is not taken; "
-            f"send {'prompts' if self.mode == 'latest' else 'frames'} no faster than they "
-            "are answered",
-            seq,
-        )
-
-    async def _text(self, text: str) -> str | None:
-        if len(text) > MAX_TEXT_CHARS:
-            await self.error(
-                "message_too_large",
-                f"a text message of {len(text):,} characters; at most {MAX_TEXT_CHARS:,} "
-                "(a prompt is a few hundred)",
-            )
-            return None
-        try:  # the HTTP bodies' parser: items and depth bounded, RecursionError caught
-            payload = load_json(text.encode(), self.settings, "the text message")
-        except ApiError as exc:
-            await self.error(exc.code, exc.message)
-            return None
-        kind = payload.get("type") if isinstance(payload, dict) else None
-        if kind == "end":
-            return "end"
-        if kind != "prompt":
-            await self.error(
-                "invalid_message", 'a text message is {"type": "prompt", ...} or {"type": "end"}'
-            )
-            return None
-        try:
-            body = LivePromptMessage.model_validate(payload)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "message"
-            await self.error("invalid_request", f"{where}: {first['msg']}")
-            return None
-        if body.mask is not None:
-            await self.error("invalid_request", "mask: a live prompt is clicks and/or a box")
-            return None
-        room = self.prompts if self.mode == "latest" else self.pending
-        if room >= self.settings.live.max_live_pending:
-            await self._too_fast(None)
-            return None
-        self.pending += 1
-        self.prompts += 1
-        self.waiting = None  # a frame before a prompt is tracked before it
-        self.queue.put_nowait(_PromptItem(body, time.perf_counter(), self.received))
-        return None
-
-    # -- answering ----------------------------------------------------------------------
-
-    async def answer(self) -> None:
-        """Answer every queued message in order, until the end marker."""
-        while True:
-            item = await self.queue.get()
-            if item is _END:
-                return
-            if item is self.waiting:
-                self.waiting = None  # taken: a newer frame waits behind it
-            try:
-                if isinstance(item, _Frame):
-                    await self._frame(item)
-                else:
-                    await self._prompt(item)
-            except ApiError as exc:
-                await self.error(exc.code, exc.message, getattr(item, "seq", None))
-            except FrameGone as exc:  # a prompt's frame dropped while it waited
-                gone = frame_gone(exc)
-                await self.error(gone.code, gone.message, getattr(item, "seq", None))
-            except Exception:  # a bug: logged, answered, and the stream goes on
-                log.exception("a live video step failed")
-                await self.error(
-                    "internal_error", "this message failed", getattr(item, "seq", None)
-                )
-            finally:
-                self.pending -= 1
-                self.prompts -= isinstance(item, _PromptItem)
-
-    async def _frame(self, item: _Frame) -> None:
-        pixels, reservation = await self._pixels(item)
-        state = self.session.state
-        predictor = self.videos.predictor
-
-        def run(_context: Any) -> tuple[int, list[ObjectMask], float]:
-            started = time.perf_counter()
-            index = self.source.append(pixels)
-            frame = predictor.track_next(state, index)
-            return index, object_masks(frame), time.perf_counter() - started
-
-        with reservation:
-            index, records, seconds = await self.service.run_job("video_live", run, RequestClock())
-        self.seqs.tracked(item.seq, index)
-        objects = await _objects_out(records, "coco_rle", self.service, self.session.names)
-        answer: dict[str, Any] = {
-            "type": "frame",
-            "seq": item.seq,
-            "frame_idx": index,
-            "objects": [obj.model_dump() for obj in objects],
-            "track_ms": round(seconds * 1000, 3),
-            "latency_ms": round((time.perf_counter() - item.received) * 1000, 3),
-        }
-        if self.mode == "latest":
-            answer["skipped"] = False
-            answer["skipped_count"] = item.skipped  # the frames it replaced
-        await self.send(answer)
-
-    async def _pixels(self, item: _Frame) -> tuple[np.ndarray, Any]:
-        """The frame's pixels: raw RGB of the session's size, or an image file of it."""
-        height, width = self.source.height, self.source.width
-        if len(item.data) == height * width * 3:
-            pixels = np.frombuffer(item.data, np.uint8).reshape(height, width, 3)
-            return pixels, contextlib.nullcontext()
-        pixels, reservation = await self.service.decode(item.data)
-        if pixels.shape[:2] != (height, width):
-            reservation.release()
-            raise ApiError(
-                422,
-                "wrong_size",
-                f"frame {item.seq}: {pixels.shape[1]}x{pixels.shape[0]}; this live video's "
-                f"frames are {width}x{height} (raw RGB: {width * height * 3:,} bytes)",
-            )
-        return pixels, reservation
-
-    async def _prompt(self, item: _PromptItem) -> None:
-        body, session = item.body, self.session
-        state, predictor = session.state, self.videos.predictor
-        frame_idx = body.frame_idx
-        if body.seq is not None:
-            found = self.seqs.frame_idx(body.seq, item.frames_before)
-            if isinstance(found, tuple):
-                raise ApiError(422, *found)
-            frame_idx = found
-        assert frame_idx is not None
-        prompt = Prompt.from_api(body)
-        check_inside(prompt, (state.height, state.width), what="frame")
-        limit = self.settings.limits.max_points_per_object
-        if len(body.points) > limit:
-            raise ApiError(
-                422,
-                "too_many_prompts",
-                f"points: {len(body.points)} clicks; at most {limit} (max_points_per_object)",
-            )
-        self.videos.check_new_object(session, body.obj_id)
-        self.videos.check_live_prompt(
-            session, body.obj_id, frame_idx, self.settings.live.max_live_prompted_frames
-        )
-        if not body.clear_old_points:
-            total = self.videos.clicks_on(session, body.obj_id, frame_idx) + len(body.points)
-            if total > limit:
-                raise ApiError(
-                    422, "too_many_prompts", f"points: {total} clicks on the frame; at most {limit}"
-                )
-
-        def run(_context: Any) -> list[ObjectMask]:
-            frame = predictor.add_prompt(
-                state, frame_idx, body.obj_id, prompt, clear_old_points=body.clear_old_points
-            )
-            predictor.commit_prompts(state)  # its memory, while the frame is held
-            return object_masks(frame)
-
-        try:
-            records = await self.service.run_job("video_live", run, RequestClock())
-        except VideoPromptError as exc:
-            raise ApiError(422, "invalid_request", str(exc)) from None
-        if body.name is not None:  # the object exists now: its name is kept
-            session.set_name(body.obj_id, body.name)
-        objects = await _objects_out(records, body.mask_format, self.service, session.names)
-        await self.send(
-            {
-                "type": "prompt",
-                "frame_idx": frame_idx,
-                **({} if body.seq is None else {"seq": body.seq}),
-                "objects": [obj.model_dump() for obj in objects],
-                "latency_ms": round((time.perf_counter() - item.received) * 1000, 3),
-            }
-        )
 
 
 @ws_router.websocket("/videos/{session_id}/live")
 async def live_connection(websocket: WebSocket, session_id: str) -> None:
     service: Service = websocket.app.state.service
-    settings = service.settings
-    if not _allowed(websocket, settings):
+    access: AccessSettings = websocket.app.state.access
+    if not websocket_allowed(websocket, access):
         await websocket.close(code=CLOSE_POLICY)  # before accepting: an HTTP 403
         return
     await websocket.accept()
@@ -460,69 +97,19 @@ async def live_connection(websocket: WebSocket, session_id: str) -> None:
         await websocket.send_text(json.dumps(error_message(exc.code, exc.message)))
         await websocket.close(code=CLOSE_TRY_LATER)
         return
-    connection = _Connection(websocket, service, videos, session, mode)
-    answering = asyncio.create_task(connection.answer())
-    reason, close_code = "disconnect", CLOSE_NORMAL
-    try:
-        reason = await connection.read()
-    except ApiError as exc:  # refused while reading (the session gone): said, then closed
-        log.info("live connection to %s refused: %s", session_id[:80], exc.code)
-        await connection.error(exc.code, exc.message)
-        reason, close_code = "refused", CLOSE_POLICY
-    except Exception:  # a bug: logged with its traceback, said, then closed
-        log.exception("a live video connection failed")
-        await connection.error("internal_error", "the connection failed; it has been logged")
-        reason, close_code = "failed", CLOSE_SERVER_ERROR
-    finally:
-        if reason == "disconnect":
-            connection.open = False
-        # Messages already taken are answered (a client that left gets none); then the
-        # session is free again.
-        connection.queue.put_nowait(_END)
-        with contextlib.suppress(Exception):
-            await answering
-        holding.__exit__(None, None, None)
-    if reason == "idle":
-        await connection.error(
-            "idle", f"no message for {settings.video.video_idle_s:g} s (video_idle_s): closing"
-        )
-    if websocket.client_state is WebSocketState.CONNECTED and reason != "disconnect":
-        with contextlib.suppress(Exception):
-            await websocket.close(code=close_code)
-
-
-def error_message(code: str, message: str, seq: int | None = None) -> dict[str, Any]:
-    """A refusal on a live connection: its type, seq (of the refused message, when it has
-    one), code and message, and the HTTP API's error shape ``{"error": {code, message}}``."""
-    body: dict[str, Any] = {"type": "error", "code": code, "message": message}
-    if seq is not None:
-        body["seq"] = seq
-    body["error"] = {"code": code, "message": message}
-    return body
-
-
-def _allowed(websocket: WebSocket, settings: Any) -> bool:
-    """The API key (when the server has one) and, from a browser, an allowed origin: the
-    server's own or one of cors_origins (a page elsewhere may not drive a session)."""
-    expected = settings.access.api_key
-    if expected is not None:
-        given = websocket.headers.get("x-api-key")
-        authorization = websocket.headers.get("authorization", "")
-        if given is None and authorization.lower().startswith("bearer "):
-            given = authorization[7:]
-        if given is None or not secrets.compare_digest(given.encode(), expected.encode()):
-            return False
-    origin = websocket.headers.get("origin")
-    if origin is None:
-        return True
-    # The Origin's host must be one the server answers to (allowed_hosts): a rebinding
-    # page's Origin and Host both name the attacker's host, so matching them is not enough.
-    return origin_allowed(
-        origin,
-        websocket.headers.get("host", ""),
-        websocket.scope.get(ALLOWED_HOSTS_KEY),
-        tuple(settings.access.cors_origins or ()),
+    connection = LiveConnection(
+        websocket,
+        service,
+        videos,
+        session,
+        mode,
+        limits=service.limits,
     )
+    try:
+        reason, close_code = await connection.run()
+    finally:
+        holding.__exit__(None, None, None)  # the session is free again
+    await connection.close(reason, close_code)
 
 
 def _refusal(service: Service, session_id: str) -> tuple[str, str, int] | None:
@@ -544,4 +131,4 @@ def _refusal(service: Service, session_id: str) -> tuple[str, str, int] | None:
     return None
 
 
-__all__ = ["LiveVideoRequest", "router", "ws_router"]
+__all__ = ["router", "ws_router"]
