@@ -11,9 +11,10 @@ import asyncio
 import time
 from typing import Any, Protocol
 
-from sam2serve.engine.rle import Rle
+from sam2serve.engine.rle import Rle, area_from_rle
 from sam2serve.server import schemas
 from sam2serve.server.metrics import Metrics
+from sam2serve.server.prompts import DecodedMasks
 
 
 class Measured(Protocol):
@@ -31,3 +32,26 @@ async def format_segmentations(rles: list[Rle], mask_format: str, service: Measu
     )
     service.metrics.stage_latency.labels("format").observe(time.perf_counter() - started)
     return out
+
+
+def objects_out(
+    decoded: DecodedMasks, mask_ids: list[list[str]], formatted: list[Any]
+) -> list[schemas.ObjectOut]:
+    """(In a worker thread.) One ObjectOut per prompt object, ``formatted`` the masks'
+    segmentations in order."""
+    segmentations = iter(formatted)
+    return [
+        schemas.ObjectOut(
+            masks=[
+                schemas.MaskOut(
+                    mask_id=mask_ids[i][c],
+                    score=decoded.scores[i][c],
+                    bbox=decoded.boxes[i][c],
+                    area=area_from_rle(rle),
+                    segmentation=next(segmentations),
+                )
+                for c, rle in enumerate(rles)
+            ]
+        )
+        for i, rles in enumerate(decoded.rles)
+    ]

@@ -9,13 +9,10 @@ of the logits.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import Request
 from fastapi.responses import Response
 
 from sam2serve.engine.prompts import Prompt, PromptError
-from sam2serve.engine.rle import area_from_rle
 from sam2serve.server import schemas
 from sam2serve.server.answers import json_answer
 from sam2serve.server.batching import JobContext
@@ -35,6 +32,8 @@ from sam2serve.server.routes.common import (
     read_body,
     v1_router,
 )
+from sam2serve.server.routes.segment_sam3 import segment_sam3
+from sam2serve.server.segmentations import objects_out
 from sam2serve.server.service import ImageState, RequestClock, Service
 
 router = v1_router()
@@ -54,8 +53,6 @@ async def segment(
     check_prompt_counts(body, limits)
     prompts = [Prompt.from_api(obj) for obj in body.objects]  # valid: the schema checked
     if body.model == "sam3":  # SAM 3's tracker heads (serve --concepts)
-        from sam2serve.server.routes.segment_sam3 import segment_sam3
-
         return await segment_sam3(request, body, data, prompts, service, clock)
 
     async def work() -> Response:
@@ -93,7 +90,7 @@ async def segment(
         # Up to max_objects x 3 masks: built and serialised off the event loop.
         return await json_answer(
             lambda: schemas.SegmentResponse(
-                **fields, objects=_objects_out(decoded, mask_ids, segmentations), **timed
+                **fields, objects=objects_out(decoded, mask_ids, segmentations), **timed
             ),
             pieces=("objects", "masks"),
         )
@@ -108,28 +105,5 @@ def _store_masks(decoded: DecodedMasks, image: ImageState, service: Service) -> 
             service.store_mask(image.key, decoded.low_res_logits[i][c : c + 1])
             for c in range(len(rles))
         ]
-        for i, rles in enumerate(decoded.rles)
-    ]
-
-
-def _objects_out(
-    decoded: DecodedMasks, mask_ids: list[list[str]], formatted: list[Any]
-) -> list[schemas.ObjectOut]:
-    """(In a worker thread.) One ObjectOut per prompt object, ``formatted`` the masks'
-    segmentations in order."""
-    segmentations = iter(formatted)
-    return [
-        schemas.ObjectOut(
-            masks=[
-                schemas.MaskOut(
-                    mask_id=mask_ids[i][c],
-                    score=decoded.scores[i][c],
-                    bbox=decoded.boxes[i][c],
-                    area=area_from_rle(rle),
-                    segmentation=next(segmentations),
-                )
-                for c, rle in enumerate(rles)
-            ]
-        )
         for i, rles in enumerate(decoded.rles)
     ]

@@ -25,7 +25,7 @@ from sam2serve.server.errors import ApiError
 from sam2serve.server.prompts import DecodedMasks, check_objects_inside, decode_objects
 from sam2serve.server.routes.common import format_segmentations, guarded
 from sam2serve.server.routes.concepts import concepts_of
-from sam2serve.server.routes.segment import _objects_out
+from sam2serve.server.segmentations import objects_out
 from sam2serve.server.service import RequestClock, Service
 
 
@@ -97,7 +97,7 @@ async def segment_sam3(
         timed = clock.timed()
         return await json_answer(
             lambda: schemas.SegmentResponse(
-                **fields, objects=_objects_out(decoded, mask_ids, segmentations), **timed
+                **fields, objects=objects_out(decoded, mask_ids, segmentations), **timed
             ),
             pieces=("objects", "masks"),
         )
