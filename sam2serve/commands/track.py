@@ -194,6 +194,13 @@ def track_command(args: argparse.Namespace) -> int:
     seeded: list[track_concepts.ConceptObject] = []
     if phrases is not None:
         track_concepts.check_frame(args, len(frames))
+        if args.tracker == "sam3":
+            from sam2serve.commands.track_sam3 import track_sam3
+
+            _prepare_process(args, spec)
+            header = {"video": source, "frames": len(frames), "width": int(frames.width)}
+            header |= {"height": int(frames.height), "fps": fps, "device": args.device}
+            return track_sam3(args, phrases, frames, names, out_dir, header)
         prompts = []
     elif prompts is None:
         prompts = sample_prompts(frames)

@@ -24,6 +24,7 @@ so memory per clip stays bounded; the answers are the same.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -57,7 +58,6 @@ from sam2serve.concepts.video_tracker import (
     MEMORY_SELECTION_THRESH,
     NUM_MASKMEM,
     Sam3Tracker,
-    StepOutput,
     TrackerFrame,
     TrackerNeck,
 )
@@ -136,6 +136,17 @@ class VideoState:
     last_occluded: dict[int, int] = field(default_factory=dict)
     tracker_scores: dict[int, dict[int, float]] = field(default_factory=dict)
     processed: set[int] = field(default_factory=set)
+    # wall seconds per stage over the frames processed: "detector" (ViT, tracker neck,
+    # detector, NMS), "tracker" (track steps, memory encoding, new objects),
+    # "association" (matching, hot start, occlusion, outputs)
+    stage_seconds: dict[str, float] = field(
+        default_factory=lambda: {"detector": 0.0, "tracker": 0.0, "association": 0.0}
+    )
+
+    def clock(self, stage: str, since: float) -> float:
+        now = time.perf_counter()
+        self.stage_seconds[stage] += now - since
+        return now
 
     @property
     def obj_ids(self) -> np.ndarray:
@@ -232,22 +243,25 @@ class Sam3VideoPredictor:
         first = True
         for index, frame in enumerate(frames):
             frame_idx = start + index
+            tick = time.perf_counter()
             encoding, tracker_frame = self.encode(frame)
+            state.clock("detector", tick)
             if first:
                 self.step(state, frame_idx, encoding, tracker_frame)  # add_prompt
                 first = False
             pending.append(self.step(state, frame_idx, encoding, tracker_frame))
             last = frame_idx == state.num_frames - 1
-            if last:
-                ready, pending = pending, []
-            elif self.th.hotstart_delay == 0:
+            if last or self.th.hotstart_delay == 0:
                 ready, pending = pending, []
             elif len(pending) >= self.th.hotstart_delay:
                 ready, pending = pending[:1], pending[1:]
             else:
                 ready = []
             for item in ready:
-                yield self.finish(state, item)
+                tick = time.perf_counter()
+                result = self.finish(state, item)
+                state.clock("association", tick)
+                yield result
         for item in pending:  # a source shorter than announced
             yield self.finish(state, item)
 
@@ -256,9 +270,12 @@ class Sam3VideoPredictor:
     ) -> _Pending:
         """One frame of Meta's ``_det_track_one_frame`` (forward)."""
         th = self.th
+        tick = time.perf_counter()
         det = self.detect(state, encoding)
+        tick = state.clock("detector", tick)
         trk_ids = state.obj_ids
         trk_masks, trk_scores = self.propagate(state, frame_idx, frame)
+        tick = state.clock("tracker", tick)
         assoc = associate(det.masks, det.scores, trk_masks, trk_ids, th)
         new_dets = assoc.new_dets
         if len(trk_ids) + len(new_dets) > th.max_objects:
@@ -267,11 +284,15 @@ class Sam3VideoPredictor:
             new_dets = new_dets[order[:keep]] if keep > 0 else new_dets[:0]
         new_ids = state.max_obj_id + 1 + np.arange(len(new_dets))
         removed_now = state.hot.update(frame_idx, False, assoc, new_ids, th)
+        tick = state.clock("association", tick)
         if th.recondition_every > 0 and frame_idx % th.recondition_every == 0 and assoc.recondition:
             self.recondition(state, frame_idx, frame, det, assoc.recondition, trk_ids, trk_scores)
+            tick = state.clock("tracker", tick)
         if trk_masks.shape[0] > 0:
             trk_masks = self.suppress_occluded(state, frame_idx, trk_masks, trk_ids, removed_now)
+            tick = state.clock("association", tick)
             self.update_memories(state, frame_idx, frame, trk_masks)
+            tick = state.clock("tracker", tick)
         else:
             state.last_occluded = {}
         frame_scores = state.tracker_scores.setdefault(frame_idx, {})
@@ -288,6 +309,7 @@ class Sam3VideoPredictor:
             self.add_objects(state, frame_idx, frame, new_ids.tolist(), det.masks[new_dets])
         for obj in sorted(removed_now):
             self.remove_object(state, obj)
+        tick = state.clock("tracker", tick)
         masks = self.outputs(state, trk_ids, trk_masks, det, new_dets, new_ids)
         if trk_scores.shape[0] > 0:
             probs = trk_scores.sigmoid().reshape(-1).tolist()
@@ -296,6 +318,7 @@ class Sam3VideoPredictor:
         pending = _Pending(frame_idx, masks, dict(state.scores), dict(frame_scores))
         if self.bounded:
             self.trim(state, frame_idx)
+        state.clock("association", tick)
         return pending
 
     # -- tracker ------------------------------------------------------------------------------
@@ -409,8 +432,8 @@ class Sam3VideoPredictor:
             row = group.obj_ids.index(obj)
             out = self.tracker.mask_as_output(frame, mask[None, None].float())
             video = self._video_res(state, mask)
-            for other in video_res:
-                video_res[other] = torch.where(video > 0, NO_OBJ_SCORE, video_res[other])
+            for other, logits in video_res.items():
+                video_res[other] = torch.where(video > 0, NO_OBJ_SCORE, logits)
             video_res[obj] = video
             ptr[row], score[row], iou[row] = out.obj_ptr[0], out.object_score[0], out.iou[0]
             group.inputs.setdefault(frame_idx, set()).add(obj)

@@ -131,7 +131,7 @@ class Sam3Tracker(nn.Module):
         tokens, token_pos = [], []
         for features, tpos in memories:
             tokens.append(features.float().flatten(2).transpose(1, 2))
-            token_pos.append((spatial_pos + self.maskmem_tpos_enc[tpos].reshape(1, 1, -1)))
+            token_pos.append(spatial_pos + self.maskmem_tpos_enc[tpos].reshape(1, 1, -1))
         num_ptr_tokens = 0
         if pointers:
             split = HIDDEN // MEM_DIM

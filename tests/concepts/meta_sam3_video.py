@@ -17,7 +17,6 @@ from unittest import mock
 
 import numpy as np
 import torch
-
 from meta_sam3 import _override, _reduced, import_sam3
 
 
@@ -25,7 +24,6 @@ from meta_sam3 import _override, _reduced, import_sam3
 def cpu_patches():
     """Meta's accelerator-only calls as identities on a CPU."""
     from sam3.model.sam3_image import Sam3ImageOnVideoMultiGPU
-
     from sam3.model.sam3_tracking_predictor import Sam3TrackerPredictor
 
     original_gather = Sam3ImageOnVideoMultiGPU._gather_tensor
