@@ -19,6 +19,21 @@ import numpy as np
 import torch
 from meta_sam3 import _override, _reduced, import_sam3
 
+# Random weights score every query about 0.27 on every frame: thresholds just under the top
+# scores let a few instances through and NMS keeps 2 on the first frame; tracks whose masks
+# move off the (nearly static) detections go unmatched, and new detections appear on later
+# frames. A short hot start (delay 3, 2 unmatched/duplicated frames) lets hot start remove
+# tracks within the clip; everything else is Meta's default.
+E2E_THRESHOLDS = {"score": 0.262, "new_det": 0.262, "hotstart_delay": 3}
+E2E_THRESHOLDS |= {"hotstart_unmatch": 2, "hotstart_dup": 2}
+META_NAMES = {
+    "score": "score_threshold_detection",
+    "new_det": "new_det_thresh",
+    "hotstart_delay": "hotstart_delay",
+    "hotstart_unmatch": "hotstart_unmatch_thresh",
+    "hotstart_dup": "hotstart_dup_thresh",
+}
+
 
 @contextlib.contextmanager
 def cpu_patches():

@@ -316,3 +316,62 @@ def test_tracker_tracked_step_equals_meta(trackers):
     torch.testing.assert_close(got.low_res, expected["pred_masks"], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got.obj_ptr, expected["obj_ptr"], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got.iou[:, 0], expected["iou_score"], atol=1e-5, rtol=0)
+
+
+# -- the whole predictor (second tier: Meta's video model and ours, a few minutes) -------------
+
+
+def _spans(frames: list[tuple[int, list[int]]]) -> dict[int, tuple[int, int]]:
+    """Each object's first and last frame with a mask."""
+    spans: dict[int, tuple[int, int]] = {}
+    for frame, ids in frames:
+        for obj in ids:
+            first, _ = spans.get(obj, (frame, frame))
+            spans[obj] = (first, frame)
+    return spans
+
+
+@pytest.mark.extended
+def test_predictor_equals_meta_on_the_sample_clip():
+    from meta_sam3_video import E2E_THRESHOLDS, META_NAMES, build_meta_video_model, meta_track
+
+    from sam2serve.concepts.checkpoint import load_strict, meta_to_transformers
+    from sam2serve.concepts.engine import model_pixels
+    from sam2serve.concepts.model import Sam3Size, build_model
+    from sam2serve.concepts.runtime import randomize_
+    from sam2serve.concepts.tokenizer import clip_bpe_path, load_tokenizer
+    from sam2serve.concepts.video_predictor import Sam3VideoPredictor
+    from sam2serve.concepts.video_tracker import TrackerNeck, tracker_neck_state
+    from sam2serve.samples import sample_clip
+
+    size = Sam3Size.tiny()
+    settings = {META_NAMES[k]: v for k, v in E2E_THRESHOLDS.items()}
+    meta = build_meta_video_model(size.as_dict(), clip_bpe_path(), thresholds=settings)
+    randomize_(meta, 1)
+    state = meta.state_dict()
+    detector = build_model(size)
+    detector_state = {
+        k: v for k, v in state.items() if k.startswith("detector.") and "sam2_convs" not in k
+    }
+    load_strict(detector, meta_to_transformers(detector_state))
+    neck = TrackerNeck(detector.config.vision_config).eval()
+    load_strict(neck, tracker_neck_state(state))
+    tracker = Sam3Tracker(size.image_size).eval()
+    tracker.load_state_dict(tracker_state(state), strict=True)
+    th = VideoThresholds(**E2E_THRESHOLDS)  # type: ignore[arg-type]
+    ours = Sam3VideoPredictor(detector, load_tokenizer(), neck, tracker, th)
+
+    frames, _ = sample_clip(num_frames=6, size=(120, 160))
+    session = ours.start(len(frames), 120, 160, "red disc")
+    got = list(ours.run(session, frames))
+    pixels = torch.cat([model_pixels(detector, [f]) for f in frames])
+    expected = meta_track(meta, pixels, 120, 160, "red disc")
+
+    assert [r.frame for r in got] == [e["frame"] for e in expected] == list(range(6))
+    for result, want in zip(got, expected, strict=True):
+        assert result.obj_ids == want["obj_ids"]
+        np.testing.assert_allclose(result.scores, want["probs"], atol=1e-6)
+        assert (result.masks != want["masks"]).sum() == 0
+    spans = _spans([(r.frame, [o for o, m in zip(r.obj_ids, r.masks) if m.any()]) for r in got])
+    assert len(spans) >= 3  # objects appear after the first frame
+    assert any(last < 5 for _, last in spans.values()) or session.hot.removed
