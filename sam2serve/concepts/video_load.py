@@ -22,7 +22,8 @@ TRACKER_SEED_OFFSET = 1  # the tracker's random weights: the concept seed + 1 (i
 def load_tracker(concepts: Concepts) -> tuple[TrackerNeck, Sam3Tracker]:
     """The tracker neck and tracker matching ``concepts``' weights, on its device, eval."""
     spec = concepts.spec
-    neck = TrackerNeck(concepts.model.config.vision_config)
+    config = concepts.model.config  # transformers' Sam3Model
+    neck = TrackerNeck(config.vision_config)  # type: ignore[union-attr,arg-type]  # a Sam3Config
     tracker = Sam3Tracker(concepts.size.image_size)
     if spec.random_weights:
         randomize_(neck, spec.seed + TRACKER_SEED_OFFSET)

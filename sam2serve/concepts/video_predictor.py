@@ -202,7 +202,7 @@ class Sam3VideoPredictor:
         """One frame (uint8 HWC) -> the detector's encoding and the tracker's features, one
         ViT pass for both."""
         pixels = model_pixels(self.detector, [frame])
-        vision = self.detector.get_vision_features(pixel_values=pixels)
+        vision = self.detector.get_vision_features(pixel_values=pixels)  # type: ignore[operator]  # transformers' Sam3Model, typed as Module
         (encoding,) = split_encodings(vision, [frame])
         hidden = vision.last_hidden_state.float()
         side = pixels.shape[-1] // 14
@@ -357,9 +357,9 @@ class Sam3VideoPredictor:
             if t_rel > len(valid):
                 continue
             prev = valid[-t_rel]
-            record = group.non_cond.get(prev, unselected.get(prev))
-            if record is not None and record.maskmem is not None:
-                memories.append((record.maskmem, NUM_MASKMEM - t_pos - 1))
+            past = group.non_cond.get(prev, unselected.get(prev))
+            if past is not None and past.maskmem is not None:
+                memories.append((past.maskmem, NUM_MASKMEM - t_pos - 1))
         max_ptrs = min(state.num_frames, MAX_OBJ_PTRS)
         pointers = [
             (frame_idx - t, record.obj_ptr) for t, record in selected.items() if t <= frame_idx
@@ -368,9 +368,9 @@ class Sam3VideoPredictor:
             if -t_diff <= -len(valid):
                 break
             t = valid[-t_diff]
-            record = group.non_cond.get(t, unselected.get(t))
-            if record is not None:
-                pointers.append((t_diff, record.obj_ptr))
+            past = group.non_cond.get(t, unselected.get(t))
+            if past is not None:
+                pointers.append((t_diff, past.obj_ptr))
         pix = self.tracker.condition(frame, batch, memories, pointers, max_ptrs)
         out = self.tracker.track(pix, frame)
         record = Record(out.low_res, out.obj_ptr, out.object_score, out.iou)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,9 @@ from sam2serve.modeling.memory_encoder import MemoryEncoder
 from sam2serve.modeling.prompt_encoder import PromptEncoder
 from sam2serve.modeling.sam2_video import MASK_BIAS, MASK_SCALE, NO_OBJ_SCORE, decode_with_tokens
 from sam2serve.modeling.sine_encoding import grid_sine_encoding, temporal_sine_encoding
+
+if TYPE_CHECKING:
+    from transformers import Sam3VisionConfig
 
 STRIDE = 14  # SAM 3's ViT patch size
 HIDDEN, MEM_DIM = 256, 64
@@ -250,7 +254,7 @@ class TrackerNeck(nn.Module):
     """The tracker's FPN neck over SAM 3's ViT output (Meta's ``sam2_convs``: a copy of
     the detector's neck with its own weights), as transformers' ``Sam3VisionNeck``."""
 
-    def __init__(self, vision_config: object) -> None:
+    def __init__(self, vision_config: Sam3VisionConfig) -> None:
         super().__init__()
         from transformers.models.sam3.modeling_sam3 import Sam3VisionNeck
 

@@ -89,4 +89,4 @@ def test_video_predictor_equals_meta_on_its_real_stack(tmp_path):
         np.testing.assert_allclose(result.scores, want["probs"], atol=1e-6)
         assert (result.masks != want["masks"]).sum() == 0
         seen.update(result.obj_ids)
-    assert len(seen) >= 3
+    assert session.hot.removed and seen  # tracks ended by hot start, others kept
