@@ -24,7 +24,8 @@ def component_areas(mask: np.ndarray) -> np.ndarray:
         return np.zeros(mask.shape, dtype=np.int64)
     areas = np.bincount(labels.ravel())
     areas[0] = 0
-    return areas[labels]
+    per_pixel: np.ndarray = areas[labels]
+    return per_pixel
 
 
 def fill_holes(logits: Tensor, max_area: int) -> Tensor:

@@ -151,7 +151,7 @@ class Sam3Tracker(nn.Module):
         _, c, h, w = frame.feats.shape
         curr = frame.feats.flatten(2).transpose(1, 2).expand(batch, -1, -1)
         curr_pos = frame.pos.flatten(2).transpose(1, 2).expand(batch, -1, -1)
-        out = self.transformer.encoder(curr, curr_pos, memory, memory_pos, num_ptr_tokens)
+        out: Tensor = self.transformer.encoder(curr, curr_pos, memory, memory_pos, num_ptr_tokens)
         return out.transpose(1, 2).reshape(batch, c, h, w)
 
     # -- SAM heads ------------------------------------------------------------------------------
@@ -244,7 +244,7 @@ class Sam3Tracker(nn.Module):
                 antialias=True,
             )
         pix_feat = frame.feats.expand(mask.shape[0], -1, -1, -1)
-        features = self.maskmem_backbone(pix_feat, mask)
+        features: Tensor = self.maskmem_backbone(pix_feat, mask)
         absent = 1 - (object_score > 0).float()
         embed = self.no_obj_embed_spatial[..., None, None].expand(*features.shape)
         return features + absent[..., None, None] * embed
