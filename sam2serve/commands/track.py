@@ -2,10 +2,12 @@
 memory (Meta's video predictor semantics), one COCO RLE JSON file per frame.
 
 It checks the flags, the prompts file and the video before the model loads, adds every
-prompt (any frame, any object; or, with --text, the objects SAM 3 finds on one frame:
-:mod:`sam2serve.commands.track_concepts`), propagates forward from the first prompted frame to the
-end and, when that frame is not the first, in reverse to frame 0; each frame's file is
-written as soon as it is computed (a run stopped half way keeps what it wrote).
+prompt (any frame, any object; or, with --text --tracker sam2.1, the objects SAM 3 finds on
+one frame: :mod:`sam2serve.commands.track_concepts`), propagates forward from the first prompted
+frame to the end and, when that frame is not the first, in reverse to frame 0; each frame's
+file is written as soon as it is computed (a run stopped half way keeps what it wrote).
+With --text (default --tracker sam3) SAM 3's own video predictor does the whole run
+(:mod:`sam2serve.commands.track_sam3`).
 """
 
 from __future__ import annotations
@@ -210,6 +212,13 @@ def track_command(args: argparse.Namespace) -> int:
     seeded: list[track_concepts.ConceptObject] = []
     if phrases is not None:
         track_concepts.check_frame(args, len(frames))
+        if args.tracker == "sam3":
+            from sam2serve.commands.track_sam3 import track_sam3
+
+            _prepare_process(args, spec)
+            header = {"video": source, "frames": len(frames), "width": int(frames.width)}
+            header |= {"height": int(frames.height), "fps": fps, "device": args.device}
+            return track_sam3(args, phrases, frames, names, out_dir, header)
         prompts = []
     elif prompts is None:
         prompts = sample_prompts(frames)

@@ -25,15 +25,21 @@ from sam2serve.commands.concepts_flags import add_concepts_flags, concepts_spec
 from sam2serve.concepts.phrases import META_SCORE_THRESH, default_score_thresh
 
 DEFAULT_MAX_INSTANCES = 20
+TRACKERS = ("sam3", "sam2.1")
+DEFAULT_TRACKER = "sam3"
 
 HELP = f"""\
 concepts (--text, instead of --prompts):
-  SAM 3 finds every instance of the phrases on --concept-frame; each (duplicates across
-  phrases dropped: mask IoU > 0.7 with a higher-scoring one) becomes one object, numbered
-  1..N by decreasing score, its mask its prompt there and its phrase its name (track.json
-  "names", and "name" in each frame file's objects); SAM 2.1 then tracks them. Not Meta's
-  SAM 3 video model: instances that appear after that frame are not looked for.
-  e.g. {PROG} track clip.mp4 --text "cat,dog" --out tracked/
+  --tracker sam3 (default): SAM 3's own video predictor, as Meta's (docs/concepts-video.md):
+  one phrase; the detector runs on every frame from --concept-frame to the end, SAM 3's
+  memory tracker follows each instance, new instances become new objects and lost ones
+  end; object ids are Meta's (0, 1, ... in order of appearance).
+  --tracker sam2.1: SAM 3 finds every instance of the phrases on --concept-frame; each
+  (duplicates across phrases dropped: mask IoU > 0.7 with a higher-scoring one) becomes
+  one object, numbered 1..N by decreasing score, its mask its prompt there and its phrase
+  its name (track.json "names", and "name" in each frame file's objects); SAM 2.1 then
+  tracks them; instances that appear after that frame are not looked for.
+  e.g. {PROG} track clip.mp4 --text "cat" --out tracked/
 """
 
 
@@ -67,6 +73,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "instance SAM 3 finds on --concept-frame, instead of --prompts",
     )
     group.add_argument(
+        "--tracker",
+        choices=TRACKERS,
+        default=DEFAULT_TRACKER,
+        help="sam3: SAM 3's own video predictor (one phrase, detection on every frame); "
+        "sam2.1: SAM 3 seeds objects on --concept-frame and SAM 2.1 tracks them "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
         "--concept-frame",
         type=int,
         default=0,
@@ -98,6 +112,7 @@ def check_flags(args: argparse.Namespace) -> list[str] | None:
             flag
             for flag, value, default in (
                 ("--concept-frame", args.concept_frame, 0),
+                ("--tracker", args.tracker, DEFAULT_TRACKER),
                 ("--score-thresh", args.score_thresh, None),
                 ("--max-instances", args.max_instances, DEFAULT_MAX_INSTANCES),
                 ("--sam3-weights", args.sam3_weights, None),

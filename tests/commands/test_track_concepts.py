@@ -87,6 +87,8 @@ def test_text_seeds_named_objects_and_tracks_them(two_frames, tmp_path, concepts
         one,
         "--text",
         "disc,square",
+        "--tracker",
+        "sam2.1",
         "--out",
         out,
         "--random-weights",

@@ -1,0 +1,136 @@
+"""``sam2serve track --text PHRASE`` with SAM 3's own video predictor (the default
+``--tracker sam3``): Meta's ``Sam3VideoPredictor`` semantics (docs/concepts-video.md) -
+the detector on every frame, SAM 3's memory tracker, new instances picked up and lost ones
+ended - forward from ``--concept-frame`` to the end. Object ids are Meta's (0, 1, ... in
+order of appearance); every object is named by the phrase.
+
+Frames before ``--concept-frame`` are not tracked (Meta's backward pass is not done here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from typing import Any
+
+from sam2serve.commands.common import EXIT_OK, UsageError, info_line, warning_line
+from sam2serve.commands.track_concepts import score_thresh
+
+NEW_OBJECT_MARGIN = 0.2  # Meta: detections kept above 0.5, new objects from 0.7
+
+
+def thresholds(args: argparse.Namespace) -> Any:
+    """Meta's video settings, with --score-thresh as the detection threshold (the new-object
+    threshold 0.2 above it, Meta's 0.5 / 0.7) and --max-instances as its object limit."""
+    from sam2serve.concepts.video_association import VideoThresholds
+
+    detect = score_thresh(args)
+    return VideoThresholds(
+        score=detect,
+        new_det=min(1.0, detect + NEW_OBJECT_MARGIN),
+        max_objects=args.max_instances,
+    )
+
+
+def track_sam3(
+    args: argparse.Namespace,
+    phrases: list[str],
+    frames: Any,
+    names: Any,
+    out_dir: Any,
+    header: dict[str, Any],
+) -> int:
+    """Track every instance of the one phrase through ``frames`` and write the frame files
+    and track.json (``header``: what the command knows of the video and run)."""
+    from sam2serve.commands.track import SUMMARY_NAME, TrackResults, _print_summary, _write_frame
+    from sam2serve.concepts.video_load import video_predictor
+    from sam2serve.concepts.weights import WeightsError
+    from sam2serve.engine.video.predictor import FrameMasks
+    from sam2serve.runtime.concepts import describe_concepts_mode, load_concepts_in_mode
+
+    if len(phrases) != 1:
+        raise UsageError(
+            f"--tracker sam3 follows one phrase (Meta's video predictor takes one text "
+            f"prompt); got {len(phrases)}: {', '.join(map(repr, phrases))} (use one phrase, "
+            "or --tracker sam2.1)"
+        )
+    if args.overlay is not None:
+        raise UsageError("--overlay is drawn for --tracker sam2.1 only so far")
+    from sam2serve.commands.concepts_flags import concepts_spec
+
+    start = time.perf_counter()
+    try:
+        concepts = load_concepts_in_mode(concepts_spec(args, args.device), args.mode)
+        predictor = video_predictor(concepts, thresholds(args))
+    except WeightsError as exc:
+        raise UsageError(str(exc)) from None
+    what = "random weights" if args.random_weights else "weights"
+    info_line(
+        f"SAM 3 video predictor ({args.sam3_size}, {what}) loaded in "
+        f"{time.perf_counter() - start:.1f} s; " + describe_concepts_mode(args.mode, concepts)
+    )
+    if args.random_weights and args.score_thresh is None:
+        warning_line(
+            "random weights score about 0.25: detections kept above 0, new objects from 0.2"
+        )
+    first = args.concept_frame
+    num_frames = len(frames)
+    state = predictor.start(num_frames, frames.height, frames.width, phrases[0])
+    seconds: list[float] = []
+    seen: dict[int, list[int]] = {}
+    wall = time.perf_counter()
+    tick = wall
+    written = 0
+    source = (frames[i] for i in range(first, num_frames))
+    for result in predictor.run(state, source, start=first):
+        masks = _as_logits(result.masks)
+        frame = FrameMasks(result.frame, list(result.obj_ids), masks)
+        _write_frame(frame, names, out_dir, dict.fromkeys(result.obj_ids, phrases[0]))
+        for obj in result.obj_ids:
+            seen.setdefault(obj, []).append(result.frame)
+        written += 1
+        now = time.perf_counter()
+        seconds.append(now - tick)
+        tick = now
+    results = TrackResults({}, written, seconds, time.perf_counter() - wall)
+    header = dict(header)
+    header["objects"] = sorted(seen)
+    header["names"] = {str(obj): phrases[0] for obj in sorted(seen)}
+    header["concepts"] = {
+        "tracker": "sam3",
+        "phrases": phrases,
+        "frame": first,
+        "score_thresh": predictor.th.score,
+        "new_object_thresh": predictor.th.new_det,
+        "max_instances": args.max_instances,
+        "sam3_size": args.sam3_size,
+        "objects": [
+            {
+                "obj_id": obj,
+                "name": phrases[0],
+                "score": round(state.scores[obj], 6),
+                "first_frame": frames_of[0],
+                "last_frame": frames_of[-1],
+            }
+            for obj, frames_of in sorted(seen.items())
+        ],
+        "stage_seconds": {k: round(v, 3) for k, v in state.stage_seconds.items()},
+    }
+    header["timings"] = results.summary()
+    (out_dir / SUMMARY_NAME).write_text(json.dumps(header, indent=2) + "\n")
+    _print_summary(results, out_dir, None)
+    del predictor, concepts
+    gc.collect()
+    return EXIT_OK
+
+
+def _as_logits(masks: Any) -> Any:
+    import torch
+
+    tensor = torch.from_numpy(masks)
+    return torch.where(tensor, 1.0, -1.0)[:, None]
+
+
+__all__ = ["thresholds", "track_sam3"]

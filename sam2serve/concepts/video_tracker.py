@@ -1,0 +1,313 @@
+"""SAM 3's memory tracker: SAM 2's tracking model on SAM 3's backbone and sizes.
+
+Meta's ``Sam3TrackerBase`` is SAM 2's ``SAM2Base`` with other sizes (1008 px input, stride
+14: a 72 x 72 grid, 288 x 288 low-res masks, mask prompts of 1152 x 1152) and no backbone
+of its own: its three feature levels come from a second FPN neck over SAM 3's ViT output
+(:class:`TrackerNeck`, Meta's ``sam2_convs``). The math of its parts is SAM 2.1's, so the
+parts are this project's SAM 2.1 modules (:mod:`sam2serve.modeling`): memory attention
+(4 RoPE layers), memory encoder (its mask downsampler first resizes masks to 1152, see
+:meth:`Sam3Tracker.encode_memory`), prompt encoder and mask decoder, object pointers.
+Parameter names are Meta's ``tracker.*`` keys without the prefix, so a SAM 3 checkpoint
+loads strictly.
+
+The model holds no per-video state: :mod:`sam2serve.concepts.video_predictor` chooses the
+memories and pointers each frame attends to.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sam2serve.modeling.common import MLP
+from sam2serve.modeling.mask_decoder import MaskDecoder
+from sam2serve.modeling.memory_attention import MemoryAttention
+from sam2serve.modeling.memory_encoder import MemoryEncoder
+from sam2serve.modeling.prompt_encoder import PromptEncoder
+from sam2serve.modeling.sam2_video import MASK_BIAS, MASK_SCALE, NO_OBJ_SCORE, decode_with_tokens
+from sam2serve.modeling.sine_encoding import grid_sine_encoding, temporal_sine_encoding
+
+if TYPE_CHECKING:
+    from transformers import Sam3VisionConfig
+
+STRIDE = 14  # SAM 3's ViT patch size
+HIDDEN, MEM_DIM = 256, 64
+NUM_MASKMEM = 7  # 1 prompted + 6 previous frames
+MAX_OBJ_PTRS = 16
+MAX_COND_FRAMES = 4  # conditioning frames attended to (the temporally closest)
+MEMORY_SELECTION_THRESH = 0.01  # Meta's mf_threshold (use_memory_selection)
+TRACKER_PREFIX = "tracker."
+
+
+@dataclass(frozen=True)
+class TrackerFrame:
+    """One frame's tracker features (batch 1): the lowest level (1, 256, G, G), its sine
+    encoding, and the two high-resolution levels already projected by the mask decoder's
+    ``conv_s0`` / ``conv_s1`` (1, 32, 4G, 4G) and (1, 64, 2G, 2G)."""
+
+    feats: Tensor
+    pos: Tensor
+    high_res: tuple[Tensor, Tensor]
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one tracker step gives B objects on a frame."""
+
+    low_res: Tensor  # (B, 1, 4G, 4G) logits, NO_OBJ_SCORE where the object is absent
+    obj_ptr: Tensor  # (B, 256)
+    object_score: Tensor  # (B, 1) logits
+    iou: Tensor  # (B, 1) the predicted IoU of the chosen mask (1 for a mask prompt)
+
+
+class _Transformer(nn.Module):
+    """Holds the memory attention where Meta's keys put it (``transformer.encoder``)."""
+
+    def __init__(self, encoder: MemoryAttention) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+
+class Sam3Tracker(nn.Module):
+    """SAM 3's tracker for ``image_size`` inputs (1008: SAM 3's; smaller for tests)."""
+
+    def __init__(self, image_size: int = 1008) -> None:
+        super().__init__()
+        if image_size % STRIDE:
+            raise ValueError(f"image size must be a multiple of {STRIDE}; got {image_size}")
+        self.image_size = image_size
+        self.grid = image_size // STRIDE
+        self.low_res_size = 4 * self.grid
+        self.input_mask_size = 16 * self.grid  # 1152 at 1008
+        self.transformer = _Transformer(MemoryAttention(HIDDEN, MEM_DIM, 4, 2048, 10000.0))
+        self.maskmem_backbone = MemoryEncoder(HIDDEN, MEM_DIM)
+        self.sam_prompt_encoder = PromptEncoder(
+            HIDDEN, (self.grid, self.grid), (image_size, image_size)
+        )
+        self.sam_mask_decoder = MaskDecoder()
+        self.maskmem_tpos_enc = nn.Parameter(torch.zeros(NUM_MASKMEM, 1, 1, MEM_DIM))
+        self.no_mem_embed = nn.Parameter(torch.zeros(1, 1, HIDDEN))
+        self.no_mem_pos_enc = nn.Parameter(torch.zeros(1, 1, HIDDEN))
+        self.no_obj_ptr = nn.Parameter(torch.zeros(1, HIDDEN))
+        self.no_obj_embed_spatial = nn.Parameter(torch.zeros(1, MEM_DIM))
+        self.mask_downsample = nn.Conv2d(1, 1, kernel_size=4, stride=4)
+        self.obj_ptr_proj = MLP(HIDDEN, HIDDEN, HIDDEN, 3)
+        self.obj_ptr_tpos_proj = nn.Linear(HIDDEN, MEM_DIM)
+
+    # -- features ---------------------------------------------------------------------------
+
+    def frame(self, levels: tuple[Tensor, Tensor, Tensor], pos: Tensor) -> TrackerFrame:
+        """The tracker neck's three levels (finest first) and the lowest level's sine
+        encoding -> the frame's tracker features. Meta casts the levels to bfloat16 before
+        use (``Sam3ImageOnVideoMultiGPU``, even on one device); the values are rounded the
+        same way here and computed on in float32."""
+        s0, s1, lowest = (level.to(torch.bfloat16).float() for level in levels)
+        decoder = self.sam_mask_decoder
+        return TrackerFrame(lowest, pos.float(), (decoder.conv_s0(s0), decoder.conv_s1(s1)))
+
+    def memory_pos(self, device: torch.device) -> Tensor:
+        """(1, 64, G, G): every memory's spatial encoding."""
+        return grid_sine_encoding(MEM_DIM, self.grid, self.grid, device)
+
+    # -- memory attention --------------------------------------------------------------------
+
+    def condition(
+        self,
+        frame: TrackerFrame,
+        batch: int,
+        memories: list[tuple[Tensor, int]],
+        pointers: list[tuple[int, Tensor]],
+        max_ptr_distance: int,
+    ) -> Tensor:
+        """(batch, 256, G, G) features of a tracked frame attended to its memory bank.
+
+        ``memories``: (features (batch, 64, G, G) any float dtype, index into
+        ``maskmem_tpos_enc``) in Meta's order; ``pointers``: (signed frame distance,
+        pointers (batch, 256)); the temporal encoding of a pointer is its distance divided
+        by ``max_ptr_distance - 1`` (Meta's ``_get_tpos_enc``)."""
+        device = frame.feats.device
+        spatial_pos = self.memory_pos(device).flatten(2).transpose(1, 2)  # (1, GG, 64)
+        tokens, token_pos = [], []
+        for features, tpos in memories:
+            tokens.append(features.float().flatten(2).transpose(1, 2))
+            token_pos.append(spatial_pos + self.maskmem_tpos_enc[tpos].reshape(1, 1, -1))
+        num_ptr_tokens = 0
+        if pointers:
+            split = HIDDEN // MEM_DIM
+            distances = torch.tensor([d for d, _ in pointers], device=device)
+            ptrs = torch.stack([p for _, p in pointers], dim=1)  # (B, N, 256)
+            enc = temporal_sine_encoding(distances / (max_ptr_distance - 1), HIDDEN)
+            enc = self.obj_ptr_tpos_proj(enc)  # (N, 64)
+            tokens.append(ptrs.reshape(batch, -1, MEM_DIM))
+            token_pos.append(enc.repeat_interleave(split, dim=0).unsqueeze(0))
+            num_ptr_tokens = len(pointers) * split
+        memory = torch.cat(tokens, dim=1)
+        memory_pos = torch.cat([p.expand(batch, -1, -1) for p in token_pos], dim=1)
+        _, c, h, w = frame.feats.shape
+        curr = frame.feats.flatten(2).transpose(1, 2).expand(batch, -1, -1)
+        curr_pos = frame.pos.flatten(2).transpose(1, 2).expand(batch, -1, -1)
+        out: Tensor = self.transformer.encoder(curr, curr_pos, memory, memory_pos, num_ptr_tokens)
+        return out.transpose(1, 2).reshape(batch, c, h, w)
+
+    # -- SAM heads ------------------------------------------------------------------------------
+
+    def heads(
+        self,
+        pix_feat: Tensor,
+        frame: TrackerFrame,
+        mask_input: Tensor | None,
+        multimask: bool,
+    ) -> StepOutput:
+        """SAM heads without points (one padding point, as Meta) on B objects' features
+        (B, 256, G, G); ``mask_input`` (B, 1, 4G, 4G) or None."""
+        b = pix_feat.shape[0]
+        encoder = self.sam_prompt_encoder
+        coords = pix_feat.new_zeros((b, 1, 2))
+        labels = torch.full((b, 1), -1, dtype=torch.int32, device=pix_feat.device)
+        sparse = encoder.embed_points(coords, labels)  # Meta's padding point, padded again
+        dense = encoder.no_mask_dense() if mask_input is None else encoder.embed_masks(mask_input)
+        decoder = self.sam_mask_decoder
+        high_res = tuple(f.expand(b, -1, -1, -1) for f in frame.high_res)
+        logits, iou, tokens, object_score = decode_with_tokens(
+            decoder,
+            pix_feat,
+            encoder.dense_positional_encoding(),
+            sparse,
+            dense,
+            high_res,  # type: ignore[arg-type]  # a pair, as built
+        )
+        if multimask:
+            best = iou[:, 1:].argmax(dim=-1, keepdim=True)  # (B, 1)
+            low_res = logits[:, 1:].gather(1, best[:, :, None, None].expand_as(logits[:, :1]))
+            token = tokens[:, 1:].gather(1, best[:, :, None].expand_as(tokens[:, :1]))[:, 0]
+            chosen_iou = iou[:, 1:].max(dim=-1, keepdim=True).values
+        else:
+            low_res, chosen_iou = decoder.select_single_mask(logits, iou)
+            token = tokens[:, 0]
+        appearing = object_score > 0
+        low_res = torch.where(appearing[:, None, None], low_res, NO_OBJ_SCORE).float()
+        obj_ptr = self._gate_pointer(self.obj_ptr_proj(token), appearing.float())
+        return StepOutput(low_res, obj_ptr, object_score, chosen_iou)
+
+    def _gate_pointer(self, obj_ptr: Tensor, appearing: Tensor) -> Tensor:
+        return appearing * obj_ptr + (1 - appearing) * self.no_obj_ptr
+
+    def track(self, pix_feat: Tensor, frame: TrackerFrame) -> StepOutput:
+        """A tracked frame (no prompt): multimask output, the best predicted IoU kept
+        (Meta's ``multimask_output_for_tracking`` with 0 points)."""
+        return self.heads(pix_feat, frame, None, multimask=True)
+
+    def mask_as_output(self, frame: TrackerFrame, masks: Tensor) -> StepOutput:
+        """Mask prompts (B, 1, 16G, 16G) in {0, 1} taken as the output (Meta's
+        ``_use_mask_as_output``): logits 20 * mask - 10 downsampled to (16G / 14 * 4)
+        per side, the pointer from the heads on the raw features with the mask
+        (``mask_downsample``) as mask prompt, the object present iff the mask is not
+        empty."""
+        masks = masks.float()
+        high_res = masks * MASK_SCALE + MASK_BIAS
+        side = high_res.shape[-1] // STRIDE * 4
+        low_res = F.interpolate(
+            high_res, size=(side, side), mode="bilinear", align_corners=False, antialias=True
+        )
+        b = masks.shape[0]
+        out = self.heads(
+            frame.feats.expand(b, -1, -1, -1), frame, self.mask_downsample(masks), False
+        )
+        appearing = (masks.flatten(1) > 0.0).any(dim=1, keepdim=True).float()
+        object_score = MASK_SCALE * appearing + MASK_BIAS
+        obj_ptr = self._gate_pointer(out.obj_ptr, appearing)
+        return StepOutput(low_res, obj_ptr, object_score, torch.ones_like(object_score))
+
+    # -- memory encoding --------------------------------------------------------------------------
+
+    def encode_memory(
+        self, frame: TrackerFrame, high_res: Tensor, object_score: Tensor, binarize: bool
+    ) -> Tensor:
+        """B objects' mask logits (B, 1, S, S) on a frame -> memories (B, 64, G, G) in
+        float32: binarized (masks from prompts) or sigmoid, * 20 - 10, resized to 16G per
+        side (antialiased bilinear, Meta's ``interpol_size``) unless already that size,
+        the memory encoder, and the no-object embedding where the score says absent."""
+        mask = (high_res > 0).float() if binarize else torch.sigmoid(high_res)
+        mask = mask * MASK_SCALE + MASK_BIAS
+        size = self.input_mask_size
+        if tuple(mask.shape[-2:]) != (size, size):
+            mask = F.interpolate(
+                mask.float(),
+                size=(size, size),
+                mode="bilinear",
+                align_corners=False,
+                antialias=True,
+            )
+        pix_feat = frame.feats.expand(mask.shape[0], -1, -1, -1)
+        features: Tensor = self.maskmem_backbone(pix_feat, mask)
+        absent = 1 - (object_score > 0).float()
+        embed = self.no_obj_embed_spatial[..., None, None].expand(*features.shape)
+        return features + absent[..., None, None] * embed
+
+
+class TrackerNeck(nn.Module):
+    """The tracker's FPN neck over SAM 3's ViT output (Meta's ``sam2_convs``: a copy of
+    the detector's neck with its own weights), as transformers' ``Sam3VisionNeck``."""
+
+    def __init__(self, vision_config: Sam3VisionConfig) -> None:
+        super().__init__()
+        from transformers.models.sam3.modeling_sam3 import Sam3VisionNeck
+
+        self.neck = Sam3VisionNeck(vision_config)
+
+    def forward(self, hidden_spatial: Tensor) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor]:
+        """ViT output (B, D, G, G) -> the three finest levels and the lowest one's sine
+        encoding (Meta drops the coarsest level: ``scalp=1``)."""
+        levels, positions = self.neck(hidden_spatial)
+        return (levels[0], levels[1], levels[2]), positions[2]
+
+
+_NECK = re.compile(r"^(detector\.)?backbone\.vision_backbone\.sam2_convs\.")
+
+
+_MLP_BLOCK = re.compile(r"\.mlp\.lin([12])\.")
+
+
+def tracker_state(meta_state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A SAM 3 checkpoint's ``tracker.*`` tensors in :class:`Sam3Tracker`'s keys: prefix
+    removed, and the two-way transformer's SAM 1 ``MLPBlock`` (``lin1``/``lin2``, ReLU)
+    named as SAM 2's ``MLP`` (``layers.0``/``layers.1``, ReLU), the same math."""
+    return {
+        _MLP_BLOCK.sub(
+            lambda m: f".mlp.layers.{int(m.group(1)) - 1}.", key[len(TRACKER_PREFIX) :]
+        ): value
+        for key, value in meta_state.items()
+        if key.startswith(TRACKER_PREFIX)
+    }
+
+
+def tracker_neck_state(meta_state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A SAM 3 checkpoint's tracker-neck tensors (``sam2_convs``) in :class:`TrackerNeck`'s
+    keys: the detector neck's renames applied to them."""
+    from sam2serve.concepts.checkpoint import rename
+
+    out = {}
+    for key, value in meta_state.items():
+        if _NECK.match(key):
+            as_detector = _NECK.sub("backbone.vision_backbone.convs.", key)
+            out[rename(as_detector).replace("vision_encoder.neck.", "neck.", 1)] = value
+    return out
+
+
+__all__ = [
+    "MAX_COND_FRAMES",
+    "MAX_OBJ_PTRS",
+    "MEMORY_SELECTION_THRESH",
+    "NUM_MASKMEM",
+    "Sam3Tracker",
+    "StepOutput",
+    "TrackerFrame",
+    "TrackerNeck",
+    "tracker_neck_state",
+    "tracker_state",
+]
