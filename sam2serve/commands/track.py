@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +33,22 @@ from sam2serve.commands.common import (
     add_model_flag,
     add_threads_flag,
     add_weights_flags,
-    info_line,
     positive_int,
 )
 from sam2serve.commands.run_outputs import json_safe, prepare_out_dir
+from sam2serve.commands.track_outputs import (
+    SUMMARY_NAME,
+    TrackResults,
+    print_summary,
+    write_frame,
+    write_overlay,
+)
 from sam2serve.commands.track_prompts import (
     check_prompts,
     load_video_prompts,
     sample_prompts,
 )
+from sam2serve.commands.track_sam3 import track_sam3
 from sam2serve.engine.video.retention import RETENTION_MODES
 from sam2serve.runtime.backend_choice import AUTO, choose_tracker
 from sam2serve.runtime.modes import VIDEO_MODES
@@ -52,7 +57,6 @@ from sam2serve.runtime.trackers import EAGER_TRACKER, TRACKERS, VIDEO_BACKENDS
 
 SAMPLE_VIDEO = "sample"
 SAMPLE_FRAMES = 8
-SUMMARY_NAME = "track.json"
 OVERLAY_SUFFIXES = (".mp4", ".gif")
 DEFAULT_MAX_FRAMES = 2_000
 # As run and serve; for tracking, fast computes what baseline does (runtime/modes.py).
@@ -213,8 +217,6 @@ def track_command(args: argparse.Namespace) -> int:
     if phrases is not None:
         track_concepts.check_frame(args, len(frames))
         if args.tracker == "sam3":
-            from sam2serve.commands.track_sam3 import track_sam3
-
             _prepare_process(args, spec)
             header = {"video": source, "frames": len(frames), "width": int(frames.width)}
             header |= {"height": int(frames.height), "fps": fps, "device": args.device}
@@ -264,8 +266,8 @@ def track_command(args: argparse.Namespace) -> int:
     header["timings"] = results.summary()
     (out_dir / SUMMARY_NAME).write_text(json.dumps(json_safe(header), indent=2) + "\n")
     if args.overlay is not None:
-        _write_overlay(args.overlay, frames, results.records, fps, weights["random"])
-    _print_summary(results, out_dir, args.overlay)
+        write_overlay(args.overlay, frames, results.records, fps, weights["random"])
+    print_summary(results, out_dir, args.overlay)
     return EXIT_OK
 
 
@@ -354,26 +356,6 @@ def _load_predictor(args: argparse.Namespace, spec: RuntimeSpec) -> tuple[Any, d
 # --------------------------------------------------------------------------- propagation
 
 
-@dataclass
-class TrackResults:
-    records: dict[int, list[dict[str, Any]]]  # frame index -> its records (for --overlay)
-    frames_written: int
-    seconds: list[float]  # per propagated frame (decode + memory + RLE + write)
-    wall: float
-
-    def summary(self) -> dict[str, Any]:
-        import numpy as np
-
-        ms = np.asarray(self.seconds) * 1000
-        return {
-            "frames_tracked": len(self.seconds),
-            "seconds": round(self.wall, 3),
-            "frames_per_second": round(len(self.seconds) / self.wall, 3) if self.wall else None,
-            "frame_ms_p50": round(float(np.percentile(ms, 50)), 1) if len(ms) else None,
-            "frame_ms_p90": round(float(np.percentile(ms, 90)), 1) if len(ms) else None,
-        }
-
-
 def _propagate(
     predictor: Any,
     state: Any,
@@ -405,7 +387,7 @@ def _propagate(
         tick = time.perf_counter()
         for result in frames:
             if not (reverse and result.frame_idx == start_frame):  # written going forward
-                written_records = _write_frame(result, names, out_dir, object_names or {})
+                written_records = write_frame(result, names, out_dir, object_names or {})
                 if keep_records:
                     records[result.frame_idx] = written_records
                 written += 1
@@ -415,74 +397,3 @@ def _propagate(
             tick = now
     progress.close()
     return TrackResults(records, written, seconds, time.perf_counter() - start)
-
-
-def _write_frame(
-    result: Any, names: Any, out_dir: Path, object_names: dict[int, str]
-) -> list[dict[str, Any]]:
-    from sam2serve.engine.rle import rle_to_coco
-    from sam2serve.engine.video.outputs import object_masks
-
-    records = [
-        {
-            "obj_id": obj.obj_id,
-            **({"name": object_names[obj.obj_id]} if obj.obj_id in object_names else {}),
-            "segmentation": rle_to_coco(obj.rle),
-            "area": obj.area,
-            "bbox": obj.bbox,
-        }
-        for obj in object_masks(result)
-    ]
-    height, width = result.masks.shape[-2:]
-    frame = {
-        "frame": result.frame_idx,
-        "name": names[result.frame_idx],
-        "width": int(width),
-        "height": int(height),
-        "objects": records,
-    }
-    path = out_dir / f"frame_{result.frame_idx:05d}.json"
-    staging = path.with_suffix(".json.tmp")
-    staging.write_text(json.dumps(json_safe(frame)) + "\n")
-    staging.replace(path)
-    return records
-
-
-def _write_overlay(
-    path: Path,
-    frames: list[Any],
-    records: dict[int, list[dict[str, Any]]],
-    fps: float,
-    random_weights: bool,
-) -> None:
-    import numpy as np
-
-    from sam2serve.engine.overlay import draw_overlay
-    from sam2serve.engine.video_io import VideoError, write_video
-
-    drawn = []
-    for index, pixels in enumerate(frames):
-        frame_records = records.get(index, [])
-        image = draw_overlay(
-            pixels,
-            frame_records,
-            stamp="RANDOM WEIGHTS" if random_weights else None,
-            colour_keys=[record["obj_id"] - 1 for record in frame_records],
-        )
-        drawn.append(np.asarray(image))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_video(path, drawn, fps)
-    except (OSError, VideoError) as exc:
-        raise UsageError(f"cannot write --overlay {str(path)!r}: {exc}") from None
-
-
-def _print_summary(results: TrackResults, out_dir: Path, overlay: Path | None) -> None:
-    summary = results.summary()
-    fps = summary["frames_per_second"]
-    info_line(
-        f"tracked {results.frames_written} frames in {summary['seconds']:.1f} s "
-        f"({fps if fps is not None and math.isfinite(fps) else 0:.2f} frames/s; per frame "
-        f"p50 {summary['frame_ms_p50']} ms, p90 {summary['frame_ms_p90']} ms) -> {out_dir}"
-        + (f"; overlay {overlay}" if overlay is not None else "")
-    )

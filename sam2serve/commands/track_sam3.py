@@ -17,6 +17,7 @@ from typing import Any
 
 from sam2serve.commands.common import EXIT_OK, UsageError, info_line, warning_line
 from sam2serve.commands.track_concepts import score_thresh
+from sam2serve.commands.track_outputs import SUMMARY_NAME, TrackResults, print_summary, write_frame
 
 NEW_OBJECT_MARGIN = 0.2  # Meta: detections kept above 0.5, new objects from 0.7
 
@@ -44,7 +45,6 @@ def track_sam3(
 ) -> int:
     """Track every instance of the one phrase through ``frames`` and write the frame files
     and track.json (``header``: what the command knows of the video and run)."""
-    from sam2serve.commands.track import SUMMARY_NAME, TrackResults, _print_summary, _write_frame
     from sam2serve.concepts.video_load import video_predictor
     from sam2serve.concepts.weights import WeightsError
     from sam2serve.engine.video.predictor import FrameMasks
@@ -87,7 +87,7 @@ def track_sam3(
     for result in predictor.run(state, source, start=first):
         masks = _as_logits(result.masks)
         frame = FrameMasks(result.frame, list(result.obj_ids), masks)
-        _write_frame(frame, names, out_dir, dict.fromkeys(result.obj_ids, phrases[0]))
+        write_frame(frame, names, out_dir, dict.fromkeys(result.obj_ids, phrases[0]))
         for obj in result.obj_ids:
             seen.setdefault(obj, []).append(result.frame)
         written += 1
@@ -120,7 +120,7 @@ def track_sam3(
     }
     header["timings"] = results.summary()
     (out_dir / SUMMARY_NAME).write_text(json.dumps(header, indent=2) + "\n")
-    _print_summary(results, out_dir, None)
+    print_summary(results, out_dir, None)
     del predictor, concepts
     gc.collect()
     return EXIT_OK

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy import ndimage  # type: ignore[import-untyped]  # scipy ships no type stubs
+from scipy import ndimage
 from torch import Tensor
 
 _EIGHT = np.ones((3, 3), dtype=bool)

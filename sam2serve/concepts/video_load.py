@@ -5,6 +5,7 @@ tracker neck from the same source (the ``tracker.*`` and ``sam2_convs`` tensors 
 from __future__ import annotations
 
 import torch
+from transformers.models.sam3.configuration_sam3 import Sam3VisionConfig
 
 from sam2serve.concepts.runtime import Concepts, randomize_
 from sam2serve.concepts.video_association import VideoThresholds
@@ -23,7 +24,9 @@ def load_tracker(concepts: Concepts) -> tuple[TrackerNeck, Sam3Tracker]:
     """The tracker neck and tracker matching ``concepts``' weights, on its device, eval."""
     spec = concepts.spec
     config = concepts.model.config  # transformers' Sam3Model
-    neck = TrackerNeck(config.vision_config)  # type: ignore[union-attr,arg-type]  # a Sam3Config
+    vision_config = config.vision_config
+    assert isinstance(vision_config, Sam3VisionConfig), "a Sam3Config holds its vision config"
+    neck = TrackerNeck(vision_config)
     tracker = Sam3Tracker(concepts.size.image_size)
     if spec.random_weights:
         randomize_(neck, spec.seed + TRACKER_SEED_OFFSET)

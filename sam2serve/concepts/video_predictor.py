@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -35,6 +36,7 @@ from torch import Tensor
 
 from sam2serve.concepts.engine import (
     ConceptEncoding,
+    TextEncoding,
     Tokenize,
     encode_text,
     model_pixels,
@@ -62,6 +64,9 @@ from sam2serve.concepts.video_tracker import (
     TrackerNeck,
 )
 from sam2serve.modeling.sam2_video import NO_OBJ_SCORE
+
+if TYPE_CHECKING:
+    from transformers import Sam3Model
 
 REMOVED_SCORE = -1e4
 
@@ -128,7 +133,7 @@ class VideoState:
     num_frames: int
     height: int
     width: int
-    text: object = None
+    text: TextEncoding | None = None
     groups: list[Group] = field(default_factory=list)
     hot: HotStart = field(default_factory=HotStart)
     max_obj_id: int = -1
@@ -182,7 +187,7 @@ class Sam3VideoPredictor:
 
     def __init__(
         self,
-        detector: torch.nn.Module,
+        detector: Sam3Model,
         tokenize: Tokenize,
         neck: TrackerNeck,
         tracker: Sam3Tracker,
@@ -202,7 +207,7 @@ class Sam3VideoPredictor:
         """One frame (uint8 HWC) -> the detector's encoding and the tracker's features, one
         ViT pass for both."""
         pixels = model_pixels(self.detector, [frame])
-        vision = self.detector.get_vision_features(pixel_values=pixels)  # type: ignore[operator]  # transformers' Sam3Model, typed as Module
+        vision = self.detector.get_vision_features(pixel_values=pixels)
         (encoding,) = split_encodings(vision, [frame])
         hidden = vision.last_hidden_state.float()
         side = pixels.shape[-1] // 14
@@ -213,7 +218,9 @@ class Sam3VideoPredictor:
     def detect(self, state: VideoState, encoding: ConceptEncoding) -> Detections:
         """Meta's video detections: joint score through its ``inverse_sigmoid`` (eps 1e-3),
         mask NMS, kept above the threshold."""
+        assert state.text is not None, "start() encodes the phrase first"
         out = run_detector(self.detector, encoding, 1, (), state.text)
+        assert out.pred_logits is not None and out.presence_logits is not None, "scored queries"
         joint = out.pred_logits.float().sigmoid() * out.presence_logits.float().sigmoid()
         joint = joint.clamp(0, 1)
         logits = torch.log(joint.clamp(min=1e-3) / (1 - joint).clamp(min=1e-3)).clamp(-10, 10)
