@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from sam2serve.concepts.checkpoint import DETECTOR, CheckpointMismatch
+from sam2serve.concepts.checkpoint import DETECTOR, CheckpointMismatch, rename
 from sam2serve.concepts.model import Sam3Size
 from sam2serve.config import HieraConfig, ModelConfig
 from sam2serve.engine.predictor import Embedding
@@ -65,15 +65,10 @@ VIDEO_TRACKER_PREFIXES = (
     "obj_ptr_tpos_proj.",
 )
 
-_NECK_RENAMES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(p), r)
-    for p, r in (
-        (r"^(\d+)\.dconv_2x2(_0)?\.", r"neck.\1.scale_layers.0."),
-        (r"^(\d+)\.dconv_2x2_1\.", r"neck.\1.scale_layers.2."),
-        (r"^(\d+)\.conv_1x1\.", r"neck.\1.proj1."),
-        (r"^(\d+)\.conv_3x3\.", r"neck.\1.proj2."),
-    )
-)
+# The detector's neck's keys: the tracker's neck is renamed by the same rules
+# (:data:`sam2serve.concepts.checkpoint.RENAMES`) as the detector's FPN.
+_DETECTOR_NECK = "backbone.vision_backbone.convs."
+_DETECTOR_NECK_MODULE = "vision_encoder.neck."
 # Meta's tracker builds its two-way transformer's MLPs as ``MLPBlock`` (lin1, lin2); ours
 # (and Meta's sam2) as an MLP with ``layers.0``, ``layers.1``: the same two Linear layers.
 _MLP_BLOCK = re.compile(r"\.mlp\.lin([12])\.")
@@ -100,6 +95,35 @@ def tracker_config(size: Sam3Size) -> TrackerConfig:
     return TrackerConfig(name="sam3-tracker", trunk=placeholder, image_size=size.image_size)
 
 
+class TrackerNeck(nn.Module):
+    """The tracker's FPN neck over SAM 3's ViT output (Meta's ``sam2_convs``: a copy of the
+    detector's neck with its own weights; transformers' ``Sam3FPNLayer`` per scale, named as
+    transformers' ``Sam3VisionNeck``). All four levels' weights load; the coarsest is never
+    run (Meta drops it: ``scalp=1``)."""
+
+    def __init__(self, vit_dim: int) -> None:
+        super().__init__()
+        from transformers.models.sam3.modeling_sam3 import (
+            Sam3FPNLayer,
+            Sam3SinePositionEmbedding,
+        )
+
+        self.fpn_layers = nn.ModuleList(Sam3FPNLayer(vit_dim, D_MODEL, s) for s in NECK_SCALES)
+        self.position_encoding = Sam3SinePositionEmbedding(D_MODEL // 2, normalize=True)
+
+    def forward(self, vit_spatial: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """ViT output (B, C, G, G) -> the three levels the tracker uses, (B, 256, 4G, 4G),
+        (B, 256, 2G, 2G), (B, 256, G, G), in the neck's dtype."""
+        s0, s1, lowest = (layer(vit_spatial) for layer in self.fpn_layers[:USED_LEVELS])
+        return s0, s1, lowest
+
+    def position(self, level: Tensor) -> Tensor:
+        """The sine encoding (1, 256, H, W) of a level (B, 256, H, W), in its dtype (the
+        video tracker's memory attention uses the lowest level's)."""
+        pos: Tensor = self.position_encoding(level.shape, level.device, level.dtype)
+        return pos
+
+
 class TrackerHeads(nn.Module):
     """The sam2 neck (``neck``: Meta's ``sam2_convs``, transformers' FPN layer) and the
     tracker's SAM heads (``heads``: ``sam_prompt_encoder``, ``sam_mask_decoder``,
@@ -107,17 +131,15 @@ class TrackerHeads(nn.Module):
 
     def __init__(self, size: Sam3Size) -> None:
         super().__init__()
-        from transformers.models.sam3.modeling_sam3 import Sam3FPNLayer
-
         self.size = size
-        self.neck = nn.ModuleList(Sam3FPNLayer(size.vit_dim, D_MODEL, s) for s in NECK_SCALES)
+        self.neck = TrackerNeck(size.vit_dim)
         self.heads = SAM2Image(tracker_config(size), with_image_encoder=False)
 
     @property
     def grid(self) -> int:
         return self.size.image_size // PATCH
 
-    def neck_levels(self, vit_hidden: Tensor) -> list[Tensor]:
+    def neck_levels(self, vit_hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The ViT's last hidden state (B, grid², C), as transformers' ``Sam3VisionModel``
         returns it (``last_hidden_state``), or (B, C, grid, grid) -> the three levels the
         tracker uses, (B, 256, 4g, 4g), (B, 256, 2g, 2g), (B, 256, g, g), in the neck's
@@ -126,9 +148,12 @@ class TrackerHeads(nn.Module):
             b, _, c = vit_hidden.shape
             g = self.grid
             vit_hidden = vit_hidden.view(b, g, g, c).permute(0, 3, 1, 2)
-        return [layer(vit_hidden) for layer in self.neck[:USED_LEVELS]]
+        levels: tuple[Tensor, Tensor, Tensor] = self.neck(vit_hidden)
+        return levels
 
-    def embedding(self, levels: list[Tensor], sizes: tuple[tuple[int, int], ...]) -> Embedding:
+    def embedding(
+        self, levels: tuple[Tensor, Tensor, Tensor], sizes: tuple[tuple[int, int], ...]
+    ) -> Embedding:
         """The interactive path's image side from :meth:`neck_levels`: Meta's ``predict_inst``
         features (``no_mem_embed`` added to the lowest level; ``conv_s0`` / ``conv_s1`` of
         the two high-resolution levels), for images of original ``sizes`` (h, w)."""
@@ -143,15 +168,30 @@ def build_tracker_heads(size: Sam3Size) -> TrackerHeads:
     return TrackerHeads(size).eval()
 
 
-def _rename_head(key: str) -> str:
-    return "heads." + _MLP_BLOCK.sub(lambda m: f".mlp.layers.{int(m[1]) - 1}.", key)
+def tracker_key(name: str) -> str:
+    """A ``tracker.*`` key without the prefix -> ours (the tracker heads' under ``heads.``,
+    the video tracker's as is): the two-way transformer's ``MLPBlock`` (``lin1``/``lin2``,
+    ReLU) named as SAM 2's ``MLP`` (``layers.0``/``layers.1``, ReLU), the same math."""
+    return _MLP_BLOCK.sub(lambda m: f".mlp.layers.{int(m[1]) - 1}.", name)
 
 
-def _rename_neck(key: str) -> str:
-    for pattern, replacement in _NECK_RENAMES:
-        if pattern.search(key):
-            return pattern.sub(replacement, key, count=1)
-    return "neck.unknown." + key
+def neck_key(name: str) -> str:
+    """A ``sam2_convs.*`` key without the prefix -> :class:`TrackerNeck`'s, by the detector
+    neck's renames; a key they do not know is kept under ``unknown.`` (a strict load names it)."""
+    renamed = rename(_DETECTOR_NECK + name)
+    if not renamed.startswith(_DETECTOR_NECK_MODULE):
+        return "unknown." + name
+    return renamed.removeprefix(_DETECTOR_NECK_MODULE)
+
+
+def neck_state(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Meta's checkpoint (keys optionally ``detector.``-prefixed) -> its tracker neck's
+    tensors (``sam2_convs``) in :class:`TrackerNeck`'s keys."""
+    return {
+        neck_key(key.removeprefix(DETECTOR).removeprefix(SAM2_NECK)): tensor
+        for key, tensor in state.items()
+        if key.removeprefix(DETECTOR).startswith(SAM2_NECK)
+    }
 
 
 def split_tracker_state(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
@@ -166,13 +206,13 @@ def split_tracker_state(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], di
     for key, tensor in state.items():
         detector_key = key.removeprefix(DETECTOR)
         if detector_key.startswith(SAM2_NECK):
-            heads[_rename_neck(detector_key.removeprefix(SAM2_NECK))] = tensor
+            heads["neck." + neck_key(detector_key.removeprefix(SAM2_NECK))] = tensor
             continue
         for prefix in (TRACKER, "inst_interactive_predictor.model."):
             if key.startswith(prefix):
                 name = key.removeprefix(prefix)
                 if name.startswith(HEAD_PREFIXES):
-                    heads[_rename_head(name)] = tensor
+                    heads["heads." + tracker_key(name)] = tensor
                 elif name.startswith(VIDEO_TRACKER_PREFIXES):
                     video[name] = tensor
                 else:

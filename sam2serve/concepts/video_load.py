@@ -5,17 +5,12 @@ tracker neck from the same source (the ``tracker.*`` and ``sam2_convs`` tensors 
 from __future__ import annotations
 
 import torch
-from transformers.models.sam3.configuration_sam3 import Sam3VisionConfig
 
 from sam2serve.concepts.runtime import Concepts, randomize_
+from sam2serve.concepts.tracker_heads import TrackerNeck, neck_state
 from sam2serve.concepts.video_association import VideoThresholds
 from sam2serve.concepts.video_predictor import Sam3VideoPredictor
-from sam2serve.concepts.video_tracker import (
-    Sam3Tracker,
-    TrackerNeck,
-    tracker_neck_state,
-    tracker_state,
-)
+from sam2serve.concepts.video_tracker import Sam3Tracker, tracker_state
 
 TRACKER_SEED_OFFSET = 1  # the tracker's random weights: the concept seed + 1 (its own draw)
 
@@ -23,10 +18,7 @@ TRACKER_SEED_OFFSET = 1  # the tracker's random weights: the concept seed + 1 (i
 def load_tracker(concepts: Concepts) -> tuple[TrackerNeck, Sam3Tracker]:
     """The tracker neck and tracker matching ``concepts``' weights, on its device, eval."""
     spec = concepts.spec
-    config = concepts.model.config  # transformers' Sam3Model
-    vision_config = config.vision_config
-    assert isinstance(vision_config, Sam3VisionConfig), "a Sam3Config holds its vision config"
-    neck = TrackerNeck(vision_config)
+    neck = TrackerNeck(concepts.size.vit_dim)
     tracker = Sam3Tracker(concepts.size.image_size)
     if spec.random_weights:
         randomize_(neck, spec.seed + TRACKER_SEED_OFFSET)
@@ -39,7 +31,7 @@ def load_tracker(concepts: Concepts) -> tuple[TrackerNeck, Sam3Tracker]:
             require(spec.weights) / CHECKPOINT, map_location="cpu", weights_only=True, mmap=True
         )
         state = loaded.get("model", loaded)
-        load_strict(neck, tracker_neck_state(state))
+        load_strict(neck, neck_state(state))
         load_strict(tracker, tracker_state(state))
     device = concepts.device
     return neck.to(device).eval(), tracker.to(device).eval()

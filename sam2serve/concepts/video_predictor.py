@@ -43,6 +43,7 @@ from sam2serve.concepts.engine import (
     run_detector,
     split_encodings,
 )
+from sam2serve.concepts.tracker_heads import TrackerNeck
 from sam2serve.concepts.video_association import (
     ALWAYS_OCCLUDED,
     NEVER_OCCLUDED,
@@ -61,7 +62,6 @@ from sam2serve.concepts.video_tracker import (
     NUM_MASKMEM,
     Sam3Tracker,
     TrackerFrame,
-    TrackerNeck,
 )
 from sam2serve.modeling.sam2_video import NO_OBJ_SCORE
 
@@ -212,8 +212,8 @@ class Sam3VideoPredictor:
         hidden = vision.last_hidden_state.float()
         side = pixels.shape[-1] // 14
         spatial = hidden.view(1, side, side, -1).permute(0, 3, 1, 2)
-        levels, pos = self.neck(spatial)
-        return encoding, self.tracker.frame(levels, pos)
+        levels = self.neck(spatial)
+        return encoding, self.tracker.frame(levels, self.neck.position(levels[2]))
 
     def detect(self, state: VideoState, encoding: ConceptEncoding) -> Detections:
         """Meta's video detections: joint score through its ``inverse_sigmoid`` (eps 1e-3),

@@ -3,12 +3,13 @@
 Meta's ``Sam3TrackerBase`` is SAM 2's ``SAM2Base`` with other sizes (1008 px input, stride
 14: a 72 x 72 grid, 288 x 288 low-res masks, mask prompts of 1152 x 1152) and no backbone
 of its own: its three feature levels come from a second FPN neck over SAM 3's ViT output
-(:class:`TrackerNeck`, Meta's ``sam2_convs``). The math of its parts is SAM 2.1's, so the
+(:class:`~sam2serve.concepts.tracker_heads.TrackerNeck`, Meta's ``sam2_convs``, the
+interactive path's neck). The math of its parts is SAM 2.1's, so the
 parts are this project's SAM 2.1 modules (:mod:`sam2serve.modeling`): memory attention
 (4 RoPE layers), memory encoder (its mask downsampler first resizes masks to 1152, see
 :meth:`Sam3Tracker.encode_memory`), prompt encoder and mask decoder, object pointers.
-Parameter names are Meta's ``tracker.*`` keys without the prefix, so a SAM 3 checkpoint
-loads strictly.
+Parameter names are Meta's ``tracker.*`` keys without the prefix, renamed as the tracker
+heads' (:func:`tracker_state`), so a SAM 3 checkpoint loads strictly.
 
 The model holds no per-video state: :mod:`sam2serve.concepts.video_predictor` chooses the
 memories and pointers each frame attends to.
@@ -16,14 +17,13 @@ memories and pointers each frame attends to.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sam2serve.concepts.tracker_heads import TRACKER, tracker_key
 from sam2serve.modeling.common import MLP
 from sam2serve.modeling.mask_decoder import MaskDecoder
 from sam2serve.modeling.memory_attention import MemoryAttention
@@ -32,16 +32,12 @@ from sam2serve.modeling.prompt_encoder import PromptEncoder
 from sam2serve.modeling.sam2_video import MASK_BIAS, MASK_SCALE, NO_OBJ_SCORE, decode_with_tokens
 from sam2serve.modeling.sine_encoding import grid_sine_encoding, temporal_sine_encoding
 
-if TYPE_CHECKING:
-    from transformers import Sam3VisionConfig
-
 STRIDE = 14  # SAM 3's ViT patch size
 HIDDEN, MEM_DIM = 256, 64
 NUM_MASKMEM = 7  # 1 prompted + 6 previous frames
 MAX_OBJ_PTRS = 16
 MAX_COND_FRAMES = 4  # conditioning frames attended to (the temporally closest)
 MEMORY_SELECTION_THRESH = 0.01  # Meta's mf_threshold (use_memory_selection)
-TRACKER_PREFIX = "tracker."
 
 
 @dataclass(frozen=True)
@@ -250,53 +246,14 @@ class Sam3Tracker(nn.Module):
         return features + absent[..., None, None] * embed
 
 
-class TrackerNeck(nn.Module):
-    """The tracker's FPN neck over SAM 3's ViT output (Meta's ``sam2_convs``: a copy of
-    the detector's neck with its own weights), as transformers' ``Sam3VisionNeck``."""
-
-    def __init__(self, vision_config: Sam3VisionConfig) -> None:
-        super().__init__()
-        from transformers.models.sam3.modeling_sam3 import Sam3VisionNeck
-
-        self.neck = Sam3VisionNeck(vision_config)
-
-    def forward(self, hidden_spatial: Tensor) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor]:
-        """ViT output (B, D, G, G) -> the three finest levels and the lowest one's sine
-        encoding (Meta drops the coarsest level: ``scalp=1``)."""
-        levels, positions = self.neck(hidden_spatial)
-        return (levels[0], levels[1], levels[2]), positions[2]
-
-
-_NECK = re.compile(r"^(detector\.)?backbone\.vision_backbone\.sam2_convs\.")
-
-
-_MLP_BLOCK = re.compile(r"\.mlp\.lin([12])\.")
-
-
 def tracker_state(meta_state: dict[str, Tensor]) -> dict[str, Tensor]:
     """A SAM 3 checkpoint's ``tracker.*`` tensors in :class:`Sam3Tracker`'s keys: prefix
-    removed, and the two-way transformer's SAM 1 ``MLPBlock`` (``lin1``/``lin2``, ReLU)
-    named as SAM 2's ``MLP`` (``layers.0``/``layers.1``, ReLU), the same math."""
+    removed, renamed as the tracker heads' (:func:`~sam2serve.concepts.tracker_heads.tracker_key`)."""
     return {
-        _MLP_BLOCK.sub(
-            lambda m: f".mlp.layers.{int(m.group(1)) - 1}.", key[len(TRACKER_PREFIX) :]
-        ): value
+        tracker_key(key.removeprefix(TRACKER)): value
         for key, value in meta_state.items()
-        if key.startswith(TRACKER_PREFIX)
+        if key.startswith(TRACKER)
     }
-
-
-def tracker_neck_state(meta_state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A SAM 3 checkpoint's tracker-neck tensors (``sam2_convs``) in :class:`TrackerNeck`'s
-    keys: the detector neck's renames applied to them."""
-    from sam2serve.concepts.checkpoint import rename
-
-    out = {}
-    for key, value in meta_state.items():
-        if _NECK.match(key):
-            as_detector = _NECK.sub("backbone.vision_backbone.convs.", key)
-            out[rename(as_detector).replace("vision_encoder.neck.", "neck.", 1)] = value
-    return out
 
 
 __all__ = [
@@ -307,7 +264,5 @@ __all__ = [
     "Sam3Tracker",
     "StepOutput",
     "TrackerFrame",
-    "TrackerNeck",
-    "tracker_neck_state",
     "tracker_state",
 ]

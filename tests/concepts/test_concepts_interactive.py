@@ -216,7 +216,7 @@ def test_tracker_keys_load_strictly(pair):
         load_tracker_heads(build_tracker_heads(SIZE), missing)
     neck = dict(state)
     neck.pop("detector.backbone.vision_backbone.sam2_convs.1.conv_3x3.bias")
-    with pytest.raises(CheckpointMismatch, match=r"neck\.1\.proj2\.bias"):
+    with pytest.raises(CheckpointMismatch, match=r"neck\.fpn_layers\.1\.proj2\.bias"):
         load_tracker_heads(build_tracker_heads(SIZE), neck)
     unknown = dict(state)
     unknown["tracker.surprise.weight"] = torch.zeros(1)

@@ -340,8 +340,8 @@ def test_predictor_equals_meta_on_the_sample_clip():
     from sam2serve.concepts.model import Sam3Size, build_model
     from sam2serve.concepts.runtime import randomize_
     from sam2serve.concepts.tokenizer import clip_bpe_path, load_tokenizer
+    from sam2serve.concepts.tracker_heads import TrackerNeck, neck_state
     from sam2serve.concepts.video_predictor import Sam3VideoPredictor
-    from sam2serve.concepts.video_tracker import TrackerNeck, tracker_neck_state
     from sam2serve.samples import sample_clip
 
     size = Sam3Size.tiny()
@@ -354,8 +354,8 @@ def test_predictor_equals_meta_on_the_sample_clip():
         k: v for k, v in state.items() if k.startswith("detector.") and "sam2_convs" not in k
     }
     load_strict(detector, meta_to_transformers(detector_state))
-    neck = TrackerNeck(detector.config.vision_config).eval()
-    load_strict(neck, tracker_neck_state(state))
+    neck = TrackerNeck(size.vit_dim).eval()
+    load_strict(neck, neck_state(state))
     tracker = Sam3Tracker(size.image_size).eval()
     tracker.load_state_dict(tracker_state(state), strict=True)
     th = VideoThresholds(**E2E_THRESHOLDS)  # type: ignore[arg-type]

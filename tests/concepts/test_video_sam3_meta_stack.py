@@ -24,14 +24,10 @@ from sam2serve.concepts.checkpoint import load_strict, meta_to_transformers
 from sam2serve.concepts.engine import model_pixels
 from sam2serve.concepts.model import Sam3Size, build_model
 from sam2serve.concepts.tokenizer import load_tokenizer
+from sam2serve.concepts.tracker_heads import TrackerNeck, neck_state
 from sam2serve.concepts.video_association import VideoThresholds
 from sam2serve.concepts.video_predictor import Sam3VideoPredictor
-from sam2serve.concepts.video_tracker import (
-    Sam3Tracker,
-    TrackerNeck,
-    tracker_neck_state,
-    tracker_state,
-)
+from sam2serve.concepts.video_tracker import Sam3Tracker, tracker_state
 from sam2serve.samples import sample_clip
 
 pytestmark = pytest.mark.extended
@@ -73,8 +69,8 @@ def test_video_predictor_equals_meta_on_its_real_stack(tmp_path):
         k: v for k, v in state.items() if k.startswith("detector.") and "sam2_convs" not in k
     }
     load_strict(detector, meta_to_transformers(detector_state))
-    neck = TrackerNeck(detector.config.vision_config).eval()
-    load_strict(neck, tracker_neck_state(state))
+    neck = TrackerNeck(size.vit_dim).eval()
+    load_strict(neck, neck_state(state))
     tracker = Sam3Tracker(size.image_size).eval()
     load_strict(tracker, tracker_state(state))
     th = VideoThresholds(**E2E_THRESHOLDS)  # type: ignore[arg-type]
