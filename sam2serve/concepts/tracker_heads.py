@@ -18,7 +18,10 @@ Checkpoint keys (Meta's combined image + video file): the neck is
 video tracker's memory (:data:`VIDEO_TRACKER_PREFIXES`), which this module does not build:
 :func:`split_tracker_state` hands those keys back for the video tracker to load.
 
-One neck pass per image gives the three levels (:meth:`TrackerHeads.neck_levels`); the
+The neck (:class:`TrackerNeck`) and the key mapping (:func:`tracker_key`, :func:`neck_key`)
+are also the video tracker's (:mod:`sam2serve.concepts.video_tracker`,
+:mod:`sam2serve.concepts.video_load`). One neck pass per image gives the three levels
+(:meth:`TrackerHeads.neck_levels`); the
 interactive path projects them once into an :class:`~sam2serve.engine.predictor.Embedding`
 (:meth:`TrackerHeads.embedding`: ``no_mem_embed`` added to the 72² map, as Meta's
 ``predict_inst`` does for an image with no memory; ``conv_s0`` / ``conv_s1`` applied to the
