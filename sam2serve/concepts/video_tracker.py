@@ -29,7 +29,13 @@ from sam2serve.modeling.mask_decoder import MaskDecoder
 from sam2serve.modeling.memory_attention import MemoryAttention
 from sam2serve.modeling.memory_encoder import MemoryEncoder
 from sam2serve.modeling.prompt_encoder import PromptEncoder
-from sam2serve.modeling.sam2_video import MASK_BIAS, MASK_SCALE, NO_OBJ_SCORE, decode_with_tokens
+from sam2serve.modeling.sam2_video import (
+    MASK_BIAS,
+    MASK_SCALE,
+    NO_OBJ_SCORE,
+    decode_with_tokens,
+    resize_mask,
+)
 from sam2serve.modeling.sine_encoding import grid_sine_encoding, temporal_sine_encoding
 
 STRIDE = 14  # SAM 3's ViT patch size
@@ -231,14 +237,7 @@ class Sam3Tracker(nn.Module):
         mask = (high_res > 0).float() if binarize else torch.sigmoid(high_res)
         mask = mask * MASK_SCALE + MASK_BIAS
         size = self.input_mask_size
-        if tuple(mask.shape[-2:]) != (size, size):
-            mask = F.interpolate(
-                mask.float(),
-                size=(size, size),
-                mode="bilinear",
-                align_corners=False,
-                antialias=True,
-            )
+        mask = resize_mask(mask, (size, size))
         pix_feat = frame.feats.expand(mask.shape[0], -1, -1, -1)
         features: Tensor = self.maskmem_backbone(pix_feat, mask)
         absent = 1 - (object_score > 0).float()

@@ -77,6 +77,16 @@ class ObjectPointers:
     max_distance: int  # the normaliser of the temporal encoding
 
 
+def resize_mask(mask: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Masks or logits (B, C, H, W) at ``size`` (h, w): as given when already that size,
+    else resized in float32 (bilinear, antialiased, as Meta's mask inputs)."""
+    if tuple(mask.shape[-2:]) == tuple(size):
+        return mask
+    return F.interpolate(
+        mask.float(), size=size, mode="bilinear", align_corners=False, antialias=True
+    )
+
+
 def _per_object(values: Sequence[int | tuple[int, ...]], batch: int) -> list[list[int]] | None:
     """``values`` (one int, or a tuple of ``batch`` ints, per slot) as per-object lists
     (batch, slots); None when every slot's value is shared."""
@@ -353,15 +363,7 @@ class SAM2Video(SAM2Image):
         if mask_input is None:
             dense = encoder.no_mask_dense()
         else:
-            if mask_input.shape[-2:] != encoder.mask_input_size:
-                mask_input = F.interpolate(
-                    mask_input.float(),
-                    size=encoder.mask_input_size,
-                    mode="bilinear",
-                    align_corners=False,
-                    antialias=True,
-                )
-            dense = encoder.embed_masks(mask_input)
+            dense = encoder.embed_masks(resize_mask(mask_input, encoder.mask_input_size))
         decoder = self.sam_mask_decoder
         logits, iou, tokens, object_score = decode_with_tokens(
             decoder, pix_feat, encoder.dense_positional_encoding(), sparse, dense, high_res_feats

@@ -18,13 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from sam2serve.checkpoint import WeightsInfo
 from sam2serve.config import get_config
 from sam2serve.engine.video.predictor import VideoPredictor, VideoPromptError
 from sam2serve.modeling.prompt_encoder import points_or_padding
-from sam2serve.modeling.sam2_video import FrameFeatures, HeadsOutput, ObjectPointers, SpatialMemory
+from sam2serve.modeling.sam2_video import (
+    FrameFeatures,
+    HeadsOutput,
+    ObjectPointers,
+    SpatialMemory,
+    resize_mask,
+)
 from sam2serve.runtime.backends.onnxruntime import open_session
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 
@@ -155,15 +160,7 @@ class OrtVideoModel:
             masks = np.zeros((1, 1, side, side), np.float32)
             has_mask = np.zeros(1, np.float32)
         else:
-            if mask_input.shape[-2:] != (side, side):
-                mask_input = F.interpolate(
-                    mask_input.float(),
-                    size=(side, side),
-                    mode="bilinear",
-                    align_corners=False,
-                    antialias=True,
-                )
-            masks = _numpy(mask_input)
+            masks = _numpy(resize_mask(mask_input, (side, side)))
             has_mask = np.ones(masks.shape[0], np.float32)
         _, low_res, obj_ptr, score = self.decoder.run(
             None,
