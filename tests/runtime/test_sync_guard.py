@@ -192,6 +192,9 @@ AMG_POINTS = [
     "sam2serve.engine.nms.*",
     "sam2serve.engine.amg._Masks.select",
     "sam2serve.engine.amg.MaskGenerator._records",
+    # CPU tensors only: numpy counts the stability scores' pixels in place (a view, no
+    # transfer); on a device it is an int32 sum that asks nothing (engine.masks.count_set).
+    "sam2serve.engine.masks.count_set",
 ]
 KEEP_ALL = {"points_per_side": 4, "points_per_batch": 4, "pred_iou_thresh": 0.0}
 KEEP_ALL["stability_score_thresh"] = 0.0
