@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
+import torch
+
+from sam2serve.engine.prompts import Prompt
 from sam2serve.engine.rle import Rle, area_from_rle
 from sam2serve.server import schemas
+from sam2serve.server.cache import EmbeddingKey
 from sam2serve.server.metrics import Metrics
 from sam2serve.server.prompts import DecodedMasks
 
@@ -53,5 +58,37 @@ def objects_out(
                 for c, rle in enumerate(rles)
             ]
         )
+        for i, rles in enumerate(decoded.rles)
+    ]
+
+
+class MaskStore(Protocol):
+    """Where a request's masks are kept for refinement (the Service's mask cache)."""
+
+    def store_mask(self, image: EmbeddingKey, low_res_logits: torch.Tensor) -> str: ...
+
+    def stored_mask(self, mask_id: str, image: EmbeddingKey, where: str) -> torch.Tensor: ...
+
+
+def with_stored_masks(
+    prompts: Sequence[Prompt],
+    objects: Sequence[schemas.ObjectPrompt],
+    image: EmbeddingKey,
+    store: MaskStore,
+) -> list[Prompt]:
+    """Each object's prompt with the low-res mask its ``mask_id`` names (a 404/422 naming the
+    object when the id is unknown or belongs to another image)."""
+    return [
+        prompt
+        if obj.mask_id is None
+        else prompt.with_mask(store.stored_mask(obj.mask_id, image, f"objects[{i}].mask_id"))
+        for i, (prompt, obj) in enumerate(zip(prompts, objects, strict=True))
+    ]
+
+
+def store_masks(decoded: DecodedMasks, image: EmbeddingKey, store: MaskStore) -> list[list[str]]:
+    """Each mask's low-res logits stored under a new mask_id (per object, per mask)."""
+    return [
+        [store.store_mask(image, decoded.low_res_logits[i][c : c + 1]) for c in range(len(rles))]
         for i, rles in enumerate(decoded.rles)
     ]

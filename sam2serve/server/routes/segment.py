@@ -33,8 +33,8 @@ from sam2serve.server.routes.common import (
     v1_router,
 )
 from sam2serve.server.routes.segment_sam3 import segment_sam3
-from sam2serve.server.segmentations import objects_out
-from sam2serve.server.service import ImageState, RequestClock, Service
+from sam2serve.server.segmentations import objects_out, store_masks, with_stored_masks
+from sam2serve.server.service import RequestClock
 
 router = v1_router()
 
@@ -59,14 +59,7 @@ async def segment(
         image = await service.resolve_image(
             data, body.image_id, clock, check_size=lambda size: check_objects_inside(prompts, size)
         )
-        refined = [
-            prompt
-            if obj.mask_id is None
-            else prompt.with_mask(
-                service.stored_mask(obj.mask_id, image.key, f"objects[{i}].mask_id")
-            )
-            for i, (prompt, obj) in enumerate(zip(prompts, body.objects, strict=True))
-        ]
+        refined = with_stored_masks(prompts, body.objects, image.key, service)
 
         def run(context: JobContext) -> DecodedMasks:
             return decode_objects(
@@ -85,7 +78,7 @@ async def segment(
         service.recount(image)  # the decoder may have kept its per-image side with it
         flat_rles = [rle for rles in decoded.rles for rle in rles]
         segmentations = await format_segmentations(flat_rles, body.mask_format, service)
-        mask_ids = _store_masks(decoded, image, service)
+        mask_ids = store_masks(decoded, image.key, service)
         fields, timed = image_fields(image, service), clock.timed()
         # Up to max_objects x 3 masks: built and serialised off the event loop.
         return await json_answer(
@@ -96,14 +89,3 @@ async def segment(
         )
 
     return await guarded(request, work, service)
-
-
-def _store_masks(decoded: DecodedMasks, image: ImageState, service: Service) -> list[list[str]]:
-    """Each mask's low-res logits stored under a new mask_id (per object, per mask)."""
-    return [
-        [
-            service.store_mask(image.key, decoded.low_res_logits[i][c : c + 1])
-            for c in range(len(rles))
-        ]
-        for i, rles in enumerate(decoded.rles)
-    ]

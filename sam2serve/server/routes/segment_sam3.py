@@ -25,7 +25,7 @@ from sam2serve.server.errors import ApiError
 from sam2serve.server.prompts import DecodedMasks, check_objects_inside, decode_objects
 from sam2serve.server.routes.common import format_segmentations, guarded
 from sam2serve.server.routes.concepts import concepts_of
-from sam2serve.server.segmentations import objects_out
+from sam2serve.server.segmentations import objects_out, store_masks, with_stored_masks
 from sam2serve.server.service import RequestClock, Service
 
 
@@ -51,14 +51,7 @@ async def segment_sam3(
         image = await model.resolve(
             data, body.image_id, clock, check_size=lambda size: check_objects_inside(prompts, size)
         )
-        refined = [
-            prompt
-            if obj.mask_id is None
-            else prompt.with_mask(
-                service.stored_mask(obj.mask_id, image.key, f"objects[{i}].mask_id")
-            )
-            for i, (prompt, obj) in enumerate(zip(prompts, body.objects, strict=True))
-        ]
+        refined = with_stored_masks(prompts, body.objects, image.key, service)
         side = image.encoding.tracker
         assert side is not None  # the model has tracker heads: every encoding has its side
 
@@ -79,13 +72,7 @@ async def segment_sam3(
         model.cache.recount(image.key)  # the fast decoder keeps its per-image side with it
         flat_rles = [rle for rles in decoded.rles for rle in rles]
         segmentations = await format_segmentations(flat_rles, body.mask_format, service)
-        mask_ids = [
-            [
-                service.store_mask(image.key, decoded.low_res_logits[i][c : c + 1])
-                for c in range(len(rles))
-            ]
-            for i, rles in enumerate(decoded.rles)
-        ]
+        mask_ids = store_masks(decoded, image.key, service)
         height, width = image.size
         fields: dict[str, Any] = {
             "image_id": image.key.image_id,
