@@ -73,7 +73,10 @@ served too):
 
 video (with --video): the annotator's VideoRectangle keyframes on a Video, several objects
 at once, are tracked through the clip and come back as VideoRectangles (at most
---video-max-frames frames per request; docs/labelling.md, "Video").
+--video-max-frames frames per request; docs/labelling.md, "Video"). With --concepts too, a
+phrase typed in a TextArea on the Video is followed by SAM 3's own video predictor: every
+instance found and tracked from the first frame, new ones picked up, lost ones ended, each
+a VideoRectangle (docs/labelling.md, "Text prompts on a video").
 
 connect it in Label Studio: project Settings > Model > Connect Model, URL
 http://HOST:PORT, "Interactive preannotations" on. The labelling config needs an Image, a

@@ -17,9 +17,11 @@ import httpx
 from fastapi import FastAPI
 
 from sam2serve.concepts.runtime import Concepts
+from sam2serve.concepts.video_predictor import Sam3VideoPredictor
 from sam2serve.engine.predictor import Predictor
 from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.labelstudio.concept_predict import ConceptAnswerer
+from sam2serve.labelstudio.concept_video import ConceptVideoTracker, video_thresholds
 from sam2serve.labelstudio.images import ImageFetcher
 from sam2serve.labelstudio.options import LabelStudioOptions
 from sam2serve.labelstudio.predict import LabelStudioBackend
@@ -35,13 +37,16 @@ def create_labelstudio_app(
     *,
     video_predictor: VideoPredictor | None = None,
     concepts: Concepts | None = None,
+    concept_video: Sam3VideoPredictor | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> FastAPI:
     """The service's app for ``settings`` plus Label Studio's endpoints; loads the model
     unless a ``predictor`` is given, and with ``settings.video.enabled`` the video model (which
     tracks video tasks) unless a ``video_predictor`` is given. ``concepts``: SAM 3, loaded
     by the caller when ``options.concepts`` (label names and TextArea text become concept
-    prompts). ``transport``: the HTTP transport that fetches images and videos (tests hand
+    prompts); with ``settings.video.enabled`` too, SAM 3's video predictor is built from it
+    (a phrase typed on a video is followed through the clip) unless ``concept_video`` is
+    given. ``transport``: the HTTP transport that fetches images and videos (tests hand
     in a mock)."""
     if options.concepts and concepts is None:
         raise ValueError("options.concepts needs the concept model (concepts=load_concepts(...))")
@@ -60,9 +65,14 @@ def create_labelstudio_app(
         transport=transport,
     )
     answerer = None
+    video_tracker = None
     if options.concepts and concepts is not None:
         answerer = ConceptAnswerer(concepts, options)
-    app.state.labelstudio = LabelStudioBackend(options, fetcher, answerer)
+        if settings.video.enabled:
+            if concept_video is None:
+                concept_video = _concept_video_predictor(concepts, options, settings)
+            video_tracker = ConceptVideoTracker(concept_video, options)
+    app.state.labelstudio = LabelStudioBackend(options, fetcher, answerer, video_tracker)
     app.include_router(router)
 
     service_lifespan = app.router.lifespan_context
@@ -77,6 +87,24 @@ def create_labelstudio_app(
 
     app.router.lifespan_context = lifespan
     return app
+
+
+def _concept_video_predictor(
+    concepts: Concepts, options: LabelStudioOptions, settings: ServerSettings
+) -> Sam3VideoPredictor:
+    """SAM 3's video predictor over ``concepts`` (its tracker from the same weights), at
+    ``--concept-score-thresh``, tracking at most as many objects at once as a video session
+    may (``max_video_objects``) and a phrase may answer (``--concept-max-instances``, the
+    service's ``--max-concept-instances``, SAM 3's queries)."""
+    from sam2serve.concepts.video_load import video_predictor
+
+    max_objects = min(
+        settings.video.max_video_objects,
+        options.concept_max_instances,
+        settings.concepts.max_concept_instances,
+        concepts.size.queries,
+    )
+    return video_predictor(concepts, video_thresholds(options.concept_score_thresh, max_objects))
 
 
 __all__ = ["create_labelstudio_app"]

@@ -140,13 +140,13 @@ def context_prompts(
             exemplars.setdefault(label, []).append(PercentExemplar(box, positive))
             continue
         typed = True
-        for k, entry in enumerate(_texts(region, where)):
+        for k, entry in enumerate(region_texts(region, where)):
             at = f"{where}.value.text[{k}]"
-            split = _split(entry, at, max_phrases)  # the entry's own length checked first
+            split = split_phrases(entry, at, max_phrases)  # the entry's own length checked first
             typed_chars += len(entry)
-            if typed_chars > _longest_text(max_phrases):
+            if typed_chars > longest_text(max_phrases):
                 raise _bad(
-                    f"{at}: the interaction's TextArea text passes {_longest_text(max_phrases)} "
+                    f"{at}: the interaction's TextArea text passes {longest_text(max_phrases)} "
                     f"characters; it is at most {max_phrases} phrases ({_LIMIT_FLAG}) of at "
                     f"most {MAX_PHRASE_CHARS} characters each"
                 )
@@ -238,16 +238,20 @@ def _output(config: LabelConfig, image_name: str | None) -> ControlTag:
         raise ApiError(422, "invalid_label_config", str(exc)) from None
 
 
-def _texts(region: ContextRegion, where: str) -> list[str]:
+def region_texts(region: ContextRegion, where: str) -> list[str]:
+    """The text entries of a TextArea result (one string, or a list of them)."""
     text = region.value.text
     if text is None:
         return []
     return [text] if isinstance(text, str) else list(text)
 
 
-def _split(entry: str, where: str, max_phrases: int) -> list[str]:
-    """The phrases of one text entry; its length is checked before it is split."""
-    longest = _longest_text(max_phrases)
+def split_phrases(entry: str, where: str, max_phrases: int) -> list[str]:
+    """The phrases of one text entry (split at commas and line breaks, stripped, empty ones
+    dropped), each by the one rule for phrases; its length is checked before it is split
+    (at most :func:`longest_text` of ``max_phrases``), each phrase's after. A 422 naming
+    ``where`` otherwise."""
+    longest = longest_text(max_phrases)
     if len(entry) > longest:
         raise _bad(
             f"{where}: {len(entry)} characters; a TextArea prompt is at most {max_phrases} "
@@ -268,7 +272,7 @@ def _split(entry: str, where: str, max_phrases: int) -> list[str]:
         raise _bad(f"{where}: {exc}") from None
 
 
-def _longest_text(max_phrases: int) -> int:
+def longest_text(max_phrases: int) -> int:
     """The most characters ``max_phrases`` phrases and their separators can take."""
     return max_phrases * (MAX_PHRASE_CHARS + 1)
 
@@ -298,4 +302,7 @@ __all__ = [
     "PercentExemplar",
     "context_prompts",
     "label_prompts",
+    "longest_text",
+    "region_texts",
+    "split_phrases",
 ]

@@ -130,6 +130,14 @@ class LabelConfig:
             f"boxes on videos ({_VIDEO_HINT})"
         )
 
+    def labels_on_video(self, video_name: str) -> ControlTag | None:
+        """The first Labels tag with labels on the Video ``video_name`` (a VideoRectangle's
+        labels are chosen from it), if any."""
+        for control in self.controls:
+            if control.kind == LABELS and control.labels and video_name in control.to_names:
+                return control
+        return None
+
     def video_of(self, control: ControlTag, video_name: str | None = None) -> VideoTag:
         """The Video tag ``control`` labels (``video_name`` if it is one of them)."""
         targets = [t for t in control.to_names if t in self.videos]

@@ -24,8 +24,10 @@ Two kinds of request:
   SAM 3 encoding (``--concept-clicks sam3``, the default: the model that found the regions
   refines them) or by SAM 2.1 (``--concept-clicks sam2``);
 - a video interaction (``context`` of VideoRectangle keyframes): the objects tracked
-  through the clip (:mod:`sam2serve.labelstudio.video_predict`); a video project asked
-  without keyframes gets empty predictions (there is nothing to track).
+  through the clip by SAM 2.1 (:mod:`sam2serve.labelstudio.video_predict`); with concepts,
+  one holding a TextArea's phrase on the Video: every instance of it found and tracked by
+  SAM 3's own video predictor (:mod:`sam2serve.labelstudio.concept_video`); a video
+  project asked without either gets empty predictions (there is nothing to track).
 
 A request for one task fails with its error (a 4xx naming the task and the reason); in a
 request for several tasks (Label Studio pre-annotating a project), a task that fails gets
@@ -57,6 +59,8 @@ from sam2serve.labelstudio.concept_prompts import (
     context_prompts,
     label_prompts,
 )
+from sam2serve.labelstudio.concept_video import ConceptVideoTracker
+from sam2serve.labelstudio.concept_video_prompt import is_video_text, video_text_prompt
 from sam2serve.labelstudio.context import ClickPrompt, prompt_from_context
 from sam2serve.labelstudio.images import ImageFetcher, LabelStudioAccess
 from sam2serve.labelstudio.label_config import (
@@ -76,6 +80,7 @@ from sam2serve.labelstudio.protocol import (
     Task,
     project_id,
 )
+from sam2serve.labelstudio.video_clip import video_sessions
 from sam2serve.labelstudio.video_context import is_video_context, track_prompts
 from sam2serve.labelstudio.video_predict import track_task
 from sam2serve.server.batching import JobContext
@@ -107,11 +112,14 @@ class LabelStudioBackend:
         options: LabelStudioOptions,
         fetcher: ImageFetcher,
         concepts: ConceptAnswerer | None = None,
+        concept_video: ConceptVideoTracker | None = None,
     ) -> None:
         self.options = options
         self.fetcher = fetcher
         # SAM 3 with its options and encoding cache (--concepts), else None.
         self.concepts = concepts
+        # SAM 3's video predictor (--concepts with --video), else None.
+        self.concept_video = concept_video
         # What /setup said per project id: Label Studio's address (only one the operator
         # allowed) and the owner's token; bounded.
         self._setup_access: collections.OrderedDict[str, LabelStudioAccess] = (
@@ -183,6 +191,9 @@ class LabelStudioBackend:
         if is_video_context(context):
             assert context is not None
             return await self._predict_video(body, config, context, service, client)
+        if is_video_text(context, config):
+            assert context is not None
+            return await self._predict_video_text(body, config, context, service, client)
         if not config.images:  # a video project asking without keyframes: nothing to track
             empty = Prediction(result=[], score=None, model_version=version)
             return PredictResponse(results=[empty] * len(body.tasks), model_version=version)
@@ -286,15 +297,7 @@ class LabelStudioBackend:
         client: str,
     ) -> PredictResponse:
         """The annotator's keyframes on a video task, tracked (video_predict)."""
-        if len(body.tasks) != 1:
-            raise ApiError(
-                422,
-                "invalid_request",
-                f"tasks: {len(body.tasks)} tasks with one video interaction; an "
-                "interaction is on one task",
-            )
-        task = body.tasks[0]
-        where = "tasks[0]" + (f" (task {task.id})" if task.id is not None else "")
+        task, where = _one_video_task(body)
         regions = await track_task(
             task,
             where,
@@ -308,6 +311,46 @@ class LabelStudioBackend:
         )
         version = self.model_version(service)
         prediction = Prediction(result=regions, score=None, model_version=version)
+        return PredictResponse(results=[prediction], model_version=version)
+
+    async def _predict_video_text(
+        self,
+        body: PredictRequest,
+        config: LabelConfig,
+        context: Context,
+        service: Service,
+        client: str,
+    ) -> PredictResponse:
+        """A phrase typed on a video task: its instances tracked by SAM 3 (concept_video)."""
+        if self.concepts is None:
+            raise ApiError(
+                422,
+                "concepts_disabled",
+                "context.result: a text prompt on a video; this backend answers text prompts "
+                "with SAM 3 only when started with --concepts (and --video for videos)",
+            )
+        if self.concept_video is None:
+            video_sessions(service, "text prompts on a video")  # 422 video_disabled
+            raise RuntimeError("SAM 3's video predictor is not loaded beside --video")
+        task, where = _one_video_task(body)
+        prompt = video_text_prompt(context, self.options.concept_max_labels)
+        regions = await self.concept_video.regions(
+            task,
+            where,
+            config,
+            prompt,
+            service,
+            self.fetcher,
+            self.access_for(body.project),
+            client,
+        )
+        scores = [region["score"] for region in regions]
+        version = self.model_version(service)
+        prediction = Prediction(
+            result=regions,
+            score=sum(scores) / len(scores) if scores else None,
+            model_version=version,
+        )
         return PredictResponse(results=[prediction], model_version=version)
 
     @staticmethod
@@ -382,6 +425,19 @@ class LabelStudioBackend:
                 f"${field}); the task's fields: {fields}",
             )
         return await self.fetcher.fetch(task.data[field], access, f"{where}.data.{field}")
+
+
+def _one_video_task(body: PredictRequest) -> tuple[Task, str]:
+    """The one task of a video interaction, and its place in the request for errors."""
+    if len(body.tasks) != 1:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"tasks: {len(body.tasks)} tasks with one video interaction; an "
+            "interaction is on one task",
+        )
+    task = body.tasks[0]
+    return task, "tasks[0]" + (f" (task {task.id})" if task.id is not None else "")
 
 
 async def _each(

@@ -10,11 +10,15 @@ until the next enabled one.
 The answer for one object: a keyframe on every tracked frame where its mask is not empty
 (the mask's bounding box), one disabled keyframe on the first frame of each absence, and
 the annotator's own keyframes kept as sent (on their frames they win, and the frames they
-hide stay hidden). Torch-free: it takes boxes, not masks.
+hide stay hidden). An object SAM 3 found from a phrase (:func:`concept_track_region`) has
+no keyframes of the annotator: its tracked ones are its sequence, with its label, its
+detection score and a note naming the phrase and the object. Torch-free: it takes boxes,
+not masks.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -89,6 +93,32 @@ def video_region(
     }
 
 
+def concept_track_region(
+    tracked: list[dict[str, Any]],
+    from_name: str,
+    to_name: str,
+    label: str | None,
+    score: float,
+    note: str,
+) -> dict[str, Any]:
+    """A VideoRectangle region of one object found by a concept prompt: its tracked
+    keyframes, its label (none without a Labels tag), its score, and ``note`` as the
+    region's meta text (shown with the region in Label Studio's editor)."""
+    value: dict[str, Any] = {"sequence": tracked}
+    if label is not None:
+        value["labels"] = [label]
+    return {
+        "id": secrets.token_hex(5),
+        "from_name": from_name,
+        "to_name": to_name,
+        "type": VIDEO_BOX_TYPE,
+        "value": value,
+        "meta": {"text": [note]},
+        "score": float(score),
+        "readonly": False,
+    }
+
+
 def _percent_box(box: PixelBox, width: int, height: int) -> dict[str, float]:
     x, y, w, h = (float(v) for v in box)
     return {
@@ -134,4 +164,4 @@ def _inside(frame: int, spans: list[tuple[int, int | None]]) -> bool:
     return any(start <= frame and (end is None or frame < end) for start, end in spans)
 
 
-__all__ = ["tracked_keyframes", "video_region"]
+__all__ = ["concept_track_region", "tracked_keyframes", "video_region"]
