@@ -180,7 +180,7 @@ class ConceptVideoTracker:
             async with clip_window(
                 target, FIRST_FRAME, self.tracking_cost, service, fetcher, access, self.options
             ) as window:
-                tracks = await self._follow(service, window, phrase, f"{where} ({target.source})")
+                tracks = await self._follow(service, window, phrase, target.source)
         labels_tag = config.labels_on_video(target.video.name)
         label = phrase_label(phrase, labels_tag.labels if labels_tag else ())
         return _regions(tracks, window, target, phrase, label)
@@ -188,7 +188,8 @@ class ConceptVideoTracker:
     async def _follow(
         self, service: Service, window: ClipWindow, phrase: str, where: str
     ) -> dict[int, Track]:
-        """Meta's session on the window's frames, one bulk job; each object's track."""
+        """Meta's session on the window's frames, one bulk job; each object's track
+        (``where``: the task's video, named in the log)."""
         predictor = self.predictor
         height, width = window.size
         total = len(window.frames)

@@ -414,7 +414,12 @@ def test_requests_the_backend_cannot_answer_are_4xx(serve, make_client):  # noqa
             422,
             "no field 'video'",
         ),
-        (make_client(predictor, base), body(f"{base}/noise.mp4", textarea("disc")), 422, ""),
+        (
+            make_client(predictor, base),
+            body(f"{base}/noise.mp4", textarea("disc")),
+            422,
+            "a video FFmpeg can decode",
+        ),
         # the loopback server is not fetched from without the operator's allowance
         (
             make_client(predictor, base, allow_fetch_hosts=()),
@@ -493,15 +498,16 @@ def test_the_answer_is_sam3s_own_video_predictor(serve, make_client, concepts_ti
 
 @pytest.mark.extended
 def test_a_longer_clip_equals_a_separate_run_of_the_predictor(serve, make_client, concepts_tiny):  # noqa: F811
-    """Six frames through the backend equal the same predictor run here on the decoded
-    frames: objects appear after the first frame and end before the last."""
+    """Four frames through the backend (up to 16 objects at once) equal the same predictor
+    run here on the decoded frames: objects appear after the first frame and end before
+    the last."""
     base, files = serve()
-    files.files["/clip.mp4"] = clip_bytes(6)
-    client = make_client(recording_predictor(concepts_tiny, max_objects=4), base)
+    files.files["/clip.mp4"] = clip_bytes(4)
+    client = make_client(recording_predictor(concepts_tiny, max_objects=16), base)
     response = client.post("/predict", json=body(f"{base}/clip.mp4", textarea("disc")))
     assert response.status_code == 200, response.text
-    oracle = recording_predictor(concepts_tiny, max_objects=4)
-    frames = decoded(6)
+    oracle = recording_predictor(concepts_tiny, max_objects=16)
+    frames = decoded(4)
     state = oracle.start(len(frames), H, W, "disc")
     results = list(oracle.run(state, iter(frames)))
     regions = response.json()["results"][0]["result"]
