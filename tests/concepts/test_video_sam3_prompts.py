@@ -1,0 +1,248 @@
+"""SAM 3 video beyond one phrase forward: an exemplar box on the prompt frame (with or
+without a phrase) and backward / both-direction propagation, equal to Meta's ``sam3``
+0.1.4: its order of passes and frames, its backward memory selection and tracked step
+(first tier), and (second tier) whole sessions of Meta's
+``Sam3VideoInferenceWithInstanceInteractivity`` on a few frames of the sample clip."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sam2serve.concepts.engine import ExemplarBox
+from sam2serve.concepts.video_predictor import (
+    Group,
+    Record,
+    Sam3VideoPredictor,
+    VideoState,
+    _frame_filter,
+)
+from sam2serve.concepts.video_prompts import check_direction, check_video_prompt, passes
+
+# -- prompts and passes (no model) ------------------------------------------------------------
+
+
+def test_video_prompt_rules():
+    box = ExemplarBox((10.0, 20.0, 50.0, 60.0))
+    assert check_video_prompt("cat", (), 160, 120) == ("cat", None)
+    assert check_video_prompt(None, [box], 160, 120) == (None, box)
+    assert check_video_prompt("", [box], 160, 120) == (None, box)
+    with pytest.raises(ValueError, match="one exemplar box per prompt.*got 2"):
+        check_video_prompt("cat", [box, box], 160, 120)
+    with pytest.raises(ValueError, match="a phrase or one exemplar box"):
+        check_video_prompt(None, (), 160, 120)
+    for bad in [(0, 0, 161, 10), (-1, 0, 5, 5), (5, 5, 5, 9), (9, 2, 4, 8)]:
+        with pytest.raises(ValueError, match=r"inside the 160x120 frame"):
+            check_video_prompt("cat", [ExemplarBox(bad)], 160, 120)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not a finite number"):
+        check_video_prompt("cat", [ExemplarBox((0, 0, float("nan"), 4))], 160, 120)
+    assert check_direction("both") == "both"
+    with pytest.raises(ValueError, match="forward, backward, both; got 'sideways'"):
+        check_direction("sideways")
+    with pytest.raises(ValueError, match="prompt frame 6 is outside the clip's 0..5"):
+        passes(6, 6, "forward")
+
+
+needs_sam3 = pytest.mark.skipif(
+    importlib.util.find_spec("sam3") is None, reason="Meta's sam3 is not installed"
+)
+
+
+def _meta_passes(num_frames: int, start: int, direction: str) -> list[tuple[list[int], bool, str]]:
+    """Meta's passes for a prompt on ``start``: the predictor's directions, each pass's
+    processing order and what the instance-interactive model runs (full or fetch)."""
+    from meta_sam3 import import_sam3
+
+    import_sam3()
+    from sam3.model.sam3_video_inference import (
+        Sam3VideoInference,
+        Sam3VideoInferenceWithInstanceInteractivity as Interactive,
+    )
+
+    meta_self = types.SimpleNamespace()
+    state = {
+        "num_frames": num_frames,
+        "previous_stages_out": [None] * num_frames,
+        "action_history": [],
+    }
+    state["previous_stages_out"][start] = "_THIS_FRAME_HAS_OUTPUTS_"  # add_prompt ran
+    out = []
+    for reverse in {"forward": [False], "backward": [True], "both": [False, True]}[direction]:
+        kind, obj_ids = Interactive.parse_action_history_for_propagation(meta_self, state)
+        Interactive.add_action_history(meta_self, state, kind, start, obj_ids)
+        order, _ = Sam3VideoInference._get_processing_order(meta_self, state, start, None, reverse)
+        out.append((list(order), reverse, kind))
+    return out
+
+
+@needs_sam3
+@pytest.mark.parametrize("direction", ["forward", "backward", "both"])
+def test_passes_equal_meta(direction):
+    for num_frames in (1, 2, 5):
+        for start in range(num_frames):
+            expected = _meta_passes(num_frames, start, direction)
+            got = passes(num_frames, start, direction)  # type: ignore[arg-type]
+            assert [(list(p.frames), p.reverse) for p in got] == [e[:2] for e in expected]
+            kinds = ["propagation_fetch" if p.fetch else "propagation_full" for p in got]
+            assert kinds == [e[2] for e in expected]
+
+
+@needs_sam3
+def test_backward_memory_selection_equals_meta():
+    from meta_sam3 import import_sam3
+
+    import_sam3()
+    from sam3.model.sam3_tracker_base import Sam3TrackerBase
+
+    rng = np.random.default_rng(4)
+    meta_self = types.SimpleNamespace(max_obj_ptrs_in_encoder=16, mf_threshold=0.01)
+    for _ in range(40):
+        frame = int(rng.integers(0, 40))
+        eff = {
+            t: float(rng.uniform(-0.02, 0.05)) for t in range(frame + 1, 40) if rng.random() < 0.8
+        }
+        records = {}
+        for t, score in eff.items():
+            record = Record(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.zeros(1))
+            record.eff_iou = score
+            records[t] = record
+        output = {"non_cond_frame_outputs": {t: {"eff_iou_score": s} for t, s in eff.items()}}
+        expected = Sam3TrackerBase.frame_filter(meta_self, output, True, frame, 40, 1)
+        assert _frame_filter(records, frame, 40, reverse=True) == expected
+
+
+@needs_sam3
+@torch.inference_mode()
+def test_backward_tracked_step_equals_meta(trackers):
+    """A frame tracked backward: memories of later frames (a conditioning frame, selected
+    past ones), pointers with backward distances: Meta's ``track_step(track_in_reverse)``,
+    through the predictor's own choice of memories."""
+    from meta_sam3_video import cpu_patches
+    from test_video_sam3 import _frame, _meta_feats
+
+    meta, ours = trackers
+    levels, pos = _frame(ours, 9)
+    frame = ours.frame(levels, pos)
+    feats, pos_embeds, sizes = _meta_feats(meta, levels, pos)
+    g = torch.Generator().manual_seed(10)
+    grid = ours.grid
+
+    def out(score: float) -> dict:
+        return {
+            "maskmem_features": torch.randn(1, 64, grid, grid, generator=g).to(torch.bfloat16),
+            "maskmem_pos_enc": [ours.memory_pos(torch.device("cpu"))],
+            "obj_ptr": torch.randn(1, 256, generator=g),
+            "eff_iou_score": score,
+        }
+
+    output = {
+        "cond_frame_outputs": {5: out(0.0)},
+        "non_cond_frame_outputs": {3: out(0.5), 4: out(0.0), 6: out(0.3)},
+    }
+    with cpu_patches():
+        expected = meta.track_step(
+            2, False, feats, pos_embeds, sizes, None, None, None, output, 8,
+            track_in_reverse=True, run_mem_encoder=False,
+        )  # fmt: skip
+
+    def record(o: dict) -> Record:
+        r = Record(torch.zeros(1), o["obj_ptr"], torch.zeros(1), torch.zeros(1))
+        r.maskmem, r.eff_iou = o["maskmem_features"], o["eff_iou_score"]
+        return r
+
+    group = Group([0])
+    group.cond = {t: record(o) for t, o in output["cond_frame_outputs"].items()}
+    group.non_cond = {t: record(o) for t, o in output["non_cond_frame_outputs"].items()}
+    predictor = Sam3VideoPredictor(None, None, None, ours)  # type: ignore[arg-type]
+    got = predictor.track(VideoState(8, 10, 10), group, 2, frame, reverse=True)
+    forward = predictor.track(VideoState(8, 10, 10), group, 2, frame, reverse=False)
+    torch.testing.assert_close(got.pred_masks, expected["pred_masks"], atol=1e-6, rtol=0)
+    torch.testing.assert_close(got.obj_ptr, expected["obj_ptr"], atol=1e-6, rtol=0)
+    # the same operations in the same order: equal to float32 rounding, while the forward
+    # choice of memories and pointer distances answers measurably differently
+    assert (forward.pred_masks - got.pred_masks).abs().max() > 1e-5
+
+
+if importlib.util.find_spec("sam3") is not None:
+    from test_video_sam3 import trackers  # noqa: F401  (the fixture: Meta's tracker and ours)
+
+
+# -- whole sessions (second tier: Meta's video model and ours, a few minutes each) ------------
+
+FRAMES, HEIGHT, WIDTH = 5, 120, 160
+BOX = ExemplarBox((40.0, 30.0, 120.0, 90.0))  # x/160, y/120: exact in binary either way
+SESSIONS = {
+    # name: (prompt frame, phrase, box, direction)
+    "text+box forward from frame 1": (1, "red disc", BOX, "forward"),
+    "box alone forward": (0, None, BOX, "forward"),
+    "text both ways from frame 2": (2, "red disc", None, "both"),
+    "text+box backward from frame 3": (3, "red disc", BOX, "backward"),
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    from meta_sam3_video import E2E_THRESHOLDS, META_NAMES, build_meta_video_model
+
+    from sam2serve.concepts.checkpoint import load_strict, meta_to_transformers
+    from sam2serve.concepts.model import Sam3Size, build_model
+    from sam2serve.concepts.runtime import randomize_
+    from sam2serve.concepts.tokenizer import clip_bpe_path, load_tokenizer
+    from sam2serve.concepts.tracker_heads import TrackerNeck, neck_state
+    from sam2serve.concepts.video_association import VideoThresholds
+    from sam2serve.concepts.video_tracker import Sam3Tracker, tracker_state
+
+    size = Sam3Size.tiny()
+    settings = {META_NAMES[k]: v for k, v in E2E_THRESHOLDS.items()}
+    meta = build_meta_video_model(size.as_dict(), clip_bpe_path(), thresholds=settings)
+    randomize_(meta, 1)
+    state = meta.state_dict()
+    detector = build_model(size)
+    detector_state = {
+        k: v for k, v in state.items() if k.startswith("detector.") and "sam2_convs" not in k
+    }
+    load_strict(detector, meta_to_transformers(detector_state))
+    neck = TrackerNeck(size.vit_dim).eval()
+    load_strict(neck, neck_state(state))
+    tracker = Sam3Tracker(size.image_size).eval()
+    tracker.load_state_dict(tracker_state(state), strict=True)
+    th = VideoThresholds(**E2E_THRESHOLDS)  # type: ignore[arg-type]
+    return meta, Sam3VideoPredictor(detector, load_tokenizer(), neck, tracker, th)
+
+
+@needs_sam3
+@pytest.mark.extended
+@pytest.mark.parametrize("name", list(SESSIONS))
+def test_session_equals_meta(models, name):
+    from meta_video_prompts import meta_session
+
+    from sam2serve.concepts.engine import model_pixels
+    from sam2serve.samples import sample_clip
+
+    meta, ours = models
+    start, phrase, box, direction = SESSIONS[name]
+    frames, _ = sample_clip(num_frames=FRAMES, size=(HEIGHT, WIDTH))
+    session = ours.start(FRAMES, HEIGHT, WIDTH, phrase, [box] if box else [])
+    got = list(ours.propagate_clip(session, frames.__getitem__, start, direction))
+    pixels = torch.cat([model_pixels(ours.detector, [f]) for f in frames])
+    xywh = None
+    if box is not None:
+        x1, y1, x2, y2 = box.xyxy
+        xywh = [x1 / WIDTH, y1 / HEIGHT, (x2 - x1) / WIDTH, (y2 - y1) / HEIGHT]
+    expected = meta_session(meta, pixels, HEIGHT, WIDTH, start, phrase, xywh, True, direction)
+
+    assert [r.frame for r in got] == [e["frame"] for e in expected]
+    assert len(got) == {"forward": FRAMES - start, "backward": start, "both": FRAMES}[direction]
+    for result, want in zip(got, expected, strict=True):
+        assert result.obj_ids == want["obj_ids"], result.frame
+        np.testing.assert_allclose(result.scores, want["probs"], atol=1e-6)
+        assert (result.masks != want["masks"]).sum() == 0, result.frame
+    assert any(r.obj_ids for r in got)  # something was found and tracked
