@@ -64,6 +64,8 @@ def _meta_passes(num_frames: int, start: int, direction: str) -> list[tuple[list
     import_sam3()
     from sam3.model.sam3_video_inference import (
         Sam3VideoInference,
+    )
+    from sam3.model.sam3_video_inference import (
         Sam3VideoInferenceWithInstanceInteractivity as Interactive,
     )
 
