@@ -5,7 +5,8 @@ A prompt is a phrase, one exemplar box, or both, on one frame. Meta's ``add_prom
 the first box on a frame that has no output yet as its *visual prompt* and refuses more
 than one there (``_get_visual_prompt``); since a text or box prompt resets the session,
 that is every box prompt: one box. Without a phrase the detector reads the stand-in text
-``"visual"`` and only the prompt frame may add objects (``allow_new_detections``).
+``"visual"`` and only the prompt frame may add objects (``allow_new_detections``); the
+phrase ``"visual"`` itself counts as no phrase, as in Meta's ``add_prompt``.
 
 Directions are those of Meta's ``Sam3VideoPredictor.propagate_in_video``: ``forward``
 (the prompt frame to the end), ``backward`` (the frame before the prompt frame down to 0;
@@ -18,12 +19,12 @@ frame has none, so those frames come out empty (:func:`passes` names this ``fetc
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
 from sam2serve.concepts.engine import ExemplarBox
+from sam2serve.concepts.phrases import VISUAL_PHRASE, check_box
 
 Direction = Literal["forward", "backward", "both"]
 DIRECTIONS: tuple[Direction, ...] = ("forward", "backward", "both")
@@ -41,8 +42,10 @@ def check_video_prompt(
 ) -> tuple[str | None, ExemplarBox | None]:
     """(phrase or None, the exemplar box or None) of a video prompt on a ``width`` x
     ``height`` video, or ValueError naming what is wrong: neither given, more than one
-    box (Meta's limit), a box not inside the frame or with no area."""
-    text = phrase if phrase else None
+    box (Meta's limit), a box not inside the frame or with no area. The phrase
+    ``"visual"`` is no phrase."""
+    # Meta's add_prompt reads the phrase "visual" as no phrase (its stand-in text)
+    text = phrase if phrase and phrase != VISUAL_PHRASE else None
     if len(boxes) > 1:
         raise ValueError(
             f"SAM 3's video predictor takes one exemplar box per prompt (Meta's visual "
@@ -53,14 +56,7 @@ def check_video_prompt(
     if not boxes:
         return text, None
     box = boxes[0]
-    x1, y1, x2, y2 = box.xyxy
-    if not all(math.isfinite(v) for v in box.xyxy):
-        raise ValueError(f"exemplar box {box.xyxy} has a value that is not a finite number")
-    if not (0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height):
-        raise ValueError(
-            f"exemplar box {box.xyxy} (x1, y1, x2, y2) must lie inside the {width}x{height} "
-            "frame with x1 < x2 and y1 < y2"
-        )
+    check_box(box.xyxy, (height, width))  # the image path's rule and message
     return text, box
 
 

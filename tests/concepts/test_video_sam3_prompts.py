@@ -35,15 +35,21 @@ def test_video_prompt_rules():
     assert check_video_prompt("cat", (), 160, 120) == ("cat", None)
     assert check_video_prompt(None, [box], 160, 120) == (None, box)
     assert check_video_prompt("", [box], 160, 120) == (None, box)
+    assert check_video_prompt("visual", [box], 160, 120) == (None, box)  # Meta's stand-in
     with pytest.raises(ValueError, match="one exemplar box per prompt.*got 2"):
         check_video_prompt("cat", [box, box], 160, 120)
-    with pytest.raises(ValueError, match="a phrase or one exemplar box"):
-        check_video_prompt(None, (), 160, 120)
-    for bad in [(0, 0, 161, 10), (-1, 0, 5, 5), (5, 5, 5, 9), (9, 2, 4, 8)]:
-        with pytest.raises(ValueError, match=r"inside the 160x120 frame"):
+    for nothing in (None, "visual"):
+        with pytest.raises(ValueError, match="a phrase or one exemplar box"):
+            check_video_prompt(nothing, (), 160, 120)
+    for bad, rule in [
+        ((0, 0, 161, 10), "outside the 160x120 image"),
+        ((-1, 0, 5, 5), "below 0"),
+        ((5, 5, 5, 9), "is empty"),
+        ((9, 2, 4, 8), "is empty"),
+        ((0, 0, float("nan"), 4), "4 finite numbers"),
+    ]:
+        with pytest.raises(ValueError, match=rule):
             check_video_prompt("cat", [ExemplarBox(bad)], 160, 120)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="not a finite number"):
-        check_video_prompt("cat", [ExemplarBox((0, 0, float("nan"), 4))], 160, 120)
     assert check_direction("both") == "both"
     with pytest.raises(ValueError, match="forward, backward, both; got 'sideways'"):
         check_direction("sideways")
