@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Literal
 
 from sam2serve.concepts.engine import ExemplarBox
 from sam2serve.concepts.phrases import VISUAL_PHRASE, check_box
@@ -34,7 +34,7 @@ def check_direction(value: str) -> Direction:
     """``value`` as a direction, or ValueError naming it."""
     if value not in DIRECTIONS:
         raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}; got {value!r}")
-    return cast("Direction", value)
+    return value  # narrowed by the membership test
 
 
 def check_video_prompt(

@@ -2,13 +2,35 @@
 on a frame, then ``Sam3VideoPredictor.propagate_in_video``'s passes (forward, backward or
 both), on Meta's reduced video model (``meta_sam3_video.build_meta_video_model``).
 
-Imports nothing of sam2serve (the real-stack oracle can run it too)."""
+Imports nothing of sam2serve (the real-stack oracle can run it too).
+
+One more CPU patch than ``meta_sam3_video.cpu_patches``: Meta's ``build_outputs`` hole-fills
+the masks of the frame's new detections even when there are none, and its CPU connected
+components (``torch.stack`` of an empty list) refuse an empty batch; that happens on every
+frame after the prompt frame of a box-only prompt. An empty batch is answered with itself
+(what filling holes in no mask gives), any other batch by Meta's function."""
 
 from __future__ import annotations
+
+import contextlib
+from unittest import mock
 
 import numpy as np
 import torch
 from meta_sam3_video import cpu_patches
+
+
+@contextlib.contextmanager
+def _empty_fill_holes():
+    from sam3.model import sam3_video_base
+
+    original = sam3_video_base.fill_holes_in_mask_scores
+
+    def fill(mask, *args, **kwargs):
+        return mask if mask.shape[0] == 0 else original(mask, *args, **kwargs)
+
+    with mock.patch.object(sam3_video_base, "fill_holes_in_mask_scores", fill):
+        yield
 
 
 def _initial_state(model, pixels: torch.Tensor, height: int, width: int) -> dict:
@@ -52,7 +74,7 @@ def meta_session(
 ) -> list[dict]:
     """Per frame in the order Meta yields them: (frame, obj ids, probs, masks).
     ``box_xywh``: normalised (x, y, w, h) of the one exemplar box, as Meta takes it."""
-    with cpu_patches(), torch.inference_mode():
+    with cpu_patches(), _empty_fill_holes(), torch.inference_mode():
         state = _initial_state(model, pixels, height, width)
         model.add_prompt(
             state,
