@@ -118,9 +118,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=DIRECTIONS,
         default=DEFAULT_DIRECTION,
         help="--tracker sam3: forward from --concept-frame to the end, backward from the "
-        "frame before it to 0, or both (forward, then backward; Meta's passes: from the "
-        "last frame its backward pass only fetches, so those frames come out empty) "
-        "(default: %(default)s)",
+        "frame before it to 0 (that frame's own answer is the prompt's, not written), or "
+        "both (forward, then backward; Meta's passes: from the last frame its backward "
+        "pass only fetches, so those frames come out empty) (default: %(default)s)",
     )
     add_concepts_flags(group)
 

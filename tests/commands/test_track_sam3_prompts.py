@@ -55,22 +55,21 @@ def test_bad_prompts_are_refused(three_frames, tmp_path, monkeypatch, argv, expe
     assert expected in stderr and "Traceback" not in stderr
 
 
-def test_box_and_both_directions(three_frames, tmp_path, concepts_tiny, monkeypatch):
-    """A box on frame 1 and both directions: frame files for every frame (1, 2 forward,
-    then 0 backward) and track.json naming the prompt."""
+def test_box_and_backward(three_frames, tmp_path, concepts_tiny, monkeypatch):
+    """A box on frame 2, backward (Meta's pass: frames 1 and 0; frame 2's answer is the
+    prompt's, not propagation's): their frame files, and track.json naming the prompt."""
     from sam2serve.runtime import concepts as runtime_concepts
 
     monkeypatch.setattr(runtime_concepts, "load_concepts", lambda spec: concepts_tiny)
     out = tmp_path / "out"
-    argv = ("--text", "disc", "--box", "10,10,60,50", "--concept-frame", "1")
-    code, stderr = run_cli("track", three_frames, *argv, "--direction", "both", *RANDOM,
-                           "--out", out)  # fmt: skip
+    argv = ("--text", "disc", "--box", "10,10,60,50", "--concept-frame", "2")
+    code, stderr = run_cli("track", three_frames, *argv, "--direction", "backward",
+                           "--max-instances", "2", *RANDOM, "--out", out)  # fmt: skip
     assert code == EXIT_OK, stderr
     summary = json.loads((out / track.SUMMARY_NAME).read_text())
     concepts = summary["concepts"]
-    assert concepts["box"] == [10.0, 10.0, 60.0, 50.0] and concepts["direction"] == "both"
-    assert sorted(p.name for p in out.glob("frame_*.json")) == [
-        f"frame_{i:05d}.json" for i in range(3)
-    ]
+    assert concepts["box"] == [10.0, 10.0, 60.0, 50.0] and concepts["direction"] == "backward"
+    written = sorted(p.name for p in out.glob("frame_*.json"))
+    assert written == ["frame_00000.json", "frame_00001.json"]
     for obj in concepts["objects"]:
-        assert 0 <= obj["first_frame"] <= obj["last_frame"] <= 2
+        assert 0 <= obj["first_frame"] <= obj["last_frame"] <= 1
