@@ -33,7 +33,7 @@ DEFAULT_DIRECTION = "forward"
 HELP = f"""\
 concepts (--text, instead of --prompts):
   --tracker sam3 (default): SAM 3's own video predictor, as Meta's (docs/concepts-video.md):
-  one phrase; the detector runs on every frame from --concept-frame to the end, SAM 3's
+  one phrase; the detector runs on every frame from --concept-frame on, SAM 3's
   memory tracker follows each instance, new instances become new objects and lost ones
   end; object ids are Meta's (0, 1, ... in order of appearance). --box X1,Y1,X2,Y2 adds
   one exemplar box on --concept-frame (Meta's visual prompt; --text visual: the box

@@ -73,3 +73,10 @@ def test_box_and_backward(three_frames, tmp_path, concepts_tiny, monkeypatch):
     assert written == ["frame_00000.json", "frame_00001.json"]
     for obj in concepts["objects"]:
         assert 0 <= obj["first_frame"] <= obj["last_frame"] <= 1
+
+
+def test_directions_are_the_predictors():
+    from sam2serve.commands.track_concepts import DIRECTIONS
+    from sam2serve.concepts.video_prompts import DIRECTIONS as PREDICTOR_DIRECTIONS
+
+    assert DIRECTIONS == PREDICTOR_DIRECTIONS  # the flag's choices, kept torch-free
