@@ -49,7 +49,7 @@ def test_video_prompt_rules():
         ((0, 0, float("nan"), 4), "4 finite numbers"),
     ]:
         with pytest.raises(ValueError, match=rule):
-            check_video_prompt("cat", [ExemplarBox(bad)], 160, 120)  # type: ignore[arg-type]
+            check_video_prompt("cat", [ExemplarBox(bad)], 160, 120)  # type: ignore[arg-type]  # ints
     assert check_direction("both") == "both"
     with pytest.raises(ValueError, match="forward, backward, both; got 'sideways'"):
         check_direction("sideways")
@@ -97,7 +97,7 @@ def test_passes_equal_meta(direction):
     for num_frames in (1, 2, 5):
         for start in range(num_frames):
             expected = _meta_passes(num_frames, start, direction)
-            got = passes(num_frames, start, direction)  # type: ignore[arg-type]
+            got = passes(num_frames, start, direction)  # type: ignore[arg-type]  # a str
             assert [(list(p.frames), p.reverse) for p in got] == [e[:2] for e in expected]
             kinds = ["propagation_fetch" if p.fetch else "propagation_full" for p in got]
             assert kinds == [e[2] for e in expected]
@@ -169,7 +169,7 @@ def test_backward_tracked_step_equals_meta(trackers):
     group = Group([0])
     group.cond = {t: record(o) for t, o in output["cond_frame_outputs"].items()}
     group.non_cond = {t: record(o) for t, o in output["non_cond_frame_outputs"].items()}
-    predictor = Sam3VideoPredictor(None, None, None, ours)  # type: ignore[arg-type]
+    predictor = Sam3VideoPredictor(None, None, None, ours)  # type: ignore[arg-type]  # tracker only
     got = predictor.track(VideoState(8, 10, 10), group, 2, frame, reverse=True)
     forward = predictor.track(VideoState(8, 10, 10), group, 2, frame, reverse=False)
     torch.testing.assert_close(got.pred_masks, expected["pred_masks"], atol=1e-6, rtol=0)
@@ -224,7 +224,7 @@ def models():
     load_strict(neck, neck_state(state))
     tracker = Sam3Tracker(size.image_size).eval()
     tracker.load_state_dict(tracker_state(state), strict=True)
-    th = VideoThresholds(**E2E_THRESHOLDS)  # type: ignore[arg-type]
+    th = VideoThresholds(**E2E_THRESHOLDS)  # type: ignore[arg-type]  # a mixed dict
     return meta, Sam3VideoPredictor(detector, load_tokenizer(), neck, tracker, th)
 
 

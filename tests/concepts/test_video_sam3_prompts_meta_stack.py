@@ -77,7 +77,7 @@ def test_box_both_ways_equals_meta_on_its_real_stack(tmp_path):
     load_strict(neck, neck_state(state))
     tracker = Sam3Tracker(size.image_size).eval()
     load_strict(tracker, tracker_state(state))
-    th = VideoThresholds(**E2E_THRESHOLDS)  # type: ignore[arg-type]
+    th = VideoThresholds(**E2E_THRESHOLDS)  # type: ignore[arg-type]  # a mixed dict
     predictor = Sam3VideoPredictor(detector.eval(), load_tokenizer(), neck, tracker, th)
     session = predictor.start(FRAMES, HEIGHT, WIDTH, PHRASE, [ExemplarBox(BOX)])
     got = list(predictor.propagate_clip(session, frames.__getitem__, START, "both"))
