@@ -16,6 +16,10 @@ Per frame (``docs/concepts-video.md`` has the rules in prose):
 6. outputs held back ``hotstart_delay`` frames, removed ids hidden, empty masks dropped,
    overlaps resolved by tracker score.
 
+The prompt is a phrase, one exemplar box on the prompt frame, or both; propagation goes
+forward, backward or both ways as Meta's passes (:mod:`video_prompts`,
+:meth:`Sam3VideoPredictor.propagate_clip`; backward, memories come from later frames).
+
 All state is in :class:`VideoState` (one per clip and prompt); the predictor holds only
 models. ``bounded`` (default) drops what forward propagation can no longer read — past
 records outside the memory selection's reach, all but the 4 latest conditioning frames —
@@ -231,8 +235,8 @@ class Sam3VideoPredictor:
         self, state: VideoState, encoding: ConceptEncoding, frame_idx: int, reverse: bool = False
     ) -> Detections:
         """Meta's video detections: joint score through its ``inverse_sigmoid`` (eps 1e-3),
-        mask NMS, kept above the threshold. None where the prompt allows no new objects
-        (no phrase, not the prompt frame)."""
+        mask NMS, kept above the threshold. No detections where the prompt allows no new
+        objects (no phrase, not the prompt frame: Meta's ``allow_new_detections``)."""
         assert state.text is not None, "start() encodes the phrase first"
         prompt = state.prompt_frame
         if not state.has_phrase and frame_idx != prompt:
