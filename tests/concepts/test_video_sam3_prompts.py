@@ -259,3 +259,39 @@ def test_session_equals_meta(models, name):
     if phrase is None:  # no new object after the prompt frame
         first = {obj for r in got if r.frame == start for obj in r.obj_ids}
         assert {obj for r in got for obj in r.obj_ids} <= first
+
+
+@needs_sam3
+@pytest.mark.extended
+def test_the_box_prompts_the_next_frame_too(models):
+    """Meta's detector computes frame t + 1 ahead of time with frame t's geometric prompt:
+    after ``add_prompt`` with a box on frame 1, its buffered detections of frame 2 are
+    those of the phrase *and the box* - ours on that frame of the forward pass, not the
+    phrase alone's."""
+    from meta_sam3_video import cpu_patches
+    from meta_video_prompts import _empty_fill_holes, _initial_state
+
+    from sam2serve.concepts.engine import model_pixels
+    from sam2serve.samples import sample_clip
+
+    meta, ours = models
+    frames, _ = sample_clip(num_frames=3, size=(HEIGHT, WIDTH))
+    pixels = torch.cat([model_pixels(ours.detector, [f]) for f in frames])
+    x1, y1, x2, y2 = BOX.xyxy
+    xywh = [x1 / WIDTH, y1 / HEIGHT, (x2 - x1) / WIDTH, (y2 - y1) / HEIGHT]
+    with cpu_patches(), _empty_fill_holes(), torch.inference_mode():
+        state = _initial_state(meta, pixels, HEIGHT, WIDTH)
+        meta.add_prompt(state, frame_idx=1, text_str="red disc", boxes_xywh=[xywh], box_labels=[1])
+        buffered = state["feature_cache"]["multigpu_buffer"][2]
+        expected = buffered["pred_logits"][0].squeeze(-1).sigmoid()[0]
+    session = ours.start(3, HEIGHT, WIDTH, "red disc", [BOX])
+    session.prompt_frame = 1
+    with torch.inference_mode():
+        encoding, _ = ours.encode(frames[2])
+        boxed = ours.detect(session, encoding, 2)
+        alone = ours.detect(session, encoding, 2, reverse=True)  # backward: no box there
+    meta_kept = np.sort(expected[expected > ours.th.score].numpy())
+    np.testing.assert_allclose(np.sort(boxed.scores), meta_kept, atol=1e-5)
+    assert boxed.scores.shape != alone.scores.shape or not np.allclose(
+        np.sort(boxed.scores), np.sort(alone.scores), atol=1e-5
+    )
