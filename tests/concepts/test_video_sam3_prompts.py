@@ -179,6 +179,36 @@ def test_backward_tracked_step_equals_meta(trackers):
     assert (forward.pred_masks - got.pred_masks).abs().max() > 1e-5
 
 
+def test_bounded_memory_keeps_what_both_passes_read():
+    """After a forward pass that a backward one follows, the trimmed state selects the
+    same memories as the untrimmed one for the first backward frame and the next forward
+    one (memory selection, closest conditioning frames)."""
+    from sam2serve.concepts.video_predictor import _closest_cond
+
+    rng = np.random.default_rng(5)
+    predictor = Sam3VideoPredictor(None, None, None, None)  # type: ignore[arg-type]  # trim only
+    num_frames, last = 60, 45
+    for _ in range(30):
+        start = int(rng.integers(1, 12))
+        cond_frames = {start, *rng.choice(np.arange(start, last + 1), 6).tolist()}
+        group = Group([0])
+        for t in range(start, last + 1):
+            record = Record(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.zeros(1))
+            record.eff_iou = float(rng.uniform(-0.02, 0.05))
+            (group.cond if t in cond_frames else group.non_cond)[t] = record
+        full_cond, full_non_cond = dict(group.cond), dict(group.non_cond)
+        state = VideoState(num_frames, 10, 10, keep_start=True)
+        state.groups = [group]
+        predictor.trim(state, last)
+        assert len(group.non_cond) < len(full_non_cond)  # something was forgotten
+        for frame, reverse in ((start - 1, True), (last + 1, False)):
+            got = _frame_filter(group.non_cond, frame, num_frames, reverse)
+            assert got == _frame_filter(full_non_cond, frame, num_frames, reverse)
+            assert list(_closest_cond(frame, group.cond)[0]) == list(
+                _closest_cond(frame, full_cond)[0]
+            )
+
+
 if importlib.util.find_spec("sam3") is not None:
     from test_video_sam3 import trackers  # noqa: F401  (the fixture: Meta's tracker and ours)
 
