@@ -27,13 +27,18 @@ from sam2serve.concepts.phrases import META_SCORE_THRESH, default_score_thresh
 DEFAULT_MAX_INSTANCES = 20
 TRACKERS = ("sam3", "sam2.1")
 DEFAULT_TRACKER = "sam3"
+DIRECTIONS = ("forward", "backward", "both")  # concepts.video_prompts.DIRECTIONS, torch-free
+DEFAULT_DIRECTION = "forward"
 
 HELP = f"""\
 concepts (--text, instead of --prompts):
   --tracker sam3 (default): SAM 3's own video predictor, as Meta's (docs/concepts-video.md):
-  one phrase; the detector runs on every frame from --concept-frame to the end, SAM 3's
+  one phrase; the detector runs on every frame from --concept-frame on, SAM 3's
   memory tracker follows each instance, new instances become new objects and lost ones
-  end; object ids are Meta's (0, 1, ... in order of appearance).
+  end; object ids are Meta's (0, 1, ... in order of appearance). --box X1,Y1,X2,Y2 adds
+  one exemplar box on --concept-frame (Meta's visual prompt; --text visual: the box
+  alone, which finds instances on that frame only); --direction backward|both also tracks
+  from --concept-frame back to frame 0, as Meta's propagate_in_video.
   --tracker sam2.1: SAM 3 finds every instance of the phrases on --concept-frame; each
   (duplicates across phrases dropped: mask IoU > 0.7 with a higher-scoring one) becomes
   one object, numbered 1..N by decreasing score, its mask its prompt there and its phrase
@@ -101,6 +106,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="track at most N objects, the highest scores first (default: %(default)s)",
     )
+    group.add_argument(
+        "--box",
+        metavar="X1,Y1,X2,Y2",
+        help="--tracker sam3: one exemplar box on --concept-frame, in the video's pixels "
+        "(top-left, bottom-right), prompting SAM 3's detector with the phrase (Meta's "
+        "visual prompt; --text visual for the box alone)",
+    )
+    group.add_argument(
+        "--direction",
+        choices=DIRECTIONS,
+        default=DEFAULT_DIRECTION,
+        help="--tracker sam3: forward from --concept-frame to the end, backward from the "
+        "frame before it to 0 (that frame's own answer is the prompt's, not written), or "
+        "both (forward, then backward; Meta's passes: from the last frame its backward "
+        "pass only fetches, so those frames come out empty) (default: %(default)s)",
+    )
     add_concepts_flags(group)
 
 
@@ -117,6 +138,8 @@ def check_flags(args: argparse.Namespace) -> list[str] | None:
                 ("--max-instances", args.max_instances, DEFAULT_MAX_INSTANCES),
                 ("--sam3-weights", args.sam3_weights, None),
                 ("--sam3-size", args.sam3_size, "full"),
+                ("--box", args.box, None),
+                ("--direction", args.direction, DEFAULT_DIRECTION),
             )
             if value != default
         ]
@@ -133,8 +156,31 @@ def check_flags(args: argparse.Namespace) -> list[str] | None:
         raise UsageError(f"--score-thresh must be a number in [0, 1], got {args.score_thresh}")
     if args.concept_frame < 0:
         raise UsageError(f"--concept-frame must be >= 0, got {args.concept_frame}")
+    if args.tracker != "sam3":
+        for flag, value, default in (
+            ("--box", args.box, None),
+            ("--direction", args.direction, DEFAULT_DIRECTION),
+        ):
+            if value != default:
+                raise UsageError(f"{flag} is a --tracker sam3 option (SAM 3's video predictor)")
+    if args.box is not None:
+        parse_box(args.box)
     concepts_spec(args, args.device)  # contradictions (--sam3-size tiny without random)
     return phrases
+
+
+def parse_box(text: str) -> tuple[float, float, float, float]:
+    """--box X1,Y1,X2,Y2 as four numbers (its place in the frame is checked once the video
+    is read)."""
+    parts = text.split(",")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) != 4:
+        raise UsageError(f"--box must be four numbers X1,Y1,X2,Y2 (pixels), got {text!r}")
+    x1, y1, x2, y2 = values
+    return x1, y1, x2, y2
 
 
 def check_frame(args: argparse.Namespace, num_frames: int) -> None:

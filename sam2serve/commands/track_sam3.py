@@ -1,10 +1,11 @@
 """``sam2serve track --text PHRASE`` with SAM 3's own video predictor (the default
 ``--tracker sam3``): Meta's ``Sam3VideoPredictor`` semantics (docs/concepts-video.md) -
 the detector on every frame, SAM 3's memory tracker, new instances picked up and lost ones
-ended - forward from ``--concept-frame`` to the end. Object ids are Meta's (0, 1, ... in
-order of appearance); every object is named by the phrase.
-
-Frames before ``--concept-frame`` are not tracked (Meta's backward pass is not done here).
+ended - from ``--concept-frame`` forward to the end, backward to frame 0, or both
+(``--direction``, Meta's passes), the phrase optionally with one exemplar box on that frame
+(``--box``; ``--text visual``: the box alone). Object ids are Meta's (0, 1, ... in order of
+appearance); every object is named by the phrase. Frame files are written in the order
+Meta yields frames (both: forward, then backward).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from typing import Any
 
 from sam2serve.commands.common import EXIT_OK, UsageError, info_line, warning_line
-from sam2serve.commands.track_concepts import score_thresh
+from sam2serve.commands.track_concepts import parse_box, score_thresh
 from sam2serve.commands.track_outputs import SUMMARY_NAME, TrackResults, print_summary, write_frame
 
 NEW_OBJECT_MARGIN = 0.2  # Meta: detections kept above 0.5, new objects from 0.7
@@ -58,6 +59,18 @@ def track_sam3(
         )
     if args.overlay is not None:
         raise UsageError("--overlay is drawn for --tracker sam2.1 only so far")
+    from sam2serve.concepts.phrases import VISUAL_PHRASE, check_box
+
+    box = None if args.box is None else parse_box(args.box)
+    if box is not None:
+        try:
+            check_box(box, (frames.height, frames.width))
+        except ValueError as exc:
+            raise UsageError(f"--box: {exc}") from None
+    if phrases[0] == VISUAL_PHRASE and box is None:
+        raise UsageError(
+            f"--text {VISUAL_PHRASE} is Meta's stand-in for the box alone: give --box X1,Y1,X2,Y2"
+        )
     from sam2serve.commands.concepts_flags import concepts_spec
 
     start = time.perf_counter()
@@ -77,14 +90,16 @@ def track_sam3(
         )
     first = args.concept_frame
     num_frames = len(frames)
-    state = predictor.start(num_frames, frames.height, frames.width, phrases[0])
+    from sam2serve.concepts.engine import ExemplarBox
+
+    boxes = [] if box is None else [ExemplarBox(box)]
+    state = predictor.start(num_frames, frames.height, frames.width, phrases[0], boxes)
     seconds: list[float] = []
     seen: dict[int, list[int]] = {}
     wall = time.perf_counter()
     tick = wall
     written = 0
-    source = (frames[i] for i in range(first, num_frames))
-    for result in predictor.run(state, source, start=first):
+    for result in predictor.propagate_clip(state, frames.__getitem__, first, args.direction):
         masks = _as_logits(result.masks)
         frame = FrameMasks(result.frame, list(result.obj_ids), masks)
         write_frame(frame, names, out_dir, dict.fromkeys(result.obj_ids, phrases[0]))
@@ -102,6 +117,8 @@ def track_sam3(
         "tracker": "sam3",
         "phrases": phrases,
         "frame": first,
+        "box": None if box is None else list(box),
+        "direction": args.direction,
         "score_thresh": predictor.th.score,
         "new_object_thresh": predictor.th.new_det,
         "max_instances": args.max_instances,
@@ -111,8 +128,8 @@ def track_sam3(
                 "obj_id": obj,
                 "name": phrases[0],
                 "score": round(state.scores[obj], 6),
-                "first_frame": frames_of[0],
-                "last_frame": frames_of[-1],
+                "first_frame": min(frames_of),
+                "last_frame": max(frames_of),
             }
             for obj, frames_of in sorted(seen.items())
         ],

@@ -16,6 +16,10 @@ Per frame (``docs/concepts-video.md`` has the rules in prose):
 6. outputs held back ``hotstart_delay`` frames, removed ids hidden, empty masks dropped,
    overlaps resolved by tracker score.
 
+The prompt is a phrase, one exemplar box on the prompt frame, or both; propagation goes
+forward, backward or both ways as Meta's passes (:mod:`video_prompts`,
+:meth:`Sam3VideoPredictor.propagate_clip`; backward, memories come from later frames).
+
 All state is in :class:`VideoState` (one per clip and prompt); the predictor holds only
 models. ``bounded`` (default) drops what forward propagation can no longer read — past
 records outside the memory selection's reach, all but the 4 latest conditioning frames —
@@ -25,7 +29,7 @@ so memory per clip stays bounded; the answers are the same.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,6 +40,7 @@ from torch import Tensor
 
 from sam2serve.concepts.engine import (
     ConceptEncoding,
+    ExemplarBox,
     TextEncoding,
     Tokenize,
     encode_text,
@@ -43,6 +48,7 @@ from sam2serve.concepts.engine import (
     run_detector,
     split_encodings,
 )
+from sam2serve.concepts.phrases import VISUAL_PHRASE
 from sam2serve.concepts.tracker_heads import TrackerNeck
 from sam2serve.concepts.video_association import (
     ALWAYS_OCCLUDED,
@@ -55,6 +61,7 @@ from sam2serve.concepts.video_association import (
     occlusion_suppressed,
 )
 from sam2serve.concepts.video_fill import fill_holes
+from sam2serve.concepts.video_prompts import Direction, check_video_prompt, passes
 from sam2serve.concepts.video_tracker import (
     MAX_COND_FRAMES,
     MAX_OBJ_PTRS,
@@ -134,6 +141,15 @@ class VideoState:
     height: int
     width: int
     text: TextEncoding | None = None
+    # the prompt (video_prompts.check_video_prompt): with no phrase, only the prompt frame
+    # looks for instances (Meta's allow_new_detections); the exemplar box prompts the
+    # detector there and, as Meta's detector prefetches the next frame with the same
+    # prompt, on the next frame of the forward pass
+    has_phrase: bool = True
+    box: ExemplarBox | None = None
+    prompt_frame: int | None = None
+    # bounded memory also keeps what a backward pass after the forward one reads
+    keep_start: bool = False
     groups: list[Group] = field(default_factory=list)
     hot: HotStart = field(default_factory=HotStart)
     max_obj_id: int = -1
@@ -215,11 +231,26 @@ class Sam3VideoPredictor:
         levels = self.neck(spatial)
         return encoding, self.tracker.frame(levels, self.neck.position(levels[2]))
 
-    def detect(self, state: VideoState, encoding: ConceptEncoding) -> Detections:
+    def detect(
+        self, state: VideoState, encoding: ConceptEncoding, frame_idx: int, reverse: bool = False
+    ) -> Detections:
         """Meta's video detections: joint score through its ``inverse_sigmoid`` (eps 1e-3),
-        mask NMS, kept above the threshold."""
+        mask NMS, kept above the threshold. No detections where the prompt allows no new
+        objects (no phrase, not the prompt frame: Meta's ``allow_new_detections``)."""
         assert state.text is not None, "start() encodes the phrase first"
-        out = run_detector(self.detector, encoding, 1, (), state.text)
+        prompt = state.prompt_frame
+        if not state.has_phrase and frame_idx != prompt:
+            size = self.tracker.low_res_size
+            return Detections(
+                torch.zeros(0, size, size), np.zeros(0, np.float32), torch.zeros(0, 4)
+            )
+        # the box prompts its frame, and the next one on the forward pass (Meta's detector
+        # computes frame t + 1 ahead with frame t's geometric prompt)
+        boxed = prompt is not None and (
+            frame_idx == prompt or (frame_idx == prompt + 1 and not reverse)
+        )
+        boxes = (state.box,) if boxed and state.box is not None else ()
+        out = run_detector(self.detector, encoding, 1, boxes, state.text)
         assert out.pred_logits is not None and out.presence_logits is not None, "scored queries"
         joint = out.pred_logits.float().sigmoid() * out.presence_logits.float().sigmoid()
         joint = joint.clamp(0, 1)
@@ -233,10 +264,54 @@ class Sam3VideoPredictor:
 
     # -- session ------------------------------------------------------------------------------
 
-    def start(self, num_frames: int, height: int, width: int, phrase: str) -> VideoState:
-        state = VideoState(num_frames, height, width)
-        state.text = encode_text(self.detector, self.tokenize, [phrase])
+    def start(
+        self,
+        num_frames: int,
+        height: int,
+        width: int,
+        phrase: str | None,
+        boxes: Sequence[ExemplarBox] = (),
+    ) -> VideoState:
+        """A clip's state for a prompt: a phrase, one exemplar box (pixels of the video) on
+        the prompt frame, or both (:func:`~sam2serve.concepts.video_prompts.check_video_prompt`;
+        ValueError names a bad one)."""
+        text, box = check_video_prompt(phrase, boxes, width, height)
+        state = VideoState(num_frames, height, width, has_phrase=text is not None, box=box)
+        state.text = encode_text(self.detector, self.tokenize, [text or VISUAL_PHRASE])
         return state
+
+    @torch.inference_mode()
+    def propagate_clip(
+        self,
+        state: VideoState,
+        frame_at: Callable[[int], np.ndarray],
+        start: int,
+        direction: Direction = "forward",
+    ) -> Iterator[FrameResult]:
+        """Meta's session in any direction: the prompt on frame ``start``, then its
+        ``propagate_in_video`` passes (:func:`~sam2serve.concepts.video_prompts.passes`),
+        each pass's answers in the order it visits frames (backward: ``start - 1`` down to
+        0; the prompt frame's own answer is only forward propagation's). ``frame_at(t)``
+        gives frame ``t`` (uint8 HWC)."""
+        plan = passes(state.num_frames, start, direction)
+        if direction == "both" and not plan[1].fetch:
+            state.keep_start = True
+        for index, step in enumerate(plan):
+            if step.fetch:
+                # Meta's fetch: frames no pass has processed have no cached output
+                for frame_idx in step.frames:
+                    yield self.finish(state, _Pending(frame_idx, {}, {}, {}))
+                continue
+            frames = ((t, frame_at(t)) for t in step.frames)
+            if index == 0 and step.reverse:  # backward only: add_prompt first
+                tick = time.perf_counter()
+                encoding, tracker_frame = self.encode(frame_at(start))
+                state.clock("detector", tick)
+                state.prompt_frame = start
+                self.step(state, start, encoding, tracker_frame)
+            yield from self._propagate(
+                state, frames, step.reverse, prompt=index == 0 and not step.reverse
+            )
 
     @torch.inference_mode()
     def run(
@@ -245,19 +320,33 @@ class Sam3VideoPredictor:
         """Meta's session on a clip: the prompt on frame ``start`` (its answer is not
         yielded, as Meta's ``add_prompt`` answer is not part of propagation), then forward
         propagation from ``start`` to the end, every frame's answer in order. ``frames``
-        yields frame ``start`` first."""
+        yields frame ``start`` first. (:meth:`propagate_clip` also goes backward.)"""
+        numbered = ((start + index, frame) for index, frame in enumerate(frames))
+        return self._propagate(state, numbered, False, prompt=True)
+
+    @torch.inference_mode()
+    def _propagate(
+        self,
+        state: VideoState,
+        frames: Iterable[tuple[int, np.ndarray]],
+        reverse: bool,
+        prompt: bool,
+    ) -> Iterator[FrameResult]:
+        """One ``propagate_in_video`` pass over (index, frame) pairs in visiting order;
+        ``prompt``: the first frame is the prompt frame (``add_prompt`` runs on it first).
+        Answers are held back ``hotstart_delay`` frames, all let out at the pass's end."""
         pending: list[_Pending] = []
-        first = True
-        for index, frame in enumerate(frames):
-            frame_idx = start + index
+        end = 0 if reverse else state.num_frames - 1
+        for frame_idx, frame in frames:
             tick = time.perf_counter()
             encoding, tracker_frame = self.encode(frame)
             state.clock("detector", tick)
-            if first:
+            if prompt:
+                state.prompt_frame = frame_idx
                 self.step(state, frame_idx, encoding, tracker_frame)  # add_prompt
-                first = False
-            pending.append(self.step(state, frame_idx, encoding, tracker_frame))
-            last = frame_idx == state.num_frames - 1
+                prompt = False
+            pending.append(self.step(state, frame_idx, encoding, tracker_frame, reverse))
+            last = frame_idx == end
             if last or self.th.hotstart_delay == 0:
                 ready, pending = pending, []
             elif len(pending) >= self.th.hotstart_delay:
@@ -273,15 +362,20 @@ class Sam3VideoPredictor:
             yield self.finish(state, item)
 
     def step(
-        self, state: VideoState, frame_idx: int, encoding: ConceptEncoding, frame: TrackerFrame
+        self,
+        state: VideoState,
+        frame_idx: int,
+        encoding: ConceptEncoding,
+        frame: TrackerFrame,
+        reverse: bool = False,
     ) -> _Pending:
-        """One frame of Meta's ``_det_track_one_frame`` (forward)."""
+        """One frame of Meta's ``_det_track_one_frame``."""
         th = self.th
         tick = time.perf_counter()
-        det = self.detect(state, encoding)
+        det = self.detect(state, encoding, frame_idx, reverse)
         tick = state.clock("detector", tick)
         trk_ids = state.obj_ids
-        trk_masks, trk_scores = self.propagate(state, frame_idx, frame)
+        trk_masks, trk_scores = self.propagate(state, frame_idx, frame, reverse)
         tick = state.clock("tracker", tick)
         assoc = associate(det.masks, det.scores, trk_masks, trk_ids, th)
         new_dets = assoc.new_dets
@@ -290,13 +384,15 @@ class Sam3VideoPredictor:
             order = np.argsort(det.scores[new_dets])[::-1]
             new_dets = new_dets[order[:keep]] if keep > 0 else new_dets[:0]
         new_ids = state.max_obj_id + 1 + np.arange(len(new_dets))
-        removed_now = state.hot.update(frame_idx, False, assoc, new_ids, th)
+        removed_now = state.hot.update(frame_idx, reverse, assoc, new_ids, th)
         tick = state.clock("association", tick)
         if th.recondition_every > 0 and frame_idx % th.recondition_every == 0 and assoc.recondition:
             self.recondition(state, frame_idx, frame, det, assoc.recondition, trk_ids, trk_scores)
             tick = state.clock("tracker", tick)
         if trk_masks.shape[0] > 0:
-            trk_masks = self.suppress_occluded(state, frame_idx, trk_masks, trk_ids, removed_now)
+            trk_masks = self.suppress_occluded(
+                state, frame_idx, trk_masks, trk_ids, removed_now, reverse
+            )
             tick = state.clock("association", tick)
             self.update_memories(state, frame_idx, frame, trk_masks)
             tick = state.clock("tracker", tick)
@@ -324,14 +420,14 @@ class Sam3VideoPredictor:
         state.processed.add(frame_idx)
         pending = _Pending(frame_idx, masks, dict(state.scores), dict(frame_scores))
         if self.bounded:
-            self.trim(state, frame_idx)
+            self.trim(state, frame_idx, reverse)
         state.clock("association", tick)
         return pending
 
     # -- tracker ------------------------------------------------------------------------------
 
     def propagate(
-        self, state: VideoState, frame_idx: int, frame: TrackerFrame
+        self, state: VideoState, frame_idx: int, frame: TrackerFrame, reverse: bool = False
     ) -> tuple[Tensor, Tensor]:
         """Every group one step on the frame (no memory encoding yet): hole-filled mask
         logits (M, L, L) and object-score logits (M,) of all tracked objects, in order."""
@@ -340,7 +436,7 @@ class Sam3VideoPredictor:
             if frame_idx in group.cond:
                 record = group.cond[frame_idx]
             else:
-                record = self.track(state, group, frame_idx, frame)
+                record = self.track(state, group, frame_idx, frame, reverse)
                 group.non_cond[frame_idx] = record
             masks.append(record.pred_masks[:, 0])
             scores.append(record.object_score[:, 0])
@@ -350,11 +446,19 @@ class Sam3VideoPredictor:
         filled = fill_holes(torch.cat(masks)[:, None], self.th.fill_hole_area)[:, 0]
         return filled, torch.cat(scores)
 
-    def track(self, state: VideoState, group: Group, frame_idx: int, frame: TrackerFrame) -> Record:
-        """Meta's ``track_step`` on a tracked frame of one group (memory selection on)."""
+    def track(
+        self,
+        state: VideoState,
+        group: Group,
+        frame_idx: int,
+        frame: TrackerFrame,
+        reverse: bool = False,
+    ) -> Record:
+        """Meta's ``track_step`` on a tracked frame of one group (memory selection on);
+        ``reverse``: the memories are of later frames, pointer distances counted backward."""
         batch = len(group.obj_ids)
         selected, unselected = _closest_cond(frame_idx, group.cond)
-        valid = _frame_filter(group.non_cond, frame_idx, state.num_frames)
+        valid = _frame_filter(group.non_cond, frame_idx, state.num_frames, reverse)
         memories: list[tuple[Tensor, int]] = []
         for record in selected.values():
             assert record.maskmem is not None
@@ -368,8 +472,11 @@ class Sam3VideoPredictor:
             if past is not None and past.maskmem is not None:
                 memories.append((past.maskmem, NUM_MASKMEM - t_pos - 1))
         max_ptrs = min(state.num_frames, MAX_OBJ_PTRS)
+        sign = -1 if reverse else 1
         pointers = [
-            (frame_idx - t, record.obj_ptr) for t, record in selected.items() if t <= frame_idx
+            ((frame_idx - t) * sign, record.obj_ptr)
+            for t, record in selected.items()
+            if (t >= frame_idx if reverse else t <= frame_idx)
         ]
         for t_diff in range(1, max_ptrs):
             if -t_diff <= -len(valid):
@@ -519,6 +626,7 @@ class Sam3VideoPredictor:
         trk_masks: Tensor,
         trk_ids: np.ndarray,
         removed_now: set[int],
+        reverse: bool = False,
     ) -> Tensor:
         """Meta's ``_suppress_overlapping_based_on_recent_occlusion``: hidden masks set to
         -10 (in the outputs too), last-occluded frames updated."""
@@ -531,7 +639,7 @@ class Sam3VideoPredictor:
             ],
             dtype=torch.long,
         )
-        hide = occlusion_suppressed(binary, last, False, self.th.occlusion_iou)
+        hide = occlusion_suppressed(binary, last, reverse, self.th.occlusion_iou)
         occluded = ~binary.any(dim=(1, 2)) | hide
         last = torch.where(occluded, frame_idx, last)
         state.last_occluded = {
@@ -618,20 +726,32 @@ class Sam3VideoPredictor:
             boxes,
         )
 
-    def trim(self, state: VideoState, frame_idx: int) -> None:
-        """Forget what forward propagation past ``frame_idx`` never reads: conditioning
-        frames but the latest 4, tracked frames outside the reach of memory selection
-        (the 15 latest selectable ones and the previous frame)."""
+    def trim(self, state: VideoState, frame_idx: int, reverse: bool = False) -> None:
+        """Forget what propagation past ``frame_idx`` (in its direction) never reads:
+        conditioning frames but the 4 nearest the frames to come, tracked frames outside
+        the reach of memory selection (the 15 nearest selectable ones and this frame).
+        With ``keep_start`` a forward pass also keeps what the backward pass after it
+        reads: the 4 earliest conditioning frames, the 15 earliest selectable ones."""
         reach = min(state.num_frames, MAX_OBJ_PTRS) - 1
+
+        def selectable(group: Group, t: int, backward: bool) -> bool:
+            # Meta's forward frame_filter never looks at frame 0, the backward one at all
+            score = group.non_cond[t].eff_iou or 0.0
+            return (backward or t > 0) and score > MEMORY_SELECTION_THRESH
+
         for group in state.groups:
-            for t in sorted(group.cond)[:-MAX_COND_FRAMES]:
+            ordered = sorted(group.cond, reverse=reverse)
+            keep_cond = set(ordered[-MAX_COND_FRAMES:])
+            if state.keep_start and not reverse:
+                keep_cond |= set(ordered[:MAX_COND_FRAMES])
+            for t in [t for t in group.cond if t not in keep_cond]:
                 del group.cond[t]
-            valid = [
-                t
-                for t in sorted(group.non_cond, reverse=True)
-                if t > 0 and (group.non_cond[t].eff_iou or 0.0) > MEMORY_SELECTION_THRESH
-            ][:reach]
-            keep = set(valid) | {frame_idx}
+            nearest = sorted(group.non_cond, reverse=not reverse)
+            keep = {t for t in nearest if selectable(group, t, reverse)}
+            keep = set([t for t in nearest if t in keep][:reach]) | {frame_idx}
+            if state.keep_start and not reverse:
+                earliest = [t for t in sorted(group.non_cond) if selectable(group, t, True)]
+                keep |= set(earliest[:reach])
             for t in [t for t in group.non_cond if t not in keep]:
                 del group.non_cond[t]
 
@@ -680,14 +800,19 @@ def _closest_cond(
     return selected, {t: r for t, r in cond.items() if t not in selected}
 
 
-def _frame_filter(non_cond: dict[int, Record], frame_idx: int, num_frames: int) -> list[int]:
-    """Meta's ``frame_filter`` (forward): past tracked frames whose memory score is above
-    the threshold, nearest 15 at most, oldest first; the previous frame always last."""
-    if frame_idx == 0:
+def _frame_filter(
+    non_cond: dict[int, Record], frame_idx: int, num_frames: int, reverse: bool = False
+) -> list[int]:
+    """Meta's ``frame_filter``: tracked frames already passed (earlier ones, later ones in
+    reverse) whose memory score is above the threshold, nearest 15 at most, farthest
+    first; the frame just passed always last. Forward it never looks at frame 0."""
+    if frame_idx == (num_frames - 1 if reverse else 0):
         return []
     max_num = min(num_frames, MAX_OBJ_PTRS)
     valid: list[int] = []
-    for i in range(frame_idx - 1, 0, -1):
+    near = frame_idx + 1 if reverse else frame_idx - 1
+    candidates = range(near, num_frames) if reverse else range(near, 0, -1)
+    for i in candidates:
         record = non_cond.get(i)
         if record is None or record.eff_iou is None:
             continue
@@ -695,8 +820,8 @@ def _frame_filter(non_cond: dict[int, Record], frame_idx: int, num_frames: int) 
             valid.insert(0, i)
         if len(valid) >= max_num - 1:
             break
-    if frame_idx - 1 not in valid:
-        valid.append(frame_idx - 1)
+    if near not in valid:
+        valid.append(near)
     return valid
 
 

@@ -5,7 +5,8 @@
 
 The request names a reduced size (``Sam3Size`` fields), a seed, the clip's preprocessed
 frames (``.npy`` float32 (T, 3, S, S)) and its size, a phrase, the video settings (Meta's
-keyword names), and where to write the weights and the answers. Meta's builder makes the
+keyword names), and where to write the weights and the answers; optionally a prompt
+frame, one normalised exemplar box (x, y, w, h) and a direction (``meta_video_prompts``). Meta's builder makes the
 video model (``meta_sam3_video``), its weights are set from the seed (the rule of
 ``meta_oracle.randomize``) and saved; Meta's ``add_prompt`` + ``propagate_in_video``
 answer. This environment has no scikit-image, which Meta's hole filling calls on a CPU:
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from meta_oracle import clip_bpe, randomize
 from meta_sam3_video import build_meta_video_model, meta_track
+from meta_video_prompts import meta_session
 
 
 def _label(mask: torch.Tensor) -> torch.Tensor:
@@ -67,7 +69,15 @@ def main(request_path: str) -> None:
     torch.save(model.state_dict(), request["weights"])
     pixels = torch.from_numpy(np.load(request["pixels"]))
     with mock.patch("sam3.perflib.connected_components.connected_components", connected_components):
-        frames = meta_track(model, pixels, request["height"], request["width"], request["phrase"])
+        if "direction" in request:  # a prompt frame, box and direction (meta_video_prompts)
+            frames = meta_session(
+                model, pixels, request["height"], request["width"], request["frame"],
+                request["phrase"], request["box_xywh"], True, request["direction"],
+            )  # fmt: skip
+        else:
+            frames = meta_track(
+                model, pixels, request["height"], request["width"], request["phrase"]
+            )
     torch.save(frames, request["out"])
 
 
