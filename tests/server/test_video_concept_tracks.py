@@ -15,7 +15,6 @@ video - each a 4xx naming the field or limit before any model work; and (a real 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -28,6 +27,7 @@ import torch
 from fastapi.testclient import TestClient
 from server_support import png_bytes, start_app
 from small_tracker import small_tiny_tracker
+from websockets.sync.client import connect
 
 from sam2serve.concepts.video_association import VideoThresholds
 from sam2serve.concepts.video_load import video_predictor
@@ -349,37 +349,56 @@ class SpinsOnSecondFrame(Sam3VideoPredictor):
         return super().encode(frame)
 
 
-def test_a_client_that_leaves_mid_run_stops_it(predictor, sam2_video, concepts_tiny, monkeypatch):
+@pytest.fixture(scope="module")
+def real_server(predictor, sam2_video, concepts_tiny) -> Iterator[Any]:
+    """A real server on 127.0.0.1 (a disconnect and a WebSocket are the subject)."""
     settings = ServerSettings.from_flat(warmup=False, video=True, concepts=True, **LIMITS)
     app = create_app(settings, predictor, sam2_video, concepts=concepts_tiny)
     server = start_app(app, settings)
-    try:
-        video = app.state.service.concepts.video
-        real = video.predictor
+    yield server
+    server.stop()
 
-        def spinning(thresholds: VideoThresholds) -> Sam3VideoPredictor:
-            base = real(thresholds)
-            return SpinsOnSecondFrame(
-                base.detector, base.tokenize, base.neck, base.tracker, thresholds
-            )
 
-        monkeypatch.setattr(video, "predictor", spinning)
-        frames, _ = sample_clip(3, SIZE)
-        with server.client() as client:
-            sid = new_session(client, frames)
-            url = f"/v1/videos/{sid}/concepts/track"
-            with client.stream("POST", url, json={"text": "disc"}) as stream:
-                assert stream.status_code == 200
-                assert SpinsOnSecondFrame.spinning.wait(WAIT_S), "the run never reached frame 1"
-            session = app.state.service.videos.get(sid, touch=False)
-            deadline = time.monotonic() + WAIT_S
-            while session.busy_with is not None:
-                assert time.monotonic() < deadline, "the run never ended"
-                time.sleep(0.05)
-            assert SpinsOnSecondFrame.ended_by == "JobCancelled"
-            assert SpinsOnSecondFrame.encoded == 2, "the run went on after its client left"
-            assert session.concept_run_bytes == 0
-            with contextlib.suppress(Exception):
-                client.delete(f"/v1/videos/{sid}")
-    finally:
-        server.stop()
+def test_a_client_that_leaves_mid_run_stops_it(real_server, monkeypatch):
+    service = real_server.app.state.service
+    video = service.concepts.video
+    real = video.predictor
+
+    def spinning(thresholds: VideoThresholds) -> Sam3VideoPredictor:
+        base = real(thresholds)
+        return SpinsOnSecondFrame(base.detector, base.tokenize, base.neck, base.tracker, thresholds)
+
+    monkeypatch.setattr(video, "predictor", spinning)
+    frames, _ = sample_clip(3, SIZE)
+    with real_server.client() as client:
+        sid = new_session(client, frames)
+        url = f"/v1/videos/{sid}/concepts/track"
+        with client.stream("POST", url, json={"text": "disc"}) as stream:
+            assert stream.status_code == 200
+            assert SpinsOnSecondFrame.spinning.wait(WAIT_S), "the run never reached frame 1"
+        session = service.videos.get(sid, touch=False)
+        deadline = time.monotonic() + WAIT_S
+        while session.busy_with is not None:
+            assert time.monotonic() < deadline, "the run never ended"
+            time.sleep(0.05)
+        assert SpinsOnSecondFrame.ended_by == "JobCancelled"
+        assert SpinsOnSecondFrame.encoded == 2, "the run went on after its client left"
+        assert session.concept_run_bytes == 0 and service.decoding.held == 0
+        assert client.delete(f"/v1/videos/{sid}").status_code == 200
+
+
+def test_a_phrase_on_a_live_connection_is_refused_saying_what_to_do(real_server):
+    with real_server.client() as client:
+        live = client.post("/v1/videos/live", json={"width": SIZE[1], "height": SIZE[0]})
+        assert live.status_code == 201, live.text
+        sid = live.json()["session_id"]
+        url = real_server.url.replace("http://", "ws://") + f"/v1/videos/{sid}/live"
+        with connect(url, max_size=None) as ws:
+            ws.send(json.dumps({"type": "concepts_track", "text": "disc"}))
+            answer = json.loads(ws.recv(timeout=WAIT_S))
+            assert answer["type"] == "error" and answer["code"] == "live_concepts_unsupported"
+            assert "/concepts/track" in answer["message"] and "/concepts " in answer["message"]
+            ws.send(FRAMES[0].tobytes())  # the connection stays: a frame is still answered
+            assert json.loads(ws.recv(timeout=WAIT_S))["type"] == "frame"
+            ws.send(json.dumps({"type": "end"}))
+        client.delete(f"/v1/videos/{sid}")
