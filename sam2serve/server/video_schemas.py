@@ -289,21 +289,33 @@ class ConceptTrackSpan(BaseModel):
     last_frame: int = Field(description="The last frame it was reported on.")
 
 
+def _absent(value: object) -> bool:
+    return value is None
+
+
 class VideoSessionObjectOut(BaseModel):
+    """An object of the session: SAM 2.1's (prompted; propagate tracks it) as ``{obj_id,
+    name}``, or one SAM 3's video predictor reported (POST .../concepts/track: its masks
+    were streamed; the session keeps its name and frames) with ``tracker``,
+    ``first_frame`` and ``last_frame`` too."""
+
     obj_id: int
     name: str | None = Field(description=NAME_OUT_DOC)
-    tracker: Literal["sam2.1", "sam3"] = Field(
-        "sam2.1",
-        description="Who tracks it: 'sam2.1', an object of the session's prompts "
-        "(propagate tracks it); 'sam3', an object SAM 3's video predictor reported "
-        "(POST .../concepts/track): its masks were streamed, the session keeps its name "
-        "and frames.",
+    # Absent (not null) on a SAM 2.1 object: it is {obj_id, name}, as before.
+    tracker: Literal["sam3"] | None = Field(
+        None,
+        description="'sam3': reported by SAM 3's video predictor; absent: SAM 2.1's.",
+        exclude_if=_absent,
     )
     first_frame: int | None = Field(
-        None, description="A 'sam3' object: the first frame it was reported on."
+        None,
+        description="SAM 3's object: the first frame it was reported on.",
+        exclude_if=_absent,
     )
     last_frame: int | None = Field(
-        None, description="A 'sam3' object: the last frame it was reported on."
+        None,
+        description="SAM 3's object: the last frame it was reported on.",
+        exclude_if=_absent,
     )
 
 
