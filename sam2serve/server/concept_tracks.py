@@ -21,8 +21,8 @@ the server's predictor, the thresholds of a run, its ids and what its state may 
   a tracker memory (64 x G x G bfloat16), the mask logits (4G x 4G float32) and the object
   pointer (G = SAM 3's input side / 14: 72 at 1008); plus the masks at the video's size it
   holds back for hot start (``hotstart_delay + 1`` frames of one bool per pixel), and an
-  object score per frame processed (:data:`SCORE_BYTES`). At 1008 and 1080p that is about
-  19 MiB and 31 MiB per object. The frame's encodings and the detector's outputs live
+  object score per frame processed (:data:`SCORE_BYTES`). At 1008 a record is 0.95 MiB,
+  20 of them 19 MiB per object; a 1080p video adds 32 MiB of held-back masks per object. The frame's encodings and the detector's outputs live
   only while a frame is processed, as SAM 2.1's propagation's do, and are not counted; the
   masks of a frame are held in the decode budget (``mask_bytes`` of the concept model).
 """

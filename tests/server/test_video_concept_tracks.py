@@ -37,7 +37,7 @@ from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.engine.video.state import object_frame_bytes
 from sam2serve.samples import sample_clip
 from sam2serve.server.app import create_app
-from sam2serve.server.concept_tracks import RunBytes
+from sam2serve.server.concept_tracks import RunBytes, TrackIds, run_thresholds
 from sam2serve.server.settings import ServerSettings
 
 SIZE = (64, 96)
@@ -196,6 +196,35 @@ def test_the_export_names_sam3s_objects_by_the_phrase(client, tracked):
     answer = client.post("/v1/video-export", json=body)
     assert answer.status_code == 200, answer.text
     assert [c["name"] for c in answer.json()["categories"]] == ["disc"]
+
+
+def test_sam3s_ids_take_the_smallest_unused_ids_within_the_room():
+    ids = TrackIds(used={1, 3}, room=3)
+    assert ids.session_ids([0, 2]) == [2, 4]  # around SAM 2.1's 1 and 3, in order
+    assert ids.session_ids([2, 7]) == [4, 5]  # a known id keeps its own
+    assert ids.session_ids([7, 9, 11]) == [5, None, None]  # past the room: dropped
+    assert ids.dropped == {9, 11} and ids.given == {0: 2, 2: 4, 7: 5}
+
+
+def test_the_run_state_estimate_by_hand():
+    """At SAM 3's 1008 px: G = 72; a record is a 64 x 72 x 72 bfloat16 memory, 288 x 288
+    float32 logits, a 256-float pointer and two scores; 4 + 16 of them per object, plus
+    16 frames of 1080p bool masks held back and 128 bytes a frame."""
+    estimate = RunBytes(1008, 1080, 1920, frames=100)
+    assert estimate.record == 663_552 + 331_776 + 1024 + 8
+    assert estimate.per_object == 20 * 996_360 + 16 * 1080 * 1920 + 100 * 128
+    short = RunBytes(1008, 1080, 1920, frames=3)  # 4 + 3 records: the clip is shorter
+    assert short.per_object == 7 * 996_360 + 16 * 1080 * 1920 + 3 * 128
+    assert estimate.total(3) == 3 * estimate.per_object
+
+
+def test_the_thresholds_default_to_metas_or_zero_under_random_weights():
+    metas = run_thresholds(None, random_weights=False, max_objects=4)
+    assert (metas.score, metas.new_det, metas.max_objects) == (0.5, pytest.approx(0.7), 4)
+    random = run_thresholds(None, random_weights=True, max_objects=4)
+    assert (random.score, random.new_det) == (0.0, pytest.approx(0.2))
+    given = run_thresholds(0.9, random_weights=True, max_objects=4)
+    assert (given.score, given.new_det) == (0.9, 1.0)  # at most 1
 
 
 # --------------------------------------------------------------------------- refused
