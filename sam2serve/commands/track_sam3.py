@@ -20,20 +20,13 @@ from sam2serve.commands.common import EXIT_OK, UsageError, info_line, warning_li
 from sam2serve.commands.track_concepts import parse_box, score_thresh
 from sam2serve.commands.track_outputs import SUMMARY_NAME, TrackResults, print_summary, write_frame
 
-NEW_OBJECT_MARGIN = 0.2  # Meta: detections kept above 0.5, new objects from 0.7
-
 
 def thresholds(args: argparse.Namespace) -> Any:
     """Meta's video settings, with --score-thresh as the detection threshold (the new-object
     threshold 0.2 above it, Meta's 0.5 / 0.7) and --max-instances as its object limit."""
     from sam2serve.concepts.video_association import VideoThresholds
 
-    detect = score_thresh(args)
-    return VideoThresholds(
-        score=detect,
-        new_det=min(1.0, detect + NEW_OBJECT_MARGIN),
-        max_objects=args.max_instances,
-    )
+    return VideoThresholds.from_detection(score_thresh(args), args.max_instances)
 
 
 def track_sam3(

@@ -22,6 +22,11 @@ ALWAYS_OCCLUDED = 100000  # an object removed by hot start: suppressed wherever 
 NO_OBJ_LOGIT = -10.0
 
 
+# Meta keeps detections above 0.5 and makes new objects from 0.7: a surface that moves the
+# detection threshold keeps the new-object threshold this far above it.
+NEW_OBJECT_MARGIN = 0.2
+
+
 @dataclass(frozen=True)
 class VideoThresholds:
     """Meta's video predictor settings (``build_sam3_video_model`` defaults)."""
@@ -48,6 +53,15 @@ class VideoThresholds:
             and self.hotstart_dup <= self.hotstart_delay
         ):
             raise ValueError("hot-start thresholds must not exceed the hot-start delay")
+
+    @classmethod
+    def from_detection(cls, score: float, max_objects: int) -> VideoThresholds:
+        """Meta's settings with ``score`` as the detection threshold, the new-object one
+        :data:`NEW_OBJECT_MARGIN` above it (Meta's 0.5 / 0.7), and ``max_objects`` tracked at
+        once: what every surface's one threshold means."""
+        return cls(
+            score=score, new_det=min(1.0, score + NEW_OBJECT_MARGIN), max_objects=max_objects
+        )
 
 
 def mask_iou(a: Tensor, b: Tensor) -> Tensor:
@@ -210,6 +224,7 @@ def occlusion_suppressed(
 
 
 __all__ = [
+    "NEW_OBJECT_MARGIN",
     "Association",
     "HotStart",
     "VideoThresholds",

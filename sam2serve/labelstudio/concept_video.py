@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 
 from sam2serve.concepts.video_association import VideoThresholds
+from sam2serve.concepts.video_memory import object_bytes
 from sam2serve.concepts.video_predictor import Sam3VideoPredictor, VideoState
-from sam2serve.concepts.video_tracker import MAX_COND_FRAMES, MAX_OBJ_PTRS, MEM_DIM
 from sam2serve.labelstudio.concept_video_prompt import VideoTextPrompt
 from sam2serve.labelstudio.images import ImageFetcher, LabelStudioAccess
 from sam2serve.labelstudio.label_config import LabelConfig
@@ -62,9 +62,6 @@ from sam2serve.server.service import RequestClock, Service
 
 log = logging.getLogger("sam2serve.labelstudio")
 
-# Meta's new-object threshold is 0.2 above its detection threshold (0.5 / 0.7), as
-# 'track --text' keeps it (commands/track_sam3.py) when the detection threshold moves.
-NEW_OBJECT_MARGIN = 0.2
 FIRST_FRAME = 1  # a phrase is followed from Label Studio's first frame
 PROGRESS_STEPS = 10  # progress lines per job
 # Bytes of one video-size mask pixel while a frame's outputs are made (the upsampled float
@@ -75,11 +72,7 @@ _OUTPUT_BYTES_PER_PIXEL = 10
 def video_thresholds(score_thresh: float, max_objects: int) -> VideoThresholds:
     """Meta's video settings with ``--concept-score-thresh`` as the detection threshold
     (new objects from ``NEW_OBJECT_MARGIN`` above it) and ``max_objects`` tracked at once."""
-    return VideoThresholds(
-        score=score_thresh,
-        new_det=min(1.0, score_thresh + NEW_OBJECT_MARGIN),
-        max_objects=max_objects,
-    )
+    return VideoThresholds.from_detection(score_thresh, max_objects)
 
 
 @dataclass(frozen=True)
@@ -137,22 +130,25 @@ class ConceptVideoTracker:
         """Objects tracked at once (new detections past it are not added)."""
         return self.predictor.th.max_objects
 
-    def object_bytes(self, height: int, width: int) -> int:
-        """What one tracked object may hold at most on a ``height`` x ``width`` video: its
-        tracker records (the latest conditioning frames and the tracked frames memory
-        selection can still read, each a bfloat16 memory and a float32 low-res mask),
-        its video-size masks held back for hot start, and its outputs as they are made."""
-        tracker = self.predictor.tracker
-        record = MEM_DIM * tracker.grid**2 * 2 + tracker.low_res_size**2 * 4
-        records = MAX_COND_FRAMES + MAX_OBJ_PTRS + 1
-        held = (self.predictor.th.hotstart_delay + 1) * height * width
-        return records * record + held + _OUTPUT_BYTES_PER_PIXEL * height * width
+    def object_bytes(self, frames: int, height: int, width: int) -> int:
+        """What one tracked object may hold at most through ``frames`` frames of a
+        ``height`` x ``width`` video: its bounded tracker state
+        (:func:`~sam2serve.concepts.video_memory.object_bytes`) and its outputs as they
+        are made."""
+        held = object_bytes(
+            self.predictor.tracker.image_size,
+            height,
+            width,
+            frames,
+            self.predictor.th.hotstart_delay,
+        )
+        return held + _OUTPUT_BYTES_PER_PIXEL * height * width
 
     def tracking_cost(self, frames: int, height: int, width: int) -> TrackingCost:
         """SAM 3's memory beside the frames: every object it may track at once (its memory
         is bounded whatever the number of frames)."""
         return TrackingCost(
-            self.max_objects * self.object_bytes(height, width),
+            self.max_objects * self.object_bytes(frames, height, width),
             f"for SAM 3 to track up to {self.max_objects} objects through them",
             "track fewer frames (--video-max-frames) or objects at once (--max-video-objects, "
             "--concept-max-instances)",
@@ -286,7 +282,6 @@ def _regions(
 
 
 __all__ = [
-    "NEW_OBJECT_MARGIN",
     "ConceptVideoTracker",
     "Seen",
     "Track",

@@ -15,14 +15,10 @@ the server's predictor, the thresholds of a run, its ids and what its state may 
   tracks *at once*; a run that ends some and finds new ones can report more than that over
   the clip, so at most ``room`` ids are given and later new objects are dropped (counted).
 - :class:`RunBytes`: what a run's state may hold, counted against the session's byte
-  limits while it streams. SAM 3's state is bounded (``bounded=True``: the predictor keeps
-  at most the 4 latest conditioning frames and the 16 frames memory selection can still
-  read per object), so per object it holds at most ``4 + min(frames, 16)`` records, each
-  a tracker memory (64 x G x G bfloat16), the mask logits (4G x 4G float32) and the object
-  pointer (G = SAM 3's input side / 14: 72 at 1008); plus the masks at the video's size it
-  holds back for hot start (``hotstart_delay + 1`` frames of one bool per pixel), and an
-  object score per frame processed (:data:`SCORE_BYTES`). At 1008 a record is 0.95 MiB,
-  20 of them 19 MiB per object; a 1080p video adds 32 MiB of held-back masks per object. The frame's encodings and the detector's outputs live
+  limits while it streams: per object :func:`sam2serve.concepts.video_memory.object_bytes`
+  (SAM 3's bounded state: at most ``4 + min(frames, 16)`` tracker records, 0.95 MiB each
+  at 1008, 19 MiB per object; the masks hot start holds back, 32 MiB per object at 1080p;
+  a score per frame processed). The frame's encodings and the detector's outputs live
   only while a frame is processed, as SAM 2.1's propagation's do, and are not counted; the
   masks of a frame are held in the decode budget (``mask_bytes`` of the concept model).
 """
@@ -35,17 +31,11 @@ from typing import TYPE_CHECKING
 
 from sam2serve.concepts.phrases import default_score_thresh
 from sam2serve.concepts.video_association import VideoThresholds
-from sam2serve.concepts.video_tracker import HIDDEN, MAX_COND_FRAMES, MAX_OBJ_PTRS, MEM_DIM, STRIDE
+from sam2serve.concepts.video_memory import object_bytes, record_bytes
 
 if TYPE_CHECKING:
     from sam2serve.concepts.runtime import Concepts
     from sam2serve.concepts.video_predictor import Sam3VideoPredictor
-
-NEW_OBJECT_MARGIN = 0.2  # Meta: detections kept above 0.5, new objects from 0.7
-# One object's tracker score on one processed frame (a float in a dict of the frame's).
-SCORE_BYTES = 128
-_MEMORY_ITEM_BYTES = 2  # the tracker's memories are kept in bfloat16
-_FLOAT_BYTES = 4
 
 
 def run_thresholds(
@@ -56,11 +46,7 @@ def run_thresholds(
     object limit."""
     if score_thresh is None:
         score_thresh = default_score_thresh(True) if random_weights else VideoThresholds().score
-    return VideoThresholds(
-        score=score_thresh,
-        new_det=min(1.0, score_thresh + NEW_OBJECT_MARGIN),
-        max_objects=max_objects,
-    )
+    return VideoThresholds.from_detection(score_thresh, max_objects)
 
 
 @dataclass(frozen=True)
@@ -77,16 +63,13 @@ class RunBytes:
     @property
     def record(self) -> int:
         """One object's record of one frame: memory, mask logits, pointer, scores."""
-        grid = self.image_size // STRIDE
-        low_res = 4 * grid
-        memory = MEM_DIM * grid * grid * _MEMORY_ITEM_BYTES
-        return memory + low_res * low_res * _FLOAT_BYTES + HIDDEN * _FLOAT_BYTES + 2 * _FLOAT_BYTES
+        return record_bytes(self.image_size)
 
     @property
     def per_object(self) -> int:
-        kept = MAX_COND_FRAMES + min(self.frames, MAX_OBJ_PTRS)
-        held_back = (self.hotstart_delay + 1) * self.height * self.width
-        return kept * self.record + held_back + self.frames * SCORE_BYTES
+        return object_bytes(
+            self.image_size, self.height, self.width, self.frames, self.hotstart_delay
+        )
 
     def total(self, objects: int) -> int:
         return objects * self.per_object
@@ -147,8 +130,6 @@ class ConceptVideo:
 
 
 __all__ = [
-    "NEW_OBJECT_MARGIN",
-    "SCORE_BYTES",
     "ConceptVideo",
     "RunBytes",
     "TrackIds",

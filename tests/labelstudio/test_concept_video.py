@@ -29,13 +29,13 @@ from test_video_api import Files, serve  # noqa: F401 - the loopback file server
 from video_support import CLIP_FPS, CLIP_SIZE, VIDEO_CONFIG, clip_bytes, video_region
 
 from sam2serve.checkpoint import load_video_model
+from sam2serve.concepts.video_association import NEW_OBJECT_MARGIN
 from sam2serve.concepts.video_load import load_tracker
 from sam2serve.concepts.video_predictor import FrameResult, Sam3VideoPredictor, VideoState
 from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.engine.video_io import decode_video
 from sam2serve.labelstudio.app import create_labelstudio_app
 from sam2serve.labelstudio.concept_video import (
-    NEW_OBJECT_MARGIN,
     Seen,
     object_tracks,
     phrase_label,
@@ -102,7 +102,7 @@ class ScriptedSam3(Sam3VideoPredictor):
 
     def __init__(self, script: Script, max_objects: int = 16) -> None:  # no super(): no model
         self.th = video_thresholds(0.0, max_objects)
-        self.tracker = types.SimpleNamespace(grid=24, low_res_size=96)
+        self.tracker = types.SimpleNamespace(grid=24, low_res_size=96, image_size=336)
         self.script = script
         self.started: tuple[int, int, int, str] | None = None
         self.frames: list[np.ndarray] | None = None

@@ -1,0 +1,51 @@
+"""What SAM 3's bounded video predictor may hold per tracked object: the one estimate the
+surfaces that run it (the service's video sessions, Label Studio) check their byte limits
+against before any model work.
+
+With ``bounded=True`` (:meth:`~sam2serve.concepts.video_predictor.Sam3VideoPredictor.trim`)
+an object's tracker group keeps at most the :data:`MAX_COND_FRAMES` latest conditioning
+records and the :data:`MAX_OBJ_PTRS` nearest tracked ones (twice that when a forward pass
+keeps what a backward pass after it reads); each record is a memory (64 x G x G bfloat16),
+the low-resolution mask logits (4G x 4G float32), an object pointer and two scores, G the
+tracker's grid (72 at SAM 3's 1008 px: 0.95 MiB a record). Hot start holds back
+``hotstart_delay + 1`` frames of one byte per video pixel per object, and the state keeps a
+score per object per processed frame (:data:`SCORE_BYTES`).
+"""
+
+from __future__ import annotations
+
+from sam2serve.concepts.video_association import VideoThresholds
+from sam2serve.concepts.video_tracker import HIDDEN, MAX_COND_FRAMES, MAX_OBJ_PTRS, MEM_DIM, STRIDE
+
+# One object's tracker score on one processed frame (a float in a dict of the frame's).
+SCORE_BYTES = 128
+_MEMORY_ITEM_BYTES = 2  # the tracker's memories are kept in bfloat16
+_FLOAT_BYTES = 4
+
+
+def record_bytes(image_size: int) -> int:
+    """One object's tracker record of one frame: memory, mask logits, pointer, scores."""
+    grid = image_size // STRIDE
+    low_res = 4 * grid
+    memory = MEM_DIM * grid * grid * _MEMORY_ITEM_BYTES
+    return memory + low_res * low_res * _FLOAT_BYTES + HIDDEN * _FLOAT_BYTES + 2 * _FLOAT_BYTES
+
+
+def object_bytes(
+    image_size: int,
+    height: int,
+    width: int,
+    frames: int,
+    hotstart_delay: int = VideoThresholds().hotstart_delay,
+    both_directions: bool = False,
+) -> int:
+    """What one tracked object may hold at most through ``frames`` frames of a ``height``
+    x ``width`` video (bounded state), for SAM 3's input side ``image_size``."""
+    kept = MAX_COND_FRAMES + min(frames, MAX_OBJ_PTRS)
+    if both_directions:
+        kept *= 2
+    held_back = (hotstart_delay + 1) * height * width
+    return kept * record_bytes(image_size) + held_back + frames * SCORE_BYTES
+
+
+__all__ = ["SCORE_BYTES", "object_bytes", "record_bytes"]
