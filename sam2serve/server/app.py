@@ -207,6 +207,7 @@ _REQUEST_MODELS = (
     video_schemas.VideoPromptRequest,
     video_schemas.PropagateRequest,
     video_schemas.VideoConceptsRequest,
+    video_schemas.ConceptTrackRequest,
 )
 
 

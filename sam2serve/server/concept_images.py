@@ -32,6 +32,7 @@ from sam2serve.concepts.runtime import Concepts
 from sam2serve.engine.rle import Rle, masks_to_rle
 from sam2serve.server.batching import JobContext, JobHandle, JobTiming, ModelWorker, WorkerStopped
 from sam2serve.server.cache import ByteLRU, EmbeddingKey, image_id_of, looks_like_image_id
+from sam2serve.server.concept_tracks import ConceptVideo
 from sam2serve.server.decode_budget import DecodeBudget, Reservation
 from sam2serve.server.errors import ApiError
 from sam2serve.server.flight import Flight, Flights
@@ -118,6 +119,9 @@ class ConceptImages:
         self.model_name = "sam3" if spec.size == "full" else f"sam3-{spec.size}"
         self.dtype_name = str(next(concepts.model.parameters()).dtype).removeprefix("torch.")
         self.cache = ConceptCache(cache_bytes)
+        # SAM 3's own video predictor (POST /v1/videos/{id}/concepts/track): its tracker is
+        # loaded by the first run.
+        self.video = ConceptVideo(concepts)
         # Encodes under way, by image: concurrent requests for one image share one.
         self.flights: Flights[EmbeddingKey, tuple[ConceptEncoding, JobTiming]] = Flights(
             service.shared_work_dropped

@@ -12,8 +12,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from sam2serve.engine.video.outputs import ObjectMask
 from sam2serve.engine.video.predictor import VideoPromptError
@@ -29,6 +29,7 @@ log = logging.getLogger("sam2serve.server")
 
 # One frame's objects, as a propagation's job hands them to its stream.
 FrameObjects = tuple[int, list[ObjectMask]]
+Item = TypeVar("Item")
 
 
 def session_out(
@@ -69,7 +70,7 @@ async def objects_out(
     return await asyncio.to_thread(build)
 
 
-async def frame_events(
+def frame_events(
     job: JobHandle,
     frames: asyncio.Queue[FrameObjects],
     mask_format: str,
@@ -79,26 +80,55 @@ async def frame_events(
     """A propagation's stream: each frame as its job hands it over, then ``done`` (or
     ``error``). ``job``: the propagation's model job (its result, or why it ended); ended
     when the stream ends (a finished job is not affected)."""
+
+    async def render(item: FrameObjects) -> bytes:
+        return await _frame_event(item, mask_format, service, names)
+
+    def done(result: object, sent: int, elapsed: float) -> dict[str, Any]:
+        return vs.PropagateDone(**done_counts(sent, elapsed)).model_dump()
+
+    return job_events(job, frames, render, done)
+
+
+def done_counts(sent: int, elapsed: float) -> dict[str, float]:
+    """A stream's ``done`` counts: frames sent, milliseconds, frames per second."""
+    return {
+        "frames": sent,
+        "elapsed_ms": round(elapsed * 1000, 3),
+        "frames_per_s": round(sent / elapsed, 3) if elapsed > 0 else 0.0,
+    }
+
+
+async def job_events(
+    job: JobHandle,
+    items: asyncio.Queue[Item],
+    render: Callable[[Item], Awaitable[bytes]],
+    done: Callable[[Any, int, float], dict[str, Any]],
+) -> AsyncGenerator[bytes, None]:
+    """A model job's stream of frames: each item its job hands over, as ``render`` makes
+    its event, then ``done`` (its data: ``done(the job's result, frames sent, seconds)``)
+    or ``error``. The job is ended when the stream ends (a finished job is not
+    affected)."""
     started = time.perf_counter()
     finished = asyncio.wrap_future(job.future)
     # The job's outcome is read below, unless the client leaves first: then it is nobody's.
     finished.add_done_callback(_outcome_seen)
-    getter: asyncio.Future[FrameObjects] | None = None
+    getter: asyncio.Future[Item] | None = None
     sent = 0
     try:
         while True:
-            getter = asyncio.ensure_future(frames.get())
+            getter = asyncio.ensure_future(items.get())
             either: set[asyncio.Future[Any]] = {getter, finished}
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             if not getter.done():
                 break
-            yield await _frame_event(getter.result(), mask_format, service, names)
+            yield await render(getter.result())
             sent += 1
-        while not frames.empty():  # frames queued before the job's end was seen
-            yield await _frame_event(frames.get_nowait(), mask_format, service, names)
+        while not items.empty():  # items queued before the job's end was seen
+            yield await render(items.get_nowait())
             sent += 1
         try:
-            finished.result()
+            result, _ = finished.result()
         except (JobCancelled, WorkerStopped) as exc:
             yield _event("error", error_body("cancelled", str(exc)))
             return
@@ -109,13 +139,7 @@ async def frame_events(
             log.exception("video propagation failed")
             yield _event("error", error_body("internal_error", "the propagation failed"))
             return
-        elapsed = time.perf_counter() - started
-        done = vs.PropagateDone(
-            frames=sent,
-            elapsed_ms=round(elapsed * 1000, 3),
-            frames_per_s=round(sent / elapsed, 3) if elapsed > 0 else 0.0,
-        )
-        yield _event("done", done.model_dump())
+        yield _event("done", done(result, sent, time.perf_counter() - started))
     finally:
         if getter is not None:
             getter.cancel()  # no-op once it has a frame
@@ -139,8 +163,22 @@ async def _frame_event(
     return f"event: frame\ndata: {data}\n\n".encode()
 
 
+def server_event(name: str, data: str) -> bytes:
+    """One Server-Sent Event whose data is already JSON."""
+    return f"event: {name}\ndata: {data}\n\n".encode()
+
+
 def _event(name: str, data: dict[str, Any]) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-__all__ = ["FrameObjects", "frame_events", "frame_gone", "objects_out", "session_out"]
+__all__ = [
+    "FrameObjects",
+    "done_counts",
+    "frame_events",
+    "frame_gone",
+    "job_events",
+    "objects_out",
+    "server_event",
+    "session_out",
+]

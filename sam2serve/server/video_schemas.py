@@ -8,13 +8,14 @@ and every answer repeats; frames by their 0-based index in the uploaded video.
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sam2serve.concepts.phrases import META_SCORE_THRESH, RANDOM_WEIGHTS_SCORE_THRESH
 from sam2serve.concepts.video_seed import DEFAULT_DEDUPE_IOU
 from sam2serve.engine.prompts import Prompt
-from sam2serve.server.concept_schemas import ConceptPrompts
+from sam2serve.server.concept_schemas import ConceptPrompts, Phrase, clean_phrases
 from sam2serve.server.live_modes import LiveMode
 from sam2serve.server.object_names import NAME_DOC, ObjectName
 from sam2serve.server.schemas import (
@@ -178,6 +179,42 @@ class VideoConceptsRequest(ConceptPrompts):
     mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
 
 
+class ConceptTrackRequest(_Strict):
+    """Every instance of one noun phrase, found and tracked by SAM 3's own video predictor
+    from ``frame_idx`` forward (Meta's ``Sam3VideoPredictor``: the detector on every
+    frame, SAM 3's memory tracker, new instances picked up, lost ones ended)."""
+
+    text: Phrase = Field(
+        description="One noun phrase, e.g. 'person', 'yellow school bus' (1..64 characters "
+        "after stripping, the rule of every phrase and name: "
+        "sam2serve.engine.user_text); each object found is named by it."
+    )
+    frame_idx: int = Field(0, ge=0, le=MAX_FRAME_IDX, description="The first frame tracked.")
+    max_frames: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_FRAME_IDX,
+        description="Frames to stream at most, frame_idx included (default: to the end of "
+        "the video).",
+    )
+    score_thresh: FiniteFloat | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="A detection is kept above this probability; a new object needs 0.2 "
+        f"more (null: Meta's {META_SCORE_THRESH} and 0.7; "
+        f"{RANDOM_WEIGHTS_SCORE_THRESH:g} and 0.2 on a server whose SAM 3 has random "
+        "weights, which score every instance about 0.25).",
+    )
+    mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
+
+    @field_validator("text")
+    @classmethod
+    def _a_phrase(cls, text: str) -> str:
+        (phrase,) = clean_phrases([text])
+        return phrase
+
+
 class ObjectRenameRequest(_Strict):
     """A tracked object's new name."""
 
@@ -227,9 +264,44 @@ class VideoConceptsResponse(BaseModel):
     queue_ms: float
 
 
+class ConceptTrackObjectOut(VideoObjectOut):
+    """An object SAM 3 reports on a frame; its name is the phrase that found it (as the
+    session keeps it: renamed or unnamed since, the new name or null)."""
+
+    score: float = Field(description="SAM 3's detection score of the instance when it appeared.")
+
+
+class ConceptTrackFrameOut(BaseModel):
+    """The objects SAM 3 reports on one frame (ids ascending; an object SAM 3 does not see
+    there is absent, and one whose pixels went to an overlapping object has area 0)."""
+
+    frame_idx: int
+    objects: list[ConceptTrackObjectOut]
+
+
+class ConceptTrackSpan(BaseModel):
+    obj_id: int
+    name: str | None = Field(description=NAME_OUT_DOC)
+    first_frame: int = Field(description="The first frame it was reported on.")
+    last_frame: int = Field(description="The last frame it was reported on.")
+
+
 class VideoSessionObjectOut(BaseModel):
     obj_id: int
     name: str | None = Field(description=NAME_OUT_DOC)
+    tracker: Literal["sam2.1", "sam3"] = Field(
+        "sam2.1",
+        description="Who tracks it: 'sam2.1', an object of the session's prompts "
+        "(propagate tracks it); 'sam3', an object SAM 3's video predictor reported "
+        "(POST .../concepts/track): its masks were streamed, the session keeps its name "
+        "and frames.",
+    )
+    first_frame: int | None = Field(
+        None, description="A 'sam3' object: the first frame it was reported on."
+    )
+    last_frame: int | None = Field(
+        None, description="A 'sam3' object: the last frame it was reported on."
+    )
 
 
 class VideoSessionOut(BaseModel):
@@ -242,9 +314,11 @@ class VideoSessionOut(BaseModel):
     height: int
     fps: float | None = Field(description="The video's frame rate; null for frame images.")
     source: str = Field(description="What the frames came from (the upload's file name).")
-    obj_ids: list[int] = Field(description="The objects prompted so far.")
+    obj_ids: list[int] = Field(description="The objects prompted so far (SAM 2.1's).")
     objects: list[VideoSessionObjectOut] = Field(
-        default_factory=list, description="The objects prompted so far, with their names."
+        default_factory=list,
+        description="The objects prompted so far, with their names, then the objects SAM 3's "
+        "video predictor reported (tracker 'sam3').",
     )
     frames_bytes: int = Field(description="Memory the decoded frames hold.")
     tracking_bytes: int = Field(description="Memory the objects' memories and masks hold.")
@@ -266,11 +340,38 @@ class PropagateDone(BaseModel):
     frames_per_s: float
 
 
+class ConceptTrackDone(PropagateDone):
+    """The last event of a SAM 3 video tracking stream."""
+
+    stage_seconds: dict[str, float] = Field(
+        description="Wall seconds per stage over the frames processed: 'detector' (ViT, "
+        "detector, NMS), 'tracker' (track steps, memory encoding, new objects), "
+        "'association' (matching, hot start, occlusion, outputs)."
+    )
+    objects: list[ConceptTrackSpan] = Field(
+        description="Every object reported, ascending ids, with its first and last frame."
+    )
+    dropped_objects: int = Field(
+        description="New instances SAM 3 found past the session's room for objects "
+        "(max_video_objects), not reported."
+    )
+    score_thresh: float = Field(description="The detection threshold the run used.")
+    new_object_thresh: float = Field(description="The threshold of a new object.")
+    max_objects: int = Field(
+        description="Objects SAM 3 could track at once: the session's room (count and bytes)."
+    )
+
+
 def session_out(description: dict[str, Any], model: str) -> VideoSessionOut:
     return VideoSessionOut(**description, model=model)
 
 
 __all__ = [
+    "ConceptTrackDone",
+    "ConceptTrackFrameOut",
+    "ConceptTrackObjectOut",
+    "ConceptTrackRequest",
+    "ConceptTrackSpan",
     "LivePromptMessage",
     "LiveVideoRequest",
     "MaskPrompt",

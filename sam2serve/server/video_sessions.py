@@ -18,6 +18,10 @@ and touches it. The limits:
 - ``max_video_total_bytes`` for every session's bytes together (each counted as the
   per-session limit counts it): a session or an object that does not fit is 429
   ``video_memory_full``, so the memory of sessions is bounded whatever their number;
+- objects SAM 3's video predictor reported (POST .../concepts/track) are the session's
+  too (:class:`ConceptTrack`): their ids are never a SAM 2.1 object's, they count against
+  ``max_video_objects``, and while a run streams, its estimated state (``concept_run_bytes``)
+  counts against both byte limits;
 - ``video_idle_s``: a session no work has used for that long (prompts, propagations,
   edits; reading it with GET does not count) is closed by the reaper, and its id is then
   404 ``session_not_found`` like an id that never existed.
@@ -75,6 +79,18 @@ class SessionLimits:
         )
 
 
+@dataclass
+class ConceptTrack:
+    """An object SAM 3's video predictor reported on the session's frames (its masks were
+    streamed, not stored): the phrase that found it and where it was seen."""
+
+    obj_id: int
+    phrase: str
+    score: float  # SAM 3's detection score when it appeared
+    first_frame: int
+    last_frame: int
+
+
 @dataclass(eq=False)
 class VideoSession:
     """One client's video: its tracking state and what the limits need to know."""
@@ -97,6 +113,10 @@ class VideoSession:
     # The objects' names (obj_id -> name), set by prompts, renames and concept seeding: the
     # session's metadata, not its tracking state (a rename needs no model work).
     names: dict[int, str] = field(default_factory=dict)
+    # Objects SAM 3's video predictor reported (obj_id -> track), beside the SAM 2.1 ones.
+    concept_tracks: dict[int, ConceptTrack] = field(default_factory=dict)
+    # While a SAM 3 run streams on the session: what its state may hold (estimated).
+    concept_run_bytes: int = 0
 
     @property
     def live(self) -> bool:
@@ -107,9 +127,22 @@ class VideoSession:
         """Frames the byte limit counts each object's tracking state for."""
         return self.state.num_frames if self.tracked_frames is None else self.tracked_frames
 
+    def has_object(self, obj_id: int) -> bool:
+        """A SAM 2.1 object of the session or an object SAM 3 reported on it."""
+        return obj_id in self.state.objects or obj_id in self.concept_tracks
+
+    def used_ids(self) -> set[int]:
+        """Every object id the session uses (SAM 2.1's and SAM 3's)."""
+        return {int(i) for i in self.state.obj_ids} | set(self.concept_tracks)
+
+    @property
+    def object_count(self) -> int:
+        """Objects the ``max_video_objects`` limit counts: SAM 2.1's and SAM 3's."""
+        return len(self.state.obj_ids) + len(self.concept_tracks)
+
     def name_of(self, obj_id: int) -> str | None:
-        """The object's name, or None (unnamed, or not tracked)."""
-        return self.names.get(obj_id) if obj_id in self.state.objects else None
+        """The object's name, or None (unnamed, or not an object of the session)."""
+        return self.names.get(obj_id) if self.has_object(obj_id) else None
 
     def set_name(self, obj_id: int, name: str | None) -> None:
         """Name (None: unname) a tracked object (the caller checked that it is)."""
@@ -119,9 +152,27 @@ class VideoSession:
             self.names[obj_id] = name
 
     def forget_names(self) -> None:
-        """Drop the names of objects the state no longer tracks (removed, or reset)."""
-        for obj_id in [i for i in self.names if i not in self.state.objects]:
+        """Drop the names of objects the session no longer has (removed, or reset)."""
+        for obj_id in [i for i in self.names if not self.has_object(i)]:
             del self.names[obj_id]
+
+    def add_concept_track(self, track: ConceptTrack) -> None:
+        """Keep an object SAM 3 reported, named by its phrase."""
+        self.concept_tracks[track.obj_id] = track
+        self.names[track.obj_id] = track.phrase
+
+    def forget_concept_tracks(self, phrase: str | None = None) -> list[int]:
+        """Drop the objects SAM 3 reported (only ``phrase``'s, given one) and their names;
+        their ids."""
+        gone = [
+            obj_id
+            for obj_id, track in self.concept_tracks.items()
+            if phrase is None or track.phrase == phrase
+        ]
+        for obj_id in gone:
+            del self.concept_tracks[obj_id]
+        self.forget_names()
+        return gone
 
     def describe(self, limits: SessionLimits, now: float) -> dict[str, object]:
         return {
@@ -134,9 +185,19 @@ class VideoSession:
             "obj_ids": self.state.obj_ids,
             "objects": [
                 {"obj_id": obj_id, "name": self.name_of(obj_id)} for obj_id in self.state.obj_ids
+            ]
+            + [
+                {
+                    "obj_id": obj_id,
+                    "name": self.name_of(obj_id),
+                    "tracker": "sam3",
+                    "first_frame": track.first_frame,
+                    "last_frame": track.last_frame,
+                }
+                for obj_id, track in sorted(self.concept_tracks.items())
             ],
             "frames_bytes": self.frames_bytes,
-            "tracking_bytes": self.state.memory_bytes(),
+            "tracking_bytes": self.state.memory_bytes() + self.concept_run_bytes,
             "busy": self.busy_with is not None,
             "live": self.live,
             "expires_in_s": round(max(0.0, limits.idle_s - (now - self.last_used)), 3),
@@ -215,12 +276,23 @@ class VideoSessions:
         objects = session.state.obj_ids
         if obj_id in objects:
             return
-        if len(objects) >= self.limits.max_objects:
+        track = session.concept_tracks.get(obj_id)
+        if track is not None:
+            raise ApiError(
+                409,
+                "concept_track_id",
+                f"obj_id {obj_id} is an object SAM 3's video predictor reported on this "
+                f"session ({track.phrase!r}): SAM 2.1 cannot prompt it; choose another id, "
+                f"or remove it first (DELETE /v1/videos/{session.session_id}/objects/{obj_id})",
+            )
+        count = session.object_count
+        if count >= self.limits.max_objects:
+            used = sorted(session.used_ids())
             raise ApiError(
                 413,
                 "too_many_objects",
-                f"obj_id {obj_id}: the session already tracks {len(objects)} objects "
-                f"({objects}), its limit (max_video_objects {self.limits.max_objects}); "
+                f"obj_id {obj_id}: the session already has {count} objects "
+                f"({used}), its limit (max_video_objects {self.limits.max_objects}); "
                 "remove one first",
             )
         self._check_bytes(
@@ -237,13 +309,14 @@ class VideoSessions:
         object or byte limits, 429 the servers' total bytes; the message names the numbers."""
         objects = session.state.obj_ids
         limit = self.limits.max_objects
-        if len(objects) + count > limit:
+        held = session.object_count
+        if held + count > limit:
             raise ApiError(
                 413,
                 "too_many_objects",
-                f"{what}: {count} new object(s) beside the {len(objects)} the session tracks "
+                f"{what}: {count} new object(s) beside the {held} the session has "
                 f"would pass its limit (max_video_objects {limit}); at most "
-                f"{max(0, limit - len(objects))} more: ask for fewer or remove objects first",
+                f"{max(0, limit - held)} more: ask for fewer or remove objects first",
             )
         total = len(objects) + count
         self._check_bytes(session.frames_bytes, session.frames_counted, objects=total, what=what)
@@ -254,7 +327,46 @@ class VideoSessions:
         """What the limits count a session as holding: its frames, and its objects (at
         least one) each tracked through every frame it may hold."""
         objects = max(1, len(session.state.obj_ids))
-        return session.frames_bytes + objects * session.frames_counted * self.object_frame_bytes
+        tracking = objects * session.frames_counted * self.object_frame_bytes
+        return session.frames_bytes + tracking + session.concept_run_bytes
+
+    def concept_run_room(
+        self, session: VideoSession, wanted: int, base: int, per_object: int, what: str
+    ) -> int:
+        """The objects (at most ``wanted``) a SAM 3 run may track at once on ``session`` when
+        its state holds ``base`` bytes plus ``per_object`` per object: what fits beside the
+        session's counted bytes in max_video_session_bytes (none: 413 session_too_large)
+        and beside every session's in max_video_total_bytes (none: 429 video_memory_full)."""
+        mib = 1024 * 1024
+        held = self.counted_bytes(session)
+        fits = (self.limits.max_bytes - held - base) // per_object
+        if fits < 1:
+            raise ApiError(
+                413,
+                "session_too_large",
+                f"{what}: the session holds {held / mib:.1f} MiB (frames and SAM 2.1's "
+                f"tracking); SAM 3's video state needs {(base + per_object) / mib:.1f} MiB "
+                f"for one object, which would pass the session limit of "
+                f"{self.limits.max_bytes / mib:.1f} MiB (max_video_session_bytes); track "
+                "fewer frames (max_frames), remove SAM 2.1 objects, or send a smaller video",
+            )
+        limit = self.limits.max_total_bytes
+        if limit is not None:
+            others = sum(self.counted_bytes(s) for s in self._sessions.values() if s is not session)
+            room = (limit - others - held - base) // per_object
+            if room < 1:
+                raise ApiError(
+                    429,
+                    "video_memory_full",
+                    f"{what}: SAM 3's video state needs {(base + per_object) / mib:.1f} MiB "
+                    f"for one object beside the {(others + held) / mib:.1f} MiB the sessions "
+                    f"hold, which would pass {limit / mib:.1f} MiB, what this server's "
+                    "sessions may hold together (max_video_total_bytes); retry once a "
+                    f"session closes or expires (video_idle_s {self.limits.idle_s:g})",
+                    headers={"Retry-After": str(self._seconds_until_room())},
+                )
+            fits = min(fits, room)
+        return int(min(wanted, fits))
 
     def _check_total(self, nbytes: int, what: str, session: VideoSession | None = None) -> None:
         """429 when ``nbytes`` (a new session's, or ``session``'s once grown) would take
@@ -393,7 +505,10 @@ class VideoSessions:
 
     def held_bytes(self) -> int:
         """Frames and tracking memory of every session (the metric)."""
-        return sum(s.frames_bytes + s.state.memory_bytes() for s in self._sessions.values())
+        return sum(
+            s.frames_bytes + s.state.memory_bytes() + s.concept_run_bytes
+            for s in self._sessions.values()
+        )
 
     def check_live_prompt(self, session: VideoSession, obj_id: int, frame_idx: int) -> None:
         """On a live session, 422 unless ``frame_idx`` is still held and ``obj_id`` stays
@@ -454,4 +569,4 @@ def _busy(session: VideoSession) -> ApiError:
     )
 
 
-__all__ = ["SessionLimits", "VideoSession", "VideoSessions"]
+__all__ = ["ConceptTrack", "SessionLimits", "VideoSession", "VideoSessions"]

@@ -10,6 +10,8 @@
 - videos.py: /v1/videos (video tracking sessions: upload, read, edit, close)
 - video_prompts.py: /v1/videos/{id}/prompts and /propagate (prompts, streamed propagation)
 - video_concepts.py: POST /v1/videos/{id}/concepts (SAM 3 on one frame seeds new objects)
+- video_concept_tracks.py: POST /v1/videos/{id}/concepts/track (SAM 3's own video
+  predictor: a phrase found and tracked through the session's frames, streamed)
 - video_frames.py: GET /v1/videos/{id}/frames/{i} (a session's frame as a JPEG, for the page)
 - video_export.py: POST /v1/video-export (a video's masks a client holds -> COCO, YouTube-VIS)
 - video_live.py: POST /v1/videos/live and WebSocket /v1/videos/{id}/live (live frames)
@@ -36,6 +38,7 @@ from sam2serve.server.routes import (
     images,
     page,
     segment,
+    video_concept_tracks,
     video_concepts,
     video_export,
     video_frames,
@@ -55,6 +58,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     videos.router,
     video_prompts.router,
     video_concepts.router,
+    video_concept_tracks.router,
     video_frames.router,
     video_export.router,
     video_live.router,

@@ -89,7 +89,7 @@ async def add_concepts(
     limits = model.limits
     session = videos.get(session_id)
     state = session.state
-    room = videos.limits.max_objects - len(state.obj_ids)
+    room = videos.limits.max_objects - session.object_count
     count = body.max_instances or max(1, min(room, limits.max_concept_instances))
     _check_counts(body, count, limits)
     check_frame(body.frame_idx, state.num_frames, "frame_idx")
@@ -172,8 +172,9 @@ def _check_counts(body: vs.VideoConceptsRequest, wanted: int, limits: ConceptSet
 
 
 def _free_ids(session: VideoSession, count: int) -> list[int]:
-    """The ``count`` smallest object ids from 1 the session does not use."""
-    used = set(session.state.obj_ids)
+    """The ``count`` smallest object ids from 1 the session does not use (SAM 2.1's and
+    those of objects SAM 3's video predictor reported)."""
+    used = session.used_ids()
     ids: list[int] = []
     candidate = 1
     while len(ids) < count:

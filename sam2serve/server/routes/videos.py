@@ -5,7 +5,8 @@
   201 with the session (its ``session_id``). The upload is read by
   :mod:`sam2serve.server.video_uploads`.
 - GET /v1/videos/{session_id}: the session; DELETE: close it (its memory is freed).
-- DELETE /v1/videos/{session_id}/objects/{obj_id}: stop tracking an object;
+- DELETE /v1/videos/{session_id}/objects/{obj_id}: stop tracking an object (one SAM 3's
+  video predictor reported: forget it and its name);
   PATCH /v1/videos/{session_id}/objects/{obj_id} ``{"name": ...}``: name or rename it
   (its class or label; a prompt's optional ``name`` does the same); every answer carries
   each object's ``name`` (null when unnamed);
@@ -143,7 +144,7 @@ async def reset_session(session_id: str, service: ServiceDep, videos: VideosDep)
         await service.run_job(
             "video_edit", lambda _: videos.predictor.reset(session.state), RequestClock()
         )
-        session.forget_names()
+        session.forget_concept_tracks()  # and every name
     return json_response(_session_out(session, videos, service))
 
 
@@ -158,6 +159,10 @@ async def remove_object(
     session = videos.get(session_id)
     _check_tracked(session, obj_id)
     with videos.using(session, "remove_object"):
+        if obj_id in session.concept_tracks:  # SAM 3 reported it: nothing tracks it now
+            del session.concept_tracks[obj_id]
+            session.forget_names()
+            return json_response(_session_out(session, videos, service))
         await service.run_job(
             "video_edit",
             lambda _: videos.predictor.remove_object(session.state, obj_id),
@@ -192,12 +197,12 @@ async def rename_object(
 
 
 def _check_tracked(session: VideoSession, obj_id: int) -> None:
-    if obj_id not in session.state.objects:
+    if not session.has_object(obj_id):
         raise ApiError(
             404,
             "object_not_found",
-            f"obj_id {obj_id} is not tracked in this session (its objects: "
-            f"{session.state.obj_ids})",
+            f"obj_id {obj_id} is not an object of this session (its objects: "
+            f"{sorted(session.used_ids())})",
         )
 
 

@@ -1,0 +1,156 @@
+"""SAM 3's own video predictor in the video sessions (POST /v1/videos/{id}/concepts/track):
+the server's predictor, the thresholds of a run, its ids and what its state may hold.
+
+- :class:`ConceptVideo`: SAM 3's video predictor over the server's concept model
+  (:func:`sam2serve.concepts.video_load.video_predictor`); its tracker is loaded on the
+  first run, on the model worker, and shared by every later run (a run's thresholds are
+  its own predictor over the same modules: they hold no state).
+- :func:`run_thresholds`: Meta's video thresholds with a request's ``score_thresh`` (the
+  new-object threshold 0.2 above it, Meta's 0.5 / 0.7; null: the server's default, 0 under
+  random weights, as every concept route and ``track --text``) and the objects the session
+  has room for as SAM 3's object limit.
+- :class:`TrackIds`: SAM 3's ids (0, 1, 2, ... Meta's) -> the session's: each new id, in
+  order of appearance, gets the smallest id from 1 the session does not use, so a run's
+  objects never share an id with the session's SAM 2.1 objects. SAM 3 bounds the objects it
+  tracks *at once*; a run that ends some and finds new ones can report more than that over
+  the clip, so at most ``room`` ids are given and later new objects are dropped (counted).
+- :class:`RunBytes`: what a run's state may hold, counted against the session's byte
+  limits while it streams. SAM 3's state is bounded (``bounded=True``: the predictor keeps
+  at most the 4 latest conditioning frames and the 16 frames memory selection can still
+  read per object), so per object it holds at most ``4 + min(frames, 16)`` records, each
+  a tracker memory (64 x G x G bfloat16), the mask logits (4G x 4G float32) and the object
+  pointer (G = SAM 3's input side / 14: 72 at 1008); plus the masks at the video's size it
+  holds back for hot start (``hotstart_delay + 1`` frames of one bool per pixel), and an
+  object score per frame processed (:data:`SCORE_BYTES`). At 1008 and 1080p that is about
+  19 MiB and 31 MiB per object. The frame's encodings and the detector's outputs live
+  only while a frame is processed, as SAM 2.1's propagation's do, and are not counted; the
+  masks of a frame are held in the decode budget (``mask_bytes`` of the concept model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sam2serve.concepts.phrases import default_score_thresh
+from sam2serve.concepts.video_association import VideoThresholds
+from sam2serve.concepts.video_tracker import HIDDEN, MAX_COND_FRAMES, MAX_OBJ_PTRS, MEM_DIM, STRIDE
+
+if TYPE_CHECKING:
+    from sam2serve.concepts.runtime import Concepts
+    from sam2serve.concepts.video_predictor import Sam3VideoPredictor
+
+NEW_OBJECT_MARGIN = 0.2  # Meta: detections kept above 0.5, new objects from 0.7
+# One object's tracker score on one processed frame (a float in a dict of the frame's).
+SCORE_BYTES = 128
+_MEMORY_ITEM_BYTES = 2  # the tracker's memories are kept in bfloat16
+_FLOAT_BYTES = 4
+
+
+def run_thresholds(
+    score_thresh: float | None, random_weights: bool, max_objects: int
+) -> VideoThresholds:
+    """Meta's video settings with the request's detection threshold (None: the server's
+    default), the new-object threshold :data:`NEW_OBJECT_MARGIN` above it, and SAM 3's
+    object limit."""
+    if score_thresh is None:
+        score_thresh = default_score_thresh(True) if random_weights else VideoThresholds().score
+    return VideoThresholds(
+        score=score_thresh,
+        new_det=min(1.0, score_thresh + NEW_OBJECT_MARGIN),
+        max_objects=max_objects,
+    )
+
+
+@dataclass(frozen=True)
+class RunBytes:
+    """What a run's state may hold (see the module's text), for SAM 3's input side
+    ``image_size`` on a ``height`` x ``width`` video through ``frames`` frames."""
+
+    image_size: int
+    height: int
+    width: int
+    frames: int
+    hotstart_delay: int = VideoThresholds().hotstart_delay
+
+    @property
+    def record(self) -> int:
+        """One object's record of one frame: memory, mask logits, pointer, scores."""
+        grid = self.image_size // STRIDE
+        low_res = 4 * grid
+        memory = MEM_DIM * grid * grid * _MEMORY_ITEM_BYTES
+        return memory + low_res * low_res * _FLOAT_BYTES + HIDDEN * _FLOAT_BYTES + 2 * _FLOAT_BYTES
+
+    @property
+    def per_object(self) -> int:
+        kept = MAX_COND_FRAMES + min(self.frames, MAX_OBJ_PTRS)
+        held_back = (self.hotstart_delay + 1) * self.height * self.width
+        return kept * self.record + held_back + self.frames * SCORE_BYTES
+
+    def total(self, objects: int) -> int:
+        return objects * self.per_object
+
+
+@dataclass
+class TrackIds:
+    """One run's SAM 3 ids -> the session's ids (see the module's text)."""
+
+    used: set[int]
+    room: int
+    given: dict[int, int] = field(default_factory=dict)  # SAM 3's id -> the session's
+    dropped: set[int] = field(default_factory=set)  # SAM 3's ids past the room
+    _next: int = 1
+
+    def session_ids(self, sam3_ids: Iterable[int]) -> list[int | None]:
+        """The session's id of each of SAM 3's ids (new ones given in this order), None for
+        one dropped."""
+        out: list[int | None] = []
+        for sam3_id in sam3_ids:
+            if sam3_id not in self.given and sam3_id not in self.dropped:
+                if len(self.given) >= self.room:
+                    self.dropped.add(sam3_id)
+                else:
+                    while self._next in self.used:
+                        self._next += 1
+                    self.given[sam3_id] = self._next
+                    self.used.add(self._next)
+            out.append(self.given.get(sam3_id))
+        return out
+
+
+class ConceptVideo:
+    """SAM 3's video predictor of a server: the concept model's detector with SAM 3's
+    tracker, loaded by the first run (on the model worker) and shared by every run."""
+
+    def __init__(self, concepts: Concepts) -> None:
+        self.concepts = concepts
+        self._base: Sam3VideoPredictor | None = None
+
+    @property
+    def image_size(self) -> int:
+        return self.concepts.size.image_size
+
+    def predictor(self, thresholds: VideoThresholds) -> Sam3VideoPredictor:
+        """(On the model worker.) A predictor with ``thresholds`` over the shared modules;
+        bounded (the state keeps what forward propagation still reads)."""
+        from sam2serve.concepts.video_predictor import Sam3VideoPredictor
+
+        if self._base is None:
+            from sam2serve.concepts.video_load import video_predictor
+
+            self._base = video_predictor(self.concepts)
+        base = self._base
+        return Sam3VideoPredictor(
+            base.detector, base.tokenize, base.neck, base.tracker, thresholds, bounded=True
+        )
+
+
+__all__ = [
+    "NEW_OBJECT_MARGIN",
+    "SCORE_BYTES",
+    "ConceptVideo",
+    "RunBytes",
+    "TrackIds",
+    "run_thresholds",
+]
