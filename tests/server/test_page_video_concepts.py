@@ -39,22 +39,42 @@ def rle(*pixels: int) -> dict[str, Any]:
     return {"size": [H, W], "counts": counts}
 
 
-def found(obj_id: int, *pixels: int, name: str = "cat") -> dict[str, Any]:
-    return {
-        "obj_id": obj_id,
-        "name": name,
-        "score": 0.9,
-        "area": len(pixels),
-        "bbox": [0, 0, 1, 1],
-        "segmentation": rle(*pixels),
-    }
+def found(obj_id: int, *pixels: int, name: str | None = "cat") -> dict[str, Any]:
+    """An object of a frame event, in the server's own shape (its schema's dump)."""
+    from sam2serve.server.video_schemas import ConceptTrackObjectOut
+
+    return ConceptTrackObjectOut(
+        obj_id=obj_id,
+        name=name,
+        score=0.9,
+        area=len(pixels),
+        bbox=[0, 0, 1, 1],
+        segmentation=rle(*pixels),
+    ).model_dump()
 
 
 def events(*blocks: tuple[str, Any]) -> str:
     return "".join(f"event: {event}\ndata: {json.dumps(data)}\n\n" for event, data in blocks)
 
 
-DONE = {"frames": 3, "elapsed_ms": 1500.0, "frames_per_s": 2.0}
+def done(frames: int) -> dict[str, Any]:
+    """A concept track's done event, in the server's shape."""
+    from sam2serve.server.video_schemas import ConceptTrackDone
+
+    return ConceptTrackDone(
+        frames=frames,
+        elapsed_ms=1500.0,
+        frames_per_s=2.0,
+        stage_seconds={"detector": 1.0, "tracker": 0.4, "association": 0.1},
+        objects=[],
+        dropped_objects=0,
+        score_thresh=0.0,
+        new_object_thresh=0.2,
+        max_objects=8,
+    ).model_dump()
+
+
+DONE = done(3)
 # From frame 1: objects 2 and 3 on frame 1, 3 lost on frame 2, a new 4 on frame 3.
 TRACK = events(
     ("frame", {"frame_idx": 1, "objects": [found(2, 0), found(3, 5)]}),
@@ -65,7 +85,7 @@ TRACK = events(
 # A propagation of object 1 (SAM 2.1's) before the search: frames 0-3.
 PROPAGATION = events(
     *(("frame", {"frame_idx": f, "objects": [found(1, 2, name=None)]}) for f in range(4)),
-    ("done", {**DONE, "frames": 4}),
+    ("done", {"frames": 4, "elapsed_ms": 2000.0, "frames_per_s": 2.0}),
 )
 FAILED = events(
     ("frame", {"frame_idx": 0, "objects": [found(7, 3)]}),
@@ -74,18 +94,28 @@ FAILED = events(
 
 PROBE = """
 import { VideoSession } from "./video.js";
-import { adopt, objectOf } from "./video_objects.js";
+import { adopt, foundBefore, objectOf } from "./video_objects.js";
 import { StreamRun, summary } from "./stream_run.js";
 import { checkPhrase, checkThreshold } from "./video_concepts.js";
 import { area } from "./rle.js";
 
 const streams = %(streams)s;
 const sent = [];
+const called = [];
 const api = {
   retrying: (attempt) => attempt(),
   stream: async (method, path, { json }) => {
     sent.push({ method, path, json });
     return new Response(streams.shift());
+  },
+  // DELETE .../objects/{id}, and SAM 2.1's answer to a mask prompt (object 3's mask).
+  call: async (method, path, { json } = {}) => {
+    called.push({ method, path, json });
+    if (method === "DELETE") return { objects: [] };
+    return { frame_idx: json.frame_idx, objects: [
+      { obj_id: json.obj_id, name: json.name ?? null, area: 2, bbox: [0, 0, 1, 2],
+        segmentation: { size: [2, 3], counts: [0, 2, 4] } },
+    ] };
   },
 };
 const session = new VideoSession(api, { session_id: "s 1", num_frames: 4, width: 3, height: 2 }, "clip.mp4");
@@ -106,6 +136,7 @@ out.done = await session.trackConcept({
   text: "cat",
   start: 1,
   scoreThresh: 0,
+  onAccepted: () => out.frames.push("accepted"),
   onFrame: (frameIdx, count, objects) => {
     out.frames.push([frameIdx, count]);
     adopted.push(...adopt(player, objects, "cat").map((o) => o.id));
@@ -116,13 +147,23 @@ out.pixels = [0, 1, 2, 3].map(pixels);
 out.tracked = session.tracked.map((ids) => [...ids].sort());
 out.adopted = adopted;
 out.player = {
-  objects: player.objects.map((o) => [o.id, o.name, o.onServer, o.phrase]),
+  objects: player.objects.map((o) => [o.id, o.name, o.onServer, o.tracker, o.phrase]),
   nextId: player.nextId,
   activeId: player.activeId,
 };
 const exported = player.objects.filter((o) => session.framesWith(o.id) > 0);
 out.exported = session.exportBody("coco", exported);
 out.framesWith = Object.fromEntries(player.objects.map((o) => [o.id, session.framesWith(o.id)]));
+out.foundBefore = foundBefore(player.objects, "cat").map((o) => o.id);
+
+// A click on object 3 on frame 1: SAM 3's object is dropped on the server, its mask there
+// becomes SAM 2.1's mask prompt; on frame 2 (no mask of 3 there) nothing is sent but the
+// drop.
+out.handedOver = await session.handOver(1, 3, "cat");
+out.handOverCalls = called.splice(0);
+out.afterHandOver = pixels(1);
+out.noMask = await session.handOver(2, 3, "cat");
+out.noMaskCalls = called.splice(0);
 
 try {
   await session.trackConcept({ text: "dog", start: 0, onFrame: () => {} });
@@ -181,8 +222,13 @@ def test_a_concept_track_is_asked_for_from_the_frame_shown(probed):
         "frame_idx": 0,
         "mask_format": "uncompressed_rle",
     }
-    assert probed["frames"] == [[1, 1], [2, 2], [3, 3]]
+    assert probed["frames"] == ["accepted", [1, 1], [2, 2], [3, 3]]
     assert probed["done"] == DONE
+    from sam2serve.server.video_schemas import ConceptTrackRequest, PropagateRequest
+
+    ConceptTrackRequest.model_validate(track["json"])
+    ConceptTrackRequest.model_validate(probed["sent"][2]["json"])
+    PropagateRequest.model_validate(propagate["json"])
 
 
 @needs_node
@@ -204,16 +250,42 @@ def test_found_objects_are_listed_under_the_servers_ids_and_names(probed):
     # The page's unprompted object 3 moved to a free id (the active one still), after 4.
     assert probed["player"] == {
         "objects": [
-            [1, None, True, None],
-            [5, None, False, None],
-            [2, "cat", True, "cat"],
-            [3, "cat", True, "cat"],
-            [4, "cat", True, "cat"],
+            [1, None, True, "sam2.1", None],
+            [5, None, False, "sam2.1", None],
+            [2, "cat", True, "sam3", "cat"],
+            [3, "cat", True, "sam3", "cat"],
+            [4, "cat", True, "sam3", "cat"],
         ],
         "nextId": 6,
         "activeId": 5,
     }
     assert probed["framesWith"] == {"1": 4, "5": 0, "2": 3, "3": 1, "4": 1}
+    # A new search for "cat" replaces these three on the server: the page drops them.
+    assert probed["foundBefore"] == [2, 3, 4]
+
+
+@needs_node
+def test_a_found_object_is_handed_to_sam2_with_its_mask_on_the_clicked_frame(probed):
+    """SAM 2.1 does not prompt an object SAM 3 reported (409 concept_track_id): the first
+    click drops SAM 3's object, then its mask on the frame is SAM 2.1's mask prompt."""
+    from sam2serve.server.video_schemas import VideoPromptRequest
+
+    drop, seed = probed["handOverCalls"]
+    assert drop == {"method": "DELETE", "path": "/v1/videos/s%201/objects/3"}
+    assert seed["method"] == "POST" and seed["path"] == "/v1/videos/s%201/prompts"
+    assert seed["json"] == {
+        "frame_idx": 1,
+        "obj_id": 3,
+        "mask": rle(5),  # SAM 3's mask of object 3 on frame 1
+        "mask_format": "uncompressed_rle",
+        "name": "cat",
+    }
+    VideoPromptRequest.model_validate(seed["json"])
+    assert probed["handedOver"]["objects"][0]["obj_id"] == 3
+    assert probed["afterHandOver"] == {"1": 1, "2": 1, "3": 2}  # SAM 2.1's answer kept
+    # No mask of object 3 on frame 2 (it ended): only the drop; the click makes it.
+    assert probed["noMask"] is None
+    assert [c["method"] for c in probed["noMaskCalls"]] == ["DELETE"]
 
 
 @needs_node

@@ -25,7 +25,7 @@ import { StreamRun, summary } from "./stream_run.js";
 import { record } from "./timings.js";
 import { VideoSession } from "./video.js";
 import { FindInVideo, checkPhrase, checkThreshold } from "./video_concepts.js";
-import { adopt, objectOf } from "./video_objects.js";
+import { adopt, foundBefore, objectOf } from "./video_objects.js";
 import { MAX_NAME_CHARS, checkName, displayName, drawNames, namesOf, renameObject } from "./video_names.js";
 
 const $ = (selector) => document.querySelector(selector);
@@ -234,7 +234,10 @@ export class Player {
     this.pause();
     const object = this.activeObject() ?? this.newObject();
     const frame = this.current;
-    if (this.session.tracked[frame].has(object.id)) object.corrections.add(frame);
+    // A found object's first click makes it SAM 2.1's there (handOver): no correction.
+    if (object.tracker !== "sam3" && this.session.tracked[frame].has(object.id)) {
+      object.corrections.add(frame);
+    }
     const before = object.prompts.get(frame) ?? { points: [], box: null };
     object.prompts.set(
       frame,
@@ -250,6 +253,7 @@ export class Player {
     const prompts = object.prompts.get(frame);
     if (!session || !prompts || !this.objects.includes(object)) return;
     try {
+      if (object.tracker === "sam3") await this.handOver(object, frame);
       const name = object.name !== object.serverName ? object.name : null;
       const answer = await session.prompt(frame, object.id, prompts, name);
       if (session !== this.session) return;
@@ -268,14 +272,27 @@ export class Player {
     }
   }
 
+  /** An object SAM 3 found becomes SAM 2.1's at its first click (video_objects.js): its
+   * mask on the clicked frame is SAM 2.1's mask prompt, which the click then corrects. */
+  async handOver(object, frame) {
+    const session = this.session;
+    const seeded = await session.handOver(frame, object.id, object.name);
+    object.tracker = "sam2.1";
+    object.onServer = seeded !== null;
+    object.serverName = seeded?.objects.find((o) => o.obj_id === object.id)?.name ?? null;
+  }
+
   // ------------------------------------------------------------------------- propagation
 
   /** Track every object from the frame shown to the end (or to frame 0: `reverse`). */
   async propagate(reverse) {
     const session = this.session;
     if (!session || this.run) return;
-    if (!this.objects.some((object) => object.prompts.size || object.onServer)) {
-      return this.say("Click an object first: there is nothing to track yet.");
+    if (!this.objects.some((object) => object.prompts.size)) {
+      const found = this.objects.length
+        ? " (SAM 3's objects are tracked already; a click on one hands it to SAM 2.1)"
+        : "";
+      return this.say(`Click an object first: there is nothing for SAM 2.1 to track yet${found}.`);
     }
     this.pause();
     const origin = this.current;
@@ -340,6 +357,7 @@ export class Player {
         start,
         scoreThresh: thresh,
         signal: run.signal,
+        onAccepted: () => this.dropFound(phrase),
         onFrame: (frameIdx, count, objects) => {
           found.push(...adopt(this, objects, phrase));
           run.detail = ` · ${found.length} found`;
@@ -348,15 +366,28 @@ export class Player {
       });
     const finished = (done) => {
       const what = found.length === 1 ? "1 instance" : `${found.length} instances`;
+      const dropped = done.dropped_objects
+        ? ` ${done.dropped_objects} more found later had no room (max_video_objects).`
+        : "";
       this.say(
         `Found ${what} of "${phrase}" from frame ${start} over ${summary(done)}` +
           (found.length
-            ? `: each an object named "${phrase}". Clicks on one correct it with SAM 2.1's video ` +
-              "prompts, like any object."
-            : ": none scored over the threshold."),
+            ? `: each an object named "${phrase}". A click on one corrects it with SAM 2.1's ` +
+              "video prompts, like any object."
+            : `: none scored over the threshold (${done.score_thresh}).`) +
+          dropped,
       );
     };
     await this.streamed(run, request, finished, `Finding "${phrase}" in the video`);
+  }
+
+  /** The objects an earlier search for `phrase` found, still SAM 3's: the server replaced
+   * them with the new search's. */
+  dropFound(phrase) {
+    const gone = foundBefore(this.objects, phrase);
+    for (const object of gone) this.session.forget(object.id);
+    this.objects = this.objects.filter((object) => !gone.includes(object));
+    if (gone.some((object) => object.id === this.activeId)) this.activeId = null;
   }
 
   /** Run a streamed job: `request()` streams it (resolving to the server's summary, which
@@ -522,7 +553,7 @@ export class Player {
         const prompted = [...object.prompts.keys()].sort((a, b) => a - b);
         meta.textContent =
           `${frames} frame${frames === 1 ? "" : "s"} with a mask · ` +
-          (object.phrase ? `found by SAM 3 ("${object.phrase}") · ` : "") +
+          (object.phrase ? `found by SAM 3 ("${object.phrase}")${handedOver(object)} · ` : "") +
           `prompts on ${prompted.length ? prompted.join(", ") : "none"}`;
         const eye = button(object.visible ? "◉" : "○", "hide / show (h)", () =>
           this.toggleVisible(object.id),
@@ -592,3 +623,7 @@ export class Player {
   }
 }
 
+/** What the object list says of a found object's tracker. */
+function handedOver(object) {
+  return object.tracker === "sam3" ? ", a click hands it to SAM 2.1" : ", SAM 2.1's since a click";
+}

@@ -86,6 +86,31 @@ export class VideoSession {
     return answer;
   }
 
+  /** Hand an object SAM 3's video predictor reported over to SAM 2.1 on frame `frameIdx`
+   * (video_objects.js): the session forgets SAM 3's object (its masks here stay), and its
+   * mask on the frame, when it has one there, becomes SAM 2.1's mask prompt for the same
+   * id, with `name`. Resolves to that prompt's answer, or null (no mask on the frame: the
+   * click that follows makes the object). */
+  async handOver(frameIdx, objId, name) {
+    await this.whenFree(() =>
+      this.api.call("DELETE", `/v1/videos/${encodeURIComponent(this.id)}/objects/${objId}`),
+    );
+    const mask = this.masks[frameIdx].get(objId);
+    if (!mask || area(mask) === 0) return null;
+    const body = {
+      frame_idx: frameIdx,
+      obj_id: objId,
+      mask: { size: [mask.h, mask.w], counts: Array.from(mask.counts) },
+      mask_format: "uncompressed_rle",
+    };
+    if (name) body.name = name;
+    const answer = await this.whenFree(() =>
+      this.api.call("POST", `/v1/videos/${encodeURIComponent(this.id)}/prompts`, { json: body }),
+    );
+    this.keep(answer);
+    return answer;
+  }
+
   /** Track every object from `start` (forwards, or backwards with `reverse`), keeping
    * each frame's masks as it arrives and telling `onFrame(frameIdx, count, objects)`;
    * resolves to the server's summary. Aborting `signal` closes the stream: the server
@@ -102,8 +127,10 @@ export class VideoSession {
    * video predictor on the server: new instances are picked up as they appear, lost ones
    * ended), streamed and kept as propagate() does. The server names each object by the
    * phrase; a frame's answer holds the phrase's objects (keep()). `maxFrames`,
-   * `scoreThresh`: null for the server's. */
-  async trackConcept({ text, start, maxFrames = null, scoreThresh = null, signal, onFrame }) {
+   * `scoreThresh`: null for the server's. `onAccepted()`: the server took the request
+   * (and forgot the objects an earlier search for the phrase reported). */
+  async trackConcept(request) {
+    const { text, start, maxFrames = null, scoreThresh = null, signal, onAccepted, onFrame } = request;
     const json = { text, frame_idx: start, mask_format: "uncompressed_rle" };
     if (maxFrames !== null) json.max_frames = maxFrames;
     if (scoreThresh !== null) json.score_thresh = scoreThresh;
@@ -113,6 +140,7 @@ export class VideoSession {
         signal,
       }),
     );
+    onAccepted?.(); // the server has replaced the phrase's earlier objects
     const found = new Set(); // obj_ids this search has streamed so far
     return this.readFrames(response, "search", (frame) => this.keep(frame, found), onFrame);
   }
@@ -145,6 +173,11 @@ export class VideoSession {
         if (error.code !== "object_not_found") throw error; // never prompted: nothing to drop
       });
     }
+    this.forget(objId);
+  }
+
+  /** Drop the object's masks here (the server has dropped it already). */
+  forget(objId) {
     for (const frame of [...this.masks, ...this.boxes, ...this.tracked]) frame.delete(objId);
   }
 
