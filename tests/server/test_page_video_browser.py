@@ -114,15 +114,17 @@ def streamed_masks(stream: str) -> dict[int, np.ndarray]:
     return masks
 
 
-# What the network brought, beside what the page read: every propagation's stream is
-# teed before the page gets it (the browser keeps no body of a streamed answer).
+# What the network brought, beside what the page read: every propagation's (and concept
+# track's) stream is teed before the page gets it (the browser keeps no body of a streamed
+# answer).
 RECORD_STREAMS = """
 window.testStreams = [];
 const originalFetch = window.fetch;
 window.fetch = async (...args) => {
   const answer = await originalFetch(...args);
   const url = typeof args[0] === "string" ? args[0] : args[0].url;
-  if (!url.endsWith("/propagate") || !answer.body) return answer;
+  const streamed = url.endsWith("/propagate") || url.endsWith("/concepts/track");
+  if (!streamed || !answer.body) return answer;
   const [mine, theirs] = answer.body.tee();
   const record = { text: "" };
   window.testStreams.push(record);
