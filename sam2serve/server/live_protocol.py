@@ -16,7 +16,10 @@ own parser). A message over ``max_live_frame_bytes`` closes the connection (1009
 ``{"type": "end"}`` (1000) once everything sent before it is answered, and video_idle_s
 without a message. Nothing a client sends ends the connection without an answer: a
 failure the client caused is an error message then a close 1008, one of the server's (a
-bug, logged) a close 1011.
+bug, logged) a close 1011. A phrase for SAM 3's own video predictor (``{"type":
+"concepts_track", ...}``) is refused with ``live_concepts_unsupported``, whose message
+says what to do instead: SAM 3 holds each frame's answer until later frames have come
+(hot start), a live frame is answered as it arrives.
 
 Two tasks share a connection: :meth:`LiveConnection.read` takes messages (frames wait in
 a queue, bounded by ``max_live_pending``; in ``latest`` mode a newer frame replaces the
@@ -65,6 +68,16 @@ CLOSE_TRY_LATER = 1013
 # A text message (a prompt: a few hundred bytes; its clicks are max_points_per_object at
 # most) longer than this is refused unread.
 MAX_TEXT_CHARS = 64 * 1024
+
+# A phrase for SAM 3's own video predictor on a live connection: refused (below).
+CONCEPTS_TRACK = "concepts_track"
+_NO_LIVE_CONCEPTS = (
+    "SAM 3's video predictor does not run on a live connection: it holds each frame's "
+    "answer until 15 later frames confirm its new objects (hot start), and a live frame "
+    "is answered when it arrives. Seed SAM 2.1 objects from a phrase on a held frame with "
+    "POST /v1/videos/{id}/concepts (they are tracked here), or upload the video "
+    "(POST /v1/videos) and stream POST /v1/videos/{id}/concepts/track"
+)
 
 
 @dataclass
@@ -251,6 +264,10 @@ class LiveConnection:
         kind = payload.get("type") if isinstance(payload, dict) else None
         if kind == "end":
             return "end"
+        if kind == CONCEPTS_TRACK:
+            message = _NO_LIVE_CONCEPTS.format(id=self.session.session_id)
+            await self.error("live_concepts_unsupported", message)
+            return None
         if kind != "prompt":
             await self.error(
                 "invalid_message", 'a text message is {"type": "prompt", ...} or {"type": "end"}'

@@ -12,10 +12,14 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sam2serve.concepts.phrases import META_SCORE_THRESH, RANDOM_WEIGHTS_SCORE_THRESH
+from sam2serve.concepts.phrases import (
+    META_SCORE_THRESH,
+    RANDOM_WEIGHTS_SCORE_THRESH,
+    check_phrase,
+)
 from sam2serve.concepts.video_seed import DEFAULT_DEDUPE_IOU
 from sam2serve.engine.prompts import Prompt
-from sam2serve.server.concept_schemas import ConceptPrompts, Phrase, clean_phrases
+from sam2serve.server.concept_schemas import ConceptPrompts, Phrase
 from sam2serve.server.live_modes import LiveMode
 from sam2serve.server.object_names import NAME_DOC, ObjectName
 from sam2serve.server.schemas import (
@@ -211,8 +215,7 @@ class ConceptTrackRequest(_Strict):
     @field_validator("text")
     @classmethod
     def _a_phrase(cls, text: str) -> str:
-        (phrase,) = clean_phrases([text])
-        return phrase
+        return check_phrase(text, "the phrase")
 
 
 class ObjectRenameRequest(_Strict):

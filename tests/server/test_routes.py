@@ -73,6 +73,7 @@ def test_every_documented_endpoint_is_a_route_of_a_router(keyed):
         "/v1/videos/{session_id}/prompts",
         "/v1/videos/{session_id}/propagate",
         "/v1/videos/{session_id}/concepts",
+        "/v1/videos/{session_id}/concepts/track",
         "/v1/videos/{session_id}/reset",
         "/v1/videos/{session_id}/objects/{obj_id}",
         "/v1/videos/{session_id}/frames/{frame_idx}",

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,7 +181,7 @@ async def track_concept(
         sam3 = predictor.start(state.num_frames, state.height, state.width, body.text)
         source = (state.source.frame(i) for i in range(body.frame_idx, stop))
         results = predictor.run(sam3, source, start=body.frame_idx)
-        with contextlib.closing(results):
+        try:
             while True:
                 with context.between_ops():  # SAM 3's seconds: clicks run in between
                     result = next(results, None)
@@ -189,6 +189,9 @@ async def track_concept(
                     break
                 loop.call_soon_threadsafe(deliver, _reported(result, ids))
                 context.check()  # stops if the client left; lets waiting clicks run
+        finally:
+            if isinstance(results, Generator):
+                results.close()
         return RunOutcome(dict(sam3.stage_seconds), len(ids.dropped))
 
     # The session, the client's bulk slot and the masks' bytes are held until the job has
