@@ -137,6 +137,7 @@ def test_the_page_calls_only_public_api_endpoints(main_server):
         "/v1/videos/{}/frames/{}",
         "/v1/videos/{}/prompts",
         "/v1/videos/{}/propagate",
+        "/v1/videos/{}/concepts/track",
         "/v1/videos/{}/objects/{}",
         "/v1/video-export",
         "/readyz",

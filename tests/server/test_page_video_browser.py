@@ -114,15 +114,17 @@ def streamed_masks(stream: str) -> dict[int, np.ndarray]:
     return masks
 
 
-# What the network brought, beside what the page read: every propagation's stream is
-# teed before the page gets it (the browser keeps no body of a streamed answer).
+# What the network brought, beside what the page read: every propagation's (and concept
+# track's) stream is teed before the page gets it (the browser keeps no body of a streamed
+# answer).
 RECORD_STREAMS = """
 window.testStreams = [];
 const originalFetch = window.fetch;
 window.fetch = async (...args) => {
   const answer = await originalFetch(...args);
   const url = typeof args[0] === "string" ? args[0] : args[0].url;
-  if (!url.endsWith("/propagate") || !answer.body) return answer;
+  const streamed = url.endsWith("/propagate") || url.endsWith("/concepts/track");
+  if (!streamed || !answer.body) return answer;
   const [mine, theirs] = answer.body.tee();
   const record = { text: "" };
   window.testStreams.push(record);
@@ -255,7 +257,10 @@ def test_a_person_tracks_corrects_stops_and_exports_a_video(page, video_server, 
     # The name is the session's: sent as a rename (PATCH .../objects/1), listed by GET.
     deadline = time.monotonic() + 30
     key = {"Authorization": f"Bearer {API_KEY}"}
-    while httpx.get(session, headers=key).json()["objects"] != [{"obj_id": 1, "name": "disc"}]:
+    while [
+        (o["obj_id"], o["name"], o["tracker"])
+        for o in httpx.get(session, headers=key).json()["objects"]
+    ] != [(1, "disc", "sam2.1")]:
         assert time.monotonic() < deadline, "the page never sent the object's name"
         time.sleep(0.2)
     from pycocotools import mask as mask_utils

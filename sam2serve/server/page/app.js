@@ -5,7 +5,8 @@
 // POST /v1/amg and opens a review; "Concepts" (when the server runs SAM 3) POST
 // /v1/concepts and opens concepts.js's review; export goes through POST /v1/coco (the
 // server's COCO writer) or to PNG masks made here. A video (a file, frame images, or a video of the
-// server's folder) switches the page to player.js's video mode. Only the public API,
+// server's folder) switches the page to player.js's video mode (where "Find in video" is
+// video_concepts.js's, when the server runs concepts). Only the public API,
 // with the person's API key.
 
 import { Api, ApiError } from "./api.js";
@@ -893,6 +894,7 @@ async function showModel() {
     $("#model").textContent = `${ready.model} · ${ready.mode} · ${ready.device}`;
     if (ready.weights?.source === "random") $("#model").textContent += " · RANDOM WEIGHTS";
     concepts.enable(ready.concepts === true);
+    player.finder.enable(ready.concepts === true);
     concepts.exemplars.setLimits(ready);
   } catch (error) {
     $("#model").textContent = error.status === 503 ? "warming up…" : "server unreachable";

@@ -2,14 +2,15 @@
 // (POST /v1/videos/{id}/prompts), propagation forwards or backwards with each frame's
 // masks drawn as it streams in (the view follows the propagation), Stop (closing the
 // stream stops the server's propagation at its next frame), corrections on any frame
-// and propagation again, and the export as COCO or YouTube-VIS. app.js hands it the
-// stage, the pointer's prompts and the keys while a video is open.
+// and propagation again, a phrase found and tracked through the clip by SAM 3
+// (video_concepts.js: each instance an object named by the phrase), and the export as
+// COCO or YouTube-VIS. A propagation and a search are both a streamed run (stream_run.js):
+// one at a time, with the same progress and Stop. app.js hands it the stage, the
+// pointer's prompts and the keys while a video is open.
 //
-// An object: {id (the session's obj_id), name (null: unnamed), serverName (the name the
-// session holds), onServer (the session tracks it), colour, visible, prompts: Map(frame ->
-// {points: [{x, y, label}], box | null}), corrections: Set(frame)}; its masks are the
-// session's, per frame. A name goes with the object's first prompt, later ones as a
-// rename (video_names.js), in the order of the prompts.
+// An object (video_objects.js) has its masks in the session, per frame. A name goes with
+// the object's first prompt, later ones as a rename (video_names.js), in the order of the
+// prompts; a found object has its phrase as its name on the server already.
 //
 // Corrections follow SAM 2.1's video predictor (Meta's, which the server reproduces): a
 // prompt on a frame a propagation has already tracked for the object is a correction, and
@@ -20,9 +21,11 @@
 
 import { button, element } from "./dom.js";
 import { download } from "./files.js";
-import { PALETTE } from "./objects.js";
+import { StreamRun, summary } from "./stream_run.js";
 import { record } from "./timings.js";
 import { VideoSession } from "./video.js";
+import { FindInVideo, checkPhrase, checkThreshold } from "./video_concepts.js";
+import { adopt, foundBefore, objectOf } from "./video_objects.js";
 import { MAX_NAME_CHARS, checkName, displayName, drawNames, namesOf, renameObject } from "./video_names.js";
 
 const $ = (selector) => document.querySelector(selector);
@@ -40,9 +43,10 @@ export class Player {
     this.nextId = 1;
     this.current = 0;
     this.shown = 0; // token of the latest frame asked for
-    this.run = null; // {controller, reverse, received, expected, started} while propagating
+    this.run = null; // the StreamRun in flight: a propagation or a search
     this.playing = null; // interval of play
     this.queue = Promise.resolve(); // prompts go one at a time: the session takes one
+    this.finder = new FindInVideo((text, thresh) => this.findInVideo(text, thresh));
     this.wire();
   }
 
@@ -87,7 +91,7 @@ export class Player {
     }
   }
 
-  /** Leave video mode: the propagation stops, the session is closed on the server. */
+  /** Leave video mode: a run stops, the session is closed on the server. */
   close() {
     this.stop();
     this.pause();
@@ -155,22 +159,12 @@ export class Player {
 
   newObject() {
     const active = this.activeObject();
-    if (active && active.prompts.size === 0) {
+    if (active && active.prompts.size === 0 && !active.onServer) {
       return this.say(`${displayName(active)} has no prompt yet: click on the frame to make its mask.`);
     }
-    const id = this.nextId++;
-    const object = {
-      id,
-      name: null,
-      serverName: null,
-      onServer: false,
-      colour: PALETTE[(id - 1) % PALETTE.length],
-      visible: true,
-      prompts: new Map(),
-      corrections: new Set(),
-    };
+    const object = objectOf(this.nextId++);
     this.objects.push(object);
-    this.activeId = id;
+    this.activeId = object.id;
     this.render();
     return object;
   }
@@ -181,7 +175,8 @@ export class Player {
   }
 
   async remove(id) {
-    if (!this.session || this.run) return this.say("Stop the propagation first (Esc).");
+    if (!this.session) return;
+    if (this.run) return this.say(`Stop ${this.run.the()} first (Esc).`);
     try {
       await this.session.removeObject(id);
       this.objects = this.objects.filter((object) => object.id !== id);
@@ -235,11 +230,14 @@ export class Player {
   /** A click ({point}) or a box ({box}) for the active object on the frame shown. */
   addPrompt(prompt) {
     if (!this.session) return this.say("Wait until the video is open.");
-    if (this.run) return this.say("Stop the propagation first (Esc), or wait for its end.");
+    if (this.run) return this.say(`Stop ${this.run.the()} first (Esc), or wait for its end.`);
     this.pause();
     const object = this.activeObject() ?? this.newObject();
     const frame = this.current;
-    if (this.session.tracked[frame].has(object.id)) object.corrections.add(frame);
+    // A found object's first click makes it SAM 2.1's there (handOver): no correction.
+    if (object.tracker !== "sam3" && this.session.tracked[frame].has(object.id)) {
+      object.corrections.add(frame);
+    }
     const before = object.prompts.get(frame) ?? { points: [], box: null };
     object.prompts.set(
       frame,
@@ -255,6 +253,7 @@ export class Player {
     const prompts = object.prompts.get(frame);
     if (!session || !prompts || !this.objects.includes(object)) return;
     try {
+      if (object.tracker === "sam3") await this.handOver(object, frame);
       const name = object.name !== object.serverName ? object.name : null;
       const answer = await session.prompt(frame, object.id, prompts, name);
       if (session !== this.session) return;
@@ -273,6 +272,16 @@ export class Player {
     }
   }
 
+  /** An object SAM 3 found becomes SAM 2.1's at its first click (video_objects.js): its
+   * mask on the clicked frame is SAM 2.1's mask prompt, which the click then corrects. */
+  async handOver(object, frame) {
+    const session = this.session;
+    const seeded = await session.handOver(frame, object.id, object.name);
+    object.tracker = "sam2.1";
+    object.onServer = seeded !== null;
+    object.serverName = seeded?.objects.find((o) => o.obj_id === object.id)?.name ?? null;
+  }
+
   // ------------------------------------------------------------------------- propagation
 
   /** Track every object from the frame shown to the end (or to frame 0: `reverse`). */
@@ -280,7 +289,10 @@ export class Player {
     const session = this.session;
     if (!session || this.run) return;
     if (!this.objects.some((object) => object.prompts.size)) {
-      return this.say("Click an object first: there is nothing to track yet.");
+      const found = this.objects.length
+        ? " (SAM 3's objects are tracked already; a click on one hands it to SAM 2.1)"
+        : "";
+      return this.say(`Click an object first: there is nothing for SAM 2.1 to track yet${found}.`);
     }
     this.pause();
     const origin = this.current;
@@ -290,47 +302,108 @@ export class Player {
       return this.say(`Frame ${origin} is a correction and there is no frame past it.`);
     }
     const replaced = new Set(); // corrected frames this propagation tracks again
-    const run = {
-      controller: new AbortController(),
-      reverse,
-      received: 0,
+    const run = new StreamRun({
+      doing: `Propagating ${reverse ? "backwards" : "forwards"}`,
+      noun: "Propagation",
+      state: "propagating",
       expected: reverse ? start + 1 : session.numFrames - start,
-      started: performance.now(),
-    };
-    this.run = run;
-    document.body.dataset.video = "propagating";
-    this.render();
-    await this.queue; // the clicks already made go first
-    try {
-      const done = await session.propagate({
+    });
+    const request = () =>
+      session.propagate({
         start,
         reverse,
-        signal: run.controller.signal,
+        signal: run.signal,
         onFrame: (frameIdx, count) => {
-          run.received = count;
           for (const object of this.objects) {
             if (object.corrections.delete(frameIdx)) replaced.add(frameIdx);
           }
-          this.show(frameIdx); // the view follows the propagation
-          this.renderProgress();
+          this.follow(run, frameIdx, count);
         },
       });
+    const finished = (done) => {
       const from = corrected ? ` from frame ${start} (after the correction on ${origin})` : "";
       const lost = replaced.size
         ? ` It tracked the corrected frame${replaced.size > 1 ? "s" : ""} ` +
           `${[...replaced].join(", ")} again (SAM 2 keeps a correction only on a frame the ` +
           "propagation starts after)."
         : "";
+      this.say(`Propagated ${reverse ? "backwards" : "forwards"}${from} over ${summary(done)}.${lost}`);
+    };
+    await this.streamed(run, request, finished, "Propagating");
+  }
+
+  /** Find every instance of the typed phrase from the frame shown to the last, tracked by
+   * SAM 3's video predictor on the server; each becomes an object named by the phrase. */
+  async findInVideo(text, threshText = "") {
+    const session = this.session;
+    if (!session) return this.say("Open a video first.");
+    if (this.run) return this.say(`Stop ${this.run.the()} first (Esc), or wait for its end.`);
+    const { phrase, error } = checkPhrase(text);
+    if (error) return this.say(`Not searched: ${error}.`, "error");
+    const { thresh, error: refused } = checkThreshold(threshText);
+    if (refused) return this.say(`Not searched: ${refused}.`, "error");
+    this.pause();
+    const start = this.current;
+    const found = [];
+    const run = new StreamRun({
+      doing: `Finding "${phrase}"`,
+      noun: `Search for "${phrase}"`,
+      state: "finding",
+      expected: session.numFrames - start,
+    });
+    const request = () =>
+      session.trackConcept({
+        text: phrase,
+        start,
+        scoreThresh: thresh,
+        signal: run.signal,
+        onAccepted: () => this.dropFound(phrase),
+        onFrame: (frameIdx, count, objects) => {
+          found.push(...adopt(this, objects, phrase));
+          run.detail = ` · ${found.length} found`;
+          this.follow(run, frameIdx, count);
+        },
+      });
+    const finished = (done) => {
+      const what = found.length === 1 ? "1 instance" : `${found.length} instances`;
+      const dropped = done.dropped_objects
+        ? ` ${done.dropped_objects} more found later had no room (max_video_objects).`
+        : "";
       this.say(
-        `Propagated ${reverse ? "backwards" : "forwards"}${from} over ${done.frames} frames in ` +
-          `${(done.elapsed_ms / 1000).toFixed(1)} s (${done.frames_per_s.toFixed(1)} frames/s).${lost}`,
+        `Found ${what} of "${phrase}" from frame ${start} over ${summary(done)}` +
+          (found.length
+            ? `: each an object named "${phrase}". A click on one corrects it with SAM 2.1's ` +
+              "video prompts, like any object."
+            : `: none scored over the threshold (${done.score_thresh}).`) +
+          dropped,
       );
+    };
+    await this.streamed(run, request, finished, `Finding "${phrase}" in the video`);
+  }
+
+  /** The objects an earlier search for `phrase` found, still SAM 3's: the server replaced
+   * them with the new search's. */
+  dropFound(phrase) {
+    const gone = foundBefore(this.objects, phrase);
+    for (const object of gone) this.session.forget(object.id);
+    this.objects = this.objects.filter((object) => !gone.includes(object));
+    if (gone.some((object) => object.id === this.activeId)) this.activeId = null;
+  }
+
+  /** Run a streamed job: `request()` streams it (resolving to the server's summary, which
+   * `finished` tells), shown by renderProgress() until it ends; Stop (Esc) aborts it, a
+   * failure is said as `failed` failed. */
+  async streamed(run, request, finished, failed) {
+    const session = this.session;
+    this.run = run;
+    document.body.dataset.video = run.state;
+    this.render();
+    await this.queue; // the clicks already made go first
+    try {
+      finished(await request());
     } catch (error) {
-      if (error?.name === "AbortError") {
-        this.say(`Propagation stopped after ${run.received} of ${run.expected} frames.`);
-      } else {
-        this.fail(error, "Propagating");
-      }
+      if (error?.name === "AbortError") this.say(run.stopped());
+      else this.fail(error, failed);
     } finally {
       if (this.run === run) this.run = null;
       if (session === this.session) document.body.dataset.video = "ready";
@@ -339,9 +412,17 @@ export class Player {
     }
   }
 
-  /** Stop the propagation: its stream is closed, and the server stops at its next frame. */
+  /** A frame of the run came (the `count`th): the view follows it, the progress counts it. */
+  follow(run, frameIdx, count) {
+    run.received = count;
+    this.show(frameIdx);
+    this.renderProgress();
+  }
+
+  /** Stop the run (a propagation or a search): its stream is closed, and the server stops
+   * at its next frame. */
   stop() {
-    this.run?.controller.abort();
+    this.run?.stop();
   }
 
   // ------------------------------------------------------------------------- export
@@ -381,6 +462,7 @@ export class Player {
     $("#propagate").disabled = !idle;
     $("#propagate-back").disabled = !idle;
     $("#propagate-stop").hidden = !this.run;
+    this.finder.render(idle);
     const exportable = idle && this.objects.some((object) => session.framesWith(object.id) > 0);
     $("#export-video-coco").disabled = !exportable;
     $("#export-ytvis").disabled = !exportable;
@@ -396,13 +478,7 @@ export class Player {
     if (!run) return;
     progress.max = run.expected;
     progress.value = run.received;
-    const seconds = (performance.now() - run.started) / 1000;
-    const rate = run.received && seconds > 0 ? ` · ${(run.received / seconds).toFixed(1)} frames/s` : "";
-    this.say(
-      `Propagating ${run.reverse ? "backwards" : "forwards"}: ${run.received} / ${run.expected} ` +
-        `frames${rate} (Esc: stop)`,
-      "busy",
-    );
+    this.say(run.progress(), "busy");
   }
 
   renderStage(drag = null) {
@@ -476,8 +552,9 @@ export class Player {
         const frames = session ? session.framesWith(object.id) : 0;
         const prompted = [...object.prompts.keys()].sort((a, b) => a - b);
         meta.textContent =
-          `${frames} frame${frames === 1 ? "" : "s"} with a mask · prompts on ` +
-          (prompted.length ? prompted.join(", ") : "none");
+          `${frames} frame${frames === 1 ? "" : "s"} with a mask · ` +
+          (object.phrase ? `found by SAM 3 ("${object.phrase}")${handedOver(object)} · ` : "") +
+          `prompts on ${prompted.length ? prompted.join(", ") : "none"}`;
         const eye = button(object.visible ? "◉" : "○", "hide / show (h)", () =>
           this.toggleVisible(object.id),
         );
@@ -507,6 +584,7 @@ export class Player {
       End: () => this.show((this.session?.numFrames ?? 1) - 1),
       " ": () => this.togglePlay(),
       f: () => this.propagate(false),
+      t: () => this.finder.focus() || this.say("This server does not run concepts (serve --concepts)."),
       b: () => this.propagate(true),
       Escape: () => (this.run ? this.stop() : this.pause()),
       n: () => this.newObject(),
@@ -539,7 +617,13 @@ export class Player {
     $("#propagate").addEventListener("click", () => this.propagate(false));
     $("#propagate-back").addEventListener("click", () => this.propagate(true));
     $("#propagate-stop").addEventListener("click", () => this.stop());
+    this.finder.wire();
     $("#export-video-coco").addEventListener("click", () => this.export("coco"));
     $("#export-ytvis").addEventListener("click", () => this.export("youtube_vis"));
   }
+}
+
+/** What the object list says of a found object's tracker. */
+function handedOver(object) {
+  return object.tracker === "sam3" ? ", a click hands it to SAM 2.1" : ", SAM 2.1's since a click";
 }

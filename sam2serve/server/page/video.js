@@ -2,7 +2,8 @@
 // frames it shows (GET /v1/videos/{id}/frames/{i}: the server's own decoding, so frame i
 // of the masks is frame i of the picture; the last few kept as bitmaps), the masks it
 // received per frame and object (rle.js runs, a few KB each), prompts, the streamed
-// propagation and the export of the masks (POST /v1/video-export, the server's writer),
+// propagation, a phrase found and tracked through the clip (SAM 3's video predictor,
+// streamed the same way), and the export of the masks (POST /v1/video-export, the server's writer),
 // each object under its name (video_names.js: the session keeps the names).
 
 import { ApiError } from "./api.js";
@@ -85,28 +86,81 @@ export class VideoSession {
     return answer;
   }
 
+  /** Hand an object SAM 3's video predictor reported over to SAM 2.1 on frame `frameIdx`
+   * (video_objects.js): the session forgets SAM 3's object (its masks here stay), and its
+   * mask on the frame, when it has one there, becomes SAM 2.1's mask prompt for the same
+   * id, with `name`. Resolves to that prompt's answer, or null (no mask on the frame: the
+   * click that follows makes the object). */
+  async handOver(frameIdx, objId, name) {
+    await this.whenFree(() =>
+      this.api.call("DELETE", `/v1/videos/${encodeURIComponent(this.id)}/objects/${objId}`),
+    );
+    const mask = this.masks[frameIdx].get(objId);
+    if (!mask || area(mask) === 0) return null;
+    const body = {
+      frame_idx: frameIdx,
+      obj_id: objId,
+      mask: { size: [mask.h, mask.w], counts: Array.from(mask.counts) },
+      mask_format: "uncompressed_rle",
+    };
+    if (name) body.name = name;
+    const answer = await this.whenFree(() =>
+      this.api.call("POST", `/v1/videos/${encodeURIComponent(this.id)}/prompts`, { json: body }),
+    );
+    this.keep(answer);
+    return answer;
+  }
+
   /** Track every object from `start` (forwards, or backwards with `reverse`), keeping
-   * each frame's masks as it arrives and telling `onFrame(frameIdx, count)`; resolves to
-   * the server's summary. Aborting `signal` closes the stream: the server stops the
-   * propagation at its next frame. */
+   * each frame's masks as it arrives and telling `onFrame(frameIdx, count, objects)`;
+   * resolves to the server's summary. Aborting `signal` closes the stream: the server
+   * stops the propagation at its next frame. */
   async propagate({ start, reverse, signal, onFrame }) {
     const json = { start_frame_idx: start, reverse, mask_format: "uncompressed_rle" };
     const response = await this.whenFree(() =>
       this.api.stream("POST", `/v1/videos/${encodeURIComponent(this.id)}/propagate`, { json, signal }),
     );
+    return this.readFrames(response, "propagation", (frame) => this.keep(frame), onFrame);
+  }
+
+  /** Find every instance of the phrase `text` from frame `start` on and track it (SAM 3's
+   * video predictor on the server: new instances are picked up as they appear, lost ones
+   * ended), streamed and kept as propagate() does. The server names each object by the
+   * phrase; a frame's answer holds the phrase's objects (keep()). `maxFrames`,
+   * `scoreThresh`: null for the server's. `onAccepted()`: the server took the request
+   * (and forgot the objects an earlier search for the phrase reported). */
+  async trackConcept(request) {
+    const { text, start, maxFrames = null, scoreThresh = null, signal, onAccepted, onFrame } = request;
+    const json = { text, frame_idx: start, mask_format: "uncompressed_rle" };
+    if (maxFrames !== null) json.max_frames = maxFrames;
+    if (scoreThresh !== null) json.score_thresh = scoreThresh;
+    const response = await this.whenFree(() =>
+      this.api.stream("POST", `/v1/videos/${encodeURIComponent(this.id)}/concepts/track`, {
+        json,
+        signal,
+      }),
+    );
+    onAccepted?.(); // the server has replaced the phrase's earlier objects
+    const found = new Set(); // obj_ids this search has streamed so far
+    return this.readFrames(response, "search", (frame) => this.keep(frame, found), onFrame);
+  }
+
+  /** A run's Server-Sent Events: each frame kept (`keep`) and told to `onFrame`, then the
+   * `done` event's summary, or the `error` event's error thrown. */
+  async readFrames(response, what, keep, onFrame) {
     let count = 0;
     for await (const { event, data } of serverEvents(response)) {
       if (event === "frame") {
-        this.keep(data);
+        keep(data);
         for (const object of data.objects) this.tracked[data.frame_idx].add(object.obj_id);
-        onFrame(data.frame_idx, ++count);
+        onFrame(data.frame_idx, ++count, data.objects);
       } else if (event === "done") {
         return data;
       } else if (event === "error") {
         throw new ApiError(500, data.error?.code ?? "error", data.error?.message ?? "failed");
       }
     }
-    throw new ApiError(0, "network", "the propagation's stream ended before it was done");
+    throw new ApiError(0, "network", `the ${what}'s stream ended before it was done`);
   }
 
   /** Stop tracking an object: its masks on every frame go. */
@@ -119,6 +173,11 @@ export class VideoSession {
         if (error.code !== "object_not_found") throw error; // never prompted: nothing to drop
       });
     }
+    this.forget(objId);
+  }
+
+  /** Drop the object's masks here (the server has dropped it already). */
+  forget(objId) {
     for (const frame of [...this.masks, ...this.boxes, ...this.tracked]) frame.delete(objId);
   }
 
@@ -135,12 +194,22 @@ export class VideoSession {
       .catch(() => {});
   }
 
-  keep(frameOut) {
-    const masks = new Map();
-    const boxes = new Map();
+  /** One frame's answer kept: its objects' masks and boxes replace theirs; the frame's
+   * other objects keep theirs (a propagation answers for the objects SAM 2.1 tracks, a
+   * search for its phrase's). `owned` (a Set of obj_ids, grown here): the objects of a
+   * search so far, whose masks the answer replaces all of: one it leaves out (ended, or
+   * not seen there) has no mask on the frame. */
+  keep(frameOut, owned = null) {
+    const masks = new Map(this.masks[frameOut.frame_idx]);
+    const boxes = new Map(this.boxes[frameOut.frame_idx]);
+    for (const id of owned ?? []) {
+      masks.delete(id);
+      boxes.delete(id);
+    }
     for (const object of frameOut.objects) {
       masks.set(object.obj_id, fromServer(object.segmentation));
       boxes.set(object.obj_id, object.bbox);
+      owned?.add(object.obj_id);
     }
     this.masks[frameOut.frame_idx] = masks;
     this.boxes[frameOut.frame_idx] = boxes;

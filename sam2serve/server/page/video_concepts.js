@@ -1,0 +1,70 @@
+// "Find in video" (video mode, when the server runs SAM 3: its /readyz says concepts): one
+// noun phrase, found on every frame from the one shown to the last and tracked there by SAM
+// 3's own video predictor on the server (POST /v1/videos/{id}/concepts/track: new
+// instances picked up as they appear, lost ones ended), streamed like a propagation
+// (player.js runs both). Every instance becomes one of the video's objects, named by the
+// phrase (its category in the export); a click on it afterwards goes to the session's SAM
+// 2.1 video prompts like any object's.
+
+import { checkName } from "./video_names.js";
+
+const $ = (selector) => document.querySelector(selector);
+
+/** The typed phrase checked: {phrase} or {error}. One phrase (SAM 3's video predictor
+ * follows one text prompt), by the rule of an object's name (it becomes their name). */
+export function checkPhrase(text) {
+  if (text.includes(",")) {
+    return { error: "one phrase at a time (no commas): the video search follows one phrase" };
+  }
+  const { name, error } = checkName(text);
+  if (error) return { error: error.replace("the name", "the phrase") };
+  if (!name) return { error: "type a phrase first (what to find: cat, red car)" };
+  return { phrase: name };
+}
+
+/** The score threshold field: null (empty: the server's default) or a number in 0..1, or
+ * {error}. */
+export function checkThreshold(text) {
+  const value = text.trim();
+  if (!value) return { thresh: null };
+  const thresh = Number(value);
+  if (!Number.isFinite(thresh) || thresh < 0 || thresh > 1) {
+    return { error: `the score threshold is a number from 0 to 1, not ${value}` };
+  }
+  return { thresh };
+}
+
+/** The form: the phrase, the threshold and the button; `onFind(text, thresholdText)`. */
+export class FindInVideo {
+  constructor(onFind) {
+    this.onFind = onFind;
+    this.enabled = false;
+  }
+
+  wire() {
+    $("#video-concept-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      if (document.activeElement?.closest("#video-concept-form")) document.activeElement.blur();
+      this.onFind($("#video-concept-text").value, $("#video-concept-thresh").value);
+    });
+  }
+
+  /** Shown only when the server runs the concept model. */
+  enable(enabled) {
+    this.enabled = Boolean(enabled);
+    $("#video-concepts").hidden = !this.enabled;
+  }
+
+  /** Put the cursor in the phrase field (the `t` key); false without concepts. */
+  focus() {
+    if (!this.enabled) return false;
+    $("#video-concept-text").focus();
+    $("#video-concept-text").select();
+    return true;
+  }
+
+  /** `idle`: a session is open and nothing runs on it. */
+  render(idle) {
+    $("#video-concept-find").disabled = !idle;
+  }
+}
