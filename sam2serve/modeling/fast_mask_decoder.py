@@ -421,8 +421,8 @@ class FastMaskDecoder:
     def reduced(self, layer: nn.Linear) -> bool:
         """Whether ``layer``'s product runs in the decoder's reduced dtype: only the large
         ones (the MLPs' 256 x 2048). A token-side product of 256 x 256 or less costs its
-        call more than its arithmetic, and oneDNN's bf16 call measured 2-4x fp32's for
-        1-64 rows on Zen 4 (the cast of its input and output included)."""
+        call more than its arithmetic, and oneDNN's bf16 call measured 1.1-6x fp32's for
+        1-64 rows on Zen 4 (the casts of its input and output included)."""
         return self.dtype != FP32 and layer.weight.numel() > SMALL_LINEAR
 
     def linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
