@@ -27,7 +27,7 @@ tensors.
 Products against the image side are one matrix product per head for all prompts of a call
 (``(B*T, dh) @ (dh, 4096)``); products with the low-rank part are one per prompt, in the
 decoder's ``dtype`` (bf16 in mode furious on hosts with native bf16, with the token side's
-linear layers; the positions' scales, the vectors, the LayerNorm statistics and the
+MLPs; the positions' scales, the vectors, the LayerNorm statistics and the
 softmax statistics stay fp32). The queries of the attention after a LayerNorm are known
 before it, so their low-rank scores share the LayerNorm's product with the coefficient
 rows (one product per prompt reads them for both).
@@ -59,6 +59,9 @@ FP32 = torch.float32
 # upscaling, so more than two at a time leave the cache (the transformer's per-prompt
 # tensors are smaller: it takes larger chunks). A GPU upscales a chunk at once.
 UPSCALE_CHUNK_CPU = 2
+# Token-side linear layers with at most this many weights stay fp32 in a reduced-precision
+# decoder (:meth:`FastMaskDecoder.reduced`).
+SMALL_LINEAR = 256 * 512
 
 
 def heads_first(x: torch.Tensor) -> torch.Tensor:
@@ -331,8 +334,8 @@ class Queries:
 class FastMaskDecoder:
     """Computes ``MaskDecoder.predict_all_masks`` for prompts without a mask input.
 
-    ``dtype``: what the per-prompt products, the image side and the token side's linear
-    layers are stored and multiplied in (fp32: mode fast, equal to the reference up to
+    ``dtype``: what the per-prompt products, the image side and the token side's MLPs
+    are stored and multiplied in (fp32: mode fast, equal to the reference up to
     float reassociation; bf16: mode furious on devices that run it natively)."""
 
     source = "eager"
@@ -347,6 +350,8 @@ class FastMaskDecoder:
         self._pe: dict[torch.dtype, torch.Tensor] = {}
         # Linear layers' weights and biases in ``dtype``, cast on first use.
         self._cast: dict[nn.Linear, tuple[torch.Tensor, torch.Tensor]] = {}
+        # The upscaling's pixel order -> raster order, per size and device.
+        self._raster: dict[tuple[tuple[int, int], torch.device], torch.Tensor] = {}
 
     # ------------------------------------------------------------------ image side
     def prepare(
@@ -413,10 +418,17 @@ class FastMaskDecoder:
         return s1.to(self.dtype).contiguous(), s0.to(self.dtype).contiguous()
 
     # ------------------------------------------------------------------ token side
+    def reduced(self, layer: nn.Linear) -> bool:
+        """Whether ``layer``'s product runs in the decoder's reduced dtype: only the large
+        ones (the MLPs' 256 x 2048). A token-side product of 256 x 256 or less costs its
+        call more than its arithmetic, and oneDNN's bf16 call measured 1.1-6x fp32's for
+        1-64 rows on Zen 4 (the casts of its input and output included)."""
+        return self.dtype != FP32 and layer.weight.numel() > SMALL_LINEAR
+
     def linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        """``layer(x)`` with the product in the decoder's dtype; the result fp32 (the
-        tokens' residual stream and norms stay fp32)."""
-        if self.dtype == FP32:
+        """``layer(x)``, the product in the decoder's dtype where :meth:`reduced`; the
+        result fp32 (the tokens' residual stream and norms stay fp32)."""
+        if not self.reduced(layer):
             out: torch.Tensor = layer(x)
             return out
         return F.linear(x.to(self.dtype), *self._weights(layer)).float()
@@ -428,14 +440,18 @@ class FastMaskDecoder:
         return cast
 
     def mlp(self, mlp: MLP, x: torch.Tensor) -> torch.Tensor:
-        """``mlp(x)``, the hidden activations in the decoder's dtype."""
-        if self.dtype == FP32:
+        """``mlp(x)``, each layer's product as :meth:`linear`'s (the hidden activations of
+        a reduced layer in the decoder's dtype); the result fp32."""
+        layers = [cast(nn.Linear, layer) for layer in mlp.layers]
+        if not any(self.reduced(layer) for layer in layers):
             out: torch.Tensor = mlp(x)
             return out
-        x = x.to(self.dtype)
-        for index, layer in enumerate(mlp.layers):
-            x = F.linear(x, *self._weights(cast(nn.Linear, layer)))
-            if index < len(mlp.layers) - 1:
+        for index, layer in enumerate(layers):
+            if self.reduced(layer):
+                x = F.linear(x.to(self.dtype), *self._weights(layer))
+            else:
+                x = layer(x.float())
+            if index < len(layers) - 1:
                 x = mlp.act(x)
         return x.float()
 
@@ -866,14 +882,30 @@ class FastMaskDecoder:
         w2 = dc2.weight.permute(0, 2, 3, 1).reshape(c_mid, 4 * c_out).to(dtype)
         y = torch.baddbmm(s0.expand(b, -1, -1), x, w2.expand(b, -1, -1))
         y = gelu_(y, act2).view(b, n * 16, c_out)
-        # (B, M, pixels in (i, j, di, dj, ei, ej) order), to raster order by one gather (an
-        # 8-dimensional permute of 2 x 2 blocks copies ~10x slower).
-        logits = (hyper.to(dtype) @ y.transpose(1, 2)).float()
+        # (B, pixels in (i, j, di, dj, ei, ej) order, M): the pixels stay rows, as y has
+        # them (``hyper @ y^T`` would copy y transposed first: 5x slower), then (B*M,
+        # pixels) and to raster order by one gather (an 8-dimensional permute of 2 x 2
+        # blocks copies ~10x slower).
+        m = hyper.shape[1]
+        logits = torch.bmm(y, hyper.to(dtype).transpose(1, 2)).transpose(1, 2)
         h, w = side.size
-        m = logits.shape[1]
-        source = torch.arange(n * 16, device=logits.device).view(h, w, 2, 2, 2, 2)
-        source = source.permute(0, 2, 4, 1, 3, 5).reshape(-1)  # raster pixel -> its column
-        return logits.view(b * m, -1).index_select(1, source).view(b, m, 4 * h, 4 * w)
+        source = self.raster_order((h, w), logits.device)
+        flat = logits.reshape(b * m, n * 16).float()
+        return flat.index_select(1, source).view(b, m, 4 * h, 4 * w)
+
+    def raster_order(self, size: tuple[int, int], device: torch.device) -> torch.Tensor:
+        """For each pixel of the (4h, 4w) logits in raster order, its column in the
+        upscaling's (i, j, di, dj, ei, ej) order: a constant per size and device, kept
+        (except while tracing, whose tensors must not outlive it)."""
+        key = (size, device)
+        source = self._raster.get(key)
+        if source is None:
+            h, w = size
+            source = torch.arange(h * w * 16, device=device).view(h, w, 2, 2, 2, 2)
+            source = source.permute(0, 2, 4, 1, 3, 5).reshape(-1)
+            if not torch.compiler.is_compiling():
+                self._raster[key] = source
+        return source
 
     def decode_prompts(
         self, side: ImageSide, sparse_embeddings: torch.Tensor, mask_indices: list[int]

@@ -63,9 +63,16 @@ def dump_bytes(model: BaseModel, pieces: Sequence[str] = ()) -> bytes:
 
 
 async def json_answer(
-    build: Callable[[], BaseModel], pieces: Sequence[str] = (), status: int = 200
+    build: Callable[[], BaseModel],
+    pieces: Sequence[str] = (),
+    status: int = 200,
+    *,
+    inline: bool = False,
 ) -> Response:
     """The answer ``build()`` makes, built and serialised in a worker thread
-    (:func:`dump_json`), as a JSON response."""
+    (:func:`dump_json`), as a JSON response; ``inline``: on the event loop, for an answer
+    known to be small (a click's), where the hop to the thread and back would cost more."""
+    if inline:
+        return Response(dump_bytes(build(), pieces), status_code=status, media_type=JSON_MEDIA)
     body = await asyncio.to_thread(lambda: dump_bytes(build(), pieces))
     return Response(body, status_code=status, media_type=JSON_MEDIA)

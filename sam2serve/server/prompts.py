@@ -8,7 +8,8 @@ allows. For /v1/amg: the AMG parameters, and the number of clicks they would dec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,28 @@ from sam2serve.engine.rle import Rle, masks_to_rle
 from sam2serve.server import schemas
 from sam2serve.server.errors import ApiError
 from sam2serve.server.settings_groups import LimitSettings
+
+# A decode of at most this many objects on a CPU runs on one intra-op thread: a click's
+# decoder is ~700 small operations, and waking a second thread for each cost more than it
+# shared on 2 cores (Zen 4, loaded and quiet: bench/results/click_cpu_zen4_avx512bf16.md).
+CLICK_OBJECTS = 4
+
+
+@contextlib.contextmanager
+def click_threads(device: torch.device, objects: int) -> Iterator[None]:
+    """One intra-op thread for the decode of ``objects`` objects on ``device`` when it is a
+    click's (a CPU, at most :data:`CLICK_OBJECTS`); the process's count again after. The
+    count is the process's: run this on the model worker, the one thread that runs the
+    model (decodes and encodes never overlap there)."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or objects > CLICK_OBJECTS or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass(frozen=True)
@@ -87,7 +110,20 @@ def decode_objects(
 
     The full-size masks are made, encoded as RLE and dropped chunk by chunk (the
     predictor's mask byte budget), so memory does not grow with objects x image size;
-    ``check()`` runs between chunks (it raises when the client has gone)."""
+    ``check()`` runs between chunks (it raises when the client has gone). A click's
+    decode runs on one intra-op thread (:func:`click_threads`)."""
+    with click_threads(predictor.device, len(prompts)):
+        return _decode_objects(predictor, embedding, prompts, multimask_output, check, best_only)
+
+
+def _decode_objects(
+    predictor: Predictor,
+    embedding: Embedding,
+    prompts: Sequence[Prompt],
+    multimask_output: bool,
+    check: Callable[[], None],
+    best_only: bool,
+) -> DecodedMasks:
     groups = [
         [i for i, p in enumerate(prompts) if p.mask_input is None],
         [i for i, p in enumerate(prompts) if p.mask_input is not None],

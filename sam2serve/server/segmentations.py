@@ -29,12 +29,31 @@ class Measured(Protocol):
     def metrics(self) -> Metrics: ...
 
 
+# An answer of at most this many runs in all, as uncompressed RLE (the engine's own, which
+# formatting passes through), is formatted, built and serialised on the event loop: ~1 ms
+# for a click's noisy mask of ~30,000 runs (bench/click_stages.py), less than a hop to a
+# worker thread and back costs on a loaded host (bench/results/click_cpu_zen4_avx512bf16.md).
+INLINE_RUNS = 50_000
+INLINE_FORMATS = ("uncompressed_rle",)
+
+
+def small_answer(rles: Sequence[Rle], mask_format: str) -> bool:
+    """Whether the answer of ``rles`` in ``mask_format`` is small enough for the event loop."""
+    return mask_format in INLINE_FORMATS and sum(len(rle["counts"]) for rle in rles) <= INLINE_RUNS
+
+
 async def format_segmentations(rles: list[Rle], mask_format: str, service: Measured) -> list[Any]:
-    """Masks in the requested format, encoded off the event loop (polygons and PNGs cost)."""
+    """Masks in the requested format, encoded off the event loop (polygons and PNGs cost),
+    or on it for a :func:`small_answer`."""
     started = time.perf_counter()
-    out = await asyncio.to_thread(
-        lambda: [schemas.encode_segmentation(rle, mask_format) for rle in rles]
-    )
+
+    def encode() -> list[Any]:
+        return [schemas.encode_segmentation(rle, mask_format) for rle in rles]
+
+    if small_answer(rles, mask_format):
+        out = encode()
+    else:
+        out = await asyncio.to_thread(encode)
     service.metrics.stage_latency.labels("format").observe(time.perf_counter() - started)
     return out
 

@@ -139,3 +139,36 @@ def test_reduced_precision_stays_close(parts):
     iou_masks = (ours & ref).sum(-1) / (ours | ref).sum(-1).clamp_min(1)
     assert iou_masks.min() > 0.97 and iou_masks.mean() > 0.99, iou_masks
     assert not torch.equal(logits, ref_logits)  # it really ran in reduced precision
+
+
+def test_only_the_large_token_linears_run_in_reduced_precision(parts):
+    """In bf16 the token side's MLPs (256 x 2048) multiply in bf16; its attention
+    projections (256 x 256 and less) stay fp32, where their small products are faster."""
+    model, _, _ = parts
+    transformer = model.sam_mask_decoder.transformer
+    layer = transformer.blocks()[0]
+    fast, exact = (
+        FastMaskDecoder(model.sam_mask_decoder, dtype=d) for d in (torch.bfloat16, torch.float32)
+    )
+    mlp_layers = list(layer.mlp.layers)
+    assert all(fast.reduced(linear) for linear in mlp_layers)
+    projections = [
+        layer.self_attn.q_proj,
+        layer.cross_attn_token_to_image.k_proj,
+        layer.self_attn.out_proj,
+    ]
+    assert not any(fast.reduced(linear) for linear in projections)
+    assert not any(exact.reduced(linear) for linear in mlp_layers + projections)
+    x = torch.randn(2, 3, layer.self_attn.q_proj.in_features)
+    assert torch.equal(fast.linear(layer.self_attn.q_proj, x), layer.self_attn.q_proj(x))
+
+
+@torch.inference_mode()
+def test_the_raster_order_is_kept_per_size(parts):
+    model, _, _ = parts
+    fast = FastMaskDecoder(model.sam_mask_decoder)
+    order = fast.raster_order((4, 3), torch.device("cpu"))
+    assert fast.raster_order((4, 3), torch.device("cpu")) is order
+    assert sorted(order.tolist()) == list(range(4 * 3 * 16))
+    # Pixel (row 1, column 6) of the (16, 12) logits: parent (0, 1), sub-pixels (0, 1), (1, 0).
+    assert order[1 * 12 + 6].item() == ((0 * 3 + 1) * 4 + 0 * 2 + 1) * 4 + 1 * 2 + 0

@@ -33,7 +33,12 @@ from sam2serve.server.routes.common import (
     v1_router,
 )
 from sam2serve.server.routes.segment_sam3 import segment_sam3
-from sam2serve.server.segmentations import objects_out, store_masks, with_stored_masks
+from sam2serve.server.segmentations import (
+    objects_out,
+    small_answer,
+    store_masks,
+    with_stored_masks,
+)
 from sam2serve.server.service import RequestClock
 
 router = v1_router()
@@ -86,6 +91,7 @@ async def segment(
                 **fields, objects=objects_out(decoded, mask_ids, segmentations), **timed
             ),
             pieces=("objects", "masks"),
+            inline=small_answer(flat_rles, body.mask_format),
         )
 
     return await guarded(request, work, service)
