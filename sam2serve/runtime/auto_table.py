@@ -11,13 +11,24 @@ Only furious differs between classes. baseline is Meta's computation and fast it
 equal: both eager everywhere (OpenVINO's fp32 was at most ~10 % faster and costs a
 conversion at the first start). int8 has no eager kernels: OpenVINO everywhere. Off the
 CPU (CUDA) every mode runs its default backend.
+
+The tracker's table (:data:`TRACKER_OBJECTS_TABLE`) is the same idea for video: how many
+objects one frame step batches on each class (``objects_per_call``, read by
+:func:`sam2serve.runtime.video.objects_per_call_for`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AUTO_TABLE", "AutoRow", "auto_row"]
+__all__ = [
+    "AUTO_TABLE",
+    "TRACKER_OBJECTS_TABLE",
+    "AutoRow",
+    "TrackerObjectsRow",
+    "auto_row",
+    "tracker_objects_row",
+]
 
 
 @dataclass(frozen=True)
@@ -101,3 +112,65 @@ _BY_CLASS = {row.isa_class: row for row in AUTO_TABLE}
 def auto_row(isa_class: str) -> AutoRow:
     """The row of ``isa_class`` (an unknown class reads as ``other``)."""
     return _BY_CLASS.get(isa_class, _BY_CLASS["other"])
+
+
+# --------------------------------------------------------------------------- tracking
+
+
+@dataclass(frozen=True)
+class TrackerObjectsRow:
+    """How many tracked objects one frame step batches on CPUs of ``isa_class``
+    (``VideoPredictor.objects_per_call``), by the frame step's precision, and on what
+    evidence: ``fp32`` for baseline and fast (and furious where it resolves to float32),
+    ``bf16`` for furious where bf16 is native. docs/benchmarks.md, "Objects per call by
+    host class", holds the same table with the measurements behind it."""
+
+    isa_class: str
+    fp32: int
+    bf16: int
+    measured: str | None  # the dated measurement, docs/benchmarks.md; None: not timed
+    why: str
+
+    def objects_per_call(self, reduced: bool) -> int:
+        """The batch of a frame step in bf16 (``reduced``) or in float32."""
+        return self.bf16 if reduced else self.fp32
+
+
+def _one_per_call(isa_class: str, why: str) -> TrackerObjectsRow:
+    return TrackerObjectsRow(isa_class, 1, 1, None, why)
+
+
+TRACKER_OBJECTS_TABLE: tuple[TrackerObjectsRow, ...] = (
+    _one_per_call(
+        "amx",
+        "not measured (no AMX host yet): by analogy with avx512_bf16, whose batches lose to "
+        "one object per call in both precisions; AMX makes the products ~7x cheaper than "
+        "there, not the memory-bound steps that grow with the batch",
+    ),
+    TrackerObjectsRow(
+        "avx512_bf16",
+        1,
+        1,
+        "2026-12-06 (fp32) and 2026-12-07 (bf16), Zen 4, 2 threads",
+        "8 objects per frame: one per call against one batch of 8 (fp32, each alone: "
+        "14.5-19.7 s against 15.9-22.6 s a frame) and against 3 and 8 (furious bf16, "
+        "interleaved frame by frame in one process, bench/video_stages.py); a batch's "
+        "activations leave the caches and its memory-bound steps cost more than the "
+        "calls it saves",
+    ),
+    _one_per_call(
+        "avx512_vnni",
+        "not measured between settings: float32 in every mode here, chosen as on "
+        "avx512_bf16's float32, where one per call was faster",
+    ),
+    _one_per_call("avx512", "not measured: as avx512_vnni"),
+    _one_per_call("avx2", "not measured: as avx512_vnni (float32, smaller caches)"),
+    _one_per_call("other", "not measured: as avx2"),
+)
+
+_OBJECTS_BY_CLASS = {row.isa_class: row for row in TRACKER_OBJECTS_TABLE}
+
+
+def tracker_objects_row(isa_class: str) -> TrackerObjectsRow:
+    """The objects-per-call row of ``isa_class`` (an unknown class reads as ``other``)."""
+    return _OBJECTS_BY_CLASS.get(isa_class, _OBJECTS_BY_CLASS["other"])
