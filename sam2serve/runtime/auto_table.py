@@ -140,23 +140,27 @@ def _one_per_call(isa_class: str, why: str) -> TrackerObjectsRow:
     return TrackerObjectsRow(isa_class, 1, 1, None, why)
 
 
+def _amx(why: str) -> TrackerObjectsRow:
+    return TrackerObjectsRow("amx", 1, 3, None, why)
+
+
 TRACKER_OBJECTS_TABLE: tuple[TrackerObjectsRow, ...] = (
-    _one_per_call(
-        "amx",
-        "not measured (no AMX host yet): by analogy with avx512_bf16, whose batches lose to "
-        "one object per call in both precisions; AMX makes the products ~7x cheaper than "
-        "there, not the memory-bound steps that grow with the batch",
+    _amx(
+        "not measured (no AMX host yet): by analogy with avx512_bf16, one per call in fp32 "
+        "and 3 in bf16, where a batch of 3 saved the heads' and memory encoder's per-call "
+        "cost while a batch of 8 gained nothing more",
     ),
     TrackerObjectsRow(
         "avx512_bf16",
         1,
-        1,
+        3,
         "2026-12-06 (fp32) and 2026-12-07 (bf16), Zen 4, 2 threads",
-        "8 objects per frame: one per call against one batch of 8 (fp32, each alone: "
-        "14.5-19.7 s against 15.9-22.6 s a frame) and against 3 and 8 (furious bf16, "
-        "interleaved frame by frame in one process, bench/video_stages.py); a batch's "
-        "activations leave the caches and its memory-bound steps cost more than the "
-        "calls it saves",
+        "8 objects a frame. fp32: one per call against one batch of 8, each alone, "
+        "14.5-19.7 s against 15.9-22.6 s a frame (a batch's activations leave the caches). "
+        "bf16 (furious, bench/video_stages.py: 1, 3 and 8 per call interleaved frame by "
+        "frame in one process, loaded): frames 2-3 211.6 / 161.9 / 170.0 s, 3 per call "
+        "1.31x one per call; the heads and the memory encoder cost ~1.8x less batched, and "
+        "bf16 halves the batch's activations",
     ),
     _one_per_call(
         "avx512_vnni",
