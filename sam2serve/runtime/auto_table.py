@@ -159,7 +159,7 @@ TRACKER_OBJECTS_TABLE: tuple[TrackerObjectsRow, ...] = (
         "14.5-19.7 s against 15.9-22.6 s a frame (a batch's activations leave the caches). "
         "bf16 (furious, bench/video_stages.py: 1, 3 and 8 per call interleaved frame by "
         "frame in one process, loaded): frames 2-3 211.6 / 161.9 / 170.0 s, 3 per call "
-        "1.31x one per call; the heads and the memory encoder cost ~1.8x less batched, and "
+        "1.31x one per call; the heads and the memory encoder cost 1.7-1.9x less batched, and "
         "bf16 halves the batch's activations",
     ),
     _one_per_call(
