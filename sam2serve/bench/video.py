@@ -94,6 +94,7 @@ class VideoRun:
     error: str | None = None
     skipped: bool = False
     frames: list[list[dict[str, Any]]] | None = field(default=None, repr=False)
+    objects_per_call: int | None = None  # objects one frame step batches (None: not said)
 
     @property
     def ok(self) -> bool:
@@ -271,6 +272,7 @@ def _run_worker(
     data = json.loads(result_path.read_text(encoding="utf-8"))
     run.stats = metrics.latency_stats(data["latencies_ms"])
     run.dtype = data["dtype"]
+    run.objects_per_call = data.get("objects_per_call")
     run.ready_s, run.init_ms, run.prompt_ms = data["ready_s"], data["init_ms"], data["prompt_ms"]
     cuda_mb = data.get("cuda_max_allocated_mb")
     run.peak_mem_mb = cuda_mb if cuda_mb is not None else data["peak_rss_mb"]

@@ -27,6 +27,7 @@ class MetaVideoTracker:
     """The bench worker's tracker interface over Meta's video predictor."""
 
     dtype = "float32"  # Meta's predictor as built: no autocast
+    objects_per_call = 1  # its propagation runs each object's frame step on its own
 
     def __init__(self, size: str, checkpoint: Path, device: str) -> None:
         activate()

@@ -33,6 +33,7 @@ VIDEO_CSV_COLUMNS = (
     "objects",
     "mode",
     "dtype",
+    "objects_per_call",
     "frames",
     "first_frame_ms",
     "p50_ms",
@@ -85,7 +86,13 @@ def _throughput_factor(run: VideoRun, baseline: VideoRun | None) -> float | None
 
 def _row(run: VideoRun, baseline: VideoRun | None) -> dict[str, object]:
     row: dict[str, object] = dict.fromkeys(VIDEO_CSV_COLUMNS, "")
-    row.update(objects=run.objects, mode=run.mode, dtype=run.dtype, error=run.error or "")
+    row.update(
+        objects=run.objects,
+        mode=run.mode,
+        dtype=run.dtype,
+        objects_per_call="" if run.objects_per_call is None else run.objects_per_call,
+        error=run.error or "",
+    )
     stats = run.stats
     if stats is not None:
         held = run.held_bytes_per_frame
@@ -135,7 +142,7 @@ def _table(result: VideoBenchResult, objects: int) -> list[str]:
     baseline = _baseline(result, objects)
     truth = result.clip.truth is not None
     header = (
-        "| mode | dtype | frames/s | frame p50 ms | frame p90 ms | first frame ms | first masks ms "
+        "| mode | dtype | objects/call | frames/s | frame p50 ms | frame p90 ms | first frame ms | first masks ms "
         "| start→ready s | held KiB/frame | frames MiB | peak mem MB | mIoU | fails "
         "| exact masks |" + (" mIoU vs truth |" if truth else "")
     )
@@ -150,6 +157,7 @@ def _table(result: VideoBenchResult, objects: int) -> list[str]:
         cells = [
             run.mode,
             run.dtype,
+            "-" if run.objects_per_call is None else str(run.objects_per_call),
             _with_factor(f"{stats.images_per_s:.3g}", _throughput_factor(run, baseline)),
             _with_factor(_ms(stats.p50_ms), _speedup(run, baseline, "p50_ms")),
             _with_factor(_ms(stats.p90_ms), _speedup(run, baseline, "p90_ms")),
@@ -211,7 +219,10 @@ def video_markdown(result: VideoBenchResult, chart_name: str | None = None) -> s
         "(encoding, memory attention, heads, memory encoding; turning masks into RLE is not "
         "timed). *first frame*: the prompted frame, whose masks exist already (the prompts' "
         "memories are encoded then); p50 / p90 are over the tracked frames; frames/s counts "
-        "every frame of the propagation. *held KiB/frame*: what the tracker keeps per "
+        "every frame of the propagation. *objects/call*: how many objects one frame step "
+        "batches (ours: the tracker's objects_per_call, chosen per host class by "
+        "sam2serve.runtime.auto_table; Meta's steps each object alone). "
+        "*held KiB/frame*: what the tracker keeps per "
         "frame for all objects of the row (memories, masks, object pointers), grown with "
         "the video; *frames MiB*: the frames it holds (ours: the uint8 pixels; Meta: each "
         "frame at 1024x1024 in float32). *peak mem*: "

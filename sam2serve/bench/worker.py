@@ -264,6 +264,7 @@ class _VideoEngineTracker:
         )
         assert self.predictor.runtime is not None  # build_video_predictor sets it
         self.dtype = self.predictor.runtime.dtype
+        self.objects_per_call = self.predictor.objects_per_call
 
     def start(self, frames_dir: str) -> Any:
         from sam2serve.engine.video_io import read_frames
@@ -342,6 +343,7 @@ def run_video(spec_path: Path, result_path: Path) -> int:
         "label": spec["label"],
         "objects": spec["objects"],
         "dtype": tracker.dtype,
+        "objects_per_call": min(tracker.objects_per_call, spec["objects"]),
         "ready_s": ready_s,
         "init_ms": init_ms,
         "prompt_ms": prompt_ms,

@@ -11,13 +11,24 @@ Only furious differs between classes. baseline is Meta's computation and fast it
 equal: both eager everywhere (OpenVINO's fp32 was at most ~10 % faster and costs a
 conversion at the first start). int8 has no eager kernels: OpenVINO everywhere. Off the
 CPU (CUDA) every mode runs its default backend.
+
+The tracker's table (:data:`TRACKER_OBJECTS_TABLE`) is the same idea for video: how many
+objects one frame step batches on each class (``objects_per_call``, read by
+:func:`sam2serve.runtime.video.objects_per_call_for`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AUTO_TABLE", "AutoRow", "auto_row"]
+__all__ = [
+    "AUTO_TABLE",
+    "TRACKER_OBJECTS_TABLE",
+    "AutoRow",
+    "TrackerObjectsRow",
+    "auto_row",
+    "tracker_objects_row",
+]
 
 
 @dataclass(frozen=True)
@@ -101,3 +112,69 @@ _BY_CLASS = {row.isa_class: row for row in AUTO_TABLE}
 def auto_row(isa_class: str) -> AutoRow:
     """The row of ``isa_class`` (an unknown class reads as ``other``)."""
     return _BY_CLASS.get(isa_class, _BY_CLASS["other"])
+
+
+# --------------------------------------------------------------------------- tracking
+
+
+@dataclass(frozen=True)
+class TrackerObjectsRow:
+    """How many tracked objects one frame step batches on CPUs of ``isa_class``
+    (``VideoPredictor.objects_per_call``), by the frame step's precision, and on what
+    evidence: ``fp32`` for baseline and fast (and furious where it resolves to float32),
+    ``bf16`` for furious where bf16 is native. docs/benchmarks.md, "Objects per call by
+    host class", holds the same table with the measurements behind it."""
+
+    isa_class: str
+    fp32: int
+    bf16: int
+    measured: str | None  # the dated measurement, docs/benchmarks.md; None: not timed
+    why: str
+
+    def objects_per_call(self, reduced: bool) -> int:
+        """The batch of a frame step in bf16 (``reduced``) or in float32."""
+        return self.bf16 if reduced else self.fp32
+
+
+def _one_per_call(isa_class: str, why: str) -> TrackerObjectsRow:
+    return TrackerObjectsRow(isa_class, 1, 1, None, why)
+
+
+def _amx(why: str) -> TrackerObjectsRow:
+    return TrackerObjectsRow("amx", 1, 3, None, why)
+
+
+TRACKER_OBJECTS_TABLE: tuple[TrackerObjectsRow, ...] = (
+    _amx(
+        "not measured (no AMX host yet): by analogy with avx512_bf16, one per call in fp32 "
+        "and 3 in bf16, where a batch of 3 saved the heads' and memory encoder's per-call "
+        "cost while a batch of 8 gained nothing more",
+    ),
+    TrackerObjectsRow(
+        "avx512_bf16",
+        1,
+        3,
+        "2026-12-06 (fp32) and 2026-12-07 (bf16), Zen 4, 2 threads",
+        "8 objects a frame. fp32: one per call against one batch of 8, each alone, "
+        "14.5-19.7 s against 15.9-22.6 s a frame (a batch's activations leave the caches). "
+        "bf16 (furious, bench/video_stages.py: 1, 3 and 8 per call interleaved frame by "
+        "frame in one process, loaded): frames 2-3 211.6 / 161.9 / 170.0 s, 3 per call "
+        "1.31x one per call; the heads and the memory encoder cost 1.7-1.9x less batched, and "
+        "bf16 halves the batch's activations",
+    ),
+    _one_per_call(
+        "avx512_vnni",
+        "not measured between settings: float32 in every mode here, chosen as on "
+        "avx512_bf16's float32, where one per call was faster",
+    ),
+    _one_per_call("avx512", "not measured: as avx512_vnni"),
+    _one_per_call("avx2", "not measured: as avx512_vnni (float32, smaller caches)"),
+    _one_per_call("other", "not measured: as avx2"),
+)
+
+_OBJECTS_BY_CLASS = {row.isa_class: row for row in TRACKER_OBJECTS_TABLE}
+
+
+def tracker_objects_row(isa_class: str) -> TrackerObjectsRow:
+    """The objects-per-call row of ``isa_class`` (an unknown class reads as ``other``)."""
+    return _OBJECTS_BY_CLASS.get(isa_class, _OBJECTS_BY_CLASS["other"])

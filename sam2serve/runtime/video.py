@@ -19,6 +19,11 @@ The modes' video meaning is declared in :mod:`sam2serve.runtime.modes`
   (:func:`~sam2serve.runtime.build.resolve_dtype`): on a CPU without native bf16 it is
   float32, and furious tracks exactly as baseline does.
 
+Every mode's frame step batches the objects ``objects_per_call`` at a time: on a CPU the
+measured row of its class and precision
+(:data:`~sam2serve.runtime.auto_table.TRACKER_OBJECTS_TABLE`: one object per call on every
+class so far), on an accelerator all of them (:func:`objects_per_call_for`).
+
 Trackers (:mod:`sam2serve.runtime.trackers`, chosen by
 :func:`sam2serve.runtime.backend_choice.choose_tracker`): eager (every mode above),
 ``compile`` (every mode above: the eager tracker on static memory banks with memory
@@ -40,8 +45,10 @@ import torch
 from sam2serve.checkpoint import load_video_model
 from sam2serve.engine.video.predictor import VideoPredictor
 from sam2serve.modeling.sam2_video import SAM2Video
+from sam2serve.runtime.auto_table import tracker_objects_row
 from sam2serve.runtime.backend_choice import choose_tracker
 from sam2serve.runtime.build import encoder_precision, load_spec_model, resolve_dtype
+from sam2serve.runtime.host import HostIsa, host_isa
 from sam2serve.runtime.modes import get_mode, get_video_mode
 from sam2serve.runtime.spec import RuntimeSpec, WeightsSource
 from sam2serve.runtime.trackers import (
@@ -58,6 +65,7 @@ __all__ = [
     "build_eager_tracker",
     "build_video_predictor",
     "check_video_spec",
+    "objects_per_call_for",
     "video_predictor_for",
 ]
 
@@ -129,10 +137,22 @@ def video_predictor_for(
         memory_attention_dtype=None if attention == torch.float32 else attention,
         runtime=spec,
         allow_tf32=mode.allow_tf32,
+        objects_per_call=objects_per_call_for(spec.device, attention == torch.bfloat16),
     )
     if spec.backend == COMPILE_TRACKER:
         compile_cached_tracker(predictor, spec)
     return predictor
+
+
+def objects_per_call_for(device: str, bf16: bool, isa: HostIsa | None = None) -> int | None:
+    """How many tracked objects one frame step batches for a tracker on ``device`` whose
+    frame step runs in bf16 (``bf16``) or float32: on a CPU the measured row of its class
+    (``isa``: this host's by default) in
+    :data:`~sam2serve.runtime.auto_table.TRACKER_OBJECTS_TABLE`; elsewhere None, the
+    predictor's default for the device (every object in one call on an accelerator)."""
+    if not device.startswith("cpu"):
+        return None
+    return tracker_objects_row((isa or host_isa()).isa_class).objects_per_call(bf16)
 
 
 def compile_cached_tracker(

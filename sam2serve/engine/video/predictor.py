@@ -72,7 +72,8 @@ def default_objects_per_call(device: torch.device) -> int:
     CPU, where one object's frame step already keeps the cores busy and a batch's
     activations (8 x 4096 x 2048 floats in the memory attention's MLP alone at 8 objects)
     leave the caches, so the memory-bound steps slow down (docs/benchmarks.md, "Objects
-    per call on a CPU")."""
+    per call on a CPU"). A tracker built from a mode takes its CPU class's measured row
+    instead (:func:`sam2serve.runtime.video.objects_per_call_for`)."""
     return 1 if device.type == "cpu" else sys.maxsize
 
 
