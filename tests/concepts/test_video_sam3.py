@@ -333,33 +333,13 @@ def _spans(frames: list[tuple[int, list[int]]]) -> dict[int, tuple[int, int]]:
 
 @pytest.mark.extended
 def test_predictor_equals_meta_on_the_sample_clip():
-    from meta_sam3_video import E2E_THRESHOLDS, META_NAMES, build_meta_video_model, meta_track
+    from meta_sam3_video import meta_track, meta_video_pair
 
-    from sam2serve.concepts.checkpoint import load_strict, meta_to_transformers
     from sam2serve.concepts.engine import model_pixels
-    from sam2serve.concepts.model import Sam3Size, build_model
-    from sam2serve.concepts.runtime import randomize_
-    from sam2serve.concepts.tokenizer import clip_bpe_path, load_tokenizer
-    from sam2serve.concepts.tracker_heads import TrackerNeck, neck_state
-    from sam2serve.concepts.video_predictor import Sam3VideoPredictor
     from sam2serve.samples import sample_clip
 
-    size = Sam3Size.tiny()
-    settings = {META_NAMES[k]: v for k, v in E2E_THRESHOLDS.items()}
-    meta = build_meta_video_model(size.as_dict(), clip_bpe_path(), thresholds=settings)
-    randomize_(meta, 1)
-    state = meta.state_dict()
-    detector = build_model(size)
-    detector_state = {
-        k: v for k, v in state.items() if k.startswith("detector.") and "sam2_convs" not in k
-    }
-    load_strict(detector, meta_to_transformers(detector_state))
-    neck = TrackerNeck(size.vit_dim).eval()
-    load_strict(neck, neck_state(state))
-    tracker = Sam3Tracker(size.image_size).eval()
-    tracker.load_state_dict(tracker_state(state), strict=True)
-    th = VideoThresholds(**E2E_THRESHOLDS)  # type: ignore[arg-type]
-    ours = Sam3VideoPredictor(detector, load_tokenizer(), neck, tracker, th)
+    meta, ours = meta_video_pair()
+    detector = ours.detector
 
     frames, _ = sample_clip(num_frames=6, size=(120, 160))
     session = ours.start(len(frames), 120, 160, "red disc")
