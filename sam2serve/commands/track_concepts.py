@@ -34,7 +34,8 @@ concepts (--text, instead of --prompts):
   --tracker sam3 (default): SAM 3's own video predictor, as Meta's (docs/concepts-video.md):
   one phrase; the detector runs on every frame from --concept-frame to the end, SAM 3's
   memory tracker follows each instance, new instances become new objects and lost ones
-  end; object ids are Meta's (0, 1, ... in order of appearance).
+  end; object ids are Meta's (0, 1, ... in order of appearance). --mode applies to
+  detector and tracker (furious, int8: bf16 tracker; int8 with --tracker sam3 only).
   --tracker sam2.1: SAM 3 finds every instance of the phrases on --concept-frame; each
   (duplicates across phrases dropped: mask IoU > 0.7 with a higher-scoring one) becomes
   one object, numbered 1..N by decreasing score, its mask its prompt there and its phrase

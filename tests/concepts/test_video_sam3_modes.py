@@ -6,6 +6,7 @@ stops growing. The fp32 path's equality with Meta's is test_video_sam3*.py's."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -152,3 +153,21 @@ def test_state_held_per_clip_stops_growing(concepts: Concepts) -> None:
     assert len(group.cond) == MAX_COND_FRAMES
     assert max(held[:20]) < max(held[30:])  # it did grow before the reach was hit
     assert min(group.non_cond) > length - 3 * MAX_OBJ_PTRS  # the old frames are gone
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "video tracking runs the modes baseline, fast, furious, not 'int8'"),
+        (["--text", "cat", "--tracker", "sam2.1"], "--mode int8 runs with --tracker sam3 only"),
+    ],
+)
+def test_track_takes_int8_for_sam3_only(
+    extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sam2serve.cli import main
+
+    argv = ["track", "sample", "--mode", "int8", "--out", str(tmp_path / "out"), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
