@@ -310,6 +310,12 @@ def video_spec(args: argparse.Namespace) -> RuntimeSpec:
     :func:`~sam2serve.runtime.backend_choice.choose_tracker`."""
     artifacts = getattr(args, "artifacts", None)
     try:
+        if args.mode not in VIDEO_MODES and getattr(args, "text", None) is not None:
+            # SAM 3's own video predictor (--tracker sam3, checked by track_concepts) runs
+            # every concept mode; the process reads only threads from this spec.
+            return RuntimeSpec(
+                model=args.model, mode=args.mode, device=args.device, threads=args.threads
+            )
         backend = choose_tracker(
             getattr(args, "backend", None),
             args.mode,

@@ -23,6 +23,7 @@ from sam2serve.commands.common import PROG, UsageError, info_line, positive_int,
 from sam2serve.commands.concept_prompts import MAX_PHRASE_CHARS, parse_text
 from sam2serve.commands.concepts_flags import add_concepts_flags, concepts_spec
 from sam2serve.concepts.phrases import META_SCORE_THRESH, default_score_thresh
+from sam2serve.runtime.modes import MODES, VIDEO_MODES
 
 DEFAULT_MAX_INSTANCES = 20
 TRACKERS = ("sam3", "sam2.1")
@@ -38,7 +39,8 @@ concepts (--text, instead of --prompts):
   end; object ids are Meta's (0, 1, ... in order of appearance). --box X1,Y1,X2,Y2 adds
   one exemplar box on --concept-frame (Meta's visual prompt; --text visual: the box
   alone, which finds instances on that frame only); --direction backward|both also tracks
-  from --concept-frame back to frame 0, as Meta's propagate_in_video.
+  from --concept-frame back to frame 0, as Meta's propagate_in_video. --mode applies to
+  detector and tracker (furious, int8: bf16 tracker; int8 with --tracker sam3 only).
   --tracker sam2.1: SAM 3 finds every instance of the phrases on --concept-frame; each
   (duplicates across phrases dropped: mask IoU > 0.7 with a higher-scoring one) becomes
   one object, numbered 1..N by decreasing score, its mask its prompt there and its phrase
@@ -123,6 +125,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "pass only fetches, so those frames come out empty) (default: %(default)s)",
     )
     add_concepts_flags(group)
+    _widen_mode_flag(parser)
+
+
+def _widen_mode_flag(parser: argparse.ArgumentParser) -> None:
+    """--mode (track's: the video modes) also takes the concept modes SAM 3's own video
+    predictor runs (int8: with --text and --tracker sam3 only), and says what each does
+    to it."""
+    [flag] = [a for a in parser._actions if "--mode" in a.option_strings]
+    assert flag.help is not None and flag.choices is not None  # track's add_mode_flag
+    extra = tuple(name for name in MODES if name not in flag.choices)
+    flag.choices = (*flag.choices, *extra)
+    sam3 = "; ".join(f"{name}: {SAM3_VIDEO_MODES[name]}" for name in MODES)
+    flag.help = flag.help.replace(
+        " (default: %(default)s)",
+        f"; with --text --tracker sam3 (SAM 3's video predictor): {sam3} (default: %(default)s)",
+    )
+
+
+# What each mode does to SAM 3's video predictor (runtime/concepts.py: apply_concepts_mode for
+# the detector, apply_tracker_mode for the tracker).
+SAM3_VIDEO_MODES = {
+    "baseline": "detector and tracker in fp32 (Meta's)",
+    "fast": "the same computation as baseline",
+    "furious": "detector (ViT, text encoder, DETR) and tracker (neck, memory attention, "
+    "memory encoder, mask decoder) in the device's native reduced precision (bf16; fp32 on "
+    "a CPU without native bf16)",
+    "int8": "the ViT's Linear layers int8 (CPU only), the rest of the detector and the "
+    "tracker as in furious (the tracker is not quantised)",
+}
 
 
 def check_flags(args: argparse.Namespace) -> list[str] | None:
@@ -146,6 +177,11 @@ def check_flags(args: argparse.Namespace) -> list[str] | None:
         if given:
             raise UsageError(f"{given[0]} seeds objects from concepts: give --text PHRASES too")
         return None
+    if args.mode not in VIDEO_MODES and args.tracker != "sam3":
+        raise UsageError(
+            f"--mode {args.mode} runs with --tracker sam3 only; --tracker sam2.1 tracks in "
+            f"the video modes {', '.join(VIDEO_MODES)}"
+        )
     if args.prompts is not None:
         raise UsageError(
             "--text and --prompts exclude each other: the objects come from SAM 3's "

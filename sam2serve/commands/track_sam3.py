@@ -42,7 +42,11 @@ def track_sam3(
     from sam2serve.concepts.video_load import video_predictor
     from sam2serve.concepts.weights import WeightsError
     from sam2serve.engine.video.predictor import FrameMasks
-    from sam2serve.runtime.concepts import describe_concepts_mode, load_concepts_in_mode
+    from sam2serve.runtime.concepts import (
+        describe_concepts_mode,
+        load_concepts_in_mode,
+        tracker_precisions,
+    )
 
     if len(phrases) != 1:
         raise UsageError(
@@ -69,13 +73,18 @@ def track_sam3(
     start = time.perf_counter()
     try:
         concepts = load_concepts_in_mode(concepts_spec(args, args.device), args.mode)
-        predictor = video_predictor(concepts, thresholds(args))
+        predictor = video_predictor(concepts, thresholds(args), mode=args.mode)
     except WeightsError as exc:
         raise UsageError(str(exc)) from None
     what = "random weights" if args.random_weights else "weights"
     info_line(
         f"SAM 3 video predictor ({args.sam3_size}, {what}) loaded in "
-        f"{time.perf_counter() - start:.1f} s; " + describe_concepts_mode(args.mode, concepts)
+        f"{time.perf_counter() - start:.1f} s; "
+        + describe_concepts_mode(args.mode, concepts)
+        + "; tracker "
+        + ", ".join(
+            f"{k} {v}" for k, v in tracker_precisions(predictor.neck, predictor.tracker).items()
+        )
     )
     if args.random_weights and args.score_thresh is None:
         warning_line(
@@ -116,6 +125,8 @@ def track_sam3(
         "new_object_thresh": predictor.th.new_det,
         "max_instances": args.max_instances,
         "sam3_size": args.sam3_size,
+        "mode": args.mode,
+        "tracker_precisions": tracker_precisions(predictor.neck, predictor.tracker),
         "objects": [
             {
                 "obj_id": obj,

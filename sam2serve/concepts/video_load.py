@@ -38,11 +38,21 @@ def load_tracker(concepts: Concepts) -> tuple[TrackerNeck, Sam3Tracker]:
 
 
 def video_predictor(
-    concepts: Concepts, thresholds: VideoThresholds | None = None, bounded: bool = True
+    concepts: Concepts,
+    thresholds: VideoThresholds | None = None,
+    bounded: bool = True,
+    mode: str = "baseline",
+    reduced: torch.dtype | None = None,
 ) -> Sam3VideoPredictor:
-    """SAM 3's video predictor over ``concepts``' detector (its precision as loaded: the
-    tracker computes in float32)."""
+    """SAM 3's video predictor over ``concepts``' detector (its precision as loaded, by
+    :func:`~sam2serve.runtime.concepts.load_concepts_in_mode`), the tracker and its neck
+    converted to ``mode`` (:func:`~sam2serve.runtime.concepts.apply_tracker_mode`: float32
+    under baseline and fast, the device's reduced precision under furious and int8;
+    ``reduced`` overrides that precision, as for the detector)."""
+    from sam2serve.runtime.concepts import apply_tracker_mode
+
     neck, tracker = load_tracker(concepts)
+    apply_tracker_mode(neck, tracker, mode, concepts.device, reduced=reduced)
     return Sam3VideoPredictor(concepts.model, concepts.tokenize, neck, tracker, thresholds, bounded)
 
 

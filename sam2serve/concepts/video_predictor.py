@@ -221,15 +221,16 @@ class Sam3VideoPredictor:
 
     def encode(self, frame: np.ndarray) -> tuple[ConceptEncoding, TrackerFrame]:
         """One frame (uint8 HWC) -> the detector's encoding and the tracker's features, one
-        ViT pass for both."""
+        ViT pass for both; the tracker neck in its weights' dtype (a mode's), the position
+        encoding in float32."""
         pixels = model_pixels(self.detector, [frame])
         vision = self.detector.get_vision_features(pixel_values=pixels)
         (encoding,) = split_encodings(vision, [frame])
-        hidden = vision.last_hidden_state.float()
+        hidden = vision.last_hidden_state.to(next(self.neck.parameters()).dtype)
         side = pixels.shape[-1] // 14
         spatial = hidden.view(1, side, side, -1).permute(0, 3, 1, 2)
         levels = self.neck(spatial)
-        return encoding, self.tracker.frame(levels, self.neck.position(levels[2]))
+        return encoding, self.tracker.frame(levels, self.neck.position(levels[2].float()))
 
     def detect(
         self, state: VideoState, encoding: ConceptEncoding, frame_idx: int, reverse: bool = False

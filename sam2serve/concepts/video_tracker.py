@@ -13,6 +13,14 @@ heads' (:func:`tracker_state`), so a SAM 3 checkpoint loads strictly.
 
 The model holds no per-video state: :mod:`sam2serve.concepts.video_predictor` chooses the
 memories and pointers each frame attends to.
+
+Precision (:meth:`Sam3Tracker.to_precision`, set by a concept mode through
+:func:`sam2serve.runtime.concepts.apply_tracker_mode`): the memory attention, the memory
+encoder and the mask decoder (with its ``conv_s0`` / ``conv_s1`` projections) compute in
+their weights' dtype, their inputs converted once and their outputs returned in float32;
+the prompt encoder, the pointer MLPs and every post-processing step stay float32. In
+float32 (the default) every conversion is a no-op: the answers are the ones Meta's tests
+compare.
 """
 
 from __future__ import annotations
@@ -101,16 +109,40 @@ class Sam3Tracker(nn.Module):
         self.obj_ptr_proj = MLP(HIDDEN, HIDDEN, HIDDEN, 3)
         self.obj_ptr_tpos_proj = nn.Linear(HIDDEN, MEM_DIM)
 
+    # -- precision ----------------------------------------------------------------------------
+
+    def to_precision(self, dtype: torch.dtype) -> Sam3Tracker:
+        """The memory attention, memory encoder and mask decoder in ``dtype`` (in place):
+        most of a tracked frame's products. Returns the tracker."""
+        for part in (self.transformer, self.maskmem_backbone, self.sam_mask_decoder):
+            part.to(dtype)
+        return self
+
+    @property
+    def attention_dtype(self) -> torch.dtype:
+        return self.transformer.encoder.norm.weight.dtype
+
+    @property
+    def memory_encoder_dtype(self) -> torch.dtype:
+        return self.maskmem_backbone.out_proj.weight.dtype
+
+    @property
+    def decoder_dtype(self) -> torch.dtype:
+        return self.sam_mask_decoder.iou_token.weight.dtype
+
     # -- features ---------------------------------------------------------------------------
 
     def frame(self, levels: tuple[Tensor, Tensor, Tensor], pos: Tensor) -> TrackerFrame:
         """The tracker neck's three levels (finest first) and the lowest level's sine
         encoding -> the frame's tracker features. Meta casts the levels to bfloat16 before
         use (``Sam3ImageOnVideoMultiGPU``, even on one device); the values are rounded the
-        same way here and computed on in float32."""
+        same way here and computed on in float32 (the high-resolution levels in the mask
+        decoder's dtype)."""
         s0, s1, lowest = (level.to(torch.bfloat16).float() for level in levels)
         decoder = self.sam_mask_decoder
-        return TrackerFrame(lowest, pos.float(), (decoder.conv_s0(s0), decoder.conv_s1(s1)))
+        dtype = self.decoder_dtype
+        high_res = (decoder.conv_s0(s0.to(dtype)), decoder.conv_s1(s1.to(dtype)))
+        return TrackerFrame(lowest, pos.float(), high_res)
 
     def memory_pos(self, device: torch.device) -> Tensor:
         """(1, 64, G, G): every memory's spatial encoding."""
@@ -131,8 +163,10 @@ class Sam3Tracker(nn.Module):
         ``memories``: (features (batch, 64, G, G) any float dtype, index into
         ``maskmem_tpos_enc``) in Meta's order; ``pointers``: (signed frame distance,
         pointers (batch, 256)); the temporal encoding of a pointer is its distance divided
-        by ``max_ptr_distance - 1`` (Meta's ``_get_tpos_enc``)."""
+        by ``max_ptr_distance - 1`` (Meta's ``_get_tpos_enc``). The attention runs in its
+        weights' dtype (:meth:`to_precision`); the result is float32."""
         device = frame.feats.device
+        dtype = self.attention_dtype
         spatial_pos = self.memory_pos(device).flatten(2).transpose(1, 2)  # (1, GG, 64)
         tokens, token_pos = [], []
         for features, tpos in memories:
@@ -148,13 +182,13 @@ class Sam3Tracker(nn.Module):
             tokens.append(ptrs.reshape(batch, -1, MEM_DIM))
             token_pos.append(enc.repeat_interleave(split, dim=0).unsqueeze(0))
             num_ptr_tokens = len(pointers) * split
-        memory = torch.cat(tokens, dim=1)
-        memory_pos = torch.cat([p.expand(batch, -1, -1) for p in token_pos], dim=1)
+        memory = torch.cat(tokens, dim=1).to(dtype)
+        memory_pos = torch.cat([p.expand(batch, -1, -1) for p in token_pos], dim=1).to(dtype)
         _, c, h, w = frame.feats.shape
-        curr = frame.feats.flatten(2).transpose(1, 2).expand(batch, -1, -1)
-        curr_pos = frame.pos.flatten(2).transpose(1, 2).expand(batch, -1, -1)
+        curr = frame.feats.flatten(2).transpose(1, 2).expand(batch, -1, -1).to(dtype)
+        curr_pos = frame.pos.flatten(2).transpose(1, 2).expand(batch, -1, -1).to(dtype)
         out: Tensor = self.transformer.encoder(curr, curr_pos, memory, memory_pos, num_ptr_tokens)
-        return out.transpose(1, 2).reshape(batch, c, h, w)
+        return out.float().transpose(1, 2).reshape(batch, c, h, w)
 
     # -- SAM heads ------------------------------------------------------------------------------
 
@@ -166,7 +200,8 @@ class Sam3Tracker(nn.Module):
         multimask: bool,
     ) -> StepOutput:
         """SAM heads without points (one padding point, as Meta) on B objects' features
-        (B, 256, G, G); ``mask_input`` (B, 1, 4G, 4G) or None."""
+        (B, 256, G, G); ``mask_input`` (B, 1, 4G, 4G) or None. The mask decoder runs in its
+        weights' dtype, its outputs taken on in float32."""
         b = pix_feat.shape[0]
         encoder = self.sam_prompt_encoder
         coords = pix_feat.new_zeros((b, 1, 2))
@@ -174,15 +209,17 @@ class Sam3Tracker(nn.Module):
         sparse = encoder.embed_points(coords, labels)  # Meta's padding point, padded again
         dense = encoder.no_mask_dense() if mask_input is None else encoder.embed_masks(mask_input)
         decoder = self.sam_mask_decoder
-        high_res = tuple(f.expand(b, -1, -1, -1) for f in frame.high_res)
-        logits, iou, tokens, object_score = decode_with_tokens(
+        dtype = self.decoder_dtype
+        high_res = tuple(f.expand(b, -1, -1, -1).to(dtype) for f in frame.high_res)
+        outputs = decode_with_tokens(
             decoder,
-            pix_feat,
-            encoder.dense_positional_encoding(),
-            sparse,
-            dense,
+            pix_feat.to(dtype),
+            encoder.dense_positional_encoding().to(dtype),
+            sparse.to(dtype),
+            dense.to(dtype),
             high_res,  # type: ignore[arg-type]  # a pair, as built
         )
+        logits, iou, tokens, object_score = (t.float() for t in outputs)
         if multimask:
             best = iou[:, 1:].argmax(dim=-1, keepdim=True)  # (B, 1)
             low_res = logits[:, 1:].gather(1, best[:, :, None, None].expand_as(logits[:, :1]))
@@ -233,13 +270,15 @@ class Sam3Tracker(nn.Module):
         """B objects' mask logits (B, 1, S, S) on a frame -> memories (B, 64, G, G) in
         float32: binarized (masks from prompts) or sigmoid, * 20 - 10, resized to 16G per
         side (antialiased bilinear, Meta's ``interpol_size``) unless already that size,
-        the memory encoder, and the no-object embedding where the score says absent."""
+        the memory encoder (in its weights' dtype), and the no-object embedding where the
+        score says absent."""
         mask = (high_res > 0).float() if binarize else torch.sigmoid(high_res)
         mask = mask * MASK_SCALE + MASK_BIAS
         size = self.input_mask_size
         mask = resize_mask(mask, (size, size))
-        pix_feat = frame.feats.expand(mask.shape[0], -1, -1, -1)
-        features: Tensor = self.maskmem_backbone(pix_feat, mask)
+        dtype = self.memory_encoder_dtype
+        pix_feat = frame.feats.expand(mask.shape[0], -1, -1, -1).to(dtype)
+        features: Tensor = self.maskmem_backbone(pix_feat, mask.to(dtype)).float()
         absent = 1 - (object_score > 0).float()
         embed = self.no_obj_embed_spatial[..., None, None].expand(*features.shape)
         return features + absent[..., None, None] * embed

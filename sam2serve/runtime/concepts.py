@@ -15,6 +15,14 @@ holds twice as many), and post-processes scores, boxes and masks in fp32.
 activations per call; torch's x86 kernels, VNNI where present; CPU only); the rest follows
 furious's rule.
 
+SAM 3's video predictor (:mod:`sam2serve.concepts.video_load`) reads the same mode for its
+tracker (:func:`apply_tracker_mode`): under furious and int8 the tracker neck, the memory
+attention, the memory encoder and the mask decoder compute in the detector's reduced
+dtype (as SAM 2.1's furious tracker runs its memory attention and memory encoder in bf16);
+the tracker is not quantised under int8 (it stays bf16): most of a tracked frame is the
+memory attention's scores and values over ~36k memory tokens, which dynamic quantisation
+of Linear layers leaves in float32 (docs/concepts-video.md has the measurement).
+
 Every mode runs on the eager backend: no other backend has been measured for SAM 3.
 """
 
@@ -23,7 +31,7 @@ from __future__ import annotations
 import copy as copying
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,15 +39,20 @@ from sam2serve.concepts.runtime import Concepts, ConceptsSpec, load_concepts
 from sam2serve.runtime.build import native_reduced_dtype
 from sam2serve.runtime.modes import MODES, get_mode
 
+if TYPE_CHECKING:
+    from sam2serve.concepts.video_tracker import Sam3Tracker
+
 __all__ = [
     "BACKBONE",
     "CONCEPTS_BACKEND",
     "CONCEPT_MODES",
     "apply_concepts_mode",
+    "apply_tracker_mode",
     "concepts_dtype",
     "describe_concepts_mode",
     "load_concepts_in_mode",
     "stage_precisions",
+    "tracker_precisions",
 ]
 
 BACKBONE = "vision_encoder.backbone"
@@ -113,7 +126,42 @@ def apply_concepts_mode(
     return replace(concepts, model=model)
 
 
+def apply_tracker_mode(
+    neck: torch.nn.Module,
+    tracker: Sam3Tracker,
+    mode: str,
+    device: torch.device | str,
+    *,
+    reduced: torch.dtype | None = None,
+) -> torch.dtype:
+    """SAM 3's video tracker (its neck and :class:`Sam3Tracker`) converted in place to
+    ``mode``: the neck, memory attention, memory encoder and mask decoder in the dtype the
+    mode gives the detector (:func:`concepts_dtype`: bf16 under furious and int8 where the
+    device runs it natively, else float32); the tracker is never quantised. Returns that
+    dtype. A ValueError names an unknown mode."""
+    dtype = concepts_dtype(mode, device, reduced)
+    if dtype != torch.float32:
+        neck.to(dtype)
+        tracker.to_precision(dtype)
+    return dtype
+
+
 _SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def _short(dtype: torch.dtype) -> str:
+    return _SHORT.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def tracker_precisions(neck: torch.nn.Module, tracker: Sam3Tracker) -> dict[str, str]:
+    """What each part of SAM 3's video tracker computes in, read from its weights:
+    ``neck``, ``memory_attention``, ``memory_encoder``, ``mask_decoder``."""
+    return {
+        "neck": _short(next(neck.parameters()).dtype),
+        "memory_attention": _short(tracker.attention_dtype),
+        "memory_encoder": _short(tracker.memory_encoder_dtype),
+        "mask_decoder": _short(tracker.decoder_dtype),
+    }
 
 
 def stage_precisions(concepts: Concepts, mode: str) -> dict[str, str]:
