@@ -90,6 +90,10 @@ class Concepts:
     size: Sam3Size
     spec: ConceptsSpec = field(default_factory=ConceptsSpec)
     tracker: TrackerHeads | None = None
+    # The mode the detector was converted to (runtime/concepts.apply_concepts_mode; baseline
+    # while it runs float32 as loaded): SAM 3's video tracker follows it
+    # (concepts/video_load.video_predictor), so every surface's tracker runs its detector's mode.
+    mode: str = "baseline"
     _interactive: InteractivePredictor | None = field(default=None, init=False, repr=False)
 
     @property

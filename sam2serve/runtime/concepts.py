@@ -105,7 +105,7 @@ def apply_concepts_mode(
         )
     dtype = concepts_dtype(mode, concepts.device, reduced)
     if dtype == torch.float32 and not spec.quantized_concepts_backbone:
-        return concepts
+        return concepts  # float32 as loaded: its tracker too (Concepts.mode stays)
     model = copying.deepcopy(concepts.model) if copy else concepts.model
     if spec.quantized_concepts_backbone:
         from torch.ao.quantization import quantize_dynamic
@@ -123,7 +123,7 @@ def apply_concepts_mode(
             backbone.register_forward_hook(_cast_output(dtype))
     else:
         model.to(dtype)  # type: ignore[arg-type]  # transformers' @wraps on PreTrainedModel.to hides its self
-    return replace(concepts, model=model)
+    return replace(concepts, model=model, mode=mode)
 
 
 def apply_tracker_mode(

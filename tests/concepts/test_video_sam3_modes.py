@@ -22,6 +22,7 @@ from sam2serve.concepts.video_tracker import MAX_COND_FRAMES, MAX_OBJ_PTRS, Sam3
 from sam2serve.runtime.concepts import (
     apply_concepts_mode,
     apply_tracker_mode,
+    concepts_dtype,
     tracker_precisions,
 )
 from sam2serve.samples import sample_clip
@@ -78,6 +79,23 @@ def test_tracker_follows_the_mode(concepts: Concepts) -> None:
         # what stays float32: the prompt encoder, pointer MLPs, embeddings
         assert tracker.obj_ptr_proj.layers[0].weight.dtype == torch.float32
         assert tracker.no_obj_embed_spatial.dtype == torch.float32
+
+
+def test_every_surfaces_tracker_follows_the_mode_its_detector_was_loaded_in(
+    concepts: Concepts,
+) -> None:
+    """The service's concepts/track and Label Studio video build the predictor with no
+    mode of their own: the tracker takes the mode the concept model was converted to."""
+    assert concepts.mode == "baseline"
+    plain = video_predictor(concepts)
+    assert set(tracker_precisions(plain.neck, plain.tracker).values()) == {"fp32"}
+    converted = apply_concepts_mode(concepts, "furious", reduced=torch.bfloat16, copy=True)
+    assert (converted.mode, concepts.mode) == ("furious", "baseline")
+    forced = video_predictor(converted, reduced=torch.bfloat16)
+    assert set(tracker_precisions(forced.neck, forced.tracker).values()) == {"bf16"}
+    native = video_predictor(converted)  # the host's own rule: bf16 where it is native
+    want = {torch.bfloat16: "bf16", torch.float32: "fp32"}[concepts_dtype("furious", "cpu")]
+    assert set(tracker_precisions(native.neck, native.tracker).values()) == {want}
 
 
 def test_tracker_precision_keeps_float32_outputs() -> None:
