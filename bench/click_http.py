@@ -85,6 +85,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", default="fast")
     parser.add_argument("--model", default="tiny")
+    parser.add_argument(
+        "--artifacts",
+        metavar="DIR",
+        help="serve 'sam2serve export' artifacts (the image path and the AOTInductor mask "
+        "decoder) instead of random weights",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--n", type=int, default=200, help="timed clicks")
     parser.add_argument("--warmup", type=int, default=10, help="untimed clicks first")
@@ -106,9 +112,10 @@ def main() -> None:
     height, width = image.shape[:2]
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
+    weights = ["--artifacts", args.artifacts] if args.artifacts else ["--random-weights"]
     command = [
         sys.executable, "-m", "sam2serve", "serve", "--model", args.model, "--mode", args.mode,
-        "--random-weights", "--threads", str(args.threads), "--port", str(port),
+        *weights, "--threads", str(args.threads), "--port", str(port),
         "--log-level", "warning",
     ]  # fmt: skip
     env = {**os.environ, "SAM2SERVE_API_KEY": ""}
