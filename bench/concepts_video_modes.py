@@ -69,11 +69,11 @@ def worker(
 
     from sam2serve.concepts.runtime import ConceptsSpec
     from sam2serve.concepts.video_association import VideoThresholds
-    from sam2serve.concepts.video_load import video_predictor
     from sam2serve.runtime.concepts import (
         load_concepts_in_mode,
         stage_precisions,
         tracker_precisions,
+        video_predictor_in_mode,
     )
     from sam2serve.samples import sample_clip
 
@@ -82,7 +82,7 @@ def worker(
     start = time.perf_counter()
     concepts = load_concepts_in_mode(ConceptsSpec(random_weights=True, size=size), mode)
     th = VideoThresholds(score=0.0, new_det=0.2, hotstart_delay=0, max_objects=max_objects)
-    predictor = video_predictor(concepts, th, mode=mode)
+    predictor = video_predictor_in_mode(concepts, th, mode=mode)
     load_s = time.perf_counter() - start
     clip, _ = sample_clip(num_frames=frames, size=(240, 320))
     state = predictor.start(frames, 240, 320, "red disc")

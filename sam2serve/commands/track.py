@@ -309,6 +309,11 @@ def video_spec(args: argparse.Namespace) -> RuntimeSpec:
     --mode's choices are the video modes), the tracker chosen with --artifacts by
     :func:`~sam2serve.runtime.backend_choice.choose_tracker`."""
     artifacts = getattr(args, "artifacts", None)
+    if args.mode not in VIDEO_MODES and getattr(args, "text", None) is None:
+        raise UsageError(
+            f"--mode {args.mode!r}: tracking prompts runs the modes {', '.join(VIDEO_MODES)}; "
+            f"{args.mode} is for SAM 3's own video predictor (--text, --tracker sam3)"
+        )
     try:
         if args.mode not in VIDEO_MODES and getattr(args, "text", None) is not None:
             # SAM 3's own video predictor (--tracker sam3, checked by track_concepts) runs

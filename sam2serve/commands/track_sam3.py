@@ -39,13 +39,13 @@ def track_sam3(
 ) -> int:
     """Track every instance of the one phrase through ``frames`` and write the frame files
     and track.json (``header``: what the command knows of the video and run)."""
-    from sam2serve.concepts.video_load import video_predictor
     from sam2serve.concepts.weights import WeightsError
     from sam2serve.engine.video.predictor import FrameMasks
     from sam2serve.runtime.concepts import (
         describe_concepts_mode,
         load_concepts_in_mode,
         tracker_precisions,
+        video_predictor_in_mode,
     )
 
     if len(phrases) != 1:
@@ -73,7 +73,7 @@ def track_sam3(
     start = time.perf_counter()
     try:
         concepts = load_concepts_in_mode(concepts_spec(args, args.device), args.mode)
-        predictor = video_predictor(concepts, thresholds(args), mode=args.mode)
+        predictor = video_predictor_in_mode(concepts, thresholds(args), mode=args.mode)
     except WeightsError as exc:
         raise UsageError(str(exc)) from None
     what = "random weights" if args.random_weights else "weights"

@@ -38,22 +38,12 @@ def load_tracker(concepts: Concepts) -> tuple[TrackerNeck, Sam3Tracker]:
 
 
 def video_predictor(
-    concepts: Concepts,
-    thresholds: VideoThresholds | None = None,
-    bounded: bool = True,
-    mode: str | None = None,
-    reduced: torch.dtype | None = None,
+    concepts: Concepts, thresholds: VideoThresholds | None = None, bounded: bool = True
 ) -> Sam3VideoPredictor:
-    """SAM 3's video predictor over ``concepts``' detector (its precision as loaded, by
-    :func:`~sam2serve.runtime.concepts.load_concepts_in_mode`), the tracker and its neck
-    converted to ``mode`` (None: the mode ``concepts`` was loaded in, so every surface's
-    tracker follows its detector; :func:`~sam2serve.runtime.concepts.apply_tracker_mode`:
-    float32 under baseline and fast, the device's reduced precision under furious and int8;
-    ``reduced`` overrides that precision, as for the detector)."""
-    from sam2serve.runtime.concepts import apply_tracker_mode
-
+    """SAM 3's video predictor over ``concepts``' detector (its precision as loaded), the
+    tracker and its neck in float32 (a surface's mode converts them:
+    :func:`sam2serve.runtime.concepts.video_predictor_in_mode`)."""
     neck, tracker = load_tracker(concepts)
-    apply_tracker_mode(neck, tracker, mode or concepts.mode, concepts.device, reduced=reduced)
     return Sam3VideoPredictor(concepts.model, concepts.tokenize, neck, tracker, thresholds, bounded)
 
 

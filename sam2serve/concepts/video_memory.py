@@ -8,8 +8,9 @@ records and the :data:`MAX_OBJ_PTRS` nearest tracked ones (twice that when a for
 keeps what a backward pass after it reads); each record is a memory (64 x G x G bfloat16),
 the low-resolution mask logits (4G x 4G float32), an object pointer and two scores, G the
 tracker's grid (72 at SAM 3's 1008 px: 0.95 MiB a record). Hot start holds back
-``hotstart_delay + 1`` frames of one byte per video pixel per object, and the state keeps a
-score per object per processed frame (:data:`SCORE_BYTES`).
+``hotstart_delay + 1`` frames of one byte per video pixel per object, and the state keeps its
+scores (:data:`SCORE_BYTES`: the clip's and the frame's being processed; earlier frames'
+scores are trimmed with the records).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from sam2serve.concepts.video_association import VideoThresholds
 from sam2serve.concepts.video_tracker import HIDDEN, MAX_COND_FRAMES, MAX_OBJ_PTRS, MEM_DIM, STRIDE
 
-# One object's tracker score on one processed frame (a float in a dict of the frame's).
+# One object's scores in the state (floats in dicts: the clip's and the current frame's).
 SCORE_BYTES = 128
 _MEMORY_ITEM_BYTES = 2  # the tracker's memories are kept in bfloat16
 _FLOAT_BYTES = 4
@@ -45,7 +46,7 @@ def object_bytes(
     if both_directions:
         kept *= 2
     held_back = (hotstart_delay + 1) * height * width
-    return kept * record_bytes(image_size) + held_back + frames * SCORE_BYTES
+    return kept * record_bytes(image_size) + held_back + SCORE_BYTES
 
 
 __all__ = ["SCORE_BYTES", "object_bytes", "record_bytes"]

@@ -155,8 +155,9 @@ class VideoState:
     max_obj_id: int = -1
     scores: dict[int, float] = field(default_factory=dict)
     last_occluded: dict[int, int] = field(default_factory=dict)
+    # frame -> object -> score of the frame being processed (the prompt frame's two steps
+    # share it); bounded state keeps only that frame's (the answers carry their own copy)
     tracker_scores: dict[int, dict[int, float]] = field(default_factory=dict)
-    processed: set[int] = field(default_factory=set)
     # wall seconds per stage over the frames processed: "detector" (ViT, tracker neck,
     # detector, NMS), "tracker" (track steps, memory encoding, new objects),
     # "association" (matching, hot start, occlusion, outputs)
@@ -418,7 +419,6 @@ class Sam3VideoPredictor:
         if trk_scores.shape[0] > 0:
             probs = trk_scores.sigmoid().reshape(-1).tolist()
             frame_scores.update(dict(zip(trk_ids.tolist(), probs, strict=True)))
-        state.processed.add(frame_idx)
         pending = _Pending(frame_idx, masks, dict(state.scores), dict(frame_scores))
         if self.bounded:
             self.trim(state, frame_idx, reverse)
@@ -732,8 +732,11 @@ class Sam3VideoPredictor:
         conditioning frames but the 4 nearest the frames to come, tracked frames outside
         the reach of memory selection (the 15 nearest selectable ones and this frame).
         With ``keep_start`` a forward pass also keeps what the backward pass after it
-        reads: the 4 earliest conditioning frames, the 15 earliest selectable ones."""
+        reads: the 4 earliest conditioning frames, the 15 earliest selectable ones. Scores
+        of frames other than ``frame_idx`` go too (each answer holds its own copy)."""
         reach = min(state.num_frames, MAX_OBJ_PTRS) - 1
+        for t in [t for t in state.tracker_scores if t != frame_idx]:
+            del state.tracker_scores[t]
 
         def selectable(group: Group, t: int, backward: bool) -> bool:
             # Meta's forward frame_filter never looks at frame 0, the backward one at all

@@ -96,7 +96,7 @@ def _concept_video_predictor(
     ``--concept-score-thresh``, tracking at most as many objects at once as a video session
     may (``max_video_objects``) and a phrase may answer (``--concept-max-instances``, the
     service's ``--max-concept-instances``, SAM 3's queries)."""
-    from sam2serve.concepts.video_load import video_predictor
+    from sam2serve.runtime.concepts import video_predictor_in_mode
 
     max_objects = min(
         settings.video.max_video_objects,
@@ -104,7 +104,8 @@ def _concept_video_predictor(
         settings.concepts.max_concept_instances,
         concepts.size.queries,
     )
-    return video_predictor(concepts, video_thresholds(options.concept_score_thresh, max_objects))
+    thresholds = video_thresholds(options.concept_score_thresh, max_objects)
+    return video_predictor_in_mode(concepts, thresholds)  # the tracker in --mode, as the detector
 
 
 __all__ = ["create_labelstudio_app"]

@@ -40,6 +40,8 @@ from sam2serve.runtime.build import native_reduced_dtype
 from sam2serve.runtime.modes import MODES, get_mode
 
 if TYPE_CHECKING:
+    from sam2serve.concepts.video_association import VideoThresholds
+    from sam2serve.concepts.video_predictor import Sam3VideoPredictor
     from sam2serve.concepts.video_tracker import Sam3Tracker
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "load_concepts_in_mode",
     "stage_precisions",
     "tracker_precisions",
+    "video_predictor_in_mode",
 ]
 
 BACKBONE = "vision_encoder.backbone"
@@ -144,6 +147,27 @@ def apply_tracker_mode(
         neck.to(dtype)
         tracker.to_precision(dtype)
     return dtype
+
+
+def video_predictor_in_mode(
+    concepts: Concepts,
+    thresholds: VideoThresholds | None = None,
+    bounded: bool = True,
+    mode: str | None = None,
+    reduced: torch.dtype | None = None,
+) -> Sam3VideoPredictor:
+    """SAM 3's video predictor over ``concepts``
+    (:func:`~sam2serve.concepts.video_load.video_predictor`), its tracker and neck converted
+    to ``mode`` by :func:`apply_tracker_mode` (None: the mode ``concepts`` was loaded in, so
+    every surface's tracker follows its detector; ``reduced`` overrides the precision, as
+    for the detector)."""
+    from sam2serve.concepts.video_load import video_predictor  # the tracker's modules: on use
+
+    predictor = video_predictor(concepts, thresholds, bounded)
+    apply_tracker_mode(
+        predictor.neck, predictor.tracker, mode or concepts.mode, concepts.device, reduced=reduced
+    )
+    return predictor
 
 
 _SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}

@@ -18,7 +18,7 @@ the server's predictor, the thresholds of a run, its ids and what its state may 
   limits while it streams: per object :func:`sam2serve.concepts.video_memory.object_bytes`
   (SAM 3's bounded state: at most ``4 + min(frames, 16)`` tracker records, 0.95 MiB each
   at 1008, 19 MiB per object; the masks hot start holds back, 32 MiB per object at 1080p;
-  a score per frame processed). The frame's encodings and the detector's outputs live
+  its scores). The frame's encodings and the detector's outputs live
   only while a frame is processed, as SAM 2.1's propagation's do, and are not counted; the
   masks of a frame are held in the decode budget (``mask_bytes`` of the concept model).
 """
@@ -120,9 +120,10 @@ class ConceptVideo:
         from sam2serve.concepts.video_predictor import Sam3VideoPredictor
 
         if self._base is None:
-            from sam2serve.concepts.video_load import video_predictor
+            from sam2serve.runtime.concepts import video_predictor_in_mode
 
-            self._base = video_predictor(self.concepts)
+            # the tracker in the mode the concept model was loaded in (serve --mode)
+            self._base = video_predictor_in_mode(self.concepts)
         base = self._base
         return Sam3VideoPredictor(
             base.detector, base.tokenize, base.neck, base.tracker, thresholds, bounded=True

