@@ -102,10 +102,11 @@ def test_every_surfaces_tracker_follows_the_mode_its_detector_was_loaded_in(
 def test_bounded_state_keeps_the_scores_of_one_frame(concepts: Concepts) -> None:
     """Per-frame scores are trimmed with the records: a long clip's state does not grow by
     a dict per frame (unbounded, every frame's stays)."""
-    frames, _ = sample_clip(num_frames=FRAMES, size=(HEIGHT, WIDTH))
-    for bounded, most in ((True, 1), (False, FRAMES)):
+    count = 3
+    frames, _ = sample_clip(num_frames=count, size=(HEIGHT, WIDTH))
+    for bounded, most in ((True, 1), (False, count)):
         predictor = video_predictor(concepts, THRESHOLDS, bounded=bounded)
-        state = predictor.start(FRAMES, HEIGHT, WIDTH, "red disc")
+        state = predictor.start(count, HEIGHT, WIDTH, "red disc")
         held = [len(state.tracker_scores) for _ in predictor.run(state, frames)]
         assert max(held) == most, (bounded, held)
 
