@@ -21,8 +21,8 @@ The modes' video meaning is declared in :mod:`sam2serve.runtime.modes`
 
 Every mode's frame step batches the objects ``objects_per_call`` at a time: on a CPU the
 measured row of its class and precision
-(:data:`~sam2serve.runtime.auto_table.TRACKER_OBJECTS_TABLE`: one object per call on every
-class so far), on an accelerator all of them (:func:`objects_per_call_for`).
+(:data:`~sam2serve.runtime.auto_table.TRACKER_OBJECTS_TABLE`: one in float32; three in
+bf16 on avx512_bf16 and AMX CPUs), on an accelerator all of them (:func:`objects_per_call_for`).
 
 Trackers (:mod:`sam2serve.runtime.trackers`, chosen by
 :func:`sam2serve.runtime.backend_choice.choose_tracker`): eager (every mode above),

@@ -37,9 +37,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from sam2serve.concepts.video_predictor import FrameResult
-from sam2serve.engine.coco import coco_bbox
-from sam2serve.engine.rle import area_from_rle, masks_to_rle
-from sam2serve.engine.video.outputs import ObjectMask
+from sam2serve.engine.video.outputs import ObjectMask, masks_of
 from sam2serve.server import schemas
 from sam2serve.server import video_schemas as vs
 from sam2serve.server.answers import dump_json
@@ -248,13 +246,9 @@ def _reported(result: FrameResult, ids: TrackIds) -> TrackedFrame:
         (index, obj) for index, obj in enumerate(ids.session_ids(result.obj_ids)) if obj is not None
     ]
     rows = [index for index, _ in pairs]
-    rles = masks_to_rle(torch.from_numpy(result.masks[rows]))
-    records = [
-        ObjectMask(obj, rle, area_from_rle(rle), coco_bbox(rle))
-        for (_, obj), rle in zip(pairs, rles, strict=True)
-    ]
+    records = masks_of([obj for _, obj in pairs], torch.from_numpy(result.masks[rows]))
     scores = {obj: float(result.scores[index]) for index, obj in pairs}
-    return TrackedFrame(result.frame, sorted(records, key=lambda r: r.obj_id), scores)
+    return TrackedFrame(result.frame, records, scores)
 
 
 def _run_ended(session: VideoSession) -> None:
