@@ -34,11 +34,14 @@ DEFAULT_DIRECTION = "forward"
 HELP = f"""\
 concepts (--text, instead of --prompts):
   --tracker sam3 (default): SAM 3's own video predictor, as Meta's (docs/concepts-video.md):
-  one phrase; the detector runs on every frame from --concept-frame on, SAM 3's
-  memory tracker follows each instance, new instances become new objects and lost ones
-  end; object ids are Meta's (0, 1, ... in order of appearance). --box X1,Y1,X2,Y2 adds
-  one exemplar box on --concept-frame (Meta's visual prompt; --text visual: the box
-  alone, which finds instances on that frame only); --direction backward|both also tracks
+  the detector runs on every frame from --concept-frame on, SAM 3's memory tracker
+  follows each instance, new instances become new objects and lost ones end; object ids
+  are Meta's (0, 1, ... in order of appearance). Several phrases ("person,dog,car") are
+  one run of Meta's predictor per phrase (its own ids, limits, hot start) sharing one ViT
+  pass per frame: phrase k of n's object i is id i*n+k, named by its phrase; objects of
+  different phrases may overlap. --box X1,Y1,X2,Y2 (one phrase) adds one exemplar box on
+  --concept-frame (Meta's visual prompt; --text visual: the box alone, which finds
+  instances on that frame only); --direction backward|both also tracks
   from --concept-frame back to frame 0, as Meta's propagate_in_video. --mode applies to
   detector and tracker (furious, int8: bf16 tracker; int8 with --tracker sam3 only).
   --tracker sam2.1: SAM 3 finds every instance of the phrases on --concept-frame; each
@@ -83,7 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tracker",
         choices=TRACKERS,
         default=DEFAULT_TRACKER,
-        help="sam3: SAM 3's own video predictor (one phrase, detection on every frame); "
+        help="sam3: SAM 3's own video predictor (detection on every frame; one run per "
+        "phrase over a shared ViT pass); "
         "sam2.1: SAM 3 seeds objects on --concept-frame and SAM 2.1 tracks them "
         "(default: %(default)s)",
     )
@@ -106,12 +110,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=DEFAULT_MAX_INSTANCES,
         metavar="N",
-        help="track at most N objects, the highest scores first (default: %(default)s)",
+        help="track at most N objects, the highest scores first (--tracker sam3: at once, "
+        "per phrase) (default: %(default)s)",
     )
     group.add_argument(
         "--box",
         metavar="X1,Y1,X2,Y2",
-        help="--tracker sam3: one exemplar box on --concept-frame, in the video's pixels "
+        help="--tracker sam3, one phrase: an exemplar box on --concept-frame, in the video's pixels "
         "(top-left, bottom-right), prompting SAM 3's detector with the phrase (Meta's "
         "visual prompt; --text visual for the box alone)",
     )

@@ -1,10 +1,13 @@
-"""``sam2serve track --text PHRASE`` with SAM 3's own video predictor (the default
+"""``sam2serve track --text PHRASES`` with SAM 3's own video predictor (the default
 ``--tracker sam3``): Meta's ``Sam3VideoPredictor`` semantics (docs/concepts-video.md) -
 the detector on every frame, SAM 3's memory tracker, new instances picked up and lost ones
 ended - from ``--concept-frame`` forward to the end, backward to frame 0, or both
 (``--direction``, Meta's passes), the phrase optionally with one exemplar box on that frame
-(``--box``; ``--text visual``: the box alone). Object ids are Meta's (0, 1, ... in order of
-appearance); every object is named by the phrase. Frame files are written in the order
+(``--box``; ``--text visual``: the box alone). Several phrases (``--text "person,dog"``)
+are one run of Meta's predictor per phrase sharing each frame's ViT pass
+(:mod:`sam2serve.concepts.video_phrases`); objects of different phrases may overlap. Object
+ids are Meta's (0, 1, ... in order of appearance; with n phrases, phrase k's object i is
+``i * n + k``); every object is named by its phrase. Frame files are written in the order
 Meta yields frames (both: forward, then backward).
 """
 
@@ -37,8 +40,9 @@ def track_sam3(
     out_dir: Any,
     header: dict[str, Any],
 ) -> int:
-    """Track every instance of the one phrase through ``frames`` and write the frame files
-    and track.json (``header``: what the command knows of the video and run)."""
+    """Track every instance of each phrase through ``frames`` (one SAM 3 run per phrase,
+    one ViT pass per frame: :mod:`sam2serve.concepts.video_phrases`) and write the frame
+    files and track.json (``header``: what the command knows of the video and run)."""
     from sam2serve.concepts.weights import WeightsError
     from sam2serve.engine.video.predictor import FrameMasks
     from sam2serve.runtime.concepts import (
@@ -48,11 +52,10 @@ def track_sam3(
         video_predictor_in_mode,
     )
 
-    if len(phrases) != 1:
+    if len(phrases) > 1 and args.box is not None:
         raise UsageError(
-            f"--tracker sam3 follows one phrase (Meta's video predictor takes one text "
-            f"prompt); got {len(phrases)}: {', '.join(map(repr, phrases))} (use one phrase, "
-            "or --tracker sam2.1)"
+            f"--box goes with one phrase (Meta's visual prompt is one session's); got "
+            f"{len(phrases)}: {', '.join(map(repr, phrases))}"
         )
     if args.overlay is not None:
         raise UsageError("--overlay is drawn for --tracker sam2.1 only so far")
@@ -64,7 +67,7 @@ def track_sam3(
             check_box(box, (frames.height, frames.width))
         except ValueError as exc:
             raise UsageError(f"--box: {exc}") from None
-    if phrases[0] == VISUAL_PHRASE and box is None:
+    if VISUAL_PHRASE in phrases and box is None:
         raise UsageError(
             f"--text {VISUAL_PHRASE} is Meta's stand-in for the box alone: give --box X1,Y1,X2,Y2"
         )
@@ -93,18 +96,21 @@ def track_sam3(
     first = args.concept_frame
     num_frames = len(frames)
     from sam2serve.concepts.engine import ExemplarBox
+    from sam2serve.concepts.video_phrases import propagate_phrases, start_phrases
 
     boxes = [] if box is None else [ExemplarBox(box)]
-    state = predictor.start(num_frames, frames.height, frames.width, phrases[0], boxes)
+    # one run per phrase over one ViT pass per frame; one phrase: Meta's ids
+    state = start_phrases(predictor, num_frames, frames.height, frames.width, phrases, boxes)
     seconds: list[float] = []
     seen: dict[int, list[int]] = {}
     wall = time.perf_counter()
     tick = wall
     written = 0
-    for result in predictor.propagate_clip(state, frames.__getitem__, first, args.direction):
+    run = propagate_phrases(predictor, state, frames.__getitem__, first, args.direction)
+    for result in run:
         masks = _as_logits(result.masks)
         frame = FrameMasks(result.frame, list(result.obj_ids), masks)
-        write_frame(frame, names, out_dir, dict.fromkeys(result.obj_ids, phrases[0]))
+        write_frame(frame, names, out_dir, dict(zip(result.obj_ids, result.phrases, strict=True)))
         for obj in result.obj_ids:
             seen.setdefault(obj, []).append(result.frame)
         written += 1
@@ -114,7 +120,7 @@ def track_sam3(
     results = TrackResults({}, written, seconds, time.perf_counter() - wall)
     header = dict(header)
     header["objects"] = sorted(seen)
-    header["names"] = {str(obj): phrases[0] for obj in sorted(seen)}
+    header["names"] = {str(obj): state.phrase_of(obj) for obj in sorted(seen)}
     header["concepts"] = {
         "tracker": "sam3",
         "phrases": phrases,
@@ -130,8 +136,8 @@ def track_sam3(
         "objects": [
             {
                 "obj_id": obj,
-                "name": phrases[0],
-                "score": round(state.scores[obj], 6),
+                "name": state.phrase_of(obj),
+                "score": round(state.score_of(obj), 6),
                 "first_frame": min(frames_of),
                 "last_frame": max(frames_of),
             }

@@ -32,7 +32,8 @@ def two_frames(tmp_path_factory) -> Path:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (("--text", "disc,square"), "--tracker sam3 follows one phrase"),
+        (("--text", "disc,square", "--box", "1,1,9,9"), "--box goes with one phrase"),
+        (("--text", "disc,visual"), "--text visual is Meta's stand-in for the box alone"),
         (("--text", "disc", "--overlay", "o.mp4"), "--overlay is drawn for --tracker sam2.1"),
     ],
 )
@@ -79,3 +80,29 @@ def test_sam3_tracks_every_instance_with_names(two_frames, tmp_path, concepts_ti
         if len(masks) > 1:  # Meta's output: no pixel claimed by two objects
             assert np.sum(masks, axis=0).max() <= 1
     assert {obj: (f[0], f[-1]) for obj, f in seen.items()} == spans
+
+
+def test_sam3_tracks_several_phrases_each_object_named_by_its_own(
+    two_frames, tmp_path, concepts_tiny, monkeypatch
+):
+    """--text "disc,square": one SAM 3 run per phrase (concepts/test_video_phrases.py proves
+    each equals the phrase's run alone): ids i*2+k, each object named by its phrase in the
+    frame files and track.json."""
+    from sam2serve.runtime import concepts as runtime_concepts
+
+    monkeypatch.setattr(runtime_concepts, "load_concepts", lambda spec: concepts_tiny)
+    out = tmp_path / "out"
+    code, stderr = run_cli("track", two_frames, "--text", "disc,square", *RANDOM, "--out", out)
+    assert code == EXIT_OK, stderr
+    summary = json.loads((out / track.SUMMARY_NAME).read_text())
+    phrases = ["disc", "square"]
+    assert summary["concepts"]["phrases"] == phrases
+    names = {int(obj): name for obj, name in summary["names"].items()}
+    assert set(names.values()) == set(phrases)  # random weights find both
+    assert all(name == phrases[obj % 2] for obj, name in names.items())
+    assert {o["obj_id"]: o["name"] for o in summary["concepts"]["objects"]} == names
+    for i in range(2):
+        frame = json.loads((out / f"frame_{i:05d}.json").read_text())
+        assert frame["objects"] and all(
+            o["name"] == phrases[o["obj_id"] % 2] for o in frame["objects"]
+        )
