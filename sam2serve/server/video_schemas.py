@@ -19,7 +19,7 @@ from sam2serve.concepts.phrases import (
 )
 from sam2serve.concepts.video_seed import DEFAULT_DEDUPE_IOU
 from sam2serve.engine.prompts import Prompt
-from sam2serve.server.concept_schemas import ConceptPrompts, Phrase
+from sam2serve.server.concept_schemas import ConceptPrompts, Phrase, clean_phrases
 from sam2serve.server.live_modes import LiveMode
 from sam2serve.server.object_names import NAME_DOC, ObjectName
 from sam2serve.server.schemas import (
@@ -33,6 +33,7 @@ from sam2serve.server.schemas import (
     _Strict,
 )
 from sam2serve.server.settings import MAX_POINTS_PER_OBJECT
+from sam2serve.server.settings_groups import MAX_CONCEPT_PHRASES
 
 MAX_OBJ_ID = 2**31 - 1
 MAX_FRAME_IDX = 2**31 - 1
@@ -184,14 +185,29 @@ class VideoConceptsRequest(ConceptPrompts):
 
 
 class ConceptTrackRequest(_Strict):
-    """Every instance of one noun phrase, found and tracked by SAM 3's own video predictor
-    from ``frame_idx`` forward (Meta's ``Sam3VideoPredictor``: the detector on every
-    frame, SAM 3's memory tracker, new instances picked up, lost ones ended)."""
+    """Every instance of one noun phrase (``text``) or of several (``phrases``), found and
+    tracked by SAM 3's own video predictor from ``frame_idx`` forward (Meta's
+    ``Sam3VideoPredictor``: the detector on every frame, SAM 3's memory tracker, new
+    instances picked up, lost ones ended; several phrases: one such run per phrase over one
+    shared image encoding per frame)."""
 
-    text: Phrase = Field(
+    text: Phrase | None = Field(
+        None,
         description="One noun phrase, e.g. 'person', 'yellow school bus' (1..64 characters "
         "after stripping, the rule of every phrase and name: "
-        "sam2serve.engine.user_text); each object found is named by it."
+        "sam2serve.engine.user_text); each object found is named by it. Give text or "
+        "phrases.",
+    )
+    phrases: list[Phrase] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_CONCEPT_PHRASES,
+        description="Several noun phrases, e.g. ['person', 'dog', 'car'] (each text's "
+        "rule; no two the same; at most max_concept_phrases): each is its own run of "
+        "SAM 3's video predictor (its own detections, tracks and hot start) over one shared "
+        "image encoding per frame, its objects named by it; objects of different phrases "
+        "may overlap. The objects SAM 3 may track at once are shared out evenly among the "
+        "phrases. Give text or phrases.",
     )
     frame_idx: int = Field(0, ge=0, le=MAX_FRAME_IDX, description="The first frame tracked.")
     max_frames: int | None = Field(
@@ -214,8 +230,23 @@ class ConceptTrackRequest(_Strict):
 
     @field_validator("text")
     @classmethod
-    def _a_phrase(cls, text: str) -> str:
-        return check_phrase(text, "the phrase")
+    def _a_phrase(cls, text: str | None) -> str | None:
+        return None if text is None else check_phrase(text, "the phrase")
+
+    @field_validator("phrases")
+    @classmethod
+    def _phrases_are_names(cls, phrases: list[str] | None) -> list[str] | None:
+        return None if phrases is None else clean_phrases(phrases)
+
+    @model_validator(mode="after")
+    def _text_or_phrases(self) -> Self:
+        if (self.text is None) == (self.phrases is None):
+            raise ValueError("give text (one phrase) or phrases (several), not both or neither")
+        return self
+
+    def track_phrases(self) -> list[str]:
+        """The phrases tracked, in the request's order."""
+        return [self.text] if self.text is not None else list(self.phrases or ())
 
 
 class ObjectRenameRequest(_Strict):
@@ -373,7 +404,9 @@ class ConceptTrackDone(PropagateDone):
     score_thresh: float = Field(description="The detection threshold the run used.")
     new_object_thresh: float = Field(description="The threshold of a new object.")
     max_objects: int = Field(
-        description="Objects SAM 3 could track at once: the session's room (count and bytes)."
+        description="Objects SAM 3 could track at once: the session's room (count and "
+        "bytes); with several phrases, shared out evenly (each phrase max_objects divided by "
+        "the phrase count)."
     )
 
 

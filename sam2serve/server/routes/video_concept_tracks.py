@@ -1,27 +1,32 @@
 """POST /v1/videos/{session_id}/concepts/track: SAM 3's own video predictor on a session.
 
-Every instance of one noun phrase, found and tracked through the session's stored frames
-from ``frame_idx`` forward (at most ``max_frames``) by SAM 3's video predictor, Meta's
-``Sam3VideoPredictor`` semantics (docs/concepts-video.md): the detector on every frame,
-SAM 3's memory tracker, new instances picked up, lost ones ended, outputs held back 15
-frames for hot start. The frames are streamed as Server-Sent Events as soon as SAM 3 lets
-them out (``event: frame``, propagate's shape plus each object's ``score``), then
-``event: done`` (counts, SAM 3's seconds per stage, every object's first and last frame)
-or ``event: error``. Unlike POST .../concepts (SAM 3 seeds SAM 2.1 on one frame) no SAM 2.1
-object is made: SAM 3's objects are the session's (ids and names, :mod:`concept_tracks`)
-and their masks are what the stream sent.
+Every instance of one noun phrase (or of several: one run of SAM 3's video predictor per
+phrase over one shared image encoding per frame, :mod:`sam2serve.concepts.video_phrases`),
+found and tracked through the session's stored frames from ``frame_idx`` forward (at most
+``max_frames``) by SAM 3's video predictor, Meta's ``Sam3VideoPredictor`` semantics
+(docs/concepts-video.md): the detector on every frame, SAM 3's memory tracker, new
+instances picked up, lost ones ended, outputs held back 15 frames for hot start. The
+frames are streamed as Server-Sent Events as soon as SAM 3 lets them out (``event:
+frame``, propagate's shape plus each object's ``score``), then ``event: done`` (counts,
+SAM 3's seconds per stage, every object's first and last frame) or ``event: error``.
+Unlike POST .../concepts (SAM 3 seeds SAM 2.1 on one frame) no SAM 2.1 object is made: SAM
+3's objects are the session's (ids and names, :mod:`concept_tracks`) and their masks are
+what the stream sent.
 
 Needs ``serve --video --concepts``; a live session is refused (409, it has no stored
 frames; its WebSocket takes SAM 2.1 prompts). Every bound is checked before model work:
-the phrase (the one rule of phrases and names), ``frame_idx``, the objects SAM 3 may
-track at once (the session's room: max_video_objects minus its objects, at most
-max_concept_instances, and what its state may hold beside the session's bytes within
-max_video_session_bytes and max_video_total_bytes: 413 / 429 when not one object fits),
-and one frame's masks against the decode budget (held while the run streams). The run is
-a bulk job on the model worker, as a propagation is: it holds the session (409
-``session_busy`` to other requests) and one of the client's bulk slots until it has really
-ended, lets waiting clicks run between SAM 3's torch operations, and stops when the
-client leaves. Running a phrase again replaces the objects its earlier run reported.
+the phrases (the one rule of phrases and names; none twice; at most max_concept_phrases),
+``frame_idx``, the objects SAM 3 may track at once over all phrases together (the
+session's room: max_video_objects minus its objects, at most max_concept_instances, and
+what its state may hold beside the session's bytes within max_video_session_bytes and
+max_video_total_bytes: 413 / 429 when not one object fits; shared out evenly among the
+phrases, 413 when not one each), and one frame's masks against the decode budget (held
+while the run streams). The run is a bulk job on the model worker, as a propagation is: it
+holds the session (409 ``session_busy`` to other requests) and one of the client's bulk
+slots until it has really ended, lets waiting clicks run between SAM 3's torch operations,
+and stops when the client leaves. Running a phrase again replaces the objects its earlier
+run reported. Each object is named by its phrase; objects of different phrases may
+overlap.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import torch
 from fastapi import Request
 from fastapi.responses import Response
 
-from sam2serve.concepts.video_predictor import FrameResult
+from sam2serve.concepts.video_phrases import PhrasesFrame, run_phrases, start_phrases
 from sam2serve.engine.video.outputs import ObjectMask, masks_of
 from sam2serve.server import schemas
 from sam2serve.server import video_schemas as vs
@@ -62,11 +67,12 @@ router = v1_router()
 @dataclass(frozen=True)
 class TrackedFrame:
     """One frame of a run, as its job hands it to the stream: the objects (session ids,
-    ascending) and their scores."""
+    ascending), their scores and phrases."""
 
     frame_idx: int
     records: list[ObjectMask]
     scores: dict[int, float]
+    phrases: dict[int, str]
 
 
 @dataclass(frozen=True)
@@ -79,8 +85,8 @@ class RunOutcome:
 
 @router.post(
     "/videos/{session_id}/concepts/track",
-    summary="Every instance of a noun phrase found and tracked by SAM 3's own video "
-    "predictor, streaming each frame (Server-Sent Events; serve --video --concepts)",
+    summary="Every instance of a noun phrase (or of several) found and tracked by SAM 3's "
+    "own video predictor, streaming each frame (Server-Sent Events; serve --video --concepts)",
     openapi_extra=json_body_doc(vs.ConceptTrackRequest),
     responses={
         200: {
@@ -109,7 +115,8 @@ class RunOutcome:
         },
         413: {
             "model": schemas.ErrorResponse,
-            "description": "No room for one more object ('too_many_objects'), SAM 3's state "
+            "description": "No room for one more object, or for one per phrase "
+            "('too_many_objects'), SAM 3's state "
             "for one object would pass max_video_session_bytes ('session_too_large'), or "
             "a frame's masks would not fit in max_decoded_bytes_in_flight "
             "('over_decode_budget')",
@@ -126,6 +133,8 @@ async def track_concept(
 ) -> Response:
     model = concepts_of(service)
     body, _ = await read_body(request, vs.ConceptTrackRequest, service)
+    phrases = body.track_phrases()
+    check_phrase_count(len(phrases), model.limits.max_concept_phrases)
     session = videos.get(session_id)
     state = session.state
     if session.live:
@@ -140,7 +149,7 @@ async def track_concept(
     check_frame(body.frame_idx, state.num_frames, "frame_idx")
     last = state.num_frames if body.max_frames is None else body.frame_idx + body.max_frames
     stop = min(state.num_frames, last)
-    replaced = [t for t in session.concept_tracks.values() if t.phrase == body.text]
+    replaced = [t for t in session.concept_tracks.values() if t.phrase in phrases]
     limit = videos.limits.max_objects
     room = limit - (session.object_count - len(replaced))
     if room < 1:
@@ -153,11 +162,13 @@ async def track_concept(
         )
     size = (state.height, state.width)
     run_bytes = RunBytes(model.video.image_size, size[0], size[1], stop - body.frame_idx)
-    what = f"tracking {body.text!r} through {stop - body.frame_idx} frames"
+    what = f"tracking {', '.join(map(repr, phrases))} through {stop - body.frame_idx} frames"
     wanted = min(room, model.limits.max_concept_instances)
-    max_objects = videos.concept_run_room(session, wanted, 0, run_bytes.per_object, what)
+    fits = videos.concept_run_room(session, wanted, 0, run_bytes.per_object, what)
+    per_phrase = phrase_share(fits, len(phrases), session.session_id)
+    max_objects = per_phrase * len(phrases)
     model.check_mask_budget(1, max_objects, size)
-    thresholds = run_thresholds(body.score_thresh, model.concepts.spec.random_weights, max_objects)
+    thresholds = run_thresholds(body.score_thresh, model.concepts.spec.random_weights, per_phrase)
     loop = asyncio.get_running_loop()
     frames: asyncio.Queue[TrackedFrame] = asyncio.Queue()
     ids = TrackIds(session.used_ids() - {t.obj_id for t in replaced}, max_objects)
@@ -169,16 +180,17 @@ async def track_concept(
             track = session.concept_tracks.get(record.obj_id)
             if track is None:
                 score = item.scores[record.obj_id]
-                track = ConceptTrack(record.obj_id, body.text, score, item.frame_idx, 0)
+                phrase = item.phrases[record.obj_id]
+                track = ConceptTrack(record.obj_id, phrase, score, item.frame_idx, 0)
                 session.add_concept_track(track)
             track.last_frame = item.frame_idx
         frames.put_nowait(item)
 
     def run(context: JobContext) -> RunOutcome:
         predictor = model.video.predictor(thresholds)
-        sam3 = predictor.start(state.num_frames, state.height, state.width, body.text)
+        sam3 = start_phrases(predictor, state.num_frames, state.height, state.width, phrases)
         source = (state.source.frame(i) for i in range(body.frame_idx, stop))
-        results = predictor.run(sam3, source, start=body.frame_idx)
+        results = run_phrases(predictor, sam3, source, start=body.frame_idx)
         try:
             while True:
                 with context.between_ops():  # SAM 3's seconds: clicks run in between
@@ -206,7 +218,8 @@ async def track_concept(
         held.callback(_run_ended, session)
         session.concept_run_bytes = run_bytes.total(max_objects)
         handle = service.submit_job(JOB, run, bulk=True)
-        session.forget_concept_tracks(body.text)  # this run's objects replace them
+        for phrase in phrases:  # this run's objects replace them
+            session.forget_concept_tracks(phrase)
         held = held.pop_all()
     handle.future.add_done_callback(lambda _: loop.call_soon_threadsafe(held.close))
 
@@ -239,7 +252,7 @@ async def track_concept(
     return EventStream(job_events(handle, frames, render, done), handle.cancel)
 
 
-def _reported(result: FrameResult, ids: TrackIds) -> TrackedFrame:
+def _reported(result: PhrasesFrame, ids: TrackIds) -> TrackedFrame:
     """(On the model worker.) SAM 3's answer on a frame with the session's ids, the masks
     run-length encoded in one batch; objects past the room dropped."""
     pairs = [
@@ -248,7 +261,33 @@ def _reported(result: FrameResult, ids: TrackIds) -> TrackedFrame:
     rows = [index for index, _ in pairs]
     records = masks_of([obj for _, obj in pairs], torch.from_numpy(result.masks[rows]))
     scores = {obj: float(result.scores[index]) for index, obj in pairs}
-    return TrackedFrame(result.frame, records, scores)
+    phrases = {obj: result.phrases[index] for index, obj in pairs}
+    return TrackedFrame(result.frame, records, scores, phrases)
+
+
+def check_phrase_count(count: int, limit: int) -> None:
+    """The server's phrase limit (the schema's bound is the API's; this may be lower)."""
+    if count > limit:
+        raise ApiError(
+            422,
+            "too_many_prompts",
+            f"phrases: {count}; at most {limit} per request on this server (max_concept_phrases)",
+        )
+
+
+def phrase_share(fits: int, count: int, session_id: str) -> int:
+    """The objects each of ``count`` phrases may track at once when the run has room for
+    ``fits`` (an even share; 413 when not one each)."""
+    if fits < count:
+        raise ApiError(
+            413,
+            "too_many_objects",
+            f"the session has room for {fits} object(s) SAM 3 tracks at once (its "
+            f"max_video_objects, max_concept_instances and byte limits), fewer than the "
+            f"{count} phrases (one each): track fewer phrases at once, or remove objects "
+            f"(DELETE /v1/videos/{session_id}/objects/{{obj_id}})",
+        )
+    return fits // count
 
 
 def _run_ended(session: VideoSession) -> None:
