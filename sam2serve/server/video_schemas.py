@@ -303,6 +303,9 @@ class ConceptTrackObjectOut(VideoObjectOut):
     session keeps it: renamed or unnamed since, the new name or null)."""
 
     score: float = Field(description="SAM 3's detection score of the instance when it appeared.")
+    phrase: str | None = Field(
+        None, description="The phrase that found it (of the request's text or phrases)."
+    )
 
 
 class ConceptTrackFrameOut(BaseModel):

@@ -39,13 +39,16 @@ def rle(*pixels: int) -> dict[str, Any]:
     return {"size": [H, W], "counts": counts}
 
 
-def found(obj_id: int, *pixels: int, name: str | None = "cat") -> dict[str, Any]:
+def found(
+    obj_id: int, *pixels: int, name: str | None = "cat", phrase: str | None = None
+) -> dict[str, Any]:
     """An object of a frame event, in the server's own shape (its schema's dump)."""
     from sam2serve.server.video_schemas import ConceptTrackObjectOut
 
     return ConceptTrackObjectOut(
         obj_id=obj_id,
         name=name,
+        phrase=phrase,
         score=0.9,
         area=len(pixels),
         bbox=[0, 0, 1, 1],
@@ -87,6 +90,17 @@ PROPAGATION = events(
     *(("frame", {"frame_idx": f, "objects": [found(1, 2, name=None)]}) for f in range(4)),
     ("done", {"frames": 4, "elapsed_ms": 2000.0, "frames_per_s": 2.0}),
 )
+# Two phrases: each object says which found it.
+MULTI = events(
+    (
+        "frame",
+        {
+            "frame_idx": 0,
+            "objects": [found(8, 0, phrase="cat"), found(9, 1, name="dog", phrase="dog")],
+        },
+    ),
+    ("done", DONE),
+)
 FAILED = events(
     ("frame", {"frame_idx": 0, "objects": [found(7, 3)]}),
     ("error", {"error": {"code": "concepts_failed", "message": "SAM 3 ran out of room"}}),
@@ -96,7 +110,7 @@ PROBE = """
 import { VideoSession } from "./video.js";
 import { adopt, foundBefore, objectOf } from "./video_objects.js";
 import { StreamRun, summary } from "./stream_run.js";
-import { checkPhrase, checkThreshold } from "./video_concepts.js";
+import { checkPhrases, checkThreshold, quoted } from "./video_concepts.js";
 import { area } from "./rle.js";
 
 const streams = %(streams)s;
@@ -178,6 +192,16 @@ try {
   out.cut = error.describe();
 }
 
+out.multiAdopted = [];
+await session.trackConcept({
+  phrases: ["cat", "dog"],
+  start: 0,
+  onFrame: (frameIdx, count, objects) => {
+    out.multiAdopted.push(...adopt(player, objects, "cat").map((o) => [o.id, o.name, o.phrase]));
+  },
+});
+out.quoted = [quoted(["cat"]), quoted(["cat", "red car"])];
+
 const run = new StreamRun({ doing: 'Finding "cat"', noun: 'Search for "cat"', state: "finding", expected: 3 });
 run.received = 2;
 run.detail = " · 3 found";
@@ -186,8 +210,9 @@ run.stop();
 out.run.aborted = run.signal.aborted;
 out.summary = summary({ frames: 3, elapsed_ms: 1500, frames_per_s: 2 });
 
-out.phrases = ["cat", "  red car ", "cat, dog", "", "   ", "x".repeat(65), "a\\u0007b", "\\u202Ecat"]
-  .map(checkPhrase);
+out.phrases = ["cat", "  red car ", "cat, dog", "", "   ", "x".repeat(65), "a\\u0007b", "\\u202Ecat",
+  " cat,, dog ,cat", "cat, a\\u0007b"]
+  .map(checkPhrases);
 out.thresholds = ["", " 0 ", "0.25", "1.5", "-0.1", "abc"].map(checkThreshold);
 console.log(JSON.stringify(out));
 """
@@ -195,7 +220,8 @@ console.log(JSON.stringify(out));
 
 @pytest.fixture(scope="module")
 def probed(module_dir) -> dict[str, Any]:
-    streams = [PROPAGATION, TRACK, FAILED, events(("frame", {"frame_idx": 0, "objects": []}))]
+    cut = events(("frame", {"frame_idx": 0, "objects": []}))
+    streams = [PROPAGATION, TRACK, FAILED, cut, MULTI]
     done = node(module_dir, PROBE % {"streams": json.dumps(streams)})
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -327,11 +353,13 @@ def test_a_run_says_its_progress_and_its_stop(probed):
 
 @needs_node
 def test_the_phrase_and_threshold_are_checked_before_sending(probed):
-    ok, padded, two, empty, blank, long, control, direction = probed["phrases"]
-    assert ok == {"phrase": "cat"} and padded == {"phrase": "red car"}
-    assert "one phrase at a time" in two["error"]
+    ok, padded, two, empty, blank, long, control, direction, repeated, bad = probed["phrases"]
+    assert ok == {"phrases": ["cat"]} and padded == {"phrases": ["red car"]}
+    assert two == {"phrases": ["cat", "dog"]}
+    assert repeated == {"phrases": ["cat", "dog"]}  # empty ones and repeats dropped
     assert "type a phrase" in empty["error"] and "type a phrase" in blank["error"]
-    assert long["error"] == "the phrase has 65 characters; at most 64"
+    assert long["error"] == f'the phrase "{"x" * 65}" has 65 characters; at most 64'
+    assert bad["error"].startswith('the phrase "a') and "control or invisible" in bad["error"]
     assert "control or invisible" in control["error"]
     assert "control or invisible" in direction["error"]
     none, zero, quarter, over, under, word = probed["thresholds"]
@@ -357,3 +385,20 @@ def test_the_find_in_video_form_is_in_the_page_for_video_with_concepts():
     # Propagation and the search share one run: the progress and Stop are propagate's.
     player = scripts()["player.js"]
     assert player.count("new StreamRun(") == 2 and player.count("await this.streamed(") == 2
+
+
+@needs_node
+def test_several_phrases_go_as_phrases_and_each_object_keeps_its_own(probed):
+    """Two phrases: the body's `phrases` (one phrase stays `text`); each found object is
+    listed under the phrase the server says found it."""
+    from sam2serve.server.video_schemas import ConceptTrackRequest
+
+    multi = probed["sent"][4]
+    assert multi["json"] == {
+        "phrases": ["cat", "dog"],
+        "frame_idx": 0,
+        "mask_format": "uncompressed_rle",
+    }
+    ConceptTrackRequest.model_validate(multi["json"])
+    assert probed["multiAdopted"] == [[8, "cat", "cat"], [9, "dog", "dog"]]
+    assert probed["quoted"] == ['"cat"', '"cat", "red car"']

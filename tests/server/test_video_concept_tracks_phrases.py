@@ -71,7 +71,7 @@ def test_the_stream_is_the_multi_phrase_run_with_the_sessions_ids(client, tracke
         assert [o["obj_id"] for o in objects] == [session_id for session_id, _ in wanted]
         for obj, (_, row) in zip(objects, wanted, strict=True):
             np.testing.assert_array_equal(mask_of(obj), result.masks[row])
-            assert obj["name"] == result.phrases[row]
+            assert obj["name"] == obj["phrase"] == result.phrases[row]
             assert obj["score"] == pytest.approx(result.scores[row], abs=1e-6)
     spans = {o["obj_id"]: o["name"] for o in done["objects"]}
     assert spans == {ids[o]: state.phrase_of(o) for o in ids}

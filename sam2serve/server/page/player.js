@@ -3,7 +3,7 @@
 // masks drawn as it streams in (the view follows the propagation), Stop (closing the
 // stream stops the server's propagation at its next frame), corrections on any frame
 // and propagation again, a phrase found and tracked through the clip by SAM 3
-// (video_concepts.js: each instance an object named by the phrase), and the export as
+// (video_concepts.js: each instance an object named by its phrase), and the export as
 // COCO or YouTube-VIS. A propagation and a search are both a streamed run (stream_run.js):
 // one at a time, with the same progress and Stop. app.js hands it the stage, the
 // pointer's prompts and the keys while a video is open.
@@ -24,7 +24,7 @@ import { download } from "./files.js";
 import { StreamRun, summary } from "./stream_run.js";
 import { record } from "./timings.js";
 import { VideoSession } from "./video.js";
-import { FindInVideo, checkPhrase, checkThreshold } from "./video_concepts.js";
+import { FindInVideo, checkPhrases, checkThreshold, quoted } from "./video_concepts.js";
 import { adopt, foundBefore, objectOf } from "./video_objects.js";
 import { MAX_NAME_CHARS, checkName, displayName, drawNames, namesOf, renameObject } from "./video_names.js";
 
@@ -332,34 +332,36 @@ export class Player {
     await this.streamed(run, request, finished, "Propagating");
   }
 
-  /** Find every instance of the typed phrase from the frame shown to the last, tracked by
-   * SAM 3's video predictor on the server; each becomes an object named by the phrase. */
+  /** Find every instance of the typed phrases (comma-separated) from the frame shown to the
+   * last, tracked by SAM 3's video predictor on the server (one run per phrase); each
+   * becomes an object named by its phrase. */
   async findInVideo(text, threshText = "") {
     const session = this.session;
     if (!session) return this.say("Open a video first.");
     if (this.run) return this.say(`Stop ${this.run.the()} first (Esc), or wait for its end.`);
-    const { phrase, error } = checkPhrase(text);
+    const { phrases, error } = checkPhrases(text);
     if (error) return this.say(`Not searched: ${error}.`, "error");
     const { thresh, error: refused } = checkThreshold(threshText);
     if (refused) return this.say(`Not searched: ${refused}.`, "error");
     this.pause();
     const start = this.current;
     const found = [];
+    const named = quoted(phrases);
     const run = new StreamRun({
-      doing: `Finding "${phrase}"`,
-      noun: `Search for "${phrase}"`,
+      doing: `Finding ${named}`,
+      noun: `Search for ${named}`,
       state: "finding",
       expected: session.numFrames - start,
     });
     const request = () =>
       session.trackConcept({
-        text: phrase,
+        phrases,
         start,
         scoreThresh: thresh,
         signal: run.signal,
-        onAccepted: () => this.dropFound(phrase),
+        onAccepted: () => phrases.forEach((phrase) => this.dropFound(phrase)),
         onFrame: (frameIdx, count, objects) => {
-          found.push(...adopt(this, objects, phrase));
+          found.push(...adopt(this, objects, phrases[0]));
           run.detail = ` · ${found.length} found`;
           this.follow(run, frameIdx, count);
         },
@@ -369,16 +371,17 @@ export class Player {
       const dropped = done.dropped_objects
         ? ` ${done.dropped_objects} more found later had no room (max_video_objects).`
         : "";
+      const each = phrases.length === 1 ? `named "${phrases[0]}"` : "named by its phrase";
       this.say(
-        `Found ${what} of "${phrase}" from frame ${start} over ${summary(done)}` +
+        `Found ${what} of ${named} from frame ${start} over ${summary(done)}` +
           (found.length
-            ? `: each an object named "${phrase}". A click on one corrects it with SAM 2.1's ` +
+            ? `: each an object ${each}. A click on one corrects it with SAM 2.1's ` +
               "video prompts, like any object."
             : `: none scored over the threshold (${done.score_thresh}).`) +
           dropped,
       );
     };
-    await this.streamed(run, request, finished, `Finding "${phrase}" in the video`);
+    await this.streamed(run, request, finished, `Finding ${named} in the video`);
   }
 
   /** The objects an earlier search for `phrase` found, still SAM 3's: the server replaced

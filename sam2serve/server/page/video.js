@@ -123,15 +123,20 @@ export class VideoSession {
     return this.readFrames(response, "propagation", (frame) => this.keep(frame), onFrame);
   }
 
-  /** Find every instance of the phrase `text` from frame `start` on and track it (SAM 3's
-   * video predictor on the server: new instances are picked up as they appear, lost ones
-   * ended), streamed and kept as propagate() does. The server names each object by the
-   * phrase; a frame's answer holds the phrase's objects (keep()). `maxFrames`,
+  /** Find every instance of the phrase `text` (or of each of `phrases`) from frame `start`
+   * on and track it (SAM 3's video predictor on the server, one run per phrase: new
+   * instances are picked up as they appear, lost ones ended), streamed and kept as
+   * propagate() does. The server names each object by its phrase; a frame's answer holds
+   * the phrases' objects (keep()). `maxFrames`,
    * `scoreThresh`: null for the server's. `onAccepted()`: the server took the request
-   * (and forgot the objects an earlier search for the phrase reported). */
+   * (and forgot the objects an earlier search for the phrases reported). */
   async trackConcept(request) {
-    const { text, start, maxFrames = null, scoreThresh = null, signal, onAccepted, onFrame } = request;
-    const json = { text, frame_idx: start, mask_format: "uncompressed_rle" };
+    const { text, phrases, start, maxFrames = null, scoreThresh = null, signal, onAccepted, onFrame } =
+      request;
+    // one phrase as `text` (the route's first form), several as `phrases`
+    const one = text ?? (phrases.length === 1 ? phrases[0] : null);
+    const json = one !== null ? { text: one } : { phrases };
+    Object.assign(json, { frame_idx: start, mask_format: "uncompressed_rle" });
     if (maxFrames !== null) json.max_frames = maxFrames;
     if (scoreThresh !== null) json.score_thresh = scoreThresh;
     const response = await this.whenFree(() =>

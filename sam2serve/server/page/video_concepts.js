@@ -1,25 +1,34 @@
 // "Find in video" (video mode, when the server runs SAM 3: its /readyz says concepts): one
-// noun phrase, found on every frame from the one shown to the last and tracked there by SAM
-// 3's own video predictor on the server (POST /v1/videos/{id}/concepts/track: new
-// instances picked up as they appear, lost ones ended), streamed like a propagation
-// (player.js runs both). Every instance becomes one of the video's objects, named by the
-// phrase (its category in the export); a click on it afterwards goes to the session's SAM
-// 2.1 video prompts like any object's.
+// noun phrase or several, comma-separated ("person, dog"), found on every frame from the one
+// shown to the last and tracked there by SAM 3's own video predictor on the server (POST
+// /v1/videos/{id}/concepts/track, one run per phrase: new instances picked up as they
+// appear, lost ones ended), streamed like a propagation (player.js runs both). Every
+// instance becomes one of the video's objects, named by its phrase (its category in the
+// export); a click on it afterwards goes to the session's SAM 2.1 video prompts like any
+// object's.
 
 import { checkName } from "./video_names.js";
 
 const $ = (selector) => document.querySelector(selector);
 
-/** The typed phrase checked: {phrase} or {error}. One phrase (SAM 3's video predictor
- * follows one text prompt), by the rule of an object's name (it becomes their name). */
-export function checkPhrase(text) {
-  if (text.includes(",")) {
-    return { error: "one phrase at a time (no commas): the video search follows one phrase" };
+/** The typed phrases checked: {phrases} or {error}. Comma-separated, trimmed, empty ones
+ * and repeats dropped (as the image page's Concepts box); each by the rule of an object's
+ * name (it becomes their name). */
+export function checkPhrases(text) {
+  const phrases = [];
+  for (const part of text.split(",")) {
+    if (!part.trim()) continue;
+    const { name, error } = checkName(part);
+    if (error) return { error: error.replace("the name", `the phrase "${part.trim()}"`) };
+    if (!phrases.includes(name)) phrases.push(name);
   }
-  const { name, error } = checkName(text);
-  if (error) return { error: error.replace("the name", "the phrase") };
-  if (!name) return { error: "type a phrase first (what to find: cat, red car)" };
-  return { phrase: name };
+  if (!phrases.length) return { error: "type a phrase first (what to find: cat, red car)" };
+  return { phrases };
+}
+
+/** Phrases in words: "cat" or "cat", "dog". */
+export function quoted(phrases) {
+  return phrases.map((phrase) => `"${phrase}"`).join(", ");
 }
 
 /** The score threshold field: null (empty: the server's default) or a number in 0..1, or

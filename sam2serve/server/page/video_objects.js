@@ -33,14 +33,15 @@ export function objectOf(id, fields = {}) {
   };
 }
 
-/** The objects of a search's frame (`found`: its {obj_id, name}s) that `video` (the
+/** The objects of a search's frame (`found`: its {obj_id, name, phrase}s) that `video` (the
  * player: {objects, nextId, activeId}) does not list yet, added to it: the server chose
- * their ids and named them by the phrase. An object of the page's own under such an id
+ * their ids and named them by their phrase (`searched` where it does not say which). An object of the page's own under such an id
  * that the server does not know (made with n, never prompted: the server gave the id
  * away) moves to a free id. Returns the new ones. */
-export function adopt(video, found, phrase) {
+export function adopt(video, found, searched) {
   const added = [];
-  for (const { obj_id: id, name } of found) {
+  for (const { obj_id: id, name, phrase: its } of found) {
+    const phrase = its ?? searched; // the server says which phrase found it
     const known = video.objects.find((object) => object.id === id);
     if (known?.onServer) continue;
     video.nextId = Math.max(video.nextId, id + 1);

@@ -308,6 +308,7 @@ async def _frame_event(
                 obj_id=r.obj_id,
                 name=named.get(r.obj_id),
                 score=item.scores[r.obj_id],
+                phrase=item.phrases[r.obj_id],
                 area=r.area,
                 bbox=r.bbox,
                 segmentation=seg,
