@@ -41,15 +41,15 @@ concepts (--text, instead of --prompts):
   pass per frame: phrase k of n's object i is id i*n+k, named by its phrase; objects of
   different phrases may overlap. --box X1,Y1,X2,Y2 (one phrase) adds one exemplar box on
   --concept-frame (Meta's visual prompt; --text visual: the box alone, which finds
-  instances on that frame only); --direction backward|both also tracks
-  from --concept-frame back to frame 0, as Meta's propagate_in_video. --mode applies to
+  instances on that frame only); --direction backward|both also tracks from
+  --concept-frame back to frame 0, as Meta's propagate_in_video. --mode applies to
   detector and tracker (furious, int8: bf16 tracker; int8 with --tracker sam3 only).
   --tracker sam2.1: SAM 3 finds every instance of the phrases on --concept-frame; each
   (duplicates across phrases dropped: mask IoU > 0.7 with a higher-scoring one) becomes
   one object, numbered 1..N by decreasing score, its mask its prompt there and its phrase
   its name (track.json "names", and "name" in each frame file's objects); SAM 2.1 then
   tracks them; instances that appear after that frame are not looked for.
-  e.g. {PROG} track clip.mp4 --text "cat" --out tracked/
+  e.g. {PROG} track clip.mp4 --text "cat,dog" --out tracked/
 """
 
 
