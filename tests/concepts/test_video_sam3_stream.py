@@ -1,0 +1,155 @@
+"""SAM 3's video predictor pushed frame by frame (:mod:`sam2serve.concepts.video_stream`)
+answers as :meth:`Sam3VideoPredictor.run` on the same frames: the same steps on the same
+frames (the prompt frame's ``add_prompt`` first), the same answers (ids, scores, masks,
+boxes) in the same order, each let out when hot start lets ``run``'s out.
+
+First tier: the predictor with its networks replaced by a frame's pixels (its objects are
+the frame's labelled blobs; a blue label marks an object hot start removed), so Meta's
+15-frame delay is cheap to reach; the scheduling, ``finish`` and the state are the real
+ones. Second tier: the reduced random SAM 3 on three frames."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sam2serve.concepts.video_association import VideoThresholds
+from sam2serve.concepts.video_predictor import (
+    FrameResult,
+    Sam3VideoPredictor,
+    VideoState,
+    _Pending,
+)
+from sam2serve.concepts.video_stream import (
+    META_HOTSTART_DELAY,
+    OPEN_ENDED,
+    Sam3Stream,
+    stream_thresholds,
+)
+
+HEIGHT, WIDTH = 12, 16
+
+
+class PixelSteps(Sam3VideoPredictor):
+    """The predictor's scheduling over frames whose objects are written in them: green
+    value k > 0 is object k (score k / 10), blue value k marks object k removed by hot
+    start. Each step's frame index is logged (add_prompt's too)."""
+
+    def __init__(self, thresholds: VideoThresholds) -> None:
+        super().__init__(None, None, None, None, thresholds)  # type: ignore[arg-type]  # no networks
+        self.steps: list[int] = []
+
+    def encode(self, frame):  # type: ignore[override]  # the pixels stand for the encodings
+        return frame, None
+
+    def step(self, state, frame_idx, encoding, frame, reverse=False):  # type: ignore[override]
+        self.steps.append(frame_idx)
+        green, blue = encoding[..., 1], encoding[..., 2]
+        masks = {int(k): torch.from_numpy(green == k) for k in np.unique(green) if k}
+        for k in masks:
+            state.scores.setdefault(k, k / 10)
+        state.hot.removed.update(int(k) for k in np.unique(blue) if k)
+        tracker = {k: float(frame_idx % 3 + k) for k in masks}
+        return _Pending(frame_idx, masks, dict(state.scores), tracker)
+
+
+def clip(count: int, seed: int = 0) -> list[np.ndarray]:
+    """Frames with 0-3 overlapping labelled blocks each, now and then one marked removed."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    for _ in range(count):
+        frame = np.zeros((HEIGHT, WIDTH, 3), np.uint8)
+        for label in rng.choice(np.arange(1, 6), int(rng.integers(0, 4)), replace=False):
+            y, x = rng.integers(0, HEIGHT - 4), rng.integers(0, WIDTH - 4)
+            frame[y : y + 5, x : x + 6, 1] = label
+        if rng.random() < 0.2:
+            frame[0, 0, 2] = rng.integers(1, 6)
+        frames.append(frame)
+    return frames
+
+
+def same(got: list[FrameResult], expected: list[FrameResult]) -> None:
+    assert [r.frame for r in got] == [r.frame for r in expected]
+    for a, b in zip(got, expected, strict=True):
+        assert a.obj_ids == b.obj_ids and a.scores == b.scores and a.boxes == b.boxes
+        np.testing.assert_array_equal(a.masks, b.masks)
+
+
+def pushed(predictor: Sam3VideoPredictor, frames: list[np.ndarray], start: int) -> tuple:
+    """Every answer of a stream, and how many each push let out."""
+    stream = Sam3Stream(predictor, VideoState(OPEN_ENDED, HEIGHT, WIDTH))
+    answers: list[FrameResult] = []
+    counts = []
+    for index, frame in enumerate(frames):
+        out = stream.push(start + index, frame)
+        counts.append(len(out))
+        answers += out
+    assert stream.held == min(len(frames), max(predictor.th.hotstart_delay - 1, 0))
+    answers += stream.flush()
+    assert stream.held == 0 and stream.flush() == []
+    return answers, counts
+
+
+@pytest.mark.parametrize("delay", [META_HOTSTART_DELAY, 3, 1, 0])
+def test_pushed_frames_answer_as_run_with_the_same_delay(delay):
+    frames, start = clip(20), 5
+    thresholds = stream_thresholds(VideoThresholds(), delay)
+    ours, theirs = PixelSteps(thresholds), PixelSteps(thresholds)
+    answers, counts = pushed(ours, frames, start)
+    expected = list(theirs.run(VideoState(OPEN_ENDED, HEIGHT, WIDTH), iter(frames), start=start))
+    same(answers, expected)
+    assert ours.steps == theirs.steps == [start] + list(range(start, start + len(frames)))
+    assert any(r.obj_ids for r in answers), "no object: the comparison would be empty"
+    # hot start: nothing for delay - 1 frames, then one answer per frame, oldest first
+    assert counts == [int(n + 1 >= max(delay, 1)) for n in range(len(frames))]
+
+
+def test_a_clip_of_16_frames_or_more_answers_as_an_open_ended_stream():
+    """A stream's state never learns the clip's length: a clip of at least 16 frames (the
+    memory's reach) answers the same; its last frame lets every answer out at once."""
+    frames = clip(17, seed=1)
+    thresholds = VideoThresholds()
+    answers, _ = pushed(PixelSteps(thresholds), frames, 0)
+    clip_run = PixelSteps(thresholds).run(VideoState(len(frames), HEIGHT, WIDTH), iter(frames))
+    same(answers, list(clip_run))
+
+
+def test_frames_come_in_order():
+    stream = Sam3Stream(PixelSteps(VideoThresholds()), VideoState(OPEN_ENDED, HEIGHT, WIDTH))
+    frames = clip(3)
+    stream.push(7, frames[0])
+    for bad in (7, 9, 0):
+        with pytest.raises(ValueError, match=f"frame {bad}: the stream's next frame is 8"):
+            stream.push(bad, frames[1])
+    assert stream.push(8, frames[1]) == [] and stream.held == 2
+
+
+def test_a_shorter_delay_caps_the_removal_counts_and_metas_is_unchanged():
+    meta = VideoThresholds()
+    assert stream_thresholds(meta, META_HOTSTART_DELAY) is meta
+    short = stream_thresholds(meta, 4)
+    assert (short.hotstart_delay, short.hotstart_unmatch, short.hotstart_dup) == (4, 4, 4)
+    assert stream_thresholds(meta, 10).hotstart_unmatch == meta.hotstart_unmatch == 8
+    off = stream_thresholds(meta, 0)
+    assert off.hotstart_delay == 0 and off.score == meta.score
+    for bad in (-1, 16, 2**40):
+        with pytest.raises(ValueError, match=f"hotstart_delay {bad}: 0 to 15"):
+            stream_thresholds(meta, bad)
+
+
+@pytest.mark.extended
+def test_the_reduced_sam3_pushed_answers_as_its_run(concepts_tiny):
+    """Real (reduced, random) networks: three frames pushed with a one-frame delay."""
+    from sam2serve.concepts.video_load import video_predictor
+    from sam2serve.samples import sample_clip
+
+    frames, _ = sample_clip(3, (64, 96))
+    thresholds = stream_thresholds(VideoThresholds.from_detection(0.0, 4), 1)
+    predictor = video_predictor(concepts_tiny, thresholds)
+    state = predictor.start(OPEN_ENDED, 64, 96, "disc")
+    stream = Sam3Stream(predictor, state)
+    answers = [r for i, f in enumerate(frames) for r in stream.push(i, f)] + stream.flush()
+    expected = list(predictor.run(predictor.start(OPEN_ENDED, 64, 96, "disc"), iter(frames)))
+    same(answers, expected)
+    assert any(r.obj_ids for r in answers), "SAM 3 found nothing: the comparison is empty"
