@@ -3,24 +3,20 @@ answers as :meth:`Sam3VideoPredictor.run` on the same frames: the same steps on 
 frames (the prompt frame's ``add_prompt`` first), the same answers (ids, scores, masks,
 boxes) in the same order, each let out when hot start lets ``run``'s out.
 
-First tier: the predictor with its networks replaced by a frame's pixels (its objects are
-the frame's labelled blobs; a blue label marks an object hot start removed), so Meta's
-15-frame delay is cheap to reach; the scheduling, ``finish`` and the state are the real
-ones. Second tier: the reduced random SAM 3 on three frames."""
+First tier: the predictor with its networks replaced by a frame's pixels
+(tests/sam3_pixel_steps.py: its objects are the frame's labelled blocks, a blue label
+marks an object hot start removed), so Meta's 15-frame delay is cheap to reach; the
+scheduling, ``finish`` and the state are the real ones. Second tier: the reduced random SAM 3 on three frames."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
+from sam3_pixel_steps import PixelSteps
+from sam3_pixel_steps import clip as pixel_clip
 
 from sam2serve.concepts.video_association import VideoThresholds
-from sam2serve.concepts.video_predictor import (
-    FrameResult,
-    Sam3VideoPredictor,
-    VideoState,
-    _Pending,
-)
+from sam2serve.concepts.video_predictor import FrameResult, Sam3VideoPredictor, VideoState
 from sam2serve.concepts.video_stream import (
     META_HOTSTART_DELAY,
     OPEN_ENDED,
@@ -31,42 +27,8 @@ from sam2serve.concepts.video_stream import (
 HEIGHT, WIDTH = 12, 16
 
 
-class PixelSteps(Sam3VideoPredictor):
-    """The predictor's scheduling over frames whose objects are written in them: green
-    value k > 0 is object k (score k / 10), blue value k marks object k removed by hot
-    start. Each step's frame index is logged (add_prompt's too)."""
-
-    def __init__(self, thresholds: VideoThresholds) -> None:
-        super().__init__(None, None, None, None, thresholds)  # type: ignore[arg-type]  # no networks
-        self.steps: list[int] = []
-
-    def encode(self, frame):  # type: ignore[override]  # the pixels stand for the encodings
-        return frame, None
-
-    def step(self, state, frame_idx, encoding, frame, reverse=False):  # type: ignore[override]
-        self.steps.append(frame_idx)
-        green, blue = encoding[..., 1], encoding[..., 2]
-        masks = {int(k): torch.from_numpy(green == k) for k in np.unique(green) if k}
-        for k in masks:
-            state.scores.setdefault(k, k / 10)
-        state.hot.removed.update(int(k) for k in np.unique(blue) if k)
-        tracker = {k: float(frame_idx % 3 + k) for k in masks}
-        return _Pending(frame_idx, masks, dict(state.scores), tracker)
-
-
 def clip(count: int, seed: int = 0) -> list[np.ndarray]:
-    """Frames with 0-3 overlapping labelled blocks each, now and then one marked removed."""
-    rng = np.random.default_rng(seed)
-    frames = []
-    for _ in range(count):
-        frame = np.zeros((HEIGHT, WIDTH, 3), np.uint8)
-        for label in rng.choice(np.arange(1, 6), int(rng.integers(0, 4)), replace=False):
-            y, x = rng.integers(0, HEIGHT - 4), rng.integers(0, WIDTH - 4)
-            frame[y : y + 5, x : x + 6, 1] = label
-        if rng.random() < 0.2:
-            frame[0, 0, 2] = rng.integers(1, 6)
-        frames.append(frame)
-    return frames
+    return pixel_clip(count, HEIGHT, WIDTH, seed)
 
 
 def same(got: list[FrameResult], expected: list[FrameResult]) -> None:
