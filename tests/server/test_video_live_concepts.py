@@ -52,10 +52,10 @@ def stub() -> PixelStubPredictor:
     return PixelStubPredictor(load_video_model("tiny", random_weights=True, seed=0))
 
 
-def serve(predictor, stub, concepts: Any = None, **changes: Any) -> Any:
+def serve(predictor, stub, concepts: Any = None, pixels: bool = True, **changes: Any) -> Any:
     settings = ServerSettings.from_flat(concepts=concepts is not None, **{**SETTINGS, **changes})
     live = start_app(create_app(settings, predictor, stub, concepts=concepts), settings)
-    if concepts is not None:  # SAM 3's networks replaced by the frames' pixels
+    if concepts is not None and pixels:  # SAM 3's networks replaced by the frames' pixels
         live.app.state.service.concepts.video.predictor = PixelSteps
     return live
 
@@ -434,4 +434,40 @@ def test_a_client_that_leaves_mid_run_frees_its_bytes(server, server_log):
     assert session.concept_run_bytes == 0 and service.decoding.held == 0
     with server.client() as client:
         assert client.delete(f"/v1/videos/{sid}").status_code == 200
+    clean(server_log.text())
+
+
+@pytest.mark.extended
+def test_the_reduced_sam3_on_a_live_connection_answers_as_its_run(
+    predictor, stub, concepts_tiny, server_log
+):
+    """The real (reduced, random) SAM 3 behind the WebSocket, no hot-start delay: each
+    frame's SAM 3 answer follows its SAM 2.1 answer and is the engine's on the same frames."""
+    from sam2serve.concepts.video_load import video_predictor
+    from sam2serve.samples import sample_clip
+
+    live = serve(predictor, stub, concepts_tiny, pixels=False)
+    sent, _ = sample_clip(2, (HEIGHT, WIDTH))
+    try:
+        sid = new_live(live)
+        with connect(ws_url(live, sid), max_size=None) as ws:
+            send(ws, {"type": "concepts_track", "text": "disc", "hotstart_delay": 0})
+            started = receive(ws)
+            got = []
+            for frame in sent:
+                ws.send(frame.tobytes())
+                assert receive(ws)["type"] == "frame"
+                got.append(receive(ws))
+            send(ws, {"type": "end"})
+            assert receive(ws)["type"] == "concepts_done"
+        CREATED.remove((live, sid))
+    finally:
+        live.stop()
+    room = started["max_objects"]
+    detection = run_thresholds(None, True, room)
+    engine = video_predictor(concepts_tiny, stream_thresholds(detection, 0))
+    results = list(engine.run(engine.start(OPEN_ENDED, HEIGHT, WIDTH, "disc"), iter(sent)))
+    ids = session_ids(results, set(), room)
+    assert ids, "SAM 3 found nothing: the comparison would be empty"
+    check_frames(got, results, ids)
     clean(server_log.text())
