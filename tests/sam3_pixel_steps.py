@@ -6,6 +6,7 @@ microseconds instead of the reduced networks' seconds on a CPU."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -17,8 +18,9 @@ from sam2serve.concepts.video_predictor import Sam3VideoPredictor, VideoState, _
 
 class PixelSteps(Sam3VideoPredictor):
     """Frames whose objects are written in them: green value k > 0 is object k (score
-    k / 10), blue value k marks object k removed by hot start. Each step's frame index is
-    logged (add_prompt's too)."""
+    k / 10), blue value k marks object k removed; hot start's rules run on them (an
+    object absent from a frame is unmatched there, the two lowest present share a
+    detection). Each step's frame index is logged (add_prompt's too)."""
 
     def __init__(self, thresholds: VideoThresholds) -> None:
         super().__init__(None, None, None, None, thresholds)  # type: ignore[arg-type]  # no networks
@@ -41,6 +43,16 @@ class PixelSteps(Sam3VideoPredictor):
         self.steps.append(frame_idx)
         green, blue = encoding[..., 1], encoding[..., 2]
         masks = {int(k): torch.from_numpy(green == k) for k in np.unique(green) if k}
+        # hot start's own bookkeeping: an object known but absent is unmatched, the first
+        # two present share a detection (duplicates)
+        known = [k for k in state.scores if k not in state.hot.removed]
+        present = sorted(masks)
+        assoc = SimpleNamespace(
+            det_to_tracks={0: np.array(present[:2])} if len(present) > 1 else {},
+            unmatched=np.array([k for k in known if k not in masks], np.int64),
+        )
+        new_ids = np.array([k for k in present if k not in state.scores], np.int64)
+        state.hot.update(frame_idx, reverse, assoc, new_ids, self.th)
         for k in masks:
             state.scores.setdefault(k, k / 10)
         state.hot.removed.update(int(k) for k in np.unique(blue) if k)
@@ -49,19 +61,21 @@ class PixelSteps(Sam3VideoPredictor):
 
 
 def label(frames: list[np.ndarray], seed: int = 0) -> list[np.ndarray]:
-    """The frames with 0-3 overlapping labelled blocks each written in green (blue
-    cleared), now and then one marked removed in blue."""
+    """The frames with labelled blocks written in green (blue cleared): object 1 on every
+    frame, 0-2 of objects 2-5 beside it (overlapping), now and then one of those marked
+    removed in blue."""
     rng = np.random.default_rng(seed)
     out = []
     for frame in frames:
         frame = frame.copy()
         height, width = frame.shape[:2]
         frame[..., 1:] = 0
-        for value in rng.choice(np.arange(1, 6), int(rng.integers(0, 4)), replace=False):
+        others = rng.choice(np.arange(2, 6), int(rng.integers(0, 3)), replace=False)
+        for value in [1, *others.tolist()]:
             y, x = rng.integers(0, height - 4), rng.integers(0, width - 4)
             frame[y : y + 5, x : x + 6, 1] = value
         if rng.random() < 0.2:
-            frame[0, 0, 2] = rng.integers(1, 6)
+            frame[0, 0, 2] = rng.integers(2, 6)
         out.append(frame)
     return out
 

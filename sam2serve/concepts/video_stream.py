@@ -7,7 +7,9 @@ own steps on a frame (encode, then Meta's ``_det_track_one_frame``; on the first
 ``add_prompt`` first) and returns the answers hot start lets out now; :meth:`Sam3Stream.flush`
 lets out the rest at the end of the stream. Pushed frames answer exactly as ``run`` on the
 same frames with a state whose clip has :data:`OPEN_ENDED` frames (a clip of 16 frames or
-more answers the same: the frame count only caps memory reach at 16).
+more answers the same: the frame count only caps memory reach at 16). What the state holds
+stays bounded on an endless stream as on a clip (the predictor's ``bounded`` trimming), and
+hot start's per-frame counts of objects it can no longer remove are dropped.
 
 Hot start holds each answer ``hotstart_delay`` frames (Meta's 15): a young object that is
 unmatched or duplicated too often in that window is removed before any answer shows it.
@@ -96,6 +98,7 @@ class Sam3Stream:
         self.next_frame = frame_idx + 1
         self.pushed += 1
         self.pending.append(predictor.step(state, frame_idx, encoding, tracker_frame))
+        self._forget_settled(frame_idx)
         if self.delay == 0:
             ready, self.pending = self.pending, []
         elif len(self.pending) >= self.delay:
@@ -109,6 +112,20 @@ class Sam3Stream:
         """The end of the stream: every answer still held, in frame order."""
         ready, self.pending = self.pending, []
         return [self._finish(item) for item in ready]
+
+    def _forget_settled(self, frame_idx: int) -> None:
+        """Drop hot start's per-frame counts of objects it can no longer remove: past
+        their first ``hotstart_delay`` frames (forward, never young again) or removed.
+        Meta keeps them for the clip; a stream would add one per frame an object is
+        unmatched or duplicated, without end. The rules only read a young object's
+        counts, so the answers are the same."""
+        hot, horizon = self.state.hot, frame_idx - self.delay
+        settled = {obj for obj, first in hot.first_frame.items() if first <= horizon}
+        settled |= hot.removed
+        for obj in settled & hot.unmatched_frames.keys():
+            del hot.unmatched_frames[obj]
+        for pair in [pair for pair in hot.overlap_frames if pair[1] in settled]:
+            del hot.overlap_frames[pair]
 
     def _finish(self, item: _Pending) -> FrameResult:
         tick = time.perf_counter()

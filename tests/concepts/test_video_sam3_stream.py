@@ -115,3 +115,42 @@ def test_the_reduced_sam3_pushed_answers_as_its_run(concepts_tiny):
     expected = list(predictor.run(predictor.start(OPEN_ENDED, 64, 96, "disc"), iter(frames)))
     same(answers, expected)
     assert any(r.obj_ids for r in answers), "SAM 3 found nothing: the comparison is empty"
+
+
+def test_hot_starts_counts_of_settled_objects_are_dropped_and_the_answers_stay():
+    """A stream keeps hot start's unmatched/duplicate counts only for objects still young
+    (first seen within the delay) and not removed; ``run`` keeps every one. The answers
+    are the same (the test above), and here too with the counts' rules in play."""
+    frames, delay = clip(30, seed=2), 4
+    thresholds = stream_thresholds(VideoThresholds(), delay)
+    stream = Sam3Stream(PixelSteps(thresholds), VideoState(OPEN_ENDED, HEIGHT, WIDTH))
+    answers = [r for i, f in enumerate(frames) for r in stream.push(i, f)] + stream.flush()
+    state = VideoState(OPEN_ENDED, HEIGHT, WIDTH)
+    same(answers, list(PixelSteps(thresholds).run(state, iter(frames))))
+    hot, kept = stream.state.hot, state.hot
+    assert sum(map(len, kept.unmatched_frames.values())) > len(frames) // 2  # they grow
+    assert sum(map(len, kept.overlap_frames.values())) > len(frames) // 2
+    assert kept.removed - {1}, "no object removed: the rules were not in play"
+    last = len(frames) - 1
+    young = {obj for obj, first in hot.first_frame.items() if first > last - delay}
+    assert set(hot.unmatched_frames) <= young - hot.removed
+    assert {obj for _, obj in hot.overlap_frames} <= young - hot.removed
+
+
+def test_a_young_duplicate_is_still_removed_on_the_last_frame_of_its_hot_start():
+    """Object 2 shares object 1's detection on its first 4 frames (2-5), with a delay of
+    4: hot start removes it on frame 5, its last young frame, so no answer shows it.
+    Dropping its counts a frame too soon would let it through."""
+    frames = []
+    for t in range(10):
+        frame = np.zeros((HEIGHT, WIDTH, 3), np.uint8)
+        frame[0:5, 0:6, 1] = 1
+        if 2 <= t <= 5:
+            frame[6:11, 8:14, 1] = 2
+        frames.append(frame)
+    thresholds = stream_thresholds(VideoThresholds(), 4)
+    answers, _ = pushed(PixelSteps(thresholds), frames, 0)
+    state = VideoState(OPEN_ENDED, HEIGHT, WIDTH)
+    same(answers, list(PixelSteps(thresholds).run(state, iter(frames))))
+    assert state.hot.removed == {2}
+    assert [r.obj_ids for r in answers] == [[1]] * len(frames)
