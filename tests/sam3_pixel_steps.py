@@ -20,7 +20,7 @@ class PixelSteps(Sam3VideoPredictor):
     """Frames whose objects are written in them: green value k > 0 is object k (score
     k / 10), blue value k marks object k removed; hot start's rules run on them (an
     object absent from a frame is unmatched there, the two lowest present share a
-    detection). Each step's frame index is logged (add_prompt's too)."""
+    detection: tracks only, an object's first frame makes it). Each step's frame index is logged (add_prompt's too)."""
 
     def __init__(self, thresholds: VideoThresholds) -> None:
         super().__init__(None, None, None, None, thresholds)  # type: ignore[arg-type]  # no networks
@@ -45,16 +45,18 @@ class PixelSteps(Sam3VideoPredictor):
         masks = {int(k): torch.from_numpy(green == k) for k in np.unique(green) if k}
         # hot start's own bookkeeping: an object known but absent is unmatched, the first
         # two present share a detection (duplicates)
-        known = [k for k in state.scores if k not in state.hot.removed]
-        present = sorted(masks)
+        gone = state.hot.removed  # a removed id is never used again (SAM 3's ids grow)
+        tracks = [k for k in state.scores if k not in gone]
+        present = [k for k in sorted(masks) if k in tracks]
         assoc = SimpleNamespace(
             det_to_tracks={0: np.array(present[:2])} if len(present) > 1 else {},
-            unmatched=np.array([k for k in known if k not in masks], np.int64),
+            unmatched=np.array([k for k in tracks if k not in masks], np.int64),
         )
-        new_ids = np.array([k for k in present if k not in state.scores], np.int64)
-        state.hot.update(frame_idx, reverse, assoc, new_ids, self.th)
+        new = [k for k in sorted(masks) if k not in state.scores and k not in gone]
+        state.hot.update(frame_idx, reverse, assoc, np.array(new, np.int64), self.th)
         for k in masks:
-            state.scores.setdefault(k, k / 10)
+            if k not in gone:
+                state.scores.setdefault(k, k / 10)
         state.hot.removed.update(int(k) for k in np.unique(blue) if k)
         tracker = {k: float(frame_idx % 3 + k) for k in masks}
         return _Pending(frame_idx, masks, dict(state.scores), tracker)

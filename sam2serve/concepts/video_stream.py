@@ -15,9 +15,9 @@ Hot start holds each answer ``hotstart_delay`` frames (Meta's 15): a young objec
 unmatched or duplicated too often in that window is removed before any answer shows it.
 Live, that is 15 frames of lag (half a second at 30 fps, more when tracking is slower than
 the camera). :func:`stream_thresholds` gives a shorter delay; with it the answers depart
-from Meta's: objects are let out before Meta's check could remove them, and the
-unmatched/duplicate counts that remove a young object are capped at the delay (Meta's 8,
-which must not exceed it), so spurious objects are removed sooner or shown briefly.
+from Meta's: an object is judged on fewer frames (the unmatched/duplicate counts that
+remove a young object scale with the window: Meta's 8 of 15 frames), so a spurious one is
+shown that Meta's longer look would have removed, or a real one removed sooner.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ META_HOTSTART_DELAY = VideoThresholds().hotstart_delay
 
 def stream_thresholds(thresholds: VideoThresholds, hotstart_delay: int) -> VideoThresholds:
     """``thresholds`` with answers held ``hotstart_delay`` frames (0..15; Meta's 15 keeps
-    them as they are): the unmatched/duplicate counts that remove a young object capped at
-    the delay, as Meta requires them not to exceed it. ValueError names a bad delay."""
+    them as they are): the unmatched/duplicate counts that remove a young object scaled
+    with the window (Meta's 8 of 15 frames), at most the delay - 1 frames an object is
+    young after its first. ValueError names a bad delay."""
     if not 0 <= hotstart_delay <= META_HOTSTART_DELAY:
         raise ValueError(
             f"hotstart_delay {hotstart_delay}: 0 to {META_HOTSTART_DELAY} frames "
@@ -54,12 +55,20 @@ def stream_thresholds(thresholds: VideoThresholds, hotstart_delay: int) -> Video
         )
     if hotstart_delay == thresholds.hotstart_delay:
         return thresholds
-    cap = hotstart_delay if hotstart_delay > 0 else thresholds.hotstart_unmatch
+    if hotstart_delay == 0:  # no object is young: the counts are never read
+        return dataclasses.replace(thresholds, hotstart_delay=0)
+    base = thresholds.hotstart_delay
+
+    def scaled(count: int) -> int:
+        # Meta's count over its window (8 of 15 frames), rounded up, reachable in the
+        # delay - 1 frames after an object's first that it is young
+        return max(1, min(hotstart_delay - 1, -(-count * hotstart_delay // base)))
+
     return dataclasses.replace(
         thresholds,
         hotstart_delay=hotstart_delay,
-        hotstart_unmatch=min(thresholds.hotstart_unmatch, cap),
-        hotstart_dup=min(thresholds.hotstart_dup, cap),
+        hotstart_unmatch=scaled(thresholds.hotstart_unmatch),
+        hotstart_dup=scaled(thresholds.hotstart_dup),
     )
 
 
@@ -115,10 +124,11 @@ class Sam3Stream:
 
     def _forget_settled(self, frame_idx: int) -> None:
         """Drop hot start's per-frame counts of objects it can no longer remove: past
-        their first ``hotstart_delay`` frames (forward, never young again) or removed.
-        Meta keeps them for the clip; a stream would add one per frame an object is
-        unmatched or duplicated, without end. The rules only read a young object's
-        counts, so the answers are the same."""
+        their first ``hotstart_delay`` frames (forward, never young again) or removed;
+        and what the state keeps of removed objects. Meta keeps them for the clip; a
+        stream would add one per frame an object is unmatched or duplicated, and one per
+        spurious object, without end. The rules only read a young, present object's, so
+        the answers are the same."""
         hot, horizon = self.state.hot, frame_idx - self.delay
         settled = {obj for obj, first in hot.first_frame.items() if first <= horizon}
         settled |= hot.removed
@@ -126,6 +136,12 @@ class Sam3Stream:
             del hot.unmatched_frames[obj]
         for pair in [pair for pair in hot.overlap_frames if pair[1] in settled]:
             del hot.overlap_frames[pair]
+        # a removed object is no track any more: its score, first frame and keep-alive are
+        # never read again (the answers still held carry their own scores); its id stays in
+        # ``removed``, which hides it in those answers
+        for table in (self.state.scores, hot.first_frame, hot.keep_alive):
+            for obj in hot.removed & table.keys():
+                del table[obj]
 
     def _finish(self, item: _Pending) -> FrameResult:
         tick = time.perf_counter()
