@@ -6,7 +6,8 @@ SAM 3's networks are replaced by the frames' pixels (tests/sam3_pixel_steps.py) 
 protocol, the limits and the server are the real ones, at microseconds a frame. The
 behaviour: the ``concepts_frame`` answers are :meth:`Sam3VideoPredictor.run`'s on the same
 frames (ids mapped to the smallest the session does not use, names the phrase, scores,
-masks), each let out ``hotstart_delay`` frames after its frame, the rest at the stop.
+masks), each let out ``hotstart_delay`` frames after its frame, the rest at the stop or
+the end; in latest mode only the frames SAM 2.1 tracks reach SAM 3.
 The hostile half: bad phrases, unknown fields, huge delays, no concept model, a second
 phrase, a full session, SAM 3's state past the byte limit, frames of the wrong size and
 too fast during a run, a client that leaves mid-run - each refused with one line naming
@@ -470,4 +471,41 @@ def test_the_reduced_sam3_on_a_live_connection_answers_as_its_run(
     ids = session_ids(results, set(), room)
     assert ids, "SAM 3 found nothing: the comparison would be empty"
     check_frames(got, results, ids)
+    clean(server_log.text())
+
+
+def test_latest_mode_pushes_only_the_tracked_frames_to_sam3(server, stub, server_log):
+    """A frame replaced while it waited is never tracked: SAM 3 gets the frames SAM 2.1
+    tracks (consecutive indices), each answer naming its frame's seq."""
+    sid = new_live(server)
+    sent = clip(3, seed=7)
+    url = ws_url(server, sid) + "?mode=latest"
+    with connect(url, max_size=None) as ws:
+        send(ws, {"type": "concepts_track", "text": "disc", "hotstart_delay": 0})
+        assert receive(ws)["type"] == "concepts_track"
+        stub.gate.clear()
+        stub.waiting.clear()
+        try:
+            ws.send(sent[0].tobytes())
+            assert stub.waiting.wait(WAIT_S)  # frame 0 is being tracked
+            ws.send(sent[1].tobytes())  # waits...
+            ws.send(sent[2].tobytes())  # ...and is replaced by this one
+            skipped = receive(ws)
+            assert skipped["skipped"] is True and skipped["seq"] == 1
+        finally:
+            stub.gate.set()
+        messages = [receive(ws) for _ in range(4)]
+        send(ws, {"type": "end"})
+    assert [(m["type"], m["seq"], m["frame_idx"]) for m in messages] == [
+        ("frame", 0, 0),
+        ("concepts_frame", 0, 0),
+        ("frame", 2, 1),
+        ("concepts_frame", 2, 1),
+    ]
+    tracked = [sent[0], sent[2]]
+    results = expected(tracked, 0, 0, 3)
+    got = [m for m in messages if m["type"] == "concepts_frame"]
+    for frame in got:
+        frame["seq"] = frame["frame_idx"]  # (check_frames' rule: one seq per frame)
+    check_frames(got, results, session_ids(results, set(), 3))
     clean(server_log.text())
