@@ -39,7 +39,7 @@ class PixelSteps(Sam3VideoPredictor):
     def encode(self, frame):  # type: ignore[override]  # the pixels stand for the encodings
         return frame, None
 
-    def step(self, state, frame_idx, encoding, frame, reverse=False):  # type: ignore[override]
+    def step(self, state, frame_idx, encoding, frame, reverse=False):  # type: ignore[override]  # pixels for encodings
         self.steps.append(frame_idx)
         green, blue = encoding[..., 1], encoding[..., 2]
         masks = {int(k): torch.from_numpy(green == k) for k in np.unique(green) if k}
