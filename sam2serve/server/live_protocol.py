@@ -16,10 +16,18 @@ own parser). A message over ``max_live_frame_bytes`` closes the connection (1009
 ``{"type": "end"}`` (1000) once everything sent before it is answered, and video_idle_s
 without a message. Nothing a client sends ends the connection without an answer: a
 failure the client caused is an error message then a close 1008, one of the server's (a
-bug, logged) a close 1011. A phrase for SAM 3's own video predictor (``{"type":
-"concepts_track", ...}``) is refused with ``live_concepts_unsupported``, whose message
-says what to do instead: SAM 3 holds each frame's answer until later frames have come
-(hot start), a live frame is answered as it arrives.
+bug, logged) a close 1011.
+
+A phrase for SAM 3's own video predictor (``{"type": "concepts_track", "text",
+"score_thresh"?, "hotstart_delay"?}``, :mod:`sam2serve.server.live_concepts`) starts a SAM 3
+run from the next frame, bounded before any model work as POST .../concepts/track is
+(answered ``{"type": "concepts_track", "from_frame", ...}``): every later frame is tracked by
+SAM 2.1 (its objects, in the ``frame`` answer) and then pushed to SAM 3, whose answers
+(``{"type": "concepts_frame", "frame_idx", "seq", "objects"}``, each object with its
+``score``, named by the phrase) come as hot start lets them out, ``hotstart_delay`` frames
+later (Meta's 15). ``{"type": "concepts_stop"}`` or the connection's end lets out the rest,
+then ``{"type": "concepts_done", ...}``; a client that leaves gets none, and the run's bytes
+are freed either way. One phrase at a time (``concepts_running``).
 
 Two tasks share a connection: :meth:`LiveConnection.read` takes messages (frames wait in
 a queue, bounded by ``max_live_pending``; in ``latest`` mode a newer frame replaces the
@@ -49,6 +57,15 @@ from sam2serve.engine.video.sources import FrameGone, LiveFrames
 from sam2serve.server.batching import JobContext
 from sam2serve.server.decode_budget import Reservation
 from sam2serve.server.errors import ApiError
+from sam2serve.server.live_concepts import (
+    CONCEPTS_STOP,
+    CONCEPTS_TRACK,
+    LiveConceptRun,
+    LiveConceptsStop,
+    LiveConceptsTrack,
+    ReportedFrame,
+    start_run,
+)
 from sam2serve.server.live_modes import SeqLog, skip_message
 from sam2serve.server.prompts import check_inside
 from sam2serve.server.request_body import load_json
@@ -69,16 +86,6 @@ CLOSE_TRY_LATER = 1013
 # most) longer than this is refused unread.
 MAX_TEXT_CHARS = 64 * 1024
 
-# A phrase for SAM 3's own video predictor on a live connection: refused (below).
-CONCEPTS_TRACK = "concepts_track"
-_NO_LIVE_CONCEPTS = (
-    "SAM 3's video predictor does not run on a live connection: it holds each frame's "
-    "answer until 15 later frames confirm its new objects (hot start), and a live frame "
-    "is answered when it arrives. Seed SAM 2.1 objects from a phrase on a held frame with "
-    "POST /v1/videos/{id}/concepts (they are tracked here), or upload the video "
-    "(POST /v1/videos) and stream POST /v1/videos/{id}/concepts/track"
-)
-
 
 @dataclass
 class _Frame:
@@ -95,11 +102,20 @@ class _PromptItem:
     frames_before: int  # frames the connection had received when it came
 
 
+@dataclass
+class _ConceptsItem:
+    body: LiveConceptsTrack | LiveConceptsStop
+    received: float
+
+
 class _End:
     """The end marker of a connection's queue: everything before it is answered."""
 
 
 _END = _End()
+
+# SAM 3's answers a frame lets out; None: its step failed (the run ends).
+_Sam3Out = list[ReportedFrame] | None
 
 
 class LiveConnection:
@@ -131,11 +147,14 @@ class LiveConnection:
         source = session.state.source
         assert isinstance(source, LiveFrames)  # a live session's frames arrive on it
         self.source = source
-        self.queue: asyncio.Queue[_Frame | _PromptItem | _End] = asyncio.Queue()
+        self.queue: asyncio.Queue[_Frame | _PromptItem | _ConceptsItem | _End] = asyncio.Queue()
         self.pending = 0
         self.prompts = 0  # prompts of those (latest mode bounds them, not frames)
         self.send_lock = asyncio.Lock()
         self.open = True
+        # SAM 3's run on the connection's frames (concepts_track .. concepts_stop or the end)
+        self.concepts: LiveConceptRun | None = None
+        self.concepts_started = 0.0  # perf_counter
 
     async def send(self, message: dict[str, Any]) -> None:
         if not self.open:
@@ -264,21 +283,20 @@ class LiveConnection:
         kind = payload.get("type") if isinstance(payload, dict) else None
         if kind == "end":
             return "end"
-        if kind == CONCEPTS_TRACK:
-            message = _NO_LIVE_CONCEPTS.format(id=self.session.session_id)
-            await self.error("live_concepts_unsupported", message)
+        if kind in (CONCEPTS_TRACK, CONCEPTS_STOP):
+            await self._concepts_message(kind, payload)
             return None
         if kind != "prompt":
             await self.error(
-                "invalid_message", 'a text message is {"type": "prompt", ...} or {"type": "end"}'
+                "invalid_message",
+                'a text message is {"type": "prompt", ...}, {"type": "concepts_track", ...}, '
+                '{"type": "concepts_stop"} or {"type": "end"}',
             )
             return None
         try:
             body = LivePromptMessage.model_validate(payload)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "message"
-            await self.error("invalid_request", f"{where}: {first['msg']}")
+            await self._invalid(exc)
             return None
         if body.mask is not None:
             await self.error("invalid_request", "mask: a live prompt is clicks and/or a box")
@@ -293,19 +311,57 @@ class LiveConnection:
         self.queue.put_nowait(_PromptItem(body, time.perf_counter(), self.received))
         return None
 
+    async def _invalid(self, exc: ValidationError) -> None:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "message"
+        await self.error("invalid_request", f"{where}: {first['msg']}")
+
+    async def _concepts_message(self, kind: str, payload: Any) -> None:
+        """A concepts_track or concepts_stop message: checked, then queued (in order with
+        the frames: a run starts on the frame after it), bounded as prompts are."""
+        schema = LiveConceptsTrack if kind == CONCEPTS_TRACK else LiveConceptsStop
+        try:
+            body = schema.model_validate(payload)
+        except ValidationError as exc:
+            await self._invalid(exc)
+            return
+        room = self.prompts if self.mode == "latest" else self.pending
+        if room >= self.live.max_live_pending:
+            await self._too_fast(None)
+            return
+        self.pending += 1
+        self.prompts += 1
+        self.waiting = None  # a frame before it is tracked before it
+        self.queue.put_nowait(_ConceptsItem(body, time.perf_counter()))
+
     # -- answering ----------------------------------------------------------------------
 
     async def answer(self) -> None:
-        """Answer every queued message in order, until the end marker."""
+        """Answer every queued message in order, until the end marker (which stops a SAM 3
+        run: its held answers, unless the client left)."""
+        try:
+            await self._answer_all()
+        finally:
+            if self.concepts is not None:  # cancelled, or a bug: its bytes are freed
+                self.concepts.release()
+
+    async def _answer_all(self) -> None:
         while True:
             item = await self.queue.get()
             if isinstance(item, _End):
+                if self.concepts is not None:
+                    try:
+                        await self._stop_concepts()
+                    except Exception:  # a bug: logged; the run's bytes are freed
+                        log.exception("ending a live SAM 3 run failed")
                 return
             if item is self.waiting:
                 self.waiting = None  # taken: a newer frame waits behind it
             try:
                 if isinstance(item, _Frame):
                     await self._frame(item)
+                elif isinstance(item, _ConceptsItem):
+                    await self._concepts(item)
                 else:
                     await self._prompt(item)
             except ApiError as exc:
@@ -320,22 +376,36 @@ class LiveConnection:
                 )
             finally:
                 self.pending -= 1
-                self.prompts -= isinstance(item, _PromptItem)
+                self.prompts -= isinstance(item, _PromptItem | _ConceptsItem)
 
     async def _frame(self, item: _Frame) -> None:
         pixels, reservation = await self._pixels(item)
         state = self.session.state
         predictor = self.videos.predictor
+        concepts = self.concepts
 
-        def run(_context: JobContext) -> tuple[int, list[ObjectMask], float]:
+        def run(context: JobContext) -> tuple[int, list[ObjectMask], float, _Sam3Out]:
             started = time.perf_counter()
             index = self.source.append(pixels)
             frame = predictor.track_next(state, index)
-            return index, object_masks(frame), time.perf_counter() - started
+            records = object_masks(frame)
+            seconds = time.perf_counter() - started
+            sam3: _Sam3Out = []
+            if concepts is not None:  # SAM 3 after SAM 2.1: its answer is not delayed by it
+                try:
+                    sam3 = concepts.push(context, index, pixels)
+                except Exception:  # a bug: logged; the run ends, SAM 2.1's answer stands
+                    log.exception("a live SAM 3 step failed")
+                    sam3 = None
+            return index, records, seconds, sam3
 
         with reservation:
-            index, records, seconds = await self.service.run_job("video_live", run, RequestClock())
+            index, records, seconds, sam3 = await self.service.run_job(
+                "video_live", run, RequestClock(), long=concepts is not None
+            )
         self.seqs.tracked(item.seq, index)
+        if concepts is not None:
+            concepts.seqs[index] = item.seq
         objects = await objects_out(records, "coco_rle", self.service, self.session.names)
         answer: dict[str, Any] = {
             "type": "frame",
@@ -349,6 +419,70 @@ class LiveConnection:
             answer["skipped"] = False
             answer["skipped_count"] = item.skipped  # the frames it replaced
         await self.send(answer)
+        if concepts is not None and sam3 is None:
+            self.concepts = None
+            concepts.release()
+            await self.error(
+                "internal_error", "SAM 3's step failed; its run has ended (logged)", item.seq
+            )
+        elif concepts is not None:
+            await self._send_concepts(concepts, sam3 or [])
+
+    async def _concepts(self, item: _ConceptsItem) -> None:
+        body = item.body
+        run = self.concepts
+        if isinstance(body, LiveConceptsStop):
+            if run is None:
+                raise ApiError(
+                    409,
+                    "concepts_not_running",
+                    'no phrase is tracked on this connection: send {"type": '
+                    '"concepts_track", "text": ...} first',
+                )
+            await self._stop_concepts()
+            return
+        if run is not None:
+            raise ApiError(
+                409,
+                "concepts_running",
+                f"SAM 3 already tracks {run.phrase!r} on this connection (one phrase at a "
+                'time): send {"type": "concepts_stop"} first',
+            )
+        run = await start_run(body, self.session, self.videos, self.service)
+        self.concepts, self.concepts_started = run, time.perf_counter()
+        await self.send(
+            {
+                "type": "concepts_track",
+                "text": run.phrase,
+                "from_frame": len(self.source),
+                "hotstart_delay": run.thresholds.hotstart_delay,
+                "score_thresh": run.thresholds.score,
+                "new_object_thresh": run.thresholds.new_det,
+                "max_objects": run.max_objects,
+            }
+        )
+
+    async def _stop_concepts(self) -> None:
+        """The run's held answers (unless the client left), ``concepts_done``; its bytes
+        are freed whatever happens."""
+        run = self.concepts
+        assert run is not None
+        self.concepts = None
+        try:
+            if not self.open:
+                return
+            held = await self.service.run_job(
+                "video_live", lambda _context: run.flush(), RequestClock(), long=True
+            )
+            await self._send_concepts(run, held)
+            await self.send(run.done(time.perf_counter() - self.concepts_started))
+        finally:
+            run.release()
+
+    async def _send_concepts(self, run: LiveConceptRun, frames: list[ReportedFrame]) -> None:
+        for frame in frames:
+            run.keep(frame)
+            await self.send(await run.message(frame, self.service))
 
     async def _pixels(
         self, item: _Frame
@@ -389,6 +523,7 @@ class LiveConnection:
                 f"points: {len(body.points)} clicks; at most {limit} (max_points_per_object)",
             )
         self.videos.check_new_object(session, body.obj_id)
+        self._check_sam3_room(body.obj_id)
         self.videos.check_live_prompt(session, body.obj_id, frame_idx)
         if not body.clear_old_points:
             total = self.videos.clicks_on(session, body.obj_id, frame_idx) + len(body.points)
@@ -410,6 +545,8 @@ class LiveConnection:
             raise ApiError(422, "invalid_request", str(exc)) from None
         if body.name is not None:  # the object exists now: its name is kept
             session.set_name(body.obj_id, body.name)
+        if self.concepts is not None:  # SAM 3 gives it to no object it finds
+            self.concepts.ids.used.add(body.obj_id)
         objects = await objects_out(records, body.mask_format, self.service, session.names)
         await self.send(
             {
@@ -420,6 +557,23 @@ class LiveConnection:
                 "latency_ms": round((time.perf_counter() - item.received) * 1000, 3),
             }
         )
+
+    def _check_sam3_room(self, obj_id: int) -> None:
+        """A new SAM 2.1 object during a SAM 3 run: the session keeps room for the objects
+        SAM 3 may still report (413 when it has none left)."""
+        run, session = self.concepts, self.session
+        if run is None or obj_id in session.state.obj_ids:
+            return
+        limit = self.videos.limits.max_objects
+        if session.object_count + run.unreported >= limit:
+            raise ApiError(
+                413,
+                "too_many_objects",
+                f"obj_id {obj_id}: the session has {session.object_count} objects and SAM 3's "
+                f"run on {run.phrase!r} keeps room for {run.unreported} more it may report, "
+                f"the limit (max_video_objects {limit}); stop the run "
+                '({"type": "concepts_stop"}) or remove objects first',
+            )
 
 
 def error_message(code: str, message: str, seq: int | None = None) -> dict[str, Any]:

@@ -27,7 +27,6 @@ import torch
 from fastapi.testclient import TestClient
 from server_support import png_bytes, start_app
 from small_tracker import small_tiny_tracker
-from websockets.sync.client import connect
 
 from sam2serve.concepts.video_association import VideoThresholds
 from sam2serve.concepts.video_load import video_predictor
@@ -408,20 +407,3 @@ def test_a_client_that_leaves_mid_run_stops_it(real_server, monkeypatch):
         assert SpinsOnSecondFrame.encoded == 2, "the run went on after its client left"
         assert session.concept_run_bytes == 0 and service.decoding.held == 0
         assert client.delete(f"/v1/videos/{sid}").status_code == 200
-
-
-def test_a_phrase_on_a_live_connection_is_refused_saying_what_to_do(real_server):
-    with real_server.client() as client:
-        live = client.post("/v1/videos/live", json={"width": SIZE[1], "height": SIZE[0]})
-        assert live.status_code == 201, live.text
-        sid = live.json()["session_id"]
-        url = real_server.url.replace("http://", "ws://") + f"/v1/videos/{sid}/live"
-        with connect(url, max_size=None) as ws:
-            ws.send(json.dumps({"type": "concepts_track", "text": "disc"}))
-            answer = json.loads(ws.recv(timeout=WAIT_S))
-            assert answer["type"] == "error" and answer["code"] == "live_concepts_unsupported"
-            assert "/concepts/track" in answer["message"] and "/concepts " in answer["message"]
-            ws.send(FRAMES[0].tobytes())  # the connection stays: a frame is still answered
-            assert json.loads(ws.recv(timeout=WAIT_S))["type"] == "frame"
-            ws.send(json.dumps({"type": "end"}))
-        client.delete(f"/v1/videos/{sid}")
