@@ -297,6 +297,7 @@ def test_a_live_or_busy_session_is_409(client):
     answer = client.post(f"/v1/videos/{sid}/concepts/track", json={"text": "cat"})
     assert answer.status_code == 409 and error_of(answer)["code"] == "live_session"
     assert "POST /v1/videos" in error_of(answer)["message"]
+    assert '"concepts_track"' in error_of(answer)["message"]  # what the live connection takes
     client.delete(f"/v1/videos/{sid}")
     sid = new_session(client)
     videos = client.app.state.service.videos

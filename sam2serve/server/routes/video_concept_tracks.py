@@ -14,7 +14,8 @@ Unlike POST .../concepts (SAM 3 seeds SAM 2.1 on one frame) no SAM 2.1 object is
 what the stream sent.
 
 Needs ``serve --video --concepts``; a live session is refused (409, it has no stored
-frames; its WebSocket takes SAM 2.1 prompts). Every bound is checked before model work:
+frames; its WebSocket runs SAM 3 on the frames it receives: ``{"type": "concepts_track"}``).
+Every bound is checked before model work:
 the phrases (the one rule of phrases and names; none twice; at most max_concept_phrases),
 ``frame_idx``, the objects SAM 3 may track at once over all phrases together (the
 session's room: max_video_objects minus its objects, at most max_concept_instances, and
@@ -142,9 +143,10 @@ async def track_concept(
             409,
             "live_session",
             "a live session has no stored frames for SAM 3's video predictor to track "
-            f"through; its WebSocket (/v1/videos/{session.session_id}/live) takes SAM 2.1 "
-            "prompts (seed them with POST .../concepts), or create a session from the video "
-            "(POST /v1/videos) and track the phrase there",
+            f"through; send the phrase on its WebSocket (/v1/videos/{session.session_id}/live) "
+            'as {"type": "concepts_track", "text": ...} to track it over the frames it '
+            "receives, or create a session from the video (POST /v1/videos) and track the "
+            "phrase there",
         )
     check_frame(body.frame_idx, state.num_frames, "frame_idx")
     last = state.num_frames if body.max_frames is None else body.frame_idx + body.max_frames
