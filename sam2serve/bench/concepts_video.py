@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from sam2serve.bench.machine import MachineInfo, load_average, machine_info
-from sam2serve.bench.runner import SAMPLE_VIDEO, _start_worker, _worker_env
+from sam2serve.bench.runner import SAMPLE_VIDEO, BenchError, _start_worker, _worker_env
 from sam2serve.concepts.runtime import ConceptsSpec
 from sam2serve.concepts.video_association import VideoThresholds
 from sam2serve.runtime.concepts import CONCEPT_MODES
@@ -333,7 +333,7 @@ def run_concepts_video_bench(
     with _work_directory(config) as work:
         try:
             clip = prepare_clip(config.video, config.frames, work)
-        except Exception as exc:  # BenchError: a video that cannot be read
+        except BenchError as exc:  # a video that cannot be read
             raise ConceptsVideoError(str(exc)) from None
 
         def result() -> ConceptsVideoResult:
