@@ -47,6 +47,10 @@ def eager(frames):
     return logits
 
 
+# The bank padded to exactly its full size (the compiled tracker's shapes): the second
+# tier, beside the compiled tracker that runs it; the first tier pads far beyond the bank
+# on every frame (the next test), the same masking on every frame.
+@pytest.mark.extended
 def test_a_static_bank_is_the_eager_answer(frames, eager):
     config = small_tiny_tracker(seed=5).video_config
     padded = VideoPredictor(
