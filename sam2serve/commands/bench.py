@@ -14,6 +14,11 @@ from sam2serve.commands.bench_concepts import (
     add_concepts_bench_flags,
     concepts_bench_command,
 )
+from sam2serve.commands.bench_concepts_video import (
+    CONCEPTS_VIDEO_TASK,
+    add_concepts_video_bench_flags,
+    concepts_video_bench_command,
+)
 from sam2serve.commands.common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -68,6 +73,16 @@ bf16; not timed on a CPU without native bf16, where the product path answers in 
 int8 (the backbone's Linear layers dynamically quantised, the rest in bf16 where native),
 each with mIoU and score difference against the baseline. It writes NAME.md and NAME.csv (default NAME: concepts_SIZE_DEVICE).
 
+--task concepts-video measures SAM 3's own video predictor (as 'track --text' runs it):
+one phrase (--phrase) on the clip (--video, its first --frames frames) from frame 0, each
+mode (default baseline,furious,int8) in a fresh process loaded in the mode: seconds per
+frame by stage (detector, tracker, association), frames/s, objects tracked, resident size
+and what the clip's state holds, per frame and as means over frames 1..N-1 (frame 0 also
+runs the prompt step); after each mode SAM 2.1's tracker (--model) in that mode on the same
+clip and object count (--no-sam2-tracker: not). Full size costs about a minute a frame on
+2 CPU cores in fp32: give few frames. It writes NAME.md and NAME.json (default NAME:
+concepts_video_SIZE_DEVICE).
+
 outputs, in --out (default bench/results): NAME.csv (every number), NAME.md (tables
 shaped like the published ones, with the command, machine and date) and NAME.png (where
 the time goes, by stage; for video, per-frame latency). The Markdown tables are also
@@ -85,6 +100,8 @@ examples:
   {PROG} bench --task video --model tiny --modes reference,baseline,fast,furious \\
       --random-weights --frames 8 --objects 1,3
   {PROG} bench --task concepts --sam3-size full --random-weights --repeats 3
+  {PROG} bench --task concepts-video --sam3-size full --random-weights --frames 3 \\
+      --modes baseline,furious
 """
 
 
@@ -110,10 +127,12 @@ def add_arguments(parser: CommandParser) -> None:
 
     parser.add_argument(
         "--task",
-        choices=tuple(dict.fromkeys((*TASKS, "all", VIDEO_TASK, CONCEPTS_TASK))),
+        choices=tuple(
+            dict.fromkeys((*TASKS, "all", VIDEO_TASK, CONCEPTS_TASK, CONCEPTS_VIDEO_TASK))
+        ),
         default="all",
-        help="which image task to measure, all three, video tracking, or SAM 3 concepts "
-        "(default: %(default)s)",
+        help="which image task to measure, all three, video tracking, SAM 3 concepts, or "
+        "SAM 3's video predictor (default: %(default)s)",
     )
     add_model_flag(parser)
     parser.add_argument(
@@ -177,6 +196,7 @@ def add_arguments(parser: CommandParser) -> None:
     )
     add_amg_flags(amg)
     add_concepts_bench_flags(parser)
+    add_concepts_video_bench_flags(parser)
 
 
 def modes_value(text: str) -> str:
@@ -241,6 +261,8 @@ def bench_command(args: argparse.Namespace) -> int:
 
     if args.task == CONCEPTS_TASK:
         return concepts_bench_command(args)
+    if args.task == CONCEPTS_VIDEO_TASK:
+        return concepts_video_bench_command(args)
     video = args.task == VIDEO_TASK
     modes_text = args.modes if args.modes is not None else _default_modes(video)
     modes = tuple(m.strip() for m in modes_text.split(",") if m.strip())

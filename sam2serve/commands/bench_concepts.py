@@ -45,10 +45,12 @@ def add_concepts_bench_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--score-thresh",
         type=Number(0.0, 1.0),
-        default=0.0,
+        default=None,
         metavar="T",
-        help="score threshold (default: %(default)s: every query kept, which the accuracy "
-        "comparison needs and which makes post-processing its largest)",
+        help="score threshold (default: 0 for --task concepts: every query kept, which the "
+        "accuracy comparison needs and which makes post-processing its largest; for --task "
+        "concepts-video the detection threshold, new objects 0.2 above it, default as "
+        "'track --text': 0 under --random-weights, else Meta's 0.5)",
     )
     group.add_argument(
         "--top-k",
@@ -117,7 +119,7 @@ def concepts_bench_command(args: argparse.Namespace) -> int:
             phrase_counts=_counts(args.phrases),
             repeats=args.repeats,
             warmup=args.warmup,
-            score_thresh=args.score_thresh,
+            score_thresh=0.0 if args.score_thresh is None else args.score_thresh,
             top_k=args.top_k,
             host_peak=peak,
             command=command_line(args),

@@ -459,8 +459,10 @@ def test_output_modes_encode_the_same_masks(images, predictor):
     json.dumps(coco)
 
 
-def test_crop_layers_with_no_surviving_mask(images, predictor):
-    """Every filter can leave nothing: no mask in any crop is an empty list, not an error."""
+def test_crop_layers_with_no_surviving_mask(predictor):
+    """Every filter can leave nothing: no mask in any crop is an empty list, not an error.
+    A plain grey 257 x 257 image: its four layer-1 crops are one 172 x 172 picture, so the
+    cache encodes two pictures for the five crops (the whole image and one crop), not five."""
     generator = MaskGenerator(
         predictor,
         points_per_side=4,
@@ -469,7 +471,11 @@ def test_crop_layers_with_no_surviving_mask(images, predictor):
         pred_iou_thresh=1.0,
         min_mask_region_area=10,
     )
-    assert generator.generate(images["astronaut"]) == []
+    grey = np.full((257, 257, 3), 128, np.uint8)
+    calls, encoded = predictor.encode_calls, len(predictor.cache)
+    assert generator.generate(grey) == []
+    assert predictor.encode_calls - calls == 5  # every crop ran
+    assert len(predictor.cache) - encoded <= 2
 
 
 def test_embedding_is_reused_and_progress_reported(images, predictor):

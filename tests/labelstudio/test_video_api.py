@@ -3,8 +3,9 @@ VideoRectangle keyframes of several objects in, each object tracked through the 
 answered as a VideoRectangle; every limit checked before the step it bounds.
 
 Most tests run the video predictor's own flow with the model's work scripted (known masks
-per frame, so the answer can be worked out here); the last one runs the tiny model and
-compares the answer with the masks it produced."""
+per frame, so the answer can be worked out here); the last one runs the tiny model's
+layers (at tests/small_tracker.py's 256 x 256 input, every object present) and compares
+the answer with the masks it produced."""
 
 from __future__ import annotations
 
@@ -396,6 +397,15 @@ def test_the_token_goes_to_label_studio_only(serve, video_model):
 # ---------------------------------------------------------------- the tiny model
 
 
+@pytest.fixture(scope="module")
+def small_video_model() -> Any:
+    """SAM 2.1 tiny's layers at a 256 x 256 input (a sixteenth of the tokens of the 1024
+    one: the same tracking, seconds cheaper), every object present."""
+    from small_tracker import small_tiny_tracker
+
+    return small_tiny_tracker(seed=0)
+
+
 class RecordingTracker(VideoPredictor):
     """The real video predictor, keeping every mask its propagation yields."""
 
@@ -410,13 +420,13 @@ class RecordingTracker(VideoPredictor):
             yield frame
 
 
-def test_the_tiny_model_tracks_both_objects(serve, video_model):
+def test_the_tiny_model_tracks_both_objects(serve, small_video_model):
     base, files = serve()
     files.files["/clip.mp4"] = clip_bytes(2)
     truth = clip_truth(2)
     disc = video_region("disc", [(1, *truth_box_percent(truth[1][0]))], labels=["Disc"])
     square = video_region("square", [(1, *truth_box_percent(truth[2][0]))], labels=["Square"])
-    tracker = RecordingTracker(video_model)
+    tracker = RecordingTracker(small_video_model)
     with video_client(tracker, allow_fetch_hosts=(base.removeprefix("http://"),)) as client:
         response = client.post("/predict", json=body(f"{base}/clip.mp4", disc, square))
     assert response.status_code == 200, response.text
