@@ -98,7 +98,7 @@ def test_next_pass_equals_meta():
 @needs_sam3
 @torch.inference_mode()
 @pytest.mark.parametrize("points", [1, 2])
-def test_click_heads_equal_meta(trackers, points):  # noqa: F811  (the fixture)
+def test_click_heads_equal_meta(trackers, points):
     """A click on a tracked frame: Meta's ``track_step`` with point inputs, the previous
     mask logits as mask prompt, no memory (``use_prev_mem_frame=False``), no memory
     encoder - the SAM heads our click runs (one point: multimask, two: the single mask)."""

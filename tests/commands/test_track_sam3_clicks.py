@@ -1,0 +1,113 @@
+"""``sam2serve track --text PHRASE --click FRAME:OBJ:X,Y,LABEL[;...]``: clicks on SAM 3's
+video objects after the pass, then Meta's partial pass; the frame files hold the final
+answers (the predictor's own, in process), track.json records the clicks; bad values
+refused in one line before a model loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from sam2serve.commands import track
+from sam2serve.commands.common import EXIT_OK, EXIT_USAGE
+from sam2serve.samples import sample_clip
+from tests.commands.test_track import SIZE, run_cli
+
+RANDOM = ("--random-weights", "--sam3-size", "tiny")
+
+
+@pytest.fixture(scope="module")
+def three_frames(tmp_path_factory) -> Path:
+    frames, _ = sample_clip(num_frames=3, size=SIZE)
+    folder = tmp_path_factory.mktemp("frames3")
+    for i, frame in enumerate(frames):
+        Image.fromarray(frame).save(folder / f"{i}.png")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (("--click", "1:0"), "--click '1:0': expected FRAME:OBJ:X,Y,LABEL"),
+        (("--click", "a:0:5,5,1"), "FRAME and OBJ are whole numbers"),
+        (("--click", "1:-2:5,5,1"), "FRAME and OBJ are >= 0"),
+        (("--click", "1:0:5,5,2"), "LABEL is 1 (object) or 0 (background); got '2'"),
+        (("--click", "1:0:5,5,1;7,x,0"), "X and Y are numbers; got '7,x,0'"),
+        (("--click", "1:0:5,nan,1"), "X and Y are finite numbers"),
+        (("--click", "1:0:5,5"), "X,Y,LABEL"),
+        (("--click", "9:0:5,5,1"), "--click '9:0:5,5,1': click frame 9 is outside the clip's 0..2"),
+        (("--click", "1:0:500,5,1"), "point (500, 5) is outside the"),
+        # forward from frame 1: frame 0 is never answered, so there is nothing to refine
+        (("--click", "0:0:5,5,1", "--concept-frame", "1"), "frame 0 has no answers yet"),
+        (("--click", "1:0:5,5,1", "--tracker", "sam2.1"), "--click is a --tracker sam3 option"),
+    ],
+)
+def test_bad_clicks_are_refused(three_frames, tmp_path, monkeypatch, argv, expected):
+    from sam2serve.concepts import video_load
+    from sam2serve.runtime import concepts as runtime_concepts
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the request was checked")
+
+    monkeypatch.setattr(video_load, "video_predictor", refuse)
+    monkeypatch.setattr(runtime_concepts, "load_concepts", refuse)
+    monkeypatch.setattr(track, "_load_predictor", refuse)
+    argv = ("--text", "disc", *argv)
+    code, stderr = run_cli("track", three_frames, *argv, *RANDOM, "--out", tmp_path / "o")
+    assert code == EXIT_USAGE, stderr
+    assert expected in stderr and "Traceback" not in stderr
+
+
+def test_click_without_text_is_refused(three_frames, tmp_path):
+    code, stderr = run_cli("track", three_frames, "--click", "0:0:5,5,1", "--out", tmp_path)
+    assert code == EXIT_USAGE and "--click seeds objects from concepts" in stderr
+
+
+def test_clicks_give_the_predictors_final_answers(
+    three_frames, tmp_path, concepts_tiny, monkeypatch
+):
+    """A phrase forward from frame 0, a click (positive and negative point) on object 0 on
+    frame 1 and a new object 9 on frame 2: the frame files are the answers of the
+    predictor's partial pass run in process on the same frames, and track.json records the
+    clicks (the new object included in its objects)."""
+    from sam2serve.commands.track_sam3 import thresholds
+    from sam2serve.concepts.video_load import video_predictor
+    from sam2serve.engine.rle import coco_to_rle, rle_to_mask
+    from sam2serve.runtime import concepts as runtime_concepts
+
+    monkeypatch.setattr(runtime_concepts, "load_concepts", lambda spec: concepts_tiny)
+    out = tmp_path / "out"
+    clicks = ["1:0:40,30,1;100,70,0", "2:9:80,60,1"]
+    argv = ["--text", "disc", "--max-instances", "3"]
+    for click in clicks:
+        argv += ["--click", click]
+    code, stderr = run_cli("track", three_frames, *argv, *RANDOM, "--out", out)
+    assert code == EXIT_OK, stderr
+    summary = json.loads((out / track.SUMMARY_NAME).read_text())
+    assert summary["concepts"]["clicks"] == [
+        {"frame": 1, "obj_id": 0, "points": [[40.0, 30.0], [100.0, 70.0]], "labels": [1, 0]},
+        {"frame": 2, "obj_id": 9, "points": [[80.0, 60.0]], "labels": [1]},
+    ]
+    assert 9 in summary["objects"]
+
+    frames = [np.asarray(Image.open(three_frames / f"{i}.png").convert("RGB")) for i in range(3)]
+    args = type("Args", (), {"score_thresh": None, "random_weights": True, "max_instances": 3})
+    predictor = video_predictor(concepts_tiny, thresholds(args))
+    height, width = frames[0].shape[:2]
+    state = predictor.start(3, height, width, "disc", interactive=True)
+    list(predictor.propagate_clip(state, frames.__getitem__, 0))
+    predictor.add_points(state, 1, frames[1], 0, [(40.0, 30.0), (100.0, 70.0)], [1, 0])
+    predictor.add_points(state, 2, frames[2], 9, [(80.0, 60.0)], [1])
+    final = list(predictor.propagate_clip(state, frames.__getitem__, 0))
+    assert [r.frame for r in final] == [0, 1, 2]
+    assert any(9 in r.obj_ids for r in final)
+    for result in final:
+        written = json.loads((out / f"frame_{result.frame:05d}.json").read_text())
+        assert [o["obj_id"] for o in written["objects"]] == result.obj_ids
+        for obj, mask in zip(result.obj_ids, result.masks, strict=True):
+            record = next(o for o in written["objects"] if o["obj_id"] == obj)
+            assert (rle_to_mask(coco_to_rle(record["segmentation"])) == mask).all()
