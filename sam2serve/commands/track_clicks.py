@@ -128,9 +128,12 @@ def run_clicks(
     from sam2serve.concepts.video_prompts import check_direction
 
     for click in clicks:
-        yield predictor.add_points(
-            state, click.frame, frame_at(click.frame), click.obj_id, click.points, click.labels
-        )
+        try:
+            yield predictor.add_points(
+                state, click.frame, frame_at(click.frame), click.obj_id, click.points, click.labels
+            )
+        except ValueError as exc:  # what only the pass tells: no room for a new object
+            raise UsageError(f"--click {click.text!r}: {exc}") from None
     yield from predictor.propagate_clip(state, frame_at, start, check_direction(direction))
 
 

@@ -70,10 +70,10 @@ def test_click_without_text_is_refused(three_frames, tmp_path):
 def test_clicks_give_the_predictors_final_answers(
     three_frames, tmp_path, concepts_tiny, monkeypatch
 ):
-    """A phrase forward from frame 0, a click (positive and negative point) on object 0 on
-    frame 1 and a new object 9 on frame 2: the frame files are the answers of the
+    """A phrase forward from frame 1, clicks on frame 2 (object 0: a positive and a
+    negative point; a new object 99: one point): the frame files are the answers of the
     predictor's partial pass run in process on the same frames, and track.json records the
-    clicks (the new object included in its objects)."""
+    clicks."""
     from sam2serve.commands.track_sam3 import thresholds
     from sam2serve.concepts.video_load import video_predictor
     from sam2serve.engine.rle import coco_to_rle, rle_to_mask
@@ -81,30 +81,34 @@ def test_clicks_give_the_predictors_final_answers(
 
     monkeypatch.setattr(runtime_concepts, "load_concepts", lambda spec: concepts_tiny)
     out = tmp_path / "out"
-    clicks = ["1:0:40,30,1;100,70,0", "2:9:80,60,1"]
-    argv = ["--text", "disc", "--max-instances", "3"]
+    clicks = ["2:0:30,20,1;80,50,0", "2:99:50,30,1"]
+    argv = ["--text", "disc", "--concept-frame", "1"]
     for click in clicks:
         argv += ["--click", click]
     code, stderr = run_cli("track", three_frames, *argv, *RANDOM, "--out", out)
     assert code == EXIT_OK, stderr
     summary = json.loads((out / track.SUMMARY_NAME).read_text())
     assert summary["concepts"]["clicks"] == [
-        {"frame": 1, "obj_id": 0, "points": [[40.0, 30.0], [100.0, 70.0]], "labels": [1, 0]},
-        {"frame": 2, "obj_id": 9, "points": [[80.0, 60.0]], "labels": [1]},
+        {"frame": 2, "obj_id": 0, "points": [[30.0, 20.0], [80.0, 50.0]], "labels": [1, 0]},
+        {"frame": 2, "obj_id": 99, "points": [[50.0, 30.0]], "labels": [1]},
     ]
-    assert 9 in summary["objects"]
 
     frames = [np.asarray(Image.open(three_frames / f"{i}.png").convert("RGB")) for i in range(3)]
-    args = type("Args", (), {"score_thresh": None, "random_weights": True, "max_instances": 3})
+    args = type("Args", (), {"score_thresh": None, "random_weights": True, "max_instances": 20})
     predictor = video_predictor(concepts_tiny, thresholds(args))
     height, width = frames[0].shape[:2]
     state = predictor.start(3, height, width, "disc", interactive=True)
-    list(predictor.propagate_clip(state, frames.__getitem__, 0))
-    predictor.add_points(state, 1, frames[1], 0, [(40.0, 30.0), (100.0, 70.0)], [1, 0])
-    predictor.add_points(state, 2, frames[2], 9, [(80.0, 60.0)], [1])
-    final = list(predictor.propagate_clip(state, frames.__getitem__, 0))
-    assert [r.frame for r in final] == [0, 1, 2]
-    assert any(9 in r.obj_ids for r in final)
+    first = list(predictor.propagate_clip(state, frames.__getitem__, 1))
+    predictor.add_points(state, 2, frames[2], 0, [(30.0, 20.0), (80.0, 50.0)], [1, 0])
+    predictor.add_points(state, 2, frames[2], 99, [(50.0, 30.0)], [1])
+    final = list(predictor.propagate_clip(state, frames.__getitem__, 1))
+    assert [r.frame for r in final] == [1, 2]
+    assert summary["objects"] == sorted({obj for r in final for obj in r.obj_ids})
+    # the clicks changed the answers (files of the first pass alone would differ)
+    assert any(
+        a.obj_ids != b.obj_ids or (a.masks != b.masks).any()
+        for a, b in zip(first, final, strict=True)
+    )
     for result in final:
         written = json.loads((out / f"frame_{result.frame:05d}.json").read_text())
         assert [o["obj_id"] for o in written["objects"]] == result.obj_ids
