@@ -70,8 +70,8 @@ def test_click_without_text_is_refused(three_frames, tmp_path):
 def test_clicks_give_the_predictors_final_answers(
     three_frames, tmp_path, concepts_tiny, monkeypatch
 ):
-    """A phrase forward from frame 1, clicks on frame 2 (object 0: a positive and a
-    negative point; a new object 99: one point): the frame files are the answers of the
+    """A phrase forward from frame 1, clicks on frame 2 (an object found there: a positive and
+    a negative point on its mask; a new object 99: one point): the frame files are the answers of the
     predictor's partial pass run in process on the same frames, and track.json records the
     clicks."""
     from sam2serve.commands.track_sam3 import thresholds
@@ -80,8 +80,32 @@ def test_clicks_give_the_predictors_final_answers(
     from sam2serve.runtime import concepts as runtime_concepts
 
     monkeypatch.setattr(runtime_concepts, "load_concepts", lambda spec: concepts_tiny)
+    frames = [np.asarray(Image.open(three_frames / f"{i}.png").convert("RGB")) for i in range(3)]
+    args = type("Args", (), {"score_thresh": None, "random_weights": True, "max_instances": 20})
+    predictor = video_predictor(concepts_tiny, thresholds(args))
+    height, width = frames[0].shape[:2]
+    state = predictor.start(3, height, width, "disc", interactive=True)
+    first = list(predictor.propagate_clip(state, frames.__getitem__, 1))
+    on_two = first[-1]
+    assert on_two.frame == 2 and on_two.obj_ids, "the scenario needs an object on frame 2"
+    largest = int(on_two.masks.sum(axis=(1, 2)).argmax())  # overlaps may empty a mask
+    obj = on_two.obj_ids[largest]
+    ys, xs = np.nonzero(on_two.masks[largest])  # random weights: it may cover the frame
+    inside = (int(xs[len(xs) // 2]), int(ys[len(ys) // 2]))
+    outside = (int(xs[len(xs) // 5]), int(ys[len(ys) // 5]))  # a negative click on it
+    predictor.add_points(state, 2, frames[2], obj, [inside, outside], [1, 0])
+    predictor.add_points(state, 2, frames[2], 99, [outside], [1])
+    final = list(predictor.propagate_clip(state, frames.__getitem__, 1))
+    assert [r.frame for r in final] == [1, 2]
+    # the clicks changed the answers (files of the first pass alone would differ)
+    assert any(
+        a.obj_ids != b.obj_ids or (a.masks != b.masks).any()
+        for a, b in zip(first, final, strict=True)
+    )
+
     out = tmp_path / "out"
-    clicks = ["2:0:30,20,1;80,50,0", "2:99:50,30,1"]
+    clicks = [f"2:{obj}:{inside[0]},{inside[1]},1;{outside[0]},{outside[1]},0"]
+    clicks.append(f"2:99:{outside[0]},{outside[1]},1")
     argv = ["--text", "disc", "--concept-frame", "1"]
     for click in clicks:
         argv += ["--click", click]
@@ -89,26 +113,15 @@ def test_clicks_give_the_predictors_final_answers(
     assert code == EXIT_OK, stderr
     summary = json.loads((out / track.SUMMARY_NAME).read_text())
     assert summary["concepts"]["clicks"] == [
-        {"frame": 2, "obj_id": 0, "points": [[30.0, 20.0], [80.0, 50.0]], "labels": [1, 0]},
-        {"frame": 2, "obj_id": 99, "points": [[50.0, 30.0]], "labels": [1]},
+        {
+            "frame": 2,
+            "obj_id": obj,
+            "points": [list(map(float, inside)), list(map(float, outside))],
+            "labels": [1, 0],
+        },
+        {"frame": 2, "obj_id": 99, "points": [list(map(float, outside))], "labels": [1]},
     ]
-
-    frames = [np.asarray(Image.open(three_frames / f"{i}.png").convert("RGB")) for i in range(3)]
-    args = type("Args", (), {"score_thresh": None, "random_weights": True, "max_instances": 20})
-    predictor = video_predictor(concepts_tiny, thresholds(args))
-    height, width = frames[0].shape[:2]
-    state = predictor.start(3, height, width, "disc", interactive=True)
-    first = list(predictor.propagate_clip(state, frames.__getitem__, 1))
-    predictor.add_points(state, 2, frames[2], 0, [(30.0, 20.0), (80.0, 50.0)], [1, 0])
-    predictor.add_points(state, 2, frames[2], 99, [(50.0, 30.0)], [1])
-    final = list(predictor.propagate_clip(state, frames.__getitem__, 1))
-    assert [r.frame for r in final] == [1, 2]
     assert summary["objects"] == sorted({obj for r in final for obj in r.obj_ids})
-    # the clicks changed the answers (files of the first pass alone would differ)
-    assert any(
-        a.obj_ids != b.obj_ids or (a.masks != b.masks).any()
-        for a, b in zip(first, final, strict=True)
-    )
     for result in final:
         written = json.loads((out / f"frame_{result.frame:05d}.json").read_text())
         assert [o["obj_id"] for o in written["objects"]] == result.obj_ids
