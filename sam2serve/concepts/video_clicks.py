@@ -72,7 +72,7 @@ def check_click(
     last = state.num_frames - 1
     if not 0 <= frame_idx <= last:
         raise ValueError(f"click frame {frame_idx} is outside the clip's 0..{last}")
-    if isinstance(obj_id, bool) or not isinstance(obj_id, int) or obj_id < 0:
+    if isinstance(obj_id, bool) or not isinstance(obj_id, int | np.integer) or obj_id < 0:
         raise ValueError(f"object id must be an integer >= 0; got {obj_id!r}")
     if not points_xy:
         raise ValueError("a click needs at least one point")
@@ -133,6 +133,7 @@ def add_points(
     video's pixels: Meta's ``add_tracker_new_points``. The frame's answers, the clicked
     object's mask replaced (ValueError: :func:`check_click`, or no room for a new object)."""
     check_click(state, frame_idx, obj_id, points_xy, labels)
+    obj_id, labels = int(obj_id), [int(label) for label in labels]
     tracker = predictor.tracker
     tick = time.perf_counter()
     _, tracker_frame = predictor.encode(frame)

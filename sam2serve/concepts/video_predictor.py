@@ -23,7 +23,9 @@ forward, backward or both ways as Meta's passes (:mod:`video_prompts`,
 All state is in :class:`VideoState` (one per clip and prompt); the predictor holds only
 models. ``bounded`` (default) drops what forward propagation can no longer read — past
 records outside the memory selection's reach, all but the 4 latest conditioning frames —
-so memory per clip stays bounded; the answers are the same.
+so memory per clip stays bounded; the answers are the same. A state started
+``interactive`` keeps everything instead (Meta's memory): clicks on its objects after a
+pass read it (:meth:`Sam3VideoPredictor.add_points`, :mod:`video_clicks`).
 """
 
 from __future__ import annotations

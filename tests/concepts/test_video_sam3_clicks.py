@@ -57,6 +57,34 @@ def test_click_rules():
         check_click(VideoState(5, 120, 160), 2, 0, [(1.0, 1.0)], [1])
 
 
+def test_propagation_after_a_pass_refuses_what_meta_would_redo():
+    """A state that has propagated: a second call with no click where Meta would run the
+    detector again, and a partial pass over frames no pass answered, are refused before
+    anything runs; a call after a pass from frame 0 only fetches the cached answers."""
+    from sam2serve.concepts.video_predictor import Sam3VideoPredictor
+
+    predictor = Sam3VideoPredictor(None, None, None, None)  # type: ignore[arg-type]  # no model runs
+
+    def frame_at(t: int) -> np.ndarray:
+        raise AssertionError("nothing should run")
+
+    state = VideoState(5, 8, 8, interactive=True)
+    state.actions = [(FULL, 2, None)]  # forward from a middle frame: Meta's next is full
+    with pytest.raises(ValueError, match="run the detector over the clip again"):
+        next(predictor.propagate_clip(state, frame_at, 2, "forward"))
+    state.actions.append(("refine", 2, (0,)))
+    state.cached = {t: {} for t in range(2, 5)}
+    with pytest.raises(ValueError, match="frame 1 has no answers of an earlier pass"):
+        next(predictor.propagate_clip(state, frame_at, 2, "both"))
+    assert state.actions[-1] == ("refine", 2, (0,))  # nothing recorded by a refused call
+    fetched = VideoState(3, 8, 8, interactive=True)
+    fetched.actions = [(FULL, 0, None)]
+    fetched.cached = {0: {}, 1: {}, 2: {}}
+    results = list(predictor.propagate_clip(fetched, frame_at, 0, "forward"))
+    assert [r.frame for r in results] == [0, 1, 2] and not any(r.obj_ids for r in results)
+    assert fetched.actions[-1] == (FETCH, 0, None)
+
+
 @needs_sam3
 def test_next_pass_equals_meta():
     """Random action histories (propagations from random frames, clicks on random ids):
