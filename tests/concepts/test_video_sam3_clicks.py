@@ -193,16 +193,25 @@ def _same(got, want, what: str) -> int:
     return differ
 
 
+CASES = {
+    # name: (prompt frame, direction, what is clicked)
+    "refine an object": (0, "forward", "refine"),
+    "a new object": (0, "forward", "new"),
+    "refine, both ways from frame 2": (2, "both", "refine"),
+}
+
+
 @needs_sam3
 @pytest.mark.extended
-@pytest.mark.parametrize("case", ["refine an object", "a new object"])
+@pytest.mark.parametrize("case", list(CASES))
 def test_click_session_equals_meta(models, case):
-    """A phrase on frame 0 of 5, forward (objects appear on frames 3 and 4); then clicks:
-    on frame 4 on an object the detector added on frame 3 (a positive point inside its
-    mask, a negative one outside: the detector's conditioning frame 3 is within Meta's
-    16-frame window and stops conditioning), or on frame 2 on a new id (one point); then
-    forward again from frame 0 - Meta's partial pass, which also answers the clicked
-    object on frames before its conditioning frames. Frames, ids, scores and masks as
+    """A phrase on a frame of 5, Meta's passes; then a click - on an object the pass found
+    (on the last frame answered that has one; a positive point inside its mask, a negative
+    one outside), or on a new id on frame 2 (one point) - then the same passes again:
+    Meta's partial passes. From frame 0 forward, objects appear on frames 3 and 4: the click
+    on frame 4 is on object 5, whose detector conditioning frame 3 is within Meta's
+    16-frame window and stops conditioning, and the partial pass answers the clicked
+    object on frames before its conditioning frames too. Frames, ids, scores and masks as
     Meta's, the click's answer too."""
     from meta_video_clicks import meta_click_session
 
@@ -210,29 +219,33 @@ def test_click_session_equals_meta(models, case):
     from sam2serve.samples import sample_clip
 
     meta, ours = models
+    start, direction, kind = CASES[case]
     frames, _ = sample_clip(num_frames=FRAMES, size=(HEIGHT, WIDTH))
     state = ours.start(FRAMES, HEIGHT, WIDTH, "red disc", interactive=True)
-    first = list(ours.propagate_clip(state, frames.__getitem__, 0, "forward"))
-    last = first[-1]
-    assert last.frame == 4 and last.obj_ids, "the scenario needs an object on frame 4"
-    inside, outside = _inside_and_outside(last.masks[0])
-    if case == "refine an object":
-        clicks = [(4, last.obj_ids[0], [inside, outside], [1, 0])]
+    first = list(ours.propagate_clip(state, frames.__getitem__, start, direction))
+    found = [r for r in first if r.obj_ids]
+    assert found, "the scenario needs an object"
+    target = found[-1]
+    inside, outside = _inside_and_outside(target.masks[0])
+    if kind == "refine":
+        clicks = [(target.frame, target.obj_ids[0], [inside, outside], [1, 0])]
     else:
         clicks = [(2, state.max_obj_id + 3, [outside], [1])]
     answers = [ours.add_points(state, t, frames[t], o, p, lab) for t, o, p, lab in clicks]
-    second = list(ours.propagate_clip(state, frames.__getitem__, 0, "forward"))
+    second = list(ours.propagate_clip(state, frames.__getitem__, start, direction))
 
     pixels = torch.cat([model_pixels(ours.detector, [f]) for f in frames])
     relative = [(t, o, [[x / WIDTH, y / HEIGHT] for x, y in p], lab) for t, o, p, lab in clicks]
     want_first, want_answers, want_second = meta_click_session(
-        meta, pixels, HEIGHT, WIDTH, 0, "red disc", "forward", relative
+        meta, pixels, HEIGHT, WIDTH, start, "red disc", direction, relative
     )
     assert _same(first, want_first, "first pass") == 0
     assert _same(answers, want_answers, "click") == 0
     assert _same(second, want_second, "after the click") == 0
+    assert [r.frame for r in second] == [r.frame for r in first]
     clicked = clicks[0][1]
     assert answers[0].scores[answers[0].obj_ids.index(clicked)] == 1.0
-    # the partial pass answers the clicked object on frames where the full pass had none
-    before = {r.frame: set(r.obj_ids) for r in first}
-    assert any(clicked in r.obj_ids and clicked not in before[r.frame] for r in second)
+    if start == 0:
+        # the partial pass answers the clicked object where the full pass had none
+        before = {r.frame: set(r.obj_ids) for r in first}
+        assert any(clicked in r.obj_ids and clicked not in before[r.frame] for r in second)
