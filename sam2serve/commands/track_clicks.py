@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -116,25 +116,75 @@ def check_clicks(
             raise UsageError(f"--click {click.text!r}: {exc}{hint}") from None
 
 
-def run_clicks(
+@dataclass(frozen=True)
+class NamedFrame:
+    """One answer with its objects' phrase (the shape of a several-phrase run's frames)."""
+
+    frame: int
+    obj_ids: list[int]
+    phrases: list[str]
+    masks: Any  # bool (K, H, W)
+
+
+@dataclass
+class PhraseRun:
+    """One phrase's video state, read as a several-phrase run's state is."""
+
+    phrase: str
+    state: VideoState
+
+    def phrase_of(self, obj_id: int) -> str:
+        return self.phrase
+
+    def score_of(self, obj_id: int) -> float:
+        return self.state.scores[obj_id]
+
+    @property
+    def stage_seconds(self) -> dict[str, float]:
+        return self.state.stage_seconds
+
+
+def clicked_run(
     predictor: Sam3VideoPredictor,
-    state: VideoState,
+    phrases: Sequence[str],
+    boxes: Sequence[Any],
     clicks: Sequence[ClickSpec],
     frame_at: Callable[[int], Any],
+    num_frames: int,
+    height: int,
+    width: int,
     start: int,
     direction: str,
-) -> Iterable[FrameResult]:
-    """The clicks' answers, in order, then those of Meta's next propagation (partial)."""
+) -> tuple[PhraseRun, Iterator[NamedFrame]]:
+    """The phrase's pass (an interactive state), then the clicks' answers in order, then
+    Meta's next propagation (partial): every answer in that order, a frame answered again
+    coming again. One phrase only (Meta's clicks are on one session's objects)."""
     from sam2serve.concepts.video_prompts import check_direction
 
-    for click in clicks:
-        try:
-            yield predictor.add_points(
-                state, click.frame, frame_at(click.frame), click.obj_id, click.points, click.labels
-            )
-        except ValueError as exc:  # what only the pass tells: no room for a new object
-            raise UsageError(f"--click {click.text!r}: {exc}") from None
-    yield from predictor.propagate_clip(state, frame_at, start, check_direction(direction))
+    if len(phrases) != 1:
+        raise UsageError(
+            f"--click goes with one phrase (Meta's clicks are on one session's objects); "
+            f"got {len(phrases)}: {', '.join(map(repr, phrases))}"
+        )
+    phrase, way = phrases[0], check_direction(direction)
+    state = predictor.start(num_frames, height, width, phrase, boxes, interactive=True)
+
+    def answers() -> Iterator[FrameResult]:
+        yield from predictor.propagate_clip(state, frame_at, start, way)
+        for click in clicks:
+            frame = frame_at(click.frame)
+            try:
+                yield predictor.add_points(
+                    state, click.frame, frame, click.obj_id, click.points, click.labels
+                )
+            except ValueError as exc:  # what only the pass tells: no room for a new object
+                raise UsageError(f"--click {click.text!r}: {exc}") from None
+        yield from predictor.propagate_clip(state, frame_at, start, way)
+
+    named = (
+        NamedFrame(r.frame, list(r.obj_ids), [phrase] * len(r.obj_ids), r.masks) for r in answers()
+    )
+    return PhraseRun(phrase, state), named
 
 
 def no_clicks_with(args: argparse.Namespace) -> None:
@@ -145,10 +195,12 @@ def no_clicks_with(args: argparse.Namespace) -> None:
 
 __all__ = [
     "ClickSpec",
+    "NamedFrame",
+    "PhraseRun",
     "add_click_argument",
     "check_clicks",
+    "clicked_run",
     "no_clicks_with",
     "parse_click",
     "parse_clicks",
-    "run_clicks",
 ]

@@ -14,11 +14,16 @@ import argparse
 import gc
 import json
 import time
-from itertools import chain
 from typing import Any
 
 from sam2serve.commands.common import EXIT_OK, UsageError, info_line, warning_line
-from sam2serve.commands.track_clicks import ClickSpec, check_clicks, parse_clicks
+from sam2serve.commands.track_clicks import (
+    ClickSpec,
+    NamedFrame,
+    PhraseRun,
+    check_clicks,
+    parse_clicks,
+)
 from sam2serve.commands.track_concepts import parse_box, score_thresh
 from sam2serve.commands.track_outputs import SUMMARY_NAME, TrackResults, print_summary, write_frame
 
@@ -98,25 +103,29 @@ def track_sam3(
     from sam2serve.concepts.engine import ExemplarBox
 
     boxes = [] if box is None else [ExemplarBox(box)]
-    state = predictor.start(
-        num_frames, frames.height, frames.width, phrases[0], boxes, interactive=bool(clicks)
-    )
+    if clicks:  # the files of frames answered again are rewritten with the final answers
+        from sam2serve.commands.track_clicks import clicked_run
+
+        state, run = clicked_run(
+            predictor, phrases, boxes, clicks, frames.__getitem__,
+            num_frames, frames.height, frames.width, first, args.direction,
+        )  # fmt: skip
+    else:
+        one = predictor.start(num_frames, frames.height, frames.width, phrases[0], boxes)
+        plain = predictor.propagate_clip(one, frames.__getitem__, first, args.direction)
+        state = PhraseRun(phrases[0], one)
+        run = (
+            NamedFrame(r.frame, r.obj_ids, [phrases[0]] * len(r.obj_ids), r.masks) for r in plain
+        )
     seconds: list[float] = []
     final: dict[int, list[int]] = {}  # frame -> its objects (the last answer written)
     wall = time.perf_counter()
     tick = wall
     written = 0
-    answers = predictor.propagate_clip(state, frames.__getitem__, first, args.direction)
-    if clicks:  # the files of frames answered again are rewritten with the final answers
-        from sam2serve.commands.track_clicks import run_clicks
-
-        answers = chain(
-            answers, run_clicks(predictor, state, clicks, frames.__getitem__, first, args.direction)
-        )
-    for result in answers:
+    for result in run:
         masks = _as_logits(result.masks)
         frame = FrameMasks(result.frame, list(result.obj_ids), masks)
-        write_frame(frame, names, out_dir, dict.fromkeys(result.obj_ids, phrases[0]))
+        write_frame(frame, names, out_dir, dict(zip(result.obj_ids, result.phrases, strict=True)))
         final[result.frame] = list(result.obj_ids)
         written += 1
         now = time.perf_counter()
@@ -129,7 +138,7 @@ def track_sam3(
     results = TrackResults({}, written, seconds, time.perf_counter() - wall)
     header = dict(header)
     header["objects"] = sorted(seen)
-    header["names"] = {str(obj): phrases[0] for obj in sorted(seen)}
+    header["names"] = {str(obj): state.phrase_of(obj) for obj in sorted(seen)}
     header["concepts"] = {
         "tracker": "sam3",
         "phrases": phrases,
@@ -146,8 +155,8 @@ def track_sam3(
         "objects": [
             {
                 "obj_id": obj,
-                "name": phrases[0],
-                "score": round(state.scores[obj], 6),
+                "name": state.phrase_of(obj),
+                "score": round(state.score_of(obj), 6),
                 "first_frame": min(frames_of),
                 "last_frame": max(frames_of),
             }

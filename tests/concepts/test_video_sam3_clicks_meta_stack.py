@@ -1,7 +1,7 @@
 """Second tier: clicks on SAM 3's video objects against Meta's
 ``Sam3VideoInferenceWithInstanceInteractivity`` on its real stack (``meta_venv.py``;
-``meta_video_oracle.py`` with clicks): a phrase on frame 0 of 5, forward; a click on
-object 5 on frame 4 (a positive and a negative point) and one on a new id 20 on frame 2;
+``meta_video_oracle.py`` with clicks): a phrase on frame 0 of 5, forward; a click with
+id 5 on frame 4 (a positive and a negative point) and one with a new id 20 on frame 2;
 forward again (Meta's partial pass over both objects) - the same frames in the same
 order, ids, scores to 1e-6, masks pixel for pixel, the clicks' answers too."""
 
