@@ -77,7 +77,7 @@ def track_sam3(
         )
     from sam2serve.commands.concepts_flags import concepts_spec
 
-    clicks = _checked_clicks(args, len(frames), frames.height, frames.width)
+    clicks = _checked_clicks(args, phrases, len(frames), frames.height, frames.width)
     start = time.perf_counter()
     try:
         concepts = load_concepts_in_mode(concepts_spec(args, args.device), args.mode)
@@ -173,13 +173,18 @@ def track_sam3(
 
 
 def _checked_clicks(
-    args: argparse.Namespace, num_frames: int, height: int, width: int
+    args: argparse.Namespace, phrases: list[str], num_frames: int, height: int, width: int
 ) -> list[ClickSpec]:
-    """--click values, each on a frame the pass answers, inside the video (exit 2 names a
-    bad one) - checked before the models load."""
+    """--click values, with one phrase, each on a frame the pass answers, inside the video
+    (exit 2 names a bad one) - checked before the models load."""
     from sam2serve.concepts.video_prompts import check_direction, passes
 
     clicks = parse_clicks(getattr(args, "click", None))
+    if clicks and len(phrases) != 1:
+        raise UsageError(
+            f"--click goes with one phrase (Meta's clicks are on one session's objects); "
+            f"got {len(phrases)}: {', '.join(map(repr, phrases))}"
+        )
     if clicks:
         plan = passes(num_frames, args.concept_frame, check_direction(args.direction))
         processed = [t for step in plan if not step.fetch for t in step.frames]
