@@ -22,6 +22,7 @@ from typing import Any
 from sam2serve.commands.common import PROG, UsageError, info_line, positive_int, warning_line
 from sam2serve.commands.concept_prompts import MAX_PHRASE_CHARS, parse_text
 from sam2serve.commands.concepts_flags import add_concepts_flags, concepts_spec
+from sam2serve.commands.track_clicks import add_click_argument, no_clicks_with, parse_clicks
 from sam2serve.concepts.phrases import META_SCORE_THRESH, default_score_thresh
 from sam2serve.runtime.modes import MODES, VIDEO_MODES
 
@@ -129,6 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "both (forward, then backward; Meta's passes: from the last frame its backward "
         "pass only fetches, so those frames come out empty) (default: %(default)s)",
     )
+    add_click_argument(group)
     add_concepts_flags(group)
     _widen_mode_flag(parser)
 
@@ -176,6 +178,7 @@ def check_flags(args: argparse.Namespace) -> list[str] | None:
                 ("--sam3-size", args.sam3_size, "full"),
                 ("--box", args.box, None),
                 ("--direction", args.direction, DEFAULT_DIRECTION),
+                ("--click", args.click, None),
             )
             if value != default
         ]
@@ -204,6 +207,8 @@ def check_flags(args: argparse.Namespace) -> list[str] | None:
         ):
             if value != default:
                 raise UsageError(f"{flag} is a --tracker sam3 option (SAM 3's video predictor)")
+    no_clicks_with(args)
+    parse_clicks(args.click)
     if args.box is not None:
         parse_box(args.box)
     concepts_spec(args, args.device)  # contradictions (--sam3-size tiny without random)

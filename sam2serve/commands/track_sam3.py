@@ -20,6 +20,11 @@ import time
 from typing import Any
 
 from sam2serve.commands.common import EXIT_OK, UsageError, info_line, warning_line
+from sam2serve.commands.track_clicks import (
+    ClickSpec,
+    check_clicks,
+    parse_clicks,
+)
 from sam2serve.commands.track_concepts import parse_box, score_thresh
 from sam2serve.commands.track_outputs import SUMMARY_NAME, TrackResults, print_summary, write_frame
 
@@ -73,6 +78,7 @@ def track_sam3(
         )
     from sam2serve.commands.concepts_flags import concepts_spec
 
+    clicks = _checked_clicks(args, phrases, len(frames), frames.height, frames.width)
     start = time.perf_counter()
     try:
         concepts = load_concepts_in_mode(concepts_spec(args, args.device), args.mode)
@@ -99,24 +105,35 @@ def track_sam3(
     from sam2serve.concepts.video_phrases import propagate_phrases, start_phrases
 
     boxes = [] if box is None else [ExemplarBox(box)]
-    # one run per phrase over one ViT pass per frame; one phrase: Meta's ids
-    state = start_phrases(predictor, num_frames, frames.height, frames.width, phrases, boxes)
+    if clicks:  # the files of frames answered again are rewritten with the final answers
+        from sam2serve.commands.track_clicks import clicked_run
+
+        state, run = clicked_run(
+            predictor, phrases, boxes, clicks, frames.__getitem__,
+            num_frames, frames.height, frames.width, first, args.direction,
+        )  # fmt: skip
+    else:
+        # one run per phrase over one ViT pass per frame; one phrase: Meta's ids
+        state = start_phrases(predictor, num_frames, frames.height, frames.width, phrases, boxes)
+        run = propagate_phrases(predictor, state, frames.__getitem__, first, args.direction)
     seconds: list[float] = []
-    seen: dict[int, list[int]] = {}
+    final: dict[int, list[int]] = {}  # frame -> its objects (the last answer written)
     wall = time.perf_counter()
     tick = wall
     written = 0
-    run = propagate_phrases(predictor, state, frames.__getitem__, first, args.direction)
     for result in run:
         masks = _as_logits(result.masks)
         frame = FrameMasks(result.frame, list(result.obj_ids), masks)
         write_frame(frame, names, out_dir, dict(zip(result.obj_ids, result.phrases, strict=True)))
-        for obj in result.obj_ids:
-            seen.setdefault(obj, []).append(result.frame)
+        final[result.frame] = list(result.obj_ids)
         written += 1
         now = time.perf_counter()
         seconds.append(now - tick)
         tick = now
+    seen: dict[int, list[int]] = {}
+    for frame_idx, objs in sorted(final.items()):
+        for obj in objs:
+            seen.setdefault(obj, []).append(frame_idx)
     results = TrackResults({}, written, seconds, time.perf_counter() - wall)
     header = dict(header)
     header["objects"] = sorted(seen)
@@ -127,6 +144,7 @@ def track_sam3(
         "frame": first,
         "box": None if box is None else list(box),
         "direction": args.direction,
+        "clicks": [click.as_json() for click in clicks],
         "score_thresh": predictor.th.score,
         "new_object_thresh": predictor.th.new_det,
         "max_instances": args.max_instances,
@@ -151,6 +169,26 @@ def track_sam3(
     del predictor, concepts
     gc.collect()
     return EXIT_OK
+
+
+def _checked_clicks(
+    args: argparse.Namespace, phrases: list[str], num_frames: int, height: int, width: int
+) -> list[ClickSpec]:
+    """--click values, with one phrase, each on a frame the pass answers, inside the video
+    (exit 2 names a bad one) - checked before the models load."""
+    from sam2serve.concepts.video_prompts import check_direction, passes
+
+    clicks = parse_clicks(getattr(args, "click", None))
+    if clicks and len(phrases) != 1:
+        raise UsageError(
+            f"--click goes with one phrase (Meta's clicks are on one session's objects); "
+            f"got {len(phrases)}: {', '.join(map(repr, phrases))}"
+        )
+    if clicks:
+        plan = passes(num_frames, args.concept_frame, check_direction(args.direction))
+        processed = [t for step in plan if not step.fetch for t in step.frames]
+        check_clicks(clicks, num_frames, height, width, processed)
+    return clicks
 
 
 def _as_logits(masks: Any) -> Any:

@@ -23,7 +23,9 @@ forward, backward or both ways as Meta's passes (:mod:`video_prompts`,
 All state is in :class:`VideoState` (one per clip and prompt); the predictor holds only
 models. ``bounded`` (default) drops what forward propagation can no longer read — past
 records outside the memory selection's reach, all but the 4 latest conditioning frames —
-so memory per clip stays bounded; the answers are the same.
+so memory per clip stays bounded; the answers are the same. A state started
+``interactive`` keeps everything instead (Meta's memory): clicks on its objects after a
+pass read it (:meth:`Sam3VideoPredictor.add_points`, :mod:`video_clicks`).
 """
 
 from __future__ import annotations
@@ -109,6 +111,23 @@ class Group:
     cond: dict[int, Record] = field(default_factory=dict)
     non_cond: dict[int, Record] = field(default_factory=dict)
     inputs: dict[int, set[int]] = field(default_factory=dict)  # frame -> ids with a mask
+    clicks: dict[int, set[int]] = field(default_factory=dict)  # frame -> ids with points
+    # tracked frames whose per-object copies Meta has dropped (its
+    # _clear_non_cond_mem_around_input, single-object groups): a click reads those copies
+    # (its previous mask, the other objects' outputs), tracking never does
+    cleared: set[int] = field(default_factory=set)
+
+    def visited(self, frame_idx: int) -> None:
+        """Propagation wrote this frame's outputs (Meta's per-object copies too); on a
+        conditioning frame of a one-object group, Meta drops the copies of the tracked
+        frames around it."""
+        if frame_idx in self.cond and len(self.obj_ids) <= 1:
+            self.clear_around(frame_idx)
+        self.cleared.discard(frame_idx)
+
+    def clear_around(self, frame_idx: int) -> None:
+        if len(self.obj_ids) <= 1:
+            self.cleared.update(range(frame_idx - NUM_MASKMEM, frame_idx + NUM_MASKMEM + 1))
 
 
 @dataclass
@@ -150,6 +169,14 @@ class VideoState:
     prompt_frame: int | None = None
     # bounded memory also keeps what a backward pass after the forward one reads
     keep_start: bool = False
+    # clicks (concepts/video_clicks.py) read what bounded memory drops: an interactive
+    # state keeps every record (Meta's memory) and every processed frame's answers before
+    # post-processing (Meta's cached_frame_outputs: frame -> object -> packed bool mask)
+    interactive: bool = False
+    cached: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)
+    # Meta's action history: (kind, frame, object ids) - "propagation_full",
+    # "propagation_partial", "propagation_fetch", "add", "refine"
+    actions: list[tuple[str, int | None, tuple[int, ...] | None]] = field(default_factory=list)
     groups: list[Group] = field(default_factory=list)
     hot: HotStart = field(default_factory=HotStart)
     max_obj_id: int = -1
@@ -273,12 +300,15 @@ class Sam3VideoPredictor:
         width: int,
         phrase: str | None,
         boxes: Sequence[ExemplarBox] = (),
+        interactive: bool = False,
     ) -> VideoState:
         """A clip's state for a prompt: a phrase, one exemplar box (pixels of the video) on
         the prompt frame, or both (:func:`~sam2serve.concepts.video_prompts.check_video_prompt`;
-        ValueError names a bad one)."""
+        ValueError names a bad one). ``interactive``: the state takes clicks after
+        propagation (:meth:`add_points`) and so keeps what they read, unbounded as Meta's."""
         text, box = check_video_prompt(phrase, boxes, width, height)
         state = VideoState(num_frames, height, width, has_phrase=text is not None, box=box)
+        state.interactive = interactive
         state.text = encode_text(self.detector, self.tokenize, [text or VISUAL_PHRASE])
         return state
 
@@ -294,15 +324,24 @@ class Sam3VideoPredictor:
         ``propagate_in_video`` passes (:func:`~sam2serve.concepts.video_prompts.passes`),
         each pass's answers in the order it visits frames (backward: ``start - 1`` down to
         0; the prompt frame's own answer is only forward propagation's). ``frame_at(t)``
-        gives frame ``t`` (uint8 HWC)."""
+        gives frame ``t`` (uint8 HWC). On a state that has propagated already, the passes
+        are those Meta's action history decides after clicks
+        (:func:`~sam2serve.concepts.video_clicks.repropagate`: only clicked objects run)."""
+        if state.actions:
+            from sam2serve.concepts.video_clicks import repropagate
+
+            yield from repropagate(self, state, frame_at, start, direction)
+            return
         plan = passes(state.num_frames, start, direction)
         if direction == "both" and not plan[1].fetch:
             state.keep_start = True
         for index, step in enumerate(plan):
+            kind = "propagation_fetch" if step.fetch else "propagation_full"
+            state.actions.append((kind, start, None))
             if step.fetch:
                 # Meta's fetch: frames no pass has processed have no cached output
                 for frame_idx in step.frames:
-                    yield self.finish(state, _Pending(frame_idx, {}, {}, {}))
+                    yield self.cached_result(state, frame_idx)
                 continue
             frames = ((t, frame_at(t)) for t in step.frames)
             if index == 0 and step.reverse:  # backward only: add_prompt first
@@ -324,7 +363,33 @@ class Sam3VideoPredictor:
         propagation from ``start`` to the end, every frame's answer in order. ``frames``
         yields frame ``start`` first. (:meth:`propagate_clip` also goes backward.)"""
         numbered = ((start + index, frame) for index, frame in enumerate(frames))
+        state.actions.append(("propagation_full", start, None))
         return self._propagate(state, numbered, False, prompt=True)
+
+    def add_points(
+        self,
+        state: VideoState,
+        frame_idx: int,
+        frame: np.ndarray,
+        obj_id: int,
+        points_xy: Sequence[tuple[float, float]],
+        labels: Sequence[int],
+    ) -> FrameResult:
+        """Clicks (video pixels, labels 1 / 0) on one object on a propagated frame of an
+        interactive state: Meta's ``add_prompt(points, point_labels, obj_id)``; an unknown
+        id adds an object. The frame's answer with the clicked mask; the next
+        :meth:`propagate_clip` runs the clicked objects only (:mod:`video_clicks`)."""
+        from sam2serve.concepts.video_clicks import add_points
+
+        return add_points(self, state, frame_idx, frame, obj_id, points_xy, labels)
+
+    def cached_result(self, state: VideoState, frame_idx: int) -> FrameResult:
+        """A frame's cached answers, post-processed as Meta's fetch (none: no objects)."""
+        masks = unpack_masks(state, state.cached.get(frame_idx, {}))
+        item = _Pending(
+            frame_idx, masks, dict(state.scores), dict(state.tracker_scores.get(frame_idx, {}))
+        )
+        return self.finish(state, item, hide_removed=False)
 
     @torch.inference_mode()
     def _propagate(
@@ -357,11 +422,22 @@ class Sam3VideoPredictor:
                 ready = []
             for item in ready:
                 tick = time.perf_counter()
-                result = self.finish(state, item)
+                result = self._let_out(state, item)
                 state.clock("association", tick)
                 yield result
         for item in pending:  # a source shorter than announced
-            yield self.finish(state, item)
+            yield self._let_out(state, item)
+
+    def _let_out(self, state: VideoState, item: _Pending) -> FrameResult:
+        """A frame leaves hot start: an interactive state caches its masks first, less the
+        objects removed by now (Meta's ``_cache_frame_outputs``)."""
+        if state.interactive:
+            state.cached[item.frame] = {
+                obj: np.packbits(mask.numpy().ravel())
+                for obj, mask in item.masks.items()
+                if obj not in state.hot.removed
+            }
+        return self.finish(state, item)
 
     def step(
         self,
@@ -420,7 +496,7 @@ class Sam3VideoPredictor:
             probs = trk_scores.sigmoid().reshape(-1).tolist()
             frame_scores.update(dict(zip(trk_ids.tolist(), probs, strict=True)))
         pending = _Pending(frame_idx, masks, dict(state.scores), dict(frame_scores))
-        if self.bounded:
+        if self.bounded and not state.interactive:
             self.trim(state, frame_idx, reverse)
         state.clock("association", tick)
         return pending
@@ -439,6 +515,7 @@ class Sam3VideoPredictor:
             else:
                 record = self.track(state, group, frame_idx, frame, reverse)
                 group.non_cond[frame_idx] = record
+            group.visited(frame_idx)
             masks.append(record.pred_masks[:, 0])
             scores.append(record.object_score[:, 0])
         size = self.tracker.low_res_size
@@ -569,6 +646,7 @@ class Sam3VideoPredictor:
         memory = self.tracker.encode_memory(frame, high_res, score, binarize=True)
         group.cond[frame_idx] = Record(pred, ptr, score, iou, memory.to(torch.bfloat16))
         group.non_cond.pop(frame_idx, None)
+        group.clear_around(frame_idx)
 
     def _video_res(self, state: VideoState, mask: Tensor) -> Tensor:
         """A bool mask prompt (S, S) at the video's size as +-1024 logits (1, 1, H, W):
@@ -607,6 +685,8 @@ class Sam3VideoPredictor:
             state.groups.remove(group)
             return
         keep = [i for i in range(len(group.obj_ids)) if i != row]
+        for clicked in group.clicks.values():
+            clicked.discard(obj)
         for frame_idx in [f for f, ids in group.inputs.items() if obj in ids]:
             group.inputs[frame_idx].discard(obj)
             if not group.inputs[frame_idx]:
@@ -701,10 +781,12 @@ class Sam3VideoPredictor:
                 out[obj] = mask
         return out
 
-    def finish(self, state: VideoState, item: _Pending) -> FrameResult:
-        """Meta's ``_postprocess_output``: removed ids and empty masks dropped, overlaps
-        given to the object with the higher tracker score."""
-        ids = sorted(obj for obj in item.masks if obj not in state.hot.removed)
+    def finish(self, state: VideoState, item: _Pending, hide_removed: bool = True) -> FrameResult:
+        """Meta's ``_postprocess_output``: removed ids (``hide_removed``: a propagation's,
+        not a fetch's or a click's, whose cached masks are already without them) and empty
+        masks dropped, overlaps given to the object with the higher tracker score."""
+        hidden = state.hot.removed if hide_removed else set()
+        ids = sorted(obj for obj in item.masks if obj not in hidden)
         ids = [obj for obj in ids if bool(item.masks[obj].any())]
         height, width = state.height, state.width
         if not ids:
@@ -758,6 +840,17 @@ class Sam3VideoPredictor:
                 keep |= set(earliest[:reach])
             for t in [t for t in group.non_cond if t not in keep]:
                 del group.non_cond[t]
+
+
+def unpack_masks(state: VideoState, packed: dict[int, np.ndarray]) -> dict[int, Tensor]:
+    """Cached masks (packed bits) -> bool (H, W) tensors."""
+    size = state.height * state.width
+    return {
+        obj: torch.from_numpy(
+            np.unpackbits(bits, count=size).reshape(state.height, state.width).astype(bool)
+        )
+        for obj, bits in packed.items()
+    }
 
 
 def _resize(video: Tensor, size: int, antialias: bool) -> Tensor:
@@ -836,4 +929,5 @@ __all__ = [
     "Sam3VideoPredictor",
     "VideoState",
     "memory_score",
+    "unpack_masks",
 ]

@@ -198,15 +198,20 @@ class Sam3Tracker(nn.Module):
         frame: TrackerFrame,
         mask_input: Tensor | None,
         multimask: bool,
+        points: tuple[Tensor, Tensor] | None = None,
     ) -> StepOutput:
-        """SAM heads without points (one padding point, as Meta) on B objects' features
-        (B, 256, G, G); ``mask_input`` (B, 1, 4G, 4G) or None. The mask decoder runs in its
-        weights' dtype, its outputs taken on in float32."""
+        """SAM heads on B objects' features (B, 256, G, G); ``mask_input`` (B, 1, 4G, 4G)
+        or None; ``points``: (coords (B, N, 2) in the model's input pixels, labels (B, N)
+        1 / 0), or None for Meta's padding point alone (a tracked frame). The mask decoder
+        runs in its weights' dtype, its outputs taken on in float32."""
         b = pix_feat.shape[0]
         encoder = self.sam_prompt_encoder
-        coords = pix_feat.new_zeros((b, 1, 2))
-        labels = torch.full((b, 1), -1, dtype=torch.int32, device=pix_feat.device)
-        sparse = encoder.embed_points(coords, labels)  # Meta's padding point, padded again
+        if points is None:
+            coords = pix_feat.new_zeros((b, 1, 2))
+            labels = torch.full((b, 1), -1, dtype=torch.int32, device=pix_feat.device)
+        else:
+            coords, labels = points
+        sparse = encoder.embed_points(coords, labels)  # Meta's padding point appended
         dense = encoder.no_mask_dense() if mask_input is None else encoder.embed_masks(mask_input)
         decoder = self.sam_mask_decoder
         dtype = self.decoder_dtype

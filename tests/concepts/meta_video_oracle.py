@@ -6,7 +6,9 @@
 The request names a reduced size (``Sam3Size`` fields), a seed, the clip's preprocessed
 frames (``.npy`` float32 (T, 3, S, S)) and its size, a phrase, the video settings (Meta's
 keyword names), and where to write the weights and the answers; optionally a prompt
-frame, one normalised exemplar box (x, y, w, h) and a direction (``meta_video_prompts``). Meta's builder makes the
+frame, one normalised exemplar box (x, y, w, h) and a direction (``meta_video_prompts``),
+or a prompt frame, a direction and clicks (frame, obj id, relative points, labels:
+``meta_video_clicks``). Meta's builder makes the
 video model (``meta_sam3_video``), its weights are set from the seed (the rule of
 ``meta_oracle.randomize``) and saved; Meta's ``add_prompt`` + ``propagate_in_video``
 answer. This environment has no scikit-image, which Meta's hole filling calls on a CPU:
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from meta_oracle import clip_bpe, randomize
 from meta_sam3_video import build_meta_video_model, meta_track
+from meta_video_clicks import meta_click_session
 from meta_video_prompts import meta_session
 
 
@@ -69,7 +72,13 @@ def main(request_path: str) -> None:
     torch.save(model.state_dict(), request["weights"])
     pixels = torch.from_numpy(np.load(request["pixels"]))
     with mock.patch("sam3.perflib.connected_components.connected_components", connected_components):
-        if "direction" in request:  # a prompt frame, box and direction (meta_video_prompts)
+        if "clicks" in request:  # a phrase, its passes, clicks, the passes again
+            frames = meta_click_session(
+                model, pixels, request["height"], request["width"], request["frame"],
+                request["phrase"], request["direction"],
+                [(t, o, p, lab) for t, o, p, lab in request["clicks"]],
+            )  # fmt: skip
+        elif "direction" in request:  # a prompt frame, box and direction (meta_video_prompts)
             frames = meta_session(
                 model, pixels, request["height"], request["width"], request["frame"],
                 request["phrase"], request["box_xywh"], True, request["direction"],
