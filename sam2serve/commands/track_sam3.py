@@ -17,16 +17,22 @@ import argparse
 import gc
 import json
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from sam2serve.commands.common import EXIT_OK, UsageError, info_line, warning_line
 from sam2serve.commands.track_clicks import (
     ClickSpec,
+    NamedFrame,
+    PhraseRun,
     check_clicks,
     parse_clicks,
 )
 from sam2serve.commands.track_concepts import parse_box, score_thresh
 from sam2serve.commands.track_outputs import SUMMARY_NAME, TrackResults, print_summary, write_frame
+
+if TYPE_CHECKING:
+    from sam2serve.concepts.video_phrases import PhrasesFrame, PhrasesState
 
 
 def thresholds(args: argparse.Namespace) -> Any:
@@ -105,6 +111,8 @@ def track_sam3(
     from sam2serve.concepts.video_phrases import propagate_phrases, start_phrases
 
     boxes = [] if box is None else [ExemplarBox(box)]
+    state: PhraseRun | PhrasesState
+    run: Iterator[NamedFrame] | Iterator[PhrasesFrame]
     if clicks:  # the files of frames answered again are rewritten with the final answers
         from sam2serve.commands.track_clicks import clicked_run
 
@@ -114,8 +122,13 @@ def track_sam3(
         )  # fmt: skip
     else:
         # one run per phrase over one ViT pass per frame; one phrase: Meta's ids
-        state = start_phrases(predictor, num_frames, frames.height, frames.width, phrases, boxes)
-        run = propagate_phrases(predictor, state, frames.__getitem__, first, args.direction)
+        phrase_state = start_phrases(
+            predictor, num_frames, frames.height, frames.width, phrases, boxes
+        )
+        state, run = (
+            phrase_state,
+            propagate_phrases(predictor, phrase_state, frames.__getitem__, first, args.direction),
+        )
     seconds: list[float] = []
     final: dict[int, list[int]] = {}  # frame -> its objects (the last answer written)
     wall = time.perf_counter()
