@@ -77,3 +77,22 @@ def test_frames_come_in_order_before_any_encoding():
     with pytest.raises(ValueError, match="frame 5: the stream's next frame is 4"):
         stream.push(5, frames[1])
     assert predictor.encoded == 1 and stream.held == 1
+
+
+@pytest.mark.extended
+def test_the_reduced_sam3_pushed_with_two_phrases_answers_as_run_phrases(concepts_tiny):
+    """Real (reduced, random) networks: three frames pushed with a one-frame delay, two
+    phrases."""
+    from sam2serve.concepts.video_load import video_predictor
+    from sam2serve.samples import sample_clip
+
+    frames, _ = sample_clip(3, (64, 96))
+    thresholds = stream_thresholds(VideoThresholds.from_detection(0.0, 4), 1)
+    predictor = video_predictor(concepts_tiny, thresholds)
+    phrases = PHRASES[:2]
+    stream = PhrasesStream(predictor, start_phrases(predictor, OPEN_ENDED, 64, 96, phrases))
+    answers = [r for i, f in enumerate(frames) for r in stream.push(i, f)] + stream.flush()
+    state = start_phrases(predictor, OPEN_ENDED, 64, 96, phrases)
+    same(answers, list(run_phrases(predictor, state, iter(frames))))
+    found = {phrase for frame in answers for phrase in frame.phrases}
+    assert found == set(phrases), "a phrase found nothing: the comparison would be thin"
