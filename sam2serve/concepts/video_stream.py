@@ -11,6 +11,11 @@ more answers the same: the frame count only caps memory reach at 16). What the s
 stays bounded on an endless stream as on a clip (the predictor's ``bounded`` trimming), and
 hot start's per-frame counts of objects it can no longer remove are dropped.
 
+A :class:`PhrasesStream` is several phrases' streams over one ViT pass per frame
+(:mod:`sam2serve.concepts.video_phrases`' rules: each phrase its own state, ids
+``i * n + k``, each object carrying its phrase): its pushes answer exactly as
+:func:`~sam2serve.concepts.video_phrases.run_phrases` on the same frames.
+
 Hot start holds each answer ``hotstart_delay`` frames (Meta's 15): a young object that is
 unmatched or duplicated too often in that window is removed before any answer shows it.
 Live, that is 15 frames of lag (half a second at 30 fps, more when tracking is slower than
@@ -28,13 +33,19 @@ import time
 import numpy as np
 import torch
 
+from sam2serve.concepts.engine import ConceptEncoding
 from sam2serve.concepts.video_association import VideoThresholds
+from sam2serve.concepts.video_phrases import PhrasesFrame, PhrasesState, merge
 from sam2serve.concepts.video_predictor import (
     FrameResult,
     Sam3VideoPredictor,
     VideoState,
     _Pending,
 )
+from sam2serve.concepts.video_tracker import TrackerFrame
+
+# One frame's encodings: the detector's and the tracker's features (``encode``'s answer).
+Encoded = tuple[ConceptEncoding, TrackerFrame]
 
 # The frame count of an open-ended stream's state: past any frame index a session reaches
 # (the predictor reads it only to cap memory reach at 16 frames and for backward passes).
@@ -92,15 +103,20 @@ class Sam3Stream:
         return len(self.pending)
 
     @torch.inference_mode()
-    def push(self, frame_idx: int, frame: np.ndarray) -> list[FrameResult]:
+    def push(
+        self, frame_idx: int, frame: np.ndarray, encoded: Encoded | None = None
+    ) -> list[FrameResult]:
         """Process frame ``frame_idx`` (uint8 HWC; the first push is the prompt frame, each
-        later one the next index): the answers hot start lets out now, in frame order."""
-        if self.next_frame is not None and frame_idx != self.next_frame:
-            raise ValueError(f"frame {frame_idx}: the stream's next frame is {self.next_frame}")
+        later one the next index): the answers hot start lets out now, in frame order.
+        ``encoded``: the frame's encodings when another stream has made them (their
+        seconds are not this state's)."""
+        self.check_next(frame_idx)
         predictor, state = self.predictor, self.state
-        tick = time.perf_counter()
-        encoding, tracker_frame = predictor.encode(frame)
-        state.clock("detector", tick)
+        if encoded is None:
+            tick = time.perf_counter()
+            encoded = predictor.encode(frame)
+            state.clock("detector", tick)
+        encoding, tracker_frame = encoded
         if self.next_frame is None:  # Meta's add_prompt on the prompt frame
             state.prompt_frame = frame_idx
             predictor.step(state, frame_idx, encoding, tracker_frame)
@@ -115,6 +131,11 @@ class Sam3Stream:
         else:
             ready = []
         return [self._finish(item) for item in ready]
+
+    def check_next(self, frame_idx: int) -> None:
+        """ValueError unless ``frame_idx`` is the frame the next push must carry."""
+        if self.next_frame is not None and frame_idx != self.next_frame:
+            raise ValueError(f"frame {frame_idx}: the stream's next frame is {self.next_frame}")
 
     @torch.inference_mode()
     def flush(self) -> list[FrameResult]:
@@ -150,4 +171,49 @@ class Sam3Stream:
         return result
 
 
-__all__ = ["META_HOTSTART_DELAY", "OPEN_ENDED", "Sam3Stream", "stream_thresholds"]
+class PhrasesStream:
+    """Several phrases' :class:`Sam3Stream` over one encoding per pushed frame (see the
+    module's text); ``state`` holds each phrase's :class:`VideoState` (for an open-ended
+    stream, made with :data:`OPEN_ENDED` frames)."""
+
+    def __init__(self, predictor: Sam3VideoPredictor, state: PhrasesState) -> None:
+        self.predictor = predictor
+        self.state = state
+        self.streams = [Sam3Stream(predictor, phrase_state) for phrase_state in state.states]
+
+    @property
+    def phrases(self) -> list[str]:
+        return self.state.phrases
+
+    @property
+    def held(self) -> int:
+        """Frames processed whose answers hot start still holds (the same for every
+        phrase: one delay)."""
+        return self.streams[0].held
+
+    @torch.inference_mode()
+    def push(self, frame_idx: int, frame: np.ndarray) -> list[PhrasesFrame]:
+        """:meth:`Sam3Stream.push` for every phrase: the frame encoded once, then each
+        phrase's steps; the frames hot start lets out now, merged."""
+        self.streams[0].check_next(frame_idx)
+        tick = time.perf_counter()
+        encoded = self.predictor.encode(frame)
+        self.state.encode_seconds += time.perf_counter() - tick
+        answers = [stream.push(frame_idx, frame, encoded) for stream in self.streams]
+        return [merge(self.state, results) for results in zip(*answers, strict=True)]
+
+    @torch.inference_mode()
+    def flush(self) -> list[PhrasesFrame]:
+        """The end of the stream: every frame still held, merged, in frame order."""
+        answers = [stream.flush() for stream in self.streams]
+        return [merge(self.state, results) for results in zip(*answers, strict=True)]
+
+
+__all__ = [
+    "META_HOTSTART_DELAY",
+    "OPEN_ENDED",
+    "Encoded",
+    "PhrasesStream",
+    "Sam3Stream",
+    "stream_thresholds",
+]

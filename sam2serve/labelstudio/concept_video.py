@@ -1,31 +1,37 @@
-"""A phrase on a video task answered by SAM 3's own video predictor (``labelstudio
---concepts --video``): every instance of the phrase found and tracked through the clip,
+"""A phrase (or several) on a video task answered by SAM 3's own video predictor
+(``labelstudio --concepts --video``): every instance of the phrase found and tracked
+through the clip,
 new ones picked up as they appear and lost ones ended, each answered as a VideoRectangle
 (docs/labelling.md, "Text prompts on a video").
 
 The flow, every bound decided before the step it bounds:
 
-1. the phrase (:mod:`sam2serve.labelstudio.concept_video_prompt`: one phrase, by the
-   text rule), the Video it was typed on, and the config's VideoRectangle tag on it;
+1. the phrases (:mod:`sam2serve.labelstudio.concept_video_prompt`: by the text rule, at
+   most ``--concept-max-labels``), the Video they were typed on, and the config's
+   VideoRectangle tag on it;
 2. the clip (:mod:`sam2serve.labelstudio.video_clip`): fetched within
    ``max_video_upload_bytes``; from the stream's header its frame size (``max_pixels``)
    and the frames one request tracks from Label Studio's frame 1 (``--video-max-frames``,
    at most ``max_video_frames``) with SAM 3's tracking memory (:meth:`ConceptVideoTracker.
-   tracking_cost`) checked against ``max_video_session_bytes``; then decoded within the
+   tracking_cost`: ``max_objects`` per phrase) checked against ``max_video_session_bytes``;
+   then decoded within the
    process's decode budget;
 3. one bulk job on the model worker: Meta's session over those frames
    (:class:`~sam2serve.concepts.video_predictor.Sam3VideoPredictor`: the detector on
    every frame, SAM 3's memory tracker, detections associated with tracks, new objects
    added above the new-object threshold, unmatched or duplicated young ones removed, the
    outputs held back ``hotstart_delay`` frames), at most ``max_objects`` objects tracked
-   at once; clicks of other clients run between its torch operations, a client that
+   at once; several phrases are one such session each over one ViT pass per frame
+   (:mod:`sam2serve.concepts.video_phrases`: its own detections, tracks, hot start and
+   ``max_objects``; ids ``i * n + k``, so the phrase of an id is ``id % n``); clicks of other clients run between its torch operations, a client that
    leaves stops it, and its progress is logged every tenth of the frames;
 4. each object id one VideoRectangle: the predictor's box on every frame the object is
    output (``FrameResult.boxes``: pixel indices of the first and last column and row of
    its mask, so ``x1 - x0 + 1`` pixels wide), ``enabled: false`` on the first frame of
    each absence (ended, hidden by an overlapping object, or not seen), labelled with the
-   Labels tag's label that is the phrase (ignoring case), else that tag's first label,
-   the phrase and the object id in the region's meta text.
+   Labels tag's label that is its phrase (ignoring case), else that tag's first label,
+   its phrase and the object id in the region's meta text. Objects of different phrases
+   may overlap.
 
 Nothing is kept after the answer: the session lives only inside the job.
 """
@@ -42,7 +48,13 @@ import numpy as np
 
 from sam2serve.concepts.video_association import VideoThresholds
 from sam2serve.concepts.video_memory import object_bytes
-from sam2serve.concepts.video_predictor import Sam3VideoPredictor, VideoState
+from sam2serve.concepts.video_phrases import (
+    PhrasesFrame,
+    PhrasesState,
+    run_phrases,
+    start_phrases,
+)
+from sam2serve.concepts.video_predictor import FrameResult, Sam3VideoPredictor
 from sam2serve.labelstudio.concept_video_prompt import VideoTextPrompt
 from sam2serve.labelstudio.images import ImageFetcher, LabelStudioAccess
 from sam2serve.labelstudio.label_config import LabelConfig
@@ -144,14 +156,17 @@ class ConceptVideoTracker:
         )
         return held + _OUTPUT_BYTES_PER_PIXEL * height * width
 
-    def tracking_cost(self, frames: int, height: int, width: int) -> TrackingCost:
-        """SAM 3's memory beside the frames: every object it may track at once (its memory
-        is bounded whatever the number of frames)."""
+    def tracking_cost(self, frames: int, height: int, width: int, phrases: int = 1) -> TrackingCost:
+        """SAM 3's memory beside the frames: every object it may track at once, for each of
+        ``phrases`` phrases (its memory is bounded whatever the number of frames)."""
+        objects = phrases * self.max_objects
+        each = f" ({self.max_objects} for each of {phrases} phrases)" if phrases > 1 else ""
+        fewer = "phrases, " if phrases > 1 else ""
         return TrackingCost(
-            self.max_objects * self.object_bytes(frames, height, width),
-            f"for SAM 3 to track up to {self.max_objects} objects through them",
-            "track fewer frames (--video-max-frames) or objects at once (--max-video-objects, "
-            "--concept-max-instances)",
+            objects * self.object_bytes(frames, height, width),
+            f"for SAM 3 to track up to {objects} objects{each} through them",
+            f"track fewer {fewer}frames (--video-max-frames) or objects at once "
+            "(--max-video-objects, --concept-max-instances)",
         )
 
     async def regions(
@@ -165,47 +180,63 @@ class ConceptVideoTracker:
         access: LabelStudioAccess,
         client: str,
     ) -> list[dict[str, Any]]:
-        """The VideoRectangle regions of every object of the phrase on ``task``'s video."""
+        """The VideoRectangle regions of every object of the phrases on ``task``'s video."""
         video_sessions(service, "text prompts on a video")
-        if prompt.phrase is None:
+        phrases = list(prompt.phrases)
+        if not phrases:
             return []  # a TextArea without a phrase: nothing to follow
-        phrase = prompt.phrase
         target = video_target(task, where, config, prompt.video_name)
+
+        def cost(frames: int, height: int, width: int) -> TrackingCost:
+            return self.tracking_cost(frames, height, width, len(phrases))
+
         # One of the client's bulk slots from the fetch on, as keyframe tracking holds.
         with service.bulk_slot(client):
             async with clip_window(
-                target, FIRST_FRAME, self.tracking_cost, service, fetcher, access, self.options
+                target, FIRST_FRAME, cost, service, fetcher, access, self.options
             ) as window:
-                tracks = await self._follow(service, window, phrase, target.source)
+                tracks = await self._follow(service, window, phrases, target.source)
         labels_tag = config.labels_on_video(target.video.name)
-        label = phrase_label(phrase, labels_tag.labels if labels_tag else ())
-        return _regions(tracks, window, target, phrase, label)
+        labels = labels_tag.labels if labels_tag else ()
+        return _regions(tracks, window, target, phrases, labels)
 
     async def _follow(
-        self, service: Service, window: ClipWindow, phrase: str, where: str
+        self, service: Service, window: ClipWindow, phrases: list[str], where: str
     ) -> dict[int, Track]:
-        """Meta's session on the window's frames, one bulk job; each object's track
-        (``where``: the task's video, named in the log)."""
+        """Meta's session on the window's frames (one per phrase over a shared encoding),
+        one bulk job; each object's track, by id (``where``: the task's video, named in the
+        log)."""
         predictor = self.predictor
         height, width = window.size
         total = len(window.frames)
+        named = ", ".join(map(repr, phrases))
 
         def run(context: JobContext) -> dict[int, Track]:
             started = time.perf_counter()
             log.info(
-                "SAM 3 video: %r on %s, %d frames of %dx%d, at most %d objects at once",
-                phrase,
+                "SAM 3 video: %s on %s, %d frames of %dx%d, at most %d objects at once%s",
+                named,
                 where[:200],
                 total,
                 width,
                 height,
                 self.max_objects,
+                " per phrase" if len(phrases) > 1 else "",
             )
             outputs: list[dict[int, Seen]] = [{} for _ in range(total)]
             with context.between_ops():  # clicks run between SAM 3's torch operations
-                state = predictor.start(total, height, width, phrase)
-                frames = _fed(window.frames, state, context, phrase, started)
-                for result in predictor.run(state, frames):
+                results: Iterator[FrameResult | PhrasesFrame]
+                if len(phrases) == 1:  # Meta's session as it is
+                    sam3 = PhrasesState(
+                        phrases, [predictor.start(total, height, width, phrases[0])]
+                    )
+                    frames = _fed(window.frames, sam3, context, named, started)
+                    results = predictor.run(sam3.states[0], frames)
+                else:
+                    sam3 = start_phrases(predictor, total, height, width, phrases)
+                    frames = _fed(window.frames, sam3, context, named, started)
+                    results = run_phrases(predictor, sam3, frames)
+                for result in results:
                     outputs[result.frame] = {
                         obj_id: Seen(box, score)
                         for obj_id, score, box in zip(
@@ -214,10 +245,10 @@ class ConceptVideoTracker:
                     }  # its masks are dropped here: the boxes are the answer
                     context.check()
             tracks = object_tracks(outputs)
-            stages = ", ".join(f"{k} {v:.1f} s" for k, v in state.stage_seconds.items())
+            stages = ", ".join(f"{k} {v:.1f} s" for k, v in sam3.stage_seconds.items())
             log.info(
-                "SAM 3 video: %r, %d frames in %.1f s: %d objects answered (%s)",
-                phrase,
+                "SAM 3 video: %s, %d frames in %.1f s: %d objects answered (%s)",
+                named,
                 total,
                 time.perf_counter() - started,
                 len(tracks),
@@ -233,9 +264,9 @@ class ConceptVideoTracker:
 
 def _fed(
     frames: Sequence[np.ndarray],
-    state: VideoState,
+    sam3: PhrasesState,
     context: JobContext,
-    phrase: str,
+    named: str,
     started: float,
 ) -> Iterator[np.ndarray]:
     """The frames as the predictor takes them: a checkpoint before each, and a progress
@@ -245,11 +276,11 @@ def _fed(
         context.check()
         if index and index % step == 0:
             log.info(
-                "SAM 3 video: %r, frame %d of %d, %d objects so far, %.1f s",
-                phrase,
+                "SAM 3 video: %s, frame %d of %d, %d objects so far, %.1f s",
+                named,
                 index + 1,
                 len(frames),
-                state.max_obj_id + 1,
+                sum(state.max_obj_id + 1 for state in sam3.states),
                 time.perf_counter() - started,
             )
         yield frame
@@ -259,12 +290,14 @@ def _regions(
     tracks: dict[int, Track],
     window: ClipWindow,
     target: VideoTarget,
-    phrase: str,
-    label: str | None,
+    phrases: Sequence[str],
+    labels: Sequence[str],
 ) -> list[dict[str, Any]]:
+    """Each track's region, labelled by its phrase (an id's phrase is ``id % n``)."""
     height, width = window.size
     regions = []
     for obj_id, track in tracks.items():
+        phrase = phrases[obj_id % len(phrases)]
         keyframes = tracked_keyframes(
             track.boxes, window.ls_frames, width, height, target.frame_rate
         )
@@ -273,7 +306,7 @@ def _regions(
                 keyframes,
                 target.control.name,
                 target.video.name,
-                label,
+                phrase_label(phrase, labels),
                 track.score,
                 f"{phrase} (SAM 3 object {obj_id})",
             )

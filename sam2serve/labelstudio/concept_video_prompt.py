@@ -1,5 +1,5 @@
-"""A text prompt on a video task (``labelstudio --concepts --video``): the phrase SAM 3's
-video predictor follows through the clip.
+"""A text prompt on a video task (``labelstudio --concepts --video``): the phrase (or
+phrases) SAM 3's video predictor follows through the clip.
 
 The labelling config puts a TextArea on the Video (``<TextArea name="concept"
 toName="video" smart="true" editable="true" maxSubmissions="1"/>``); the phrase the
@@ -12,9 +12,11 @@ keyframes; those are a SAM 2.1 interaction of their own
 Bounded as an image's TextArea is (:mod:`sam2serve.labelstudio.concept_prompts`, the same
 rule for a phrase): the interaction's text at most what ``concept_max_labels`` phrases and
 their separators take, counted before it is split, each phrase 1 to ``MAX_PHRASE_CHARS``
-characters. Meta's video predictor follows one text prompt, so one phrase is asked per
-request (a phrase typed twice counts once); two different ones are refused, not cut.
-Every refusal is a 422 naming the place. Torch-free.
+characters, at most ``concept_max_labels`` different phrases over the whole interaction (a
+phrase typed twice counts once; more are refused, not cut). Meta's video predictor follows
+one text prompt; several phrases are one run of it each over a shared encoding per frame
+(:mod:`sam2serve.concepts.video_phrases`). Every refusal is a 422 naming the place.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ _LIMIT_FLAG = "--concept-max-labels"
 
 @dataclass(frozen=True)
 class VideoTextPrompt:
-    """The phrase typed on a Video (None: its TextArea held none, nothing to answer) and
-    the Video tag it was typed on (None: the TextArea named none)."""
+    """The phrases typed on a Video, each once in the order typed (none: its TextArea held
+    none, nothing to answer), and the Video tag they were typed on (None: the TextArea
+    named none)."""
 
-    phrase: str | None
+    phrases: tuple[str, ...]
     video_name: str | None
 
 
@@ -60,9 +63,9 @@ def is_video_text(context: Context | None, config: LabelConfig) -> bool:
 
 
 def video_text_prompt(context: Context, max_phrases: int) -> VideoTextPrompt:
-    """The one phrase of the interaction's TextArea results on one Video; a 422 naming the
+    """The phrases of the interaction's TextArea results on one Video; a 422 naming the
     region for anything else in the context, two Videos, a text past the bound (before it
-    is split), a phrase the rule refuses, or two different phrases."""
+    is split), a phrase the rule refuses, or more than ``max_phrases`` different phrases."""
     video_name: str | None = None
     phrases: dict[str, None] = {}  # each phrase once, in order
     typed = 0  # characters of every entry, bounded before splitting
@@ -92,15 +95,12 @@ def video_text_prompt(context: Context, max_phrases: int) -> VideoTextPrompt:
                     f"{MAX_PHRASE_CHARS} characters each"
                 )
             phrases.update(dict.fromkeys(split))
-            if len(phrases) > 1:
-                first, second = list(phrases)[:2]
+            if len(phrases) > max_phrases:
                 raise _bad(
-                    f"{at}: a second phrase {second!r} after {first!r}; SAM 3's video "
-                    "predictor follows one phrase per request (Meta's takes one text "
-                    'prompt): submit one (a TextArea with maxSubmissions="1")'
+                    f"{at}: {len(phrases)} different phrases in the interaction; at most "
+                    f"{max_phrases} per request ({_LIMIT_FLAG})"
                 )
-    phrase = next(iter(phrases), None)
-    return VideoTextPrompt(phrase, video_name)
+    return VideoTextPrompt(tuple(phrases), video_name)
 
 
 def _bad(message: str) -> ApiError:

@@ -1,22 +1,26 @@
-"""SAM 3's own video predictor on a live connection: a phrase tracked through the frames
-that come after it (``{"type": "concepts_track", ...}``), until ``{"type":
-"concepts_stop"}`` or the connection's end.
+"""SAM 3's own video predictor on a live connection: a phrase (or several) tracked
+through the frames that come after it (``{"type": "concepts_track", ...}``), until
+``{"type": "concepts_stop"}`` or the connection's end.
 
-- :class:`LiveConceptsTrack` / :class:`LiveConceptsStop`: the two messages (the phrase by
-  the one rule of phrases and names; ``score_thresh`` as POST .../concepts/track's;
-  ``hotstart_delay`` 0..15, Meta's 15 by default).
+- :class:`LiveConceptsTrack` / :class:`LiveConceptsStop`: the two messages (``text``, one
+  phrase, or ``phrases``, several: the rules of POST .../concepts/track's, each by the one
+  rule of phrases and names, none twice, at most max_concept_phrases; ``score_thresh`` as
+  the route's; ``hotstart_delay`` 0..15, Meta's 15 by default).
 - :func:`start_run`: every bound before model work, as POST .../concepts/track checks them
-  (:mod:`sam2serve.server.concept_tracks`): the concept model present, the session's
-  object room (max_video_objects minus its objects, at most max_concept_instances), SAM
-  3's state per object (:class:`~sam2serve.server.concept_tracks.RunBytes`, through 16
-  frames: an open-ended stream's bounded state) beside the session's bytes within
-  max_video_session_bytes and max_video_total_bytes, and one frame's masks in the decode
-  budget (held while the run lasts); then, on the model worker, SAM 3's predictor and the
-  phrase's encoding.
-- :class:`LiveConceptRun`: the run: a :class:`~sam2serve.concepts.video_stream.Sam3Stream`
-  each frame is pushed to (on the worker, with SAM 2.1's step), SAM 3's ids mapped to the
-  session's (:class:`~sam2serve.server.concept_tracks.TrackIds`), the objects it reports
-  kept on the session with the phrase as name, and its bytes released when it ends.
+  (:mod:`sam2serve.server.concept_tracks`): the concept model present, the phrase count,
+  the session's object room over all phrases together (max_video_objects minus its
+  objects, at most max_concept_instances), SAM 3's state per object
+  (:class:`~sam2serve.server.concept_tracks.RunBytes`, through 16 frames: an open-ended
+  stream's bounded state) beside the session's bytes within max_video_session_bytes and
+  max_video_total_bytes, shared out evenly among the phrases (413 when not one each), and
+  one frame's masks in the decode budget (held while the run lasts); then, on the model
+  worker, SAM 3's predictor and each phrase's encoding.
+- :class:`LiveConceptRun`: the run: a :class:`~sam2serve.concepts.video_stream.PhrasesStream`
+  each frame is pushed to (on the worker, with SAM 2.1's step; one ViT pass a frame for
+  every phrase), SAM 3's ids (``i * n + k``, :mod:`sam2serve.concepts.video_phrases`)
+  mapped to the session's (:class:`~sam2serve.server.concept_tracks.TrackIds`), the
+  objects it reports kept on the session named by their phrase, and its bytes released
+  when it ends.
 
 Hot start holds each SAM 3 answer ``hotstart_delay`` frames: a frame's SAM 2.1 answer
 comes when it is tracked, its SAM 3 answer (``{"type": "concepts_frame", ...}``) that many
@@ -28,28 +32,29 @@ below Meta's 15 answers sooner and departs from Meta's answers
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sam2serve.concepts.phrases import META_SCORE_THRESH, RANDOM_WEIGHTS_SCORE_THRESH, check_phrase
 from sam2serve.concepts.video_association import VideoThresholds
-from sam2serve.concepts.video_predictor import FrameResult
+from sam2serve.concepts.video_phrases import PhrasesFrame, start_phrases
 from sam2serve.concepts.video_stream import (
     META_HOTSTART_DELAY,
     OPEN_ENDED,
-    Sam3Stream,
+    PhrasesStream,
     stream_thresholds,
 )
 from sam2serve.concepts.video_tracker import MAX_OBJ_PTRS
 from sam2serve.engine.video.outputs import ObjectMask, masks_of
 from sam2serve.server.batching import JobContext
-from sam2serve.server.concept_schemas import Phrase
+from sam2serve.server.concept_schemas import MAX_CONCEPT_PHRASES, Phrase, clean_phrases
 from sam2serve.server.concept_tracks import RunBytes, TrackIds, run_thresholds
 from sam2serve.server.decode_budget import Reservation
 from sam2serve.server.errors import ApiError
 from sam2serve.server.routes.concepts import concepts_of
+from sam2serve.server.routes.video_concept_tracks import check_phrase_count, phrase_share
 from sam2serve.server.schemas import FiniteFloat
 from sam2serve.server.service import RequestClock, Service
 from sam2serve.server.video_answers import objects_out
@@ -63,15 +68,25 @@ CONCEPTS_STOP = "concepts_stop"
 
 
 class LiveConceptsTrack(BaseModel):
-    """Track every instance of a phrase with SAM 3's own video predictor from the next
-    frame on, until ``concepts_stop`` or the connection's end."""
+    """Track every instance of a phrase (or of several) with SAM 3's own video predictor
+    from the next frame on, until ``concepts_stop`` or the connection's end."""
 
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["concepts_track"]
-    text: Phrase = Field(
+    text: Phrase | None = Field(
+        None,
         description="One noun phrase (the rule of every phrase and name); each object "
-        "found is named by it."
+        "found is named by it. Give text or phrases.",
+    )
+    phrases: list[Phrase] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_CONCEPT_PHRASES,
+        description="Several noun phrases (each text's rule; no two the same; at most "
+        "max_concept_phrases): each its own run of SAM 3's video predictor over one shared "
+        "image encoding per frame, its objects named by it. The objects SAM 3 may track at "
+        "once are shared out evenly among them. Give text or phrases.",
     )
     score_thresh: FiniteFloat | None = Field(
         None,
@@ -91,8 +106,23 @@ class LiveConceptsTrack(BaseModel):
 
     @field_validator("text")
     @classmethod
-    def _a_phrase(cls, text: str) -> str:
-        return check_phrase(text, "the phrase")
+    def _a_phrase(cls, text: str | None) -> str | None:
+        return None if text is None else check_phrase(text, "the phrase")
+
+    @field_validator("phrases")
+    @classmethod
+    def _phrases_are_names(cls, phrases: list[str] | None) -> list[str] | None:
+        return None if phrases is None else clean_phrases(phrases)
+
+    @model_validator(mode="after")
+    def _text_or_phrases(self) -> Self:
+        if (self.text is None) == (self.phrases is None):
+            raise ValueError("give text (one phrase) or phrases (several), not both or neither")
+        return self
+
+    def track_phrases(self) -> list[str]:
+        """The phrases tracked, in the message's order."""
+        return [self.text] if self.text is not None else list(self.phrases or ())
 
 
 class LiveConceptsStop(BaseModel):
@@ -105,26 +135,37 @@ class LiveConceptsStop(BaseModel):
 
 @dataclass(frozen=True)
 class ReportedFrame:
-    """SAM 3's answer on one frame with the session's ids (ascending) and scores."""
+    """SAM 3's answer on one frame with the session's ids (ascending), scores and phrases."""
 
     frame_idx: int
     records: list[ObjectMask]
     scores: dict[int, float]
+    phrases: dict[int, str]
 
 
 @dataclass
 class LiveConceptRun:
-    """One phrase's SAM 3 run on a live connection (see the module's text)."""
+    """One SAM 3 run of one phrase or several on a live connection (see the module's
+    text)."""
 
-    phrase: str
+    text: str | None  # the message's text (one phrase), None when it gave phrases
     session: VideoSession
-    stream: Sam3Stream
+    stream: PhrasesStream
     ids: TrackIds
     thresholds: VideoThresholds
     reservation: Reservation
     seqs: dict[int, int] = field(default_factory=dict)  # frame pushed -> its seq
     frames_out: int = 0
     ended: bool = False
+
+    @property
+    def phrases(self) -> list[str]:
+        return self.stream.phrases
+
+    @property
+    def label(self) -> str:
+        """The phrases as a message names them: 'cat', 'dog'."""
+        return ", ".join(map(repr, self.phrases))
 
     @property
     def max_objects(self) -> int:
@@ -145,36 +186,42 @@ class LiveConceptRun:
         """(On the model worker.) The answers hot start still holds."""
         return [self._reported(result) for result in self.stream.flush()]
 
-    def _reported(self, result: FrameResult) -> ReportedFrame:
+    def _reported(self, result: PhrasesFrame) -> ReportedFrame:
         session_ids = self.ids.session_ids(result.obj_ids)
         pairs = [(row, obj) for row, obj in enumerate(session_ids) if obj is not None]
         rows = [row for row, _ in pairs]
         records = masks_of([obj for _, obj in pairs], torch.from_numpy(result.masks[rows]))
         scores = {obj: float(result.scores[row]) for row, obj in pairs}
-        return ReportedFrame(result.frame, records, scores)
+        phrases = {obj: result.phrases[row] for row, obj in pairs}
+        return ReportedFrame(result.frame, records, scores, phrases)
 
     def keep(self, frame: ReportedFrame) -> None:
-        """(On the event loop.) The session keeps the frame's objects (named by the
+        """(On the event loop.) The session keeps the frame's objects (each named by its
         phrase) and where they were seen."""
         for record in frame.records:
             track = self.session.concept_tracks.get(record.obj_id)
             if track is None:
-                score = frame.scores[record.obj_id]
-                track = ConceptTrack(record.obj_id, self.phrase, score, frame.frame_idx, 0)
+                score, phrase = frame.scores[record.obj_id], frame.phrases[record.obj_id]
+                track = ConceptTrack(record.obj_id, phrase, score, frame.frame_idx, 0)
                 self.session.add_concept_track(track)
             track.last_frame = frame.frame_idx
         self.frames_out += 1
 
     async def message(self, frame: ReportedFrame, service: Service) -> dict[str, Any]:
         """A ``concepts_frame`` answer: the frame (and its seq), SAM 3's objects with
-        their names and scores."""
+        their names, scores and phrases."""
         objects = await objects_out(frame.records, "coco_rle", service, self.session.names)
         answer: dict[str, Any] = {"type": "concepts_frame", "frame_idx": frame.frame_idx}
         seq = self.seqs.pop(frame.frame_idx, None)
         if seq is not None:
             answer["seq"] = seq
         answer["objects"] = [
-            {**obj.model_dump(), "score": frame.scores[obj.obj_id]} for obj in objects
+            {
+                **obj.model_dump(),
+                "score": frame.scores[obj.obj_id],
+                "phrase": frame.phrases[obj.obj_id],
+            }
+            for obj in objects
         ]
         return answer
 
@@ -195,7 +242,7 @@ class LiveConceptRun:
         stages = self.stream.state.stage_seconds
         return {
             "type": "concepts_done",
-            "text": self.phrase,
+            **self.named(),
             "frames": self.frames_out,
             "elapsed_ms": round(elapsed_s * 1000, 3),
             "stage_seconds": {k: round(v, 6) for k, v in stages.items()},
@@ -206,6 +253,12 @@ class LiveConceptRun:
             "hotstart_delay": self.thresholds.hotstart_delay,
             "max_objects": self.max_objects,
         }
+
+    def named(self) -> dict[str, Any]:
+        """What the answers name the run by: its ``text`` when the message gave one, and
+        always its ``phrases``."""
+        text = {} if self.text is None else {"text": self.text}
+        return {**text, "phrases": list(self.phrases)}
 
     def release(self) -> None:
         """The run's bytes are free again (its state goes with it); idempotent."""
@@ -218,11 +271,13 @@ class LiveConceptRun:
 async def start_run(
     body: LiveConceptsTrack, session: VideoSession, videos: VideoSessions, service: Service
 ) -> LiveConceptRun:
-    """Check every bound, then (on the model worker) SAM 3's predictor and the phrase's
+    """Check every bound, then (on the model worker) SAM 3's predictor and each phrase's
     encoding: a run whose first frame is the next one pushed. ApiError names a bound."""
     model = concepts_of(service)
+    phrases = body.track_phrases()
+    check_phrase_count(len(phrases), model.limits.max_concept_phrases)
     state = session.state
-    replaced = [t for t in session.concept_tracks.values() if t.phrase == body.text]
+    replaced = [t for t in session.concept_tracks.values() if t.phrase in phrases]
     limit = videos.limits.max_objects
     room = limit - (session.object_count - len(replaced))
     if room < 1:
@@ -234,11 +289,14 @@ async def start_run(
         )
     size = (state.height, state.width)
     run_bytes = RunBytes(model.video.image_size, *size, MAX_OBJ_PTRS, body.hotstart_delay)
-    what = f"tracking {body.text!r} on live frames"
+    what = f"tracking {', '.join(map(repr, phrases))} on live frames"
     wanted = min(room, model.limits.max_concept_instances)
-    max_objects = videos.concept_run_room(session, wanted, 0, run_bytes.per_object, what)
+    fits = videos.concept_run_room(session, wanted, 0, run_bytes.per_object, what)
+    per_phrase = phrase_share(fits, len(phrases), session.session_id)
+    max_objects = per_phrase * len(phrases)
     model.check_mask_budget(1, max_objects, size)
-    detection = run_thresholds(body.score_thresh, model.concepts.spec.random_weights, max_objects)
+    random_weights = model.concepts.spec.random_weights
+    detection = run_thresholds(body.score_thresh, random_weights, per_phrase)
     thresholds = stream_thresholds(detection, body.hotstart_delay)
     reservation = await service.decoding.reserve(
         model.mask_bytes(1, max_objects, size),
@@ -246,10 +304,10 @@ async def start_run(
     )
     session.concept_run_bytes = run_bytes.total(max_objects)
 
-    def build(_context: JobContext) -> Sam3Stream:
+    def build(_context: JobContext) -> PhrasesStream:
         predictor = model.video.predictor(thresholds)
-        sam3 = predictor.start(OPEN_ENDED, state.height, state.width, body.text)
-        return Sam3Stream(predictor, sam3)
+        sam3 = start_phrases(predictor, OPEN_ENDED, state.height, state.width, phrases)
+        return PhrasesStream(predictor, sam3)
 
     try:
         stream = await service.run_job("video_live", build, RequestClock(), long=True)
@@ -257,7 +315,8 @@ async def start_run(
         session.concept_run_bytes = 0
         reservation.release()
         raise
-    session.forget_concept_tracks(body.text)  # this run's objects replace them
+    for phrase in phrases:  # this run's objects replace them
+        session.forget_concept_tracks(phrase)
     ids = TrackIds(session.used_ids(), max_objects)
     return LiveConceptRun(body.text, session, stream, ids, thresholds, reservation)
 

@@ -19,15 +19,16 @@ failure the client caused is an error message then a close 1008, one of the serv
 bug, logged) a close 1011.
 
 A phrase for SAM 3's own video predictor (``{"type": "concepts_track", "text",
-"score_thresh"?, "hotstart_delay"?}``, :mod:`sam2serve.server.live_concepts`) starts a SAM 3
+"score_thresh"?, "hotstart_delay"?}``, or several: ``"phrases": [..]`` instead of ``text``,
+one ViT pass a frame for all; :mod:`sam2serve.server.live_concepts`) starts a SAM 3
 run from the next frame, bounded before any model work as POST .../concepts/track is
 (answered ``{"type": "concepts_track", "from_frame", ...}``): every later frame is tracked by
 SAM 2.1 (its objects, in the ``frame`` answer) and then pushed to SAM 3, whose answers
 (``{"type": "concepts_frame", "frame_idx", "seq", "objects"}``, each object with its
-``score``, named by the phrase) come as hot start lets them out, ``hotstart_delay`` frames
+``score`` and ``phrase``, named by its phrase) come as hot start lets them out, ``hotstart_delay`` frames
 later (Meta's 15). ``{"type": "concepts_stop"}`` or the connection's end lets out the rest,
 then ``{"type": "concepts_done", ...}``; a client that leaves gets none, and the run's bytes
-are freed either way. One phrase at a time (``concepts_running``).
+are freed either way. One run at a time (``concepts_running``).
 
 Two tasks share a connection: :meth:`LiveConnection.read` takes messages (frames wait in
 a queue, bounded by ``max_live_pending``; in ``latest`` mode a newer frame replaces the
@@ -445,7 +446,7 @@ class LiveConnection:
             raise ApiError(
                 409,
                 "concepts_running",
-                f"SAM 3 already tracks {run.phrase!r} on this connection (one phrase at a "
+                f"SAM 3 already tracks {run.label} on this connection (one run at a "
                 'time): send {"type": "concepts_stop"} first',
             )
         run = await start_run(body, self.session, self.videos, self.service)
@@ -453,7 +454,7 @@ class LiveConnection:
         await self.send(
             {
                 "type": "concepts_track",
-                "text": run.phrase,
+                **run.named(),
                 "from_frame": len(self.source),
                 "hotstart_delay": run.thresholds.hotstart_delay,
                 "score_thresh": run.thresholds.score,
@@ -570,7 +571,7 @@ class LiveConnection:
                 413,
                 "too_many_objects",
                 f"obj_id {obj_id}: the session has {session.object_count} objects and SAM 3's "
-                f"run on {run.phrase!r} keeps room for {run.unreported} more it may report, "
+                f"run on {run.label} keeps room for {run.unreported} more it may report, "
                 f"the limit (max_video_objects {limit}); stop the run "
                 '({"type": "concepts_stop"}) or remove objects first',
             )

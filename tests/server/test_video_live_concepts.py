@@ -175,6 +175,7 @@ def test_sam3s_answers_are_the_predictors_run_let_out_by_hot_start(server, delay
         assert started == {
             "type": "concepts_track",
             "text": "disc",
+            "phrases": ["disc"],
             "from_frame": 1,
             "hotstart_delay": delay,
             "score_thresh": 0.0,
