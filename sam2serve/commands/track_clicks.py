@@ -159,6 +159,7 @@ def clicked_run(
     """The phrase's pass (an interactive state), then the clicks' answers in order, then
     Meta's next propagation (partial): every answer in that order, a frame answered again
     coming again. One phrase only (Meta's clicks are on one session's objects)."""
+    from sam2serve.concepts.video_clicks import add_points, propagate
     from sam2serve.concepts.video_prompts import check_direction
 
     if len(phrases) != 1:
@@ -170,16 +171,16 @@ def clicked_run(
     state = predictor.start(num_frames, height, width, phrase, boxes, interactive=True)
 
     def answers() -> Iterator[FrameResult]:
-        yield from predictor.propagate_clip(state, frame_at, start, way)
+        yield from propagate(predictor, state, frame_at, start, way)
         for click in clicks:
             frame = frame_at(click.frame)
             try:
-                yield predictor.add_points(
-                    state, click.frame, frame, click.obj_id, click.points, click.labels
+                yield add_points(
+                    predictor, state, click.frame, frame, click.obj_id, click.points, click.labels
                 )
             except ValueError as exc:  # what only the pass tells: no room for a new object
                 raise UsageError(f"--click {click.text!r}: {exc}") from None
-        yield from predictor.propagate_clip(state, frame_at, start, way)
+        yield from propagate(predictor, state, frame_at, start, way)
 
     named = (
         NamedFrame(r.frame, list(r.obj_ids), [phrase] * len(r.obj_ids), r.masks) for r in answers()

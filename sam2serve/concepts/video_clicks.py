@@ -19,7 +19,8 @@ The next ``propagate_in_video`` is decided by Meta's action history (:func:`next
 after clicks it is a *partial* pass (:func:`repropagate`) - only the clicked objects'
 groups are tracked, with the memory encoder on their own masks, and their answers replace
 the clicked objects' masks in the cached answers of the full pass; the other objects keep
-theirs. A pass after that only fetches.
+theirs. A pass after that only fetches. :func:`propagate` runs a session's passes, the
+first (the predictor's full pass) and the later ones alike.
 
 Clicks read what bounded memory drops (every conditioning frame, the records of every
 tracked frame, each processed frame's masks before post-processing), so only a state
@@ -262,6 +263,21 @@ def _drop_detector_frames(group: Group, obj_id: int, frame_idx: int) -> None:
         group.cleared.discard(t)
 
 
+def propagate(
+    predictor: Sam3VideoPredictor,
+    state: VideoState,
+    frame_at: Callable[[int], np.ndarray],
+    start: int,
+    direction: Direction = "forward",
+) -> Iterator[FrameResult]:
+    """A session's ``propagate_in_video``, the first or a later one: the first is
+    :meth:`Sam3VideoPredictor.propagate_clip`'s full pass, later ones :func:`repropagate`'s
+    (after clicks only the clicked objects run)."""
+    if state.actions:
+        return repropagate(predictor, state, frame_at, start, direction)
+    return predictor.propagate_clip(state, frame_at, start, direction)
+
+
 def repropagate(
     predictor: Sam3VideoPredictor,
     state: VideoState,
@@ -367,5 +383,6 @@ __all__ = [
     "add_points",
     "check_click",
     "next_pass",
+    "propagate",
     "repropagate",
 ]

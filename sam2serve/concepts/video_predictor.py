@@ -25,7 +25,7 @@ models. ``bounded`` (default) drops what forward propagation can no longer read 
 records outside the memory selection's reach, all but the 4 latest conditioning frames —
 so memory per clip stays bounded; the answers are the same. A state started
 ``interactive`` keeps everything instead (Meta's memory): clicks on its objects after a
-pass read it (:meth:`Sam3VideoPredictor.add_points`, :mod:`video_clicks`).
+pass read it (:mod:`video_clicks`: ``add_points``, ``propagate``).
 """
 
 from __future__ import annotations
@@ -305,7 +305,7 @@ class Sam3VideoPredictor:
         """A clip's state for a prompt: a phrase, one exemplar box (pixels of the video) on
         the prompt frame, or both (:func:`~sam2serve.concepts.video_prompts.check_video_prompt`;
         ValueError names a bad one). ``interactive``: the state takes clicks after
-        propagation (:meth:`add_points`) and so keeps what they read, unbounded as Meta's."""
+        propagation (:func:`sam2serve.concepts.video_clicks.add_points`) and so keeps what they read, unbounded as Meta's."""
         text, box = check_video_prompt(phrase, boxes, width, height)
         state = VideoState(num_frames, height, width, has_phrase=text is not None, box=box)
         state.interactive = interactive
@@ -324,14 +324,13 @@ class Sam3VideoPredictor:
         ``propagate_in_video`` passes (:func:`~sam2serve.concepts.video_prompts.passes`),
         each pass's answers in the order it visits frames (backward: ``start - 1`` down to
         0; the prompt frame's own answer is only forward propagation's). ``frame_at(t)``
-        gives frame ``t`` (uint8 HWC). On a state that has propagated already, the passes
-        are those Meta's action history decides after clicks
-        (:func:`~sam2serve.concepts.video_clicks.repropagate`: only clicked objects run)."""
+        gives frame ``t`` (uint8 HWC). Once per state: the passes after it (Meta's action
+        history after clicks) are :func:`sam2serve.concepts.video_clicks.propagate`'s."""
         if state.actions:
-            from sam2serve.concepts.video_clicks import repropagate
-
-            yield from repropagate(self, state, frame_at, start, direction)
-            return
+            raise ValueError(
+                "this state has propagated already: the passes after it (clicks, fetches) are "
+                "sam2serve.concepts.video_clicks.propagate's"
+            )
         plan = passes(state.num_frames, start, direction)
         if direction == "both" and not plan[1].fetch:
             state.keep_start = True
@@ -365,23 +364,6 @@ class Sam3VideoPredictor:
         numbered = ((start + index, frame) for index, frame in enumerate(frames))
         state.actions.append(("propagation_full", start, None))
         return self._propagate(state, numbered, False, prompt=True)
-
-    def add_points(
-        self,
-        state: VideoState,
-        frame_idx: int,
-        frame: np.ndarray,
-        obj_id: int,
-        points_xy: Sequence[tuple[float, float]],
-        labels: Sequence[int],
-    ) -> FrameResult:
-        """Clicks (video pixels, labels 1 / 0) on one object on a propagated frame of an
-        interactive state: Meta's ``add_prompt(points, point_labels, obj_id)``; an unknown
-        id adds an object. The frame's answer with the clicked mask; the next
-        :meth:`propagate_clip` runs the clicked objects only (:mod:`video_clicks`)."""
-        from sam2serve.concepts.video_clicks import add_points
-
-        return add_points(self, state, frame_idx, frame, obj_id, points_xy, labels)
 
     def cached_result(self, state: VideoState, frame_idx: int) -> FrameResult:
         """A frame's cached answers, post-processed as Meta's fetch (none: no objects)."""

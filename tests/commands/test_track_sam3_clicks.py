@@ -14,6 +14,7 @@ from PIL import Image
 
 from sam2serve.commands import track
 from sam2serve.commands.common import EXIT_OK, EXIT_USAGE
+from sam2serve.concepts.video_clicks import add_points, propagate
 from sam2serve.samples import sample_clip
 from tests.commands.test_track import SIZE, run_cli
 
@@ -85,7 +86,7 @@ def test_clicks_give_the_predictors_final_answers(
     predictor = video_predictor(concepts_tiny, thresholds(args))
     height, width = frames[0].shape[:2]
     state = predictor.start(3, height, width, "disc", interactive=True)
-    first = list(predictor.propagate_clip(state, frames.__getitem__, 1))
+    first = list(propagate(predictor, state, frames.__getitem__, 1))
     on_two = first[-1]
     assert on_two.frame == 2 and on_two.obj_ids, "the scenario needs an object on frame 2"
     largest = int(on_two.masks.sum(axis=(1, 2)).argmax())  # overlaps may empty a mask
@@ -93,9 +94,9 @@ def test_clicks_give_the_predictors_final_answers(
     ys, xs = np.nonzero(on_two.masks[largest])  # random weights: it may cover the frame
     inside = (int(xs[len(xs) // 2]), int(ys[len(ys) // 2]))
     outside = (int(xs[len(xs) // 5]), int(ys[len(ys) // 5]))  # a negative click on it
-    predictor.add_points(state, 2, frames[2], obj, [inside, outside], [1, 0])
-    predictor.add_points(state, 2, frames[2], 99, [outside], [1])
-    final = list(predictor.propagate_clip(state, frames.__getitem__, 1))
+    add_points(predictor, state, 2, frames[2], obj, [inside, outside], [1, 0])
+    add_points(predictor, state, 2, frames[2], 99, [outside], [1])
+    final = list(propagate(predictor, state, frames.__getitem__, 1))
     assert [r.frame for r in final] == [1, 2]
     # the clicks changed the answers (files of the first pass alone would differ)
     assert any(

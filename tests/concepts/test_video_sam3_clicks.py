@@ -19,7 +19,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sam2serve.concepts.video_clicks import FETCH, FULL, PARTIAL, check_click, next_pass
+from sam2serve.concepts.video_clicks import (
+    FETCH,
+    FULL,
+    PARTIAL,
+    add_points,
+    check_click,
+    next_pass,
+    propagate,
+)
 from sam2serve.concepts.video_predictor import VideoState
 
 needs_sam3 = pytest.mark.skipif(
@@ -71,16 +79,16 @@ def test_propagation_after_a_pass_refuses_what_meta_would_redo():
     state = VideoState(5, 8, 8, interactive=True)
     state.actions = [(FULL, 2, None)]  # forward from a middle frame: Meta's next is full
     with pytest.raises(ValueError, match="run the detector over the clip again"):
-        next(predictor.propagate_clip(state, frame_at, 2, "forward"))
+        next(propagate(predictor, state, frame_at, 2, "forward"))
     state.actions.append(("refine", 2, (0,)))
     state.cached = {t: {} for t in range(2, 5)}
     with pytest.raises(ValueError, match="frame 1 has no answers of an earlier pass"):
-        next(predictor.propagate_clip(state, frame_at, 2, "both"))
+        next(propagate(predictor, state, frame_at, 2, "both"))
     assert state.actions[-1] == ("refine", 2, (0,))  # nothing recorded by a refused call
     fetched = VideoState(3, 8, 8, interactive=True)
     fetched.actions = [(FULL, 0, None)]
     fetched.cached = {0: {}, 1: {}, 2: {}}
-    results = list(predictor.propagate_clip(fetched, frame_at, 0, "forward"))
+    results = list(propagate(predictor, fetched, frame_at, 0, "forward"))
     assert [r.frame for r in results] == [0, 1, 2] and not any(r.obj_ids for r in results)
     assert fetched.actions[-1] == (FETCH, 0, None)
 
@@ -222,7 +230,7 @@ def test_click_session_equals_meta(models, case):
     start, direction, kind = CASES[case]
     frames, _ = sample_clip(num_frames=FRAMES, size=(HEIGHT, WIDTH))
     state = ours.start(FRAMES, HEIGHT, WIDTH, "red disc", interactive=True)
-    first = list(ours.propagate_clip(state, frames.__getitem__, start, direction))
+    first = list(propagate(ours, state, frames.__getitem__, start, direction))
     found = [r for r in first if r.obj_ids]
     assert found, "the scenario needs an object"
     target = found[-1]
@@ -233,8 +241,8 @@ def test_click_session_equals_meta(models, case):
         clicks = [(target.frame, target.obj_ids[largest], [inside, outside], [1, 0])]
     else:
         clicks = [(2, state.max_obj_id + 3, [outside], [1])]
-    answers = [ours.add_points(state, t, frames[t], o, p, lab) for t, o, p, lab in clicks]
-    second = list(ours.propagate_clip(state, frames.__getitem__, start, direction))
+    answers = [add_points(ours, state, t, frames[t], o, p, lab) for t, o, p, lab in clicks]
+    second = list(propagate(ours, state, frames.__getitem__, start, direction))
 
     pixels = torch.cat([model_pixels(ours.detector, [f]) for f in frames])
     relative = [(t, o, [[x / WIDTH, y / HEIGHT] for x, y in p], lab) for t, o, p, lab in clicks]

@@ -26,6 +26,7 @@ from sam2serve.concepts.model import Sam3Size, build_model
 from sam2serve.concepts.tokenizer import load_tokenizer
 from sam2serve.concepts.tracker_heads import TrackerNeck, neck_state
 from sam2serve.concepts.video_association import VideoThresholds
+from sam2serve.concepts.video_clicks import add_points, propagate
 from sam2serve.concepts.video_predictor import Sam3VideoPredictor
 from sam2serve.concepts.video_tracker import Sam3Tracker, tracker_state
 from sam2serve.samples import sample_clip
@@ -93,12 +94,12 @@ def test_clicks_equal_meta_on_its_real_stack(tmp_path):
     th = VideoThresholds(**E2E_THRESHOLDS)  # type: ignore[arg-type]  # a mixed dict
     predictor = Sam3VideoPredictor(detector.eval(), load_tokenizer(), neck, tracker, th)
     session = predictor.start(FRAMES, HEIGHT, WIDTH, PHRASE, interactive=True)
-    first = list(predictor.propagate_clip(session, frames.__getitem__, 0, "forward"))
+    first = list(propagate(predictor, session, frames.__getitem__, 0, "forward"))
     answers = [
-        predictor.add_points(session, t, frames[t], obj, points, labels)
+        add_points(predictor, session, t, frames[t], obj, points, labels)
         for t, obj, points, labels in CLICKS
     ]
-    second = list(predictor.propagate_clip(session, frames.__getitem__, 0, "forward"))
+    second = list(propagate(predictor, session, frames.__getitem__, 0, "forward"))
     _same(first, want_first)
     _same(answers, want_answers)
     _same(second, want_second)
