@@ -257,9 +257,10 @@ def _run_worker(
     row.load_start = load_average()
     try:
         done = _start_worker(
-            ["concepts-video", str(spec_path), str(result_path)],
+            [str(spec_path), str(result_path)],
             _worker_env(work / "inductor" / slug),
             config.timeout_s,
+            module="sam2serve.bench.concepts_video_worker",
         )
     except subprocess.TimeoutExpired:
         row.error = f"timed out after {config.timeout_s:g} s"

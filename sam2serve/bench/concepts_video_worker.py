@@ -1,5 +1,5 @@
 """One row of ``sam2serve bench --task concepts-video`` (:mod:`sam2serve.bench.concepts_video`)
-in its own process: ``python -m sam2serve.bench.worker concepts-video SPEC.json RESULT.json``.
+in its own process: ``python -m sam2serve.bench.concepts_video_worker SPEC.json RESULT.json``.
 
 A SAM 3 row loads the concept model in the row's mode in place and its video predictor as
 ``track --text --mode`` does, then measures the phrase over the clip
@@ -207,3 +207,18 @@ def run_concepts_video(spec_path: Path, result_path: Path) -> int:
     tmp.write_text(json.dumps(result), encoding="utf-8")
     os.replace(tmp, result_path)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m sam2serve.bench.concepts_video_worker SPEC.json RESULT.json``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m sam2serve.bench.concepts_video_worker")
+    parser.add_argument("spec", type=Path)
+    parser.add_argument("result", type=Path)
+    args = parser.parse_args(argv)
+    return run_concepts_video(args.spec, args.result)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -339,11 +339,15 @@ def _worker_env(cache_dir: Path) -> dict[str, str]:
 
 
 def _start_worker(
-    args: list[str], env: dict[str, str], timeout_s: float | None
+    args: list[str],
+    env: dict[str, str],
+    timeout_s: float | None,
+    module: str = "sam2serve.bench.worker",
 ) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` (a bench worker) with its spawn time in the environment."""
     env = {**env, SPAWN_TIME_ENV: repr(time.time())}
     return subprocess.run(
-        [sys.executable, "-m", "sam2serve.bench.worker", *args],
+        [sys.executable, "-m", module, *args],
         env=env,
         timeout=timeout_s,
         stdout=subprocess.PIPE,

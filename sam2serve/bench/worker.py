@@ -14,9 +14,8 @@ writes ``sam2serve export`` artifacts of those weights for the ``+artifacts`` ro
 task (:mod:`sam2serve.bench.video`): one mode, one object count, the clip's frames
 propagated from prompts on frame 0, each frame's interval and masks recorded.
 
-``python -m sam2serve.bench.worker concepts-video SPEC.json RESULT.json`` is one row of
-``--task concepts-video`` (:mod:`sam2serve.bench.concepts_video_worker`): SAM 3's video
-predictor or SAM 2.1's tracker in one mode over the clip, each frame's cost recorded.
+A row of ``--task concepts-video`` runs in its own worker,
+:mod:`sam2serve.bench.concepts_video_worker` (it builds on this one's helpers).
 
 ``python -m sam2serve.bench.worker write-checkpoint --model SIZE --seed N --out PATH``
 writes the seeded random weights as an official-shaped checkpoint (``{"model": ...}``,
@@ -421,9 +420,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     video_parser = commands.add_parser("video", help="one mode and object count on the clip")
     video_parser.add_argument("spec", type=Path)
     video_parser.add_argument("result", type=Path)
-    concepts_video = commands.add_parser("concepts-video", help="one row of SAM 3 video")
-    concepts_video.add_argument("spec", type=Path)
-    concepts_video.add_argument("result", type=Path)
     ckpt = commands.add_parser("write-checkpoint", help="seeded random official-shaped weights")
     ckpt.add_argument("--model", required=True)
     ckpt.add_argument("--seed", type=int, required=True)
@@ -441,10 +437,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args.spec, args.result)
     if args.command == "video":
         return run_video(args.spec, args.result)
-    if args.command == "concepts-video":
-        from sam2serve.bench.concepts_video_worker import run_concepts_video
-
-        return run_concepts_video(args.spec, args.result)
     if args.command == "export":
         return export(
             args.model, args.mode, args.checkpoint, args.out, args.decoder, args.device, args.format
