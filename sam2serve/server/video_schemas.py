@@ -8,7 +8,7 @@ and every answer repeats; frames by their 0-based index in the uploaded video.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -190,6 +190,10 @@ MAX_CONCEPT_CLICKS = 16
 MAX_CONCEPT_CLICK_POINTS = 16
 
 
+XY = Annotated[list[Coordinate], Field(min_length=2, max_length=2)]  # [x, y]
+Label = Annotated[int, Field(strict=True, ge=0, le=1)]  # 1 or 0, never true / false
+
+
 class ConceptClick(_Strict):
     """Clicks on one of SAM 3's objects on one frame, after the phrase's full pass (Meta's
     ``add_prompt(frame, points, point_labels, obj_id)``)."""
@@ -203,13 +207,13 @@ class ConceptClick(_Strict):
         description="The session's id of an object this phrase's earlier run reported, or "
         "an id the session does not use: SAM 3 adds an object.",
     )
-    points: list[tuple[Coordinate, Coordinate]] = Field(
+    points: list[XY] = Field(
         min_length=1,
         max_length=MAX_CONCEPT_CLICK_POINTS,
         description="[x, y] in the video's pixels (inside the frame), at most "
         f"{MAX_CONCEPT_CLICK_POINTS}.",
     )
-    labels: list[Literal[0, 1]] = Field(
+    labels: list[Label] = Field(
         max_length=MAX_CONCEPT_CLICK_POINTS,
         description="One per point: 1 on the object, 0 off it.",
     )

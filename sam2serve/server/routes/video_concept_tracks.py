@@ -264,6 +264,10 @@ async def track_concept(
         return await _frame_event(item, body.mask_format, service, session.names)
 
     def done(outcome: RunOutcome, sent: int, elapsed: float) -> dict[str, Any]:
+        if plan is not None:  # the session keeps what the final answers report
+            for obj in set(ids.given.values()) - finals:
+                session.concept_tracks.pop(obj, None)
+            session.forget_names()
         spans = [
             vs.ConceptTrackSpan(
                 obj_id=obj,
