@@ -27,7 +27,9 @@ holds the session (409 ``session_busy`` to other requests) and one of the client
 slots until it has really ended, lets waiting clicks run between SAM 3's torch operations,
 and stops when the client leaves. Running a phrase again replaces the objects its earlier
 run reported. Each object is named by its phrase; objects of different phrases may
-overlap.
+overlap. ``clicks`` (one phrase): clicks on SAM 3's objects after the pass, stateless per
+request (:mod:`sam2serve.server.concept_clicks`: the pass again, the clicks, Meta's partial
+pass; a frame answered again is streamed again, its last event final).
 """
 
 from __future__ import annotations
@@ -118,8 +120,9 @@ class RunOutcome:
         },
         409: {
             "model": schemas.ErrorResponse,
-            "description": "A live session ('live_session': no stored frames), or the "
-            "session is busy with another request ('session_busy')",
+            "description": "A live session ('live_session': no stored frames), the "
+            "session is busy with another request ('session_busy'), or a click names "
+            "another phrase's or a SAM 2.1 object ('click_object')",
         },
         413: {
             "model": schemas.ErrorResponse,
