@@ -88,8 +88,9 @@ def plan_clicks(
     used = session.used_ids()
     for index, click in enumerate(clicks):
         where = f"clicks[{index}]"
+        points = [(x, y) for x, y in click.points]
         try:
-            check_click(answered, click.frame_idx, click.obj_id, click.points, click.labels)
+            check_click(answered, click.frame_idx, click.obj_id, points, click.labels)
         except ValueError as exc:
             hint = ""
             if click.frame_idx not in answered.cached and click.frame_idx < state.num_frames:
