@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sam2serve.concepts.video_clicks import check_click
+from sam2serve.concepts.video_clicks import add_points, check_click, repropagate
 from sam2serve.concepts.video_phrases import PhrasesFrame
 from sam2serve.concepts.video_predictor import FrameResult, Sam3VideoPredictor, VideoState
 from sam2serve.engine.video.predictor import VideoPromptError
@@ -145,13 +145,13 @@ def clicked_answers(
         frame = frame_at(click.frame_idx)
         points = [(float(x), float(y)) for x, y in click.points]
         try:
-            result = predictor.add_points(
-                state, click.frame_idx, frame, sam3, points, list(click.labels)
+            result = add_points(
+                predictor, state, click.frame_idx, frame, sam3, points, list(click.labels)
             )
         except ValueError as exc:
             raise VideoPromptError(f"clicks on obj_id {click.obj_id}: {exc}") from None
         yield CLICK, _named(result, plan.phrase)
-    for result in predictor.propagate_clip(state, frame_at, start, "forward"):
+    for result in repropagate(predictor, state, frame_at, start, "forward"):
         yield REPASS, _named(result, plan.phrase)
 
 
