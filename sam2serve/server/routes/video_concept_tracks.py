@@ -205,7 +205,7 @@ async def track_concept(
                 sam3 = item.sam3_ids[obj]
                 track = ConceptTrack(obj, phrase, score, item.frame_idx, 0, sam3)
                 session.add_concept_track(track)
-            elif item.phase == REPASS and obj not in finals:  # its final span starts
+            if item.phase == REPASS and obj not in finals:  # its final span starts
                 finals.add(obj)
                 track.first_frame = item.frame_idx
             track.last_frame = item.frame_idx
