@@ -11,6 +11,11 @@ tracker's grid (72 at SAM 3's 1008 px: 0.95 MiB a record). Hot start holds back
 ``hotstart_delay + 1`` frames of one byte per video pixel per object, and the state keeps its
 scores (:data:`SCORE_BYTES`: the clip's and the frame's being processed; earlier frames'
 scores are trimmed with the records).
+
+A state started with ``interactive=True`` (clicks after the pass, :mod:`video_clicks`) keeps
+every record instead, as Meta does: :func:`interactive_object_bytes` counts one record, the
+frame's packed answer (one bit per video pixel) and its scores per object per frame
+processed, plus the hot start's held-back masks and the clicks' conditioning records.
 """
 
 from __future__ import annotations
@@ -49,4 +54,21 @@ def object_bytes(
     return kept * record_bytes(image_size) + held_back + SCORE_BYTES
 
 
-__all__ = ["SCORE_BYTES", "object_bytes", "record_bytes"]
+def interactive_object_bytes(
+    image_size: int,
+    height: int,
+    width: int,
+    frames: int,
+    clicks: int = 0,
+    hotstart_delay: int = VideoThresholds().hotstart_delay,
+) -> int:
+    """What one tracked object may hold at most through ``frames`` frames of a ``height``
+    x ``width`` video in an interactive state (every record and every frame's packed
+    answer kept), ``clicks`` conditioning records besides."""
+    packed = -(-height * width // 8)
+    per_frame = record_bytes(image_size) + packed + SCORE_BYTES
+    held_back = (hotstart_delay + 1) * height * width
+    return (frames + clicks) * per_frame + held_back + SCORE_BYTES
+
+
+__all__ = ["SCORE_BYTES", "interactive_object_bytes", "object_bytes", "record_bytes"]

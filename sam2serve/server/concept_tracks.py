@@ -21,6 +21,9 @@ the server's predictor, the thresholds of a run, its ids and what its state may 
   its scores). The frame's encodings and the detector's outputs live
   only while a frame is processed, as SAM 2.1's propagation's do, and are not counted; the
   masks of a frame are held in the decode budget (``mask_bytes`` of the concept model).
+  A run with clicks keeps every record and every frame's packed answer (Meta's
+  interactive state, :func:`sam2serve.concepts.video_memory.interactive_object_bytes`):
+  per object, the frames times (0.95 MiB at 1008 plus one bit per video pixel).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from sam2serve.concepts.phrases import default_score_thresh
 from sam2serve.concepts.video_association import VideoThresholds
-from sam2serve.concepts.video_memory import object_bytes, record_bytes
+from sam2serve.concepts.video_memory import interactive_object_bytes, object_bytes, record_bytes
 
 if TYPE_CHECKING:
     from sam2serve.concepts.runtime import Concepts
@@ -59,6 +62,7 @@ class RunBytes:
     width: int
     frames: int
     hotstart_delay: int = VideoThresholds().hotstart_delay
+    clicks: int | None = None  # a run with clicks: its state keeps everything (interactive)
 
     @property
     def record(self) -> int:
@@ -67,6 +71,10 @@ class RunBytes:
 
     @property
     def per_object(self) -> int:
+        if self.clicks is not None:
+            return interactive_object_bytes(
+                self.image_size, self.height, self.width, self.frames, self.clicks
+            )
         return object_bytes(
             self.image_size, self.height, self.width, self.frames, self.hotstart_delay
         )

@@ -8,7 +8,7 @@ and every answer repeats; frames by their 0-based index in the uploaded video.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -184,6 +184,49 @@ class VideoConceptsRequest(ConceptPrompts):
     mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
 
 
+# Clicks one concepts/track request may carry (each SAM 3's add_points on one object).
+MAX_CONCEPT_CLICKS = 16
+# Meta's max_point_num_in_prompt_enc (concepts/video_clicks.py MAX_POINTS).
+MAX_CONCEPT_CLICK_POINTS = 16
+
+
+XY = Annotated[list[Coordinate], Field(min_length=2, max_length=2)]  # [x, y]
+Label = Annotated[int, Field(strict=True, ge=0, le=1)]  # 1 or 0, never true / false
+
+
+class ConceptClick(_Strict):
+    """Clicks on one of SAM 3's objects on one frame, after the phrase's full pass (Meta's
+    ``add_prompt(frame, points, point_labels, obj_id)``)."""
+
+    frame_idx: int = Field(
+        ge=0, le=MAX_FRAME_IDX, description="The frame clicked: one the pass answers."
+    )
+    obj_id: int = Field(
+        ge=1,
+        le=MAX_OBJ_ID,
+        description="The session's id of an object this phrase's earlier run reported, or "
+        "an id the session does not use: SAM 3 adds an object.",
+    )
+    points: list[XY] = Field(
+        min_length=1,
+        max_length=MAX_CONCEPT_CLICK_POINTS,
+        description="[x, y] in the video's pixels (inside the frame), at most "
+        f"{MAX_CONCEPT_CLICK_POINTS}.",
+    )
+    labels: list[Label] = Field(
+        max_length=MAX_CONCEPT_CLICK_POINTS,
+        description="One per point: 1 on the object, 0 off it.",
+    )
+
+    @model_validator(mode="after")
+    def _a_label_per_point(self) -> Self:
+        if len(self.labels) != len(self.points):
+            raise ValueError(
+                f"one label per point: {len(self.points)} points, {len(self.labels)} labels"
+            )
+        return self
+
+
 class ConceptTrackRequest(_Strict):
     """Every instance of one noun phrase (``text``) or of several (``phrases``), found and
     tracked by SAM 3's own video predictor from ``frame_idx`` forward (Meta's
@@ -227,6 +270,16 @@ class ConceptTrackRequest(_Strict):
         "weights, which score every instance about 0.25).",
     )
     mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
+    clicks: list[ConceptClick] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_CONCEPT_CLICKS,
+        description="Clicks on SAM 3's objects after the full pass (one phrase only; the "
+        "pass then runs to the video's end): the clicks in order, then Meta's partial pass "
+        "(only the clicked objects tracked again from frame_idx). Frames answered again "
+        "are streamed again: a frame's last event is its final answer. Nothing of SAM 3 is "
+        "kept between requests: the phrase's pass runs again first.",
+    )
 
     @field_validator("text")
     @classmethod
@@ -410,6 +463,11 @@ class ConceptTrackDone(PropagateDone):
         description="Objects SAM 3 could track at once: the session's room (count and "
         "bytes); with several phrases, shared out evenly (each phrase max_objects divided by "
         "the phrase count)."
+    )
+    clicks_applied: int = Field(
+        0,
+        description="The request's clicks SAM 3 took (then the partial pass: the frames "
+        "after the full pass are answers again, the last of a frame final); 0 without.",
     )
 
 

@@ -89,6 +89,8 @@ class ConceptTrack:
     score: float  # SAM 3's detection score when it appeared
     first_frame: int
     last_frame: int
+    # SAM 3's id of the object in its phrase's own run (Meta's id): clicks name it by it
+    sam3_id: int | None = None
 
 
 @dataclass(eq=False)

@@ -27,14 +27,16 @@ holds the session (409 ``session_busy`` to other requests) and one of the client
 slots until it has really ended, lets waiting clicks run between SAM 3's torch operations,
 and stops when the client leaves. Running a phrase again replaces the objects its earlier
 run reported. Each object is named by its phrase; objects of different phrases may
-overlap.
+overlap. ``clicks`` (one phrase): clicks on SAM 3's objects after the pass, stateless per
+request (:mod:`sam2serve.server.concept_clicks`: the pass again, the clicks, Meta's partial
+pass; a frame answered again is streamed again, its last event final).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,11 +45,13 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from sam2serve.concepts.video_phrases import PhrasesFrame, run_phrases, start_phrases
+from sam2serve.concepts.video_predictor import Sam3VideoPredictor
 from sam2serve.engine.video.outputs import ObjectMask, masks_of
 from sam2serve.server import schemas
 from sam2serve.server import video_schemas as vs
 from sam2serve.server.answers import dump_json
 from sam2serve.server.batching import JobContext
+from sam2serve.server.concept_clicks import PASS, REPASS, clicked_answers, plan_clicks
 from sam2serve.server.concept_tracks import RunBytes, TrackIds, run_thresholds
 from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError
@@ -64,6 +68,8 @@ JOB = "video_concept_track"
 
 router = v1_router()
 
+Answers = Iterator[tuple[int, PhrasesFrame]]  # a run's answers, each with its phase
+
 
 @dataclass(frozen=True)
 class TrackedFrame:
@@ -74,6 +80,8 @@ class TrackedFrame:
     records: list[ObjectMask]
     scores: dict[int, float]
     phrases: dict[int, str]
+    sam3_ids: dict[int, int]  # session id -> SAM 3's id in its phrase's own run
+    phase: int = PASS  # clicks: the answers of the clicks, then of the pass after them
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,7 @@ class RunOutcome:
 
     stage_seconds: dict[str, float]
     dropped: int
+    clicks: int = 0
 
 
 @router.post(
@@ -111,8 +120,9 @@ class RunOutcome:
         },
         409: {
             "model": schemas.ErrorResponse,
-            "description": "A live session ('live_session': no stored frames), or the "
-            "session is busy with another request ('session_busy')",
+            "description": "A live session ('live_session': no stored frames), the "
+            "session is busy with another request ('session_busy'), or a click names "
+            "another phrase's or a SAM 2.1 object ('click_object')",
         },
         413: {
             "model": schemas.ErrorResponse,
@@ -151,6 +161,9 @@ async def track_concept(
     check_frame(body.frame_idx, state.num_frames, "frame_idx")
     last = state.num_frames if body.max_frames is None else body.frame_idx + body.max_frames
     stop = min(state.num_frames, last)
+    plan = None
+    if body.clicks is not None:
+        plan = plan_clicks(body.clicks, phrases, session, body.frame_idx, stop)
     replaced = [t for t in session.concept_tracks.values() if t.phrase in phrases]
     limit = videos.limits.max_objects
     room = limit - (session.object_count - len(replaced))
@@ -163,7 +176,10 @@ async def track_concept(
             f"(DELETE /v1/videos/{session.session_id}/objects/{{obj_id}})",
         )
     size = (state.height, state.width)
-    run_bytes = RunBytes(model.video.image_size, size[0], size[1], stop - body.frame_idx)
+    clicks = None if plan is None else len(plan.clicks)
+    run_bytes = RunBytes(
+        model.video.image_size, size[0], size[1], stop - body.frame_idx, clicks=clicks
+    )
     what = f"tracking {', '.join(map(repr, phrases))} through {stop - body.frame_idx} frames"
     wanted = min(room, model.limits.max_concept_instances)
     fits = videos.concept_run_room(session, wanted, 0, run_bytes.per_object, what)
@@ -174,37 +190,59 @@ async def track_concept(
     loop = asyncio.get_running_loop()
     frames: asyncio.Queue[TrackedFrame] = asyncio.Queue()
     ids = TrackIds(session.used_ids() - {t.obj_id for t in replaced}, max_objects)
+    if plan is not None:
+        plan.seed(ids)
+    finals: set[int] = set()  # objects of the pass after the clicks so far
 
     def deliver(item: TrackedFrame) -> None:
         """(On the event loop.) The session keeps the frame's objects, then the stream
         gets it."""
         for record in item.records:
-            track = session.concept_tracks.get(record.obj_id)
+            obj = record.obj_id
+            track = session.concept_tracks.get(obj)
             if track is None:
-                score = item.scores[record.obj_id]
-                phrase = item.phrases[record.obj_id]
-                track = ConceptTrack(record.obj_id, phrase, score, item.frame_idx, 0)
+                score, phrase = item.scores[obj], item.phrases[obj]
+                sam3 = item.sam3_ids[obj]
+                track = ConceptTrack(obj, phrase, score, item.frame_idx, 0, sam3)
                 session.add_concept_track(track)
+            if item.phase == REPASS and obj not in finals:  # its final span starts
+                finals.add(obj)
+                track.first_frame = item.frame_idx
             track.last_frame = item.frame_idx
         frames.put_nowait(item)
 
+    def answers(predictor: Sam3VideoPredictor) -> tuple[Answers, Callable[[], dict[str, float]]]:
+        """(On the model worker.) The run's answers with their phase, and its stage
+        seconds."""
+        frame_at = state.source.frame
+        clip = (state.num_frames, state.height, state.width)
+        if plan is not None:
+            one = predictor.start(*clip, plan.phrase, interactive=True)
+            clicked = clicked_answers(predictor, plan, one, frame_at, body.frame_idx, ids)
+            return clicked, lambda: dict(one.stage_seconds)
+        many = start_phrases(predictor, *clip, phrases)
+        source = (frame_at(i) for i in range(body.frame_idx, stop))
+        results = run_phrases(predictor, many, source, start=body.frame_idx)
+        return ((PASS, result) for result in results), lambda: dict(many.stage_seconds)
+
     def run(context: JobContext) -> RunOutcome:
-        predictor = model.video.predictor(thresholds)
-        sam3 = start_phrases(predictor, state.num_frames, state.height, state.width, phrases)
-        source = (state.source.frame(i) for i in range(body.frame_idx, stop))
-        results = run_phrases(predictor, sam3, source, start=body.frame_idx)
+        predictor = model.video.predictor(thresholds)  # bounded unless the state is interactive
+        with context.between_ops():
+            results, stage_seconds = answers(predictor)
         try:
             while True:
                 with context.between_ops():  # SAM 3's seconds: clicks run in between
-                    result = next(results, None)
-                if result is None:
+                    answer = next(results, None)
+                if answer is None:
                     break
-                loop.call_soon_threadsafe(deliver, _reported(result, ids))
+                phase, result = answer
+                item = _reported(result, ids, len(phrases), phase)
+                loop.call_soon_threadsafe(deliver, item)
                 context.check()  # stops if the client left; lets waiting clicks run
         finally:
             if isinstance(results, Generator):
                 results.close()
-        return RunOutcome(dict(sam3.stage_seconds), len(ids.dropped))
+        return RunOutcome(stage_seconds(), len(ids.dropped), clicks or 0)
 
     # The session, the client's bulk slot and the masks' bytes are held until the job has
     # really ended, not just until the stream does.
@@ -229,6 +267,10 @@ async def track_concept(
         return await _frame_event(item, body.mask_format, service, session.names)
 
     def done(outcome: RunOutcome, sent: int, elapsed: float) -> dict[str, Any]:
+        if plan is not None:  # the session keeps what the final answers report
+            for obj in set(ids.given.values()) - finals:
+                session.concept_tracks.pop(obj, None)
+            session.forget_names()
         spans = [
             vs.ConceptTrackSpan(
                 obj_id=obj,
@@ -247,6 +289,7 @@ async def track_concept(
             score_thresh=thresholds.score,
             new_object_thresh=thresholds.new_det,
             max_objects=max_objects,
+            clicks_applied=outcome.clicks,
         ).model_dump()
 
     # The stream ends the job when it ends: a client that leaves stops the run at SAM 3's
@@ -254,9 +297,9 @@ async def track_concept(
     return EventStream(job_events(handle, frames, render, done), handle.cancel)
 
 
-def _reported(result: PhrasesFrame, ids: TrackIds) -> TrackedFrame:
+def _reported(result: PhrasesFrame, ids: TrackIds, count: int, phase: int) -> TrackedFrame:
     """(On the model worker.) SAM 3's answer on a frame with the session's ids, the masks
-    run-length encoded in one batch; objects past the room dropped."""
+    run-length encoded in one batch; objects past the room dropped. ``count`` phrases."""
     pairs = [
         (index, obj) for index, obj in enumerate(ids.session_ids(result.obj_ids)) if obj is not None
     ]
@@ -264,7 +307,9 @@ def _reported(result: PhrasesFrame, ids: TrackIds) -> TrackedFrame:
     records = masks_of([obj for _, obj in pairs], torch.from_numpy(result.masks[rows]))
     scores = {obj: float(result.scores[index]) for index, obj in pairs}
     phrases = {obj: result.phrases[index] for index, obj in pairs}
-    return TrackedFrame(result.frame, records, scores, phrases)
+    # a merged id is Meta's id times the phrases plus the phrase's index (video_phrases)
+    sam3_ids = {obj: result.obj_ids[index] // count for index, obj in pairs}
+    return TrackedFrame(result.frame, records, scores, phrases, sam3_ids, phase)
 
 
 def check_phrase_count(count: int, limit: int) -> None:
