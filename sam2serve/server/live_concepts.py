@@ -32,12 +32,12 @@ below Meta's 15 answers sooner and departs from Meta's answers
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from sam2serve.concepts.phrases import META_SCORE_THRESH, RANDOM_WEIGHTS_SCORE_THRESH, check_phrase
+from sam2serve.concepts.phrases import META_SCORE_THRESH, RANDOM_WEIGHTS_SCORE_THRESH
 from sam2serve.concepts.video_association import VideoThresholds
 from sam2serve.concepts.video_phrases import PhrasesFrame, start_phrases
 from sam2serve.concepts.video_stream import (
@@ -49,15 +49,14 @@ from sam2serve.concepts.video_stream import (
 from sam2serve.concepts.video_tracker import MAX_OBJ_PTRS
 from sam2serve.engine.video.outputs import ObjectMask, masks_of
 from sam2serve.server.batching import JobContext
-from sam2serve.server.concept_schemas import MAX_CONCEPT_PHRASES, Phrase, clean_phrases
+from sam2serve.server.concept_room import check_phrase_count, run_room
 from sam2serve.server.concept_tracks import RunBytes, TrackIds, run_thresholds
 from sam2serve.server.decode_budget import Reservation
-from sam2serve.server.errors import ApiError
 from sam2serve.server.routes.concepts import concepts_of
-from sam2serve.server.routes.video_concept_tracks import check_phrase_count, phrase_share
 from sam2serve.server.schemas import FiniteFloat
 from sam2serve.server.service import RequestClock, Service
 from sam2serve.server.video_answers import objects_out
+from sam2serve.server.video_schemas import PhrasesPrompt
 from sam2serve.server.video_sessions import ConceptTrack, VideoSession, VideoSessions
 
 if TYPE_CHECKING:
@@ -67,27 +66,13 @@ CONCEPTS_TRACK = "concepts_track"
 CONCEPTS_STOP = "concepts_stop"
 
 
-class LiveConceptsTrack(BaseModel):
+class LiveConceptsTrack(PhrasesPrompt):
     """Track every instance of a phrase (or of several) with SAM 3's own video predictor
     from the next frame on, until ``concepts_stop`` or the connection's end."""
 
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["concepts_track"]
-    text: Phrase | None = Field(
-        None,
-        description="One noun phrase (the rule of every phrase and name); each object "
-        "found is named by it. Give text or phrases.",
-    )
-    phrases: list[Phrase] | None = Field(
-        None,
-        min_length=1,
-        max_length=MAX_CONCEPT_PHRASES,
-        description="Several noun phrases (each text's rule; no two the same; at most "
-        "max_concept_phrases): each its own run of SAM 3's video predictor over one shared "
-        "image encoding per frame, its objects named by it. The objects SAM 3 may track at "
-        "once are shared out evenly among them. Give text or phrases.",
-    )
     score_thresh: FiniteFloat | None = Field(
         None,
         ge=0,
@@ -103,26 +88,6 @@ class LiveConceptsTrack(BaseModel):
         description="Frames each SAM 3 answer is held back (Meta's 15: a new object shows "
         "once 15 later frames confirm it); fewer answer sooner and depart from Meta's.",
     )
-
-    @field_validator("text")
-    @classmethod
-    def _a_phrase(cls, text: str | None) -> str | None:
-        return None if text is None else check_phrase(text, "the phrase")
-
-    @field_validator("phrases")
-    @classmethod
-    def _phrases_are_names(cls, phrases: list[str] | None) -> list[str] | None:
-        return None if phrases is None else clean_phrases(phrases)
-
-    @model_validator(mode="after")
-    def _text_or_phrases(self) -> Self:
-        if (self.text is None) == (self.phrases is None):
-            raise ValueError("give text (one phrase) or phrases (several), not both or neither")
-        return self
-
-    def track_phrases(self) -> list[str]:
-        """The phrases tracked, in the message's order."""
-        return [self.text] if self.text is not None else list(self.phrases or ())
 
 
 class LiveConceptsStop(BaseModel):
@@ -277,23 +242,13 @@ async def start_run(
     phrases = body.track_phrases()
     check_phrase_count(len(phrases), model.limits.max_concept_phrases)
     state = session.state
-    replaced = [t for t in session.concept_tracks.values() if t.phrase in phrases]
-    limit = videos.limits.max_objects
-    room = limit - (session.object_count - len(replaced))
-    if room < 1:
-        raise ApiError(
-            413,
-            "too_many_objects",
-            f"the session has {session.object_count} objects, its limit (max_video_objects "
-            f"{limit}): no room for an object SAM 3 finds; remove objects first",
-        )
     size = (state.height, state.width)
     run_bytes = RunBytes(model.video.image_size, *size, MAX_OBJ_PTRS, body.hotstart_delay)
     what = f"tracking {', '.join(map(repr, phrases))} on live frames"
-    wanted = min(room, model.limits.max_concept_instances)
-    fits = videos.concept_run_room(session, wanted, 0, run_bytes.per_object, what)
-    per_phrase = phrase_share(fits, len(phrases), session.session_id)
-    max_objects = per_phrase * len(phrases)
+    room = run_room(
+        session, videos, phrases, model.limits.max_concept_instances, run_bytes.per_object, what
+    )
+    per_phrase, max_objects = room.per_phrase, room.max_objects
     model.check_mask_budget(1, max_objects, size)
     random_weights = model.concepts.spec.random_weights
     detection = run_thresholds(body.score_thresh, random_weights, per_phrase)

@@ -227,12 +227,10 @@ class ConceptClick(_Strict):
         return self
 
 
-class ConceptTrackRequest(_Strict):
-    """Every instance of one noun phrase (``text``) or of several (``phrases``), found and
-    tracked by SAM 3's own video predictor from ``frame_idx`` forward (Meta's
-    ``Sam3VideoPredictor``: the detector on every frame, SAM 3's memory tracker, new
-    instances picked up, lost ones ended; several phrases: one such run per phrase over one
-    shared image encoding per frame)."""
+class PhrasesPrompt(BaseModel):
+    """One noun phrase (``text``) or several (``phrases``), exactly one of the two: the
+    prompt of SAM 3's video predictor on a stored session (:class:`ConceptTrackRequest`)
+    and on a live connection (``server.live_concepts.LiveConceptsTrack``)."""
 
     text: Phrase | None = Field(
         None,
@@ -252,6 +250,35 @@ class ConceptTrackRequest(_Strict):
         "may overlap. The objects SAM 3 may track at once are shared out evenly among the "
         "phrases. Give text or phrases.",
     )
+
+    @field_validator("text")
+    @classmethod
+    def _a_phrase(cls, text: str | None) -> str | None:
+        return None if text is None else check_phrase(text, "the phrase")
+
+    @field_validator("phrases")
+    @classmethod
+    def _phrases_are_names(cls, phrases: list[str] | None) -> list[str] | None:
+        return None if phrases is None else clean_phrases(phrases)
+
+    @model_validator(mode="after")
+    def _text_or_phrases(self) -> Self:
+        if (self.text is None) == (self.phrases is None):
+            raise ValueError("give text (one phrase) or phrases (several), not both or neither")
+        return self
+
+    def track_phrases(self) -> list[str]:
+        """The phrases tracked, in the prompt's order."""
+        return [self.text] if self.text is not None else list(self.phrases or ())
+
+
+class ConceptTrackRequest(_Strict, PhrasesPrompt):
+    """Every instance of one noun phrase (``text``) or of several (``phrases``), found and
+    tracked by SAM 3's own video predictor from ``frame_idx`` forward (Meta's
+    ``Sam3VideoPredictor``: the detector on every frame, SAM 3's memory tracker, new
+    instances picked up, lost ones ended; several phrases: one such run per phrase over one
+    shared image encoding per frame)."""
+
     frame_idx: int = Field(0, ge=0, le=MAX_FRAME_IDX, description="The first frame tracked.")
     max_frames: int | None = Field(
         None,
@@ -280,26 +307,6 @@ class ConceptTrackRequest(_Strict):
         "are streamed again: a frame's last event is its final answer. Nothing of SAM 3 is "
         "kept between requests: the phrase's pass runs again first.",
     )
-
-    @field_validator("text")
-    @classmethod
-    def _a_phrase(cls, text: str | None) -> str | None:
-        return None if text is None else check_phrase(text, "the phrase")
-
-    @field_validator("phrases")
-    @classmethod
-    def _phrases_are_names(cls, phrases: list[str] | None) -> list[str] | None:
-        return None if phrases is None else clean_phrases(phrases)
-
-    @model_validator(mode="after")
-    def _text_or_phrases(self) -> Self:
-        if (self.text is None) == (self.phrases is None):
-            raise ValueError("give text (one phrase) or phrases (several), not both or neither")
-        return self
-
-    def track_phrases(self) -> list[str]:
-        """The phrases tracked, in the request's order."""
-        return [self.text] if self.text is not None else list(self.phrases or ())
 
 
 class ObjectRenameRequest(_Strict):

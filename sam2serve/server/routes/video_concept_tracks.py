@@ -52,6 +52,7 @@ from sam2serve.server import video_schemas as vs
 from sam2serve.server.answers import dump_json
 from sam2serve.server.batching import JobContext
 from sam2serve.server.concept_clicks import PASS, REPASS, clicked_answers, plan_clicks
+from sam2serve.server.concept_room import check_phrase_count, run_room
 from sam2serve.server.concept_tracks import RunBytes, TrackIds, run_thresholds
 from sam2serve.server.dependencies import ServiceDep
 from sam2serve.server.errors import ApiError
@@ -164,27 +165,16 @@ async def track_concept(
     plan = None
     if body.clicks is not None:
         plan = plan_clicks(body.clicks, phrases, session, body.frame_idx, stop)
-    replaced = [t for t in session.concept_tracks.values() if t.phrase in phrases]
-    limit = videos.limits.max_objects
-    room = limit - (session.object_count - len(replaced))
-    if room < 1:
-        raise ApiError(
-            413,
-            "too_many_objects",
-            f"the session has {session.object_count} objects, its limit (max_video_objects "
-            f"{limit}): no room for an object SAM 3 finds; remove objects first "
-            f"(DELETE /v1/videos/{session.session_id}/objects/{{obj_id}})",
-        )
     size = (state.height, state.width)
     clicks = None if plan is None else len(plan.clicks)
     run_bytes = RunBytes(
         model.video.image_size, size[0], size[1], stop - body.frame_idx, clicks=clicks
     )
     what = f"tracking {', '.join(map(repr, phrases))} through {stop - body.frame_idx} frames"
-    wanted = min(room, model.limits.max_concept_instances)
-    fits = videos.concept_run_room(session, wanted, 0, run_bytes.per_object, what)
-    per_phrase = phrase_share(fits, len(phrases), session.session_id)
-    max_objects = per_phrase * len(phrases)
+    room = run_room(
+        session, videos, phrases, model.limits.max_concept_instances, run_bytes.per_object, what
+    )
+    replaced, per_phrase, max_objects = room.replaced, room.per_phrase, room.max_objects
     model.check_mask_budget(1, max_objects, size)
     thresholds = run_thresholds(body.score_thresh, model.concepts.spec.random_weights, per_phrase)
     loop = asyncio.get_running_loop()
@@ -310,31 +300,6 @@ def _reported(result: PhrasesFrame, ids: TrackIds, count: int, phase: int) -> Tr
     # a merged id is Meta's id times the phrases plus the phrase's index (video_phrases)
     sam3_ids = {obj: result.obj_ids[index] // count for index, obj in pairs}
     return TrackedFrame(result.frame, records, scores, phrases, sam3_ids, phase)
-
-
-def check_phrase_count(count: int, limit: int) -> None:
-    """The server's phrase limit (the schema's bound is the API's; this may be lower)."""
-    if count > limit:
-        raise ApiError(
-            422,
-            "too_many_prompts",
-            f"phrases: {count}; at most {limit} per request on this server (max_concept_phrases)",
-        )
-
-
-def phrase_share(fits: int, count: int, session_id: str) -> int:
-    """The objects each of ``count`` phrases may track at once when the run has room for
-    ``fits`` (an even share; 413 when not one each)."""
-    if fits < count:
-        raise ApiError(
-            413,
-            "too_many_objects",
-            f"the session has room for {fits} object(s) SAM 3 tracks at once (its "
-            f"max_video_objects, max_concept_instances and byte limits), fewer than the "
-            f"{count} phrases (one each): track fewer phrases at once, or remove objects "
-            f"(DELETE /v1/videos/{session_id}/objects/{{obj_id}})",
-        )
-    return fits // count
 
 
 def _run_ended(session: VideoSession) -> None:
