@@ -30,16 +30,20 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sam2serve.bench.machine import MachineInfo, load_average, machine_info
-from sam2serve.bench.runner import SAMPLE_VIDEO, BenchError, _start_worker, _worker_env
+from sam2serve.bench.runner import (
+    SAMPLE_VIDEO,
+    BenchError,
+    _start_worker,
+    _worker_env,
+    work_directory,
+)
 from sam2serve.concepts.runtime import ConceptsSpec
 from sam2serve.concepts.video_association import VideoThresholds
 from sam2serve.runtime.concepts import CONCEPT_MODES
@@ -229,16 +233,6 @@ class ConceptsVideoResult:
 # --------------------------------------------------------------------------- runs
 
 
-@contextmanager
-def _work_directory(config: ConceptsVideoConfig) -> Iterator[Path]:
-    if config.work_dir is not None:
-        config.work_dir.mkdir(parents=True, exist_ok=True)
-        yield config.work_dir
-        return
-    with tempfile.TemporaryDirectory(prefix="sam2serve-bench-") as temporary:
-        yield Path(temporary)
-
-
 def _row_from(data: dict[str, Any], row: VideoRow) -> VideoRow:
     row.frames = [FrameCost(**frame) for frame in data["frames"]]
     row.precisions = data["precisions"]
@@ -331,7 +325,7 @@ def run_concepts_video_bench(
     clock, load_start, machine = time.perf_counter(), load_average(), machine_info()
     rows: list[VideoRow] = []
     notes: list[str] = []
-    with _work_directory(config) as work:
+    with work_directory(config.work_dir) as work:
         try:
             clip = prepare_clip(config.video, config.frames, work)
         except BenchError as exc:  # a video that cannot be read

@@ -548,11 +548,11 @@ def check_weights(config: BenchConfig) -> None:
 
 
 @contextlib.contextmanager
-def work_directory(config: BenchConfig) -> Iterator[Path]:
+def work_directory(work_dir: Path | None) -> Iterator[Path]:
     """--work-dir (kept), or a temporary directory removed at the end."""
-    if config.work_dir is not None:
-        config.work_dir.mkdir(parents=True, exist_ok=True)
-        yield config.work_dir
+    if work_dir is not None:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        yield work_dir
         return
     with tempfile.TemporaryDirectory(prefix="sam2serve-bench-") as temporary:
         yield Path(temporary)
@@ -725,7 +725,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
     variants = _plan_variants(config, notes)
 
     session = Session.start()
-    with work_directory(config) as work:
+    with work_directory(config.work_dir) as work:
         images = prepare_images(config.images, config.n, work)
         checkpoint, weights = bench_weights(config, work)
         _export_artifacts(config, work, modes, checkpoint, notes)

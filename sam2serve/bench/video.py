@@ -332,7 +332,7 @@ def run_video_bench(config: BenchConfig) -> VideoBenchResult:
 
     session = Session.start()
     runs: list[VideoRun] = []
-    with work_directory(config) as work:
+    with work_directory(config.work_dir) as work:
         clip = prepare_clip(config.video, config.video_frames, work)
         checkpoint, weights = bench_weights(config, work)
         skips = _peer_skips(modes, (VIDEO_TASK,), notes)

@@ -328,7 +328,11 @@ FIDELITY_CASES = {
 @pytest.mark.parametrize(
     "case",
     # Crop layers multiply the work (Meta's generator too): the second tier.
-    [pytest.param(c, marks=pytest.mark.extended) if c == "crops" else c for c in FIDELITY_CASES],
+    # crops: slow; filtered-coffee: filtered-chelsea's options on another image (12 s)
+    [
+        pytest.param(c, marks=pytest.mark.extended) if c in ("crops", "filtered-coffee") else c
+        for c in FIDELITY_CASES
+    ],
 )
 def test_matches_meta(
     case, decoder, images, predictor, fast_predictor, meta_generator, meta_records
