@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from sam2serve.concepts.phrases import META_SCORE_THRESH, RANDOM_WEIGHTS_SCORE_THRESH
 from sam2serve.concepts.video_association import VideoThresholds
 from sam2serve.concepts.video_phrases import PhrasesFrame, start_phrases
 from sam2serve.concepts.video_stream import (
@@ -53,7 +52,6 @@ from sam2serve.server.concept_room import check_phrase_count, run_room
 from sam2serve.server.concept_tracks import RunBytes, TrackIds, run_thresholds
 from sam2serve.server.decode_budget import Reservation
 from sam2serve.server.routes.concepts import concepts_of
-from sam2serve.server.schemas import FiniteFloat
 from sam2serve.server.service import RequestClock, Service
 from sam2serve.server.video_answers import objects_out
 from sam2serve.server.video_schemas import PhrasesPrompt
@@ -73,14 +71,6 @@ class LiveConceptsTrack(PhrasesPrompt):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["concepts_track"]
-    score_thresh: FiniteFloat | None = Field(
-        None,
-        ge=0,
-        le=1,
-        description="A detection is kept above this probability; a new object needs 0.2 "
-        f"more (null: Meta's {META_SCORE_THRESH} and 0.7; "
-        f"{RANDOM_WEIGHTS_SCORE_THRESH:g} and 0.2 under random weights).",
-    )
     hotstart_delay: int = Field(
         META_HOTSTART_DELAY,
         ge=0,

@@ -228,8 +228,8 @@ class ConceptClick(_Strict):
 
 
 class PhrasesPrompt(BaseModel):
-    """One noun phrase (``text``) or several (``phrases``), exactly one of the two: the
-    prompt of SAM 3's video predictor on a stored session (:class:`ConceptTrackRequest`)
+    """One noun phrase (``text``) or several (``phrases``), exactly one of the two, and the
+    detection threshold: the prompt of SAM 3's video predictor on a stored session (:class:`ConceptTrackRequest`)
     and on a live connection (``server.live_concepts.LiveConceptsTrack``)."""
 
     text: Phrase | None = Field(
@@ -249,6 +249,15 @@ class PhrasesPrompt(BaseModel):
         "image encoding per frame, its objects named by it; objects of different phrases "
         "may overlap. The objects SAM 3 may track at once are shared out evenly among the "
         "phrases. Give text or phrases.",
+    )
+    score_thresh: FiniteFloat | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="A detection is kept above this probability; a new object needs 0.2 "
+        f"more (null: Meta's {META_SCORE_THRESH} and 0.7; "
+        f"{RANDOM_WEIGHTS_SCORE_THRESH:g} and 0.2 on a server whose SAM 3 has random "
+        "weights, which score every instance about 0.25).",
     )
 
     @field_validator("text")
@@ -286,15 +295,6 @@ class ConceptTrackRequest(_Strict, PhrasesPrompt):
         le=MAX_FRAME_IDX,
         description="Frames to stream at most, frame_idx included (default: to the end of "
         "the video).",
-    )
-    score_thresh: FiniteFloat | None = Field(
-        None,
-        ge=0,
-        le=1,
-        description="A detection is kept above this probability; a new object needs 0.2 "
-        f"more (null: Meta's {META_SCORE_THRESH} and 0.7; "
-        f"{RANDOM_WEIGHTS_SCORE_THRESH:g} and 0.2 on a server whose SAM 3 has random "
-        "weights, which score every instance about 0.25).",
     )
     mask_format: MaskFormat = Field("coco_rle", description=MASK_FORMAT_DOC)
     clicks: list[ConceptClick] | None = Field(
