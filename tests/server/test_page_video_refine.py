@@ -82,6 +82,7 @@ out.several = refinement(player.objects, searches);
 dog.refine = null;
 out.unsearched = refinement(player.objects, new Map());
 const full = { ...two, refine: new Map([[0, Array(MAX_POINTS).fill({ x: 0, y: 0, label: 1 })]]) };
+out.early = addClick(player.objects, two, 0, { x: 1, y: 1, label: 1 }, 1);
 out.tooMany = addClick([full], full, 0, { x: 0, y: 0, label: 1 });
 
 // The refinement streamed: frames 1-3, the click's frame 1, frames 1-3 again.
@@ -186,6 +187,7 @@ def test_clicks_on_several_phrases_are_refused_before_sending(probed):
     assert probed["none"]["error"].startswith("click an object SAM 3 found first")
     assert probed["unsearched"] == {"error": 'find "cat" again first'}
     assert probed["tooMany"] == "at most 16 clicks on one object on one frame"
+    assert probed["early"] == 'click on frame 1 or later: the search for "cat" started there'
     # The player says the refusal in the error line and sends nothing.
     player = scripts()["player.js"]
     assert 'if (error) return this.say(`Not refined: ${error}.`, "error");' in player

@@ -244,7 +244,8 @@ export class Player {
     const object = this.activeObject() ?? this.newObject();
     const frame = this.current;
     if (object.tracker === "sam3" && prompt.point && !prompt.sam2) {
-      const refused = addClick(this.objects, object, frame, prompt.point);
+      const start = this.searches.get(object.phrase)?.start ?? 0;
+      const refused = addClick(this.objects, object, frame, prompt.point, start);
       if (refused) return this.say(`Click not kept: ${refused}.`, "error");
       this.render();
       return this.say(

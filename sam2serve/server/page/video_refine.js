@@ -20,8 +20,12 @@ export function clicked(objects) {
 }
 
 /** Add a click `point` ({x, y, label}) on `object` (SAM 3's) on `frame`; null, or why
- * not (the clicks of another phrase wait, or the route's bounds). */
-export function addClick(objects, object, frame, point) {
+ * not (the clicks of another phrase wait, a frame before the search's first `start`, or
+ * the route's bounds). */
+export function addClick(objects, object, frame, point, start = 0) {
+  if (frame < start) {
+    return `click on frame ${start} or later: the search for ${quoted([object.phrase])} started there`;
+  }
   const others = clicked(objects).filter((other) => other.phrase !== object.phrase);
   if (others.length) {
     return (
