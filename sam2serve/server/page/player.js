@@ -4,10 +4,10 @@
 // stream stops the server's propagation at its next frame), corrections on any frame
 // and propagation again, a phrase found and tracked through the clip by SAM 3
 // (video_concepts.js: each instance an object named by its phrase), clicks on its objects
-// refining them with SAM 3 (video_refine.js: the search run again with the clicks), and the export as
-// COCO or YouTube-VIS. A propagation and a search are both a streamed run (stream_run.js):
-// one at a time, with the same progress and Stop (a refinement is a search too). app.js hands it the stage, the
-// pointer's prompts and the keys while a video is open.
+// refining them with SAM 3 (video_refine.js: the search run again with the clicks), and
+// the export as COCO or YouTube-VIS. A propagation and a search (a refinement is one too)
+// are both a streamed run (stream_run.js): one at a time, with the same progress and Stop.
+// app.js hands it the stage, the pointer's prompts and the keys while a video is open.
 //
 // An object (video_objects.js) has its masks in the session, per frame. A name goes with
 // the object's first prompt, later ones as a rename (video_names.js), in the order of the
