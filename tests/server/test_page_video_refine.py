@@ -217,3 +217,183 @@ def test_the_refine_button_key_and_help_are_in_the_page():
     assert "g: () => this.refine()," in player
     assert player.count("new StreamRun(") == 3  # the refinement is a streamed run too
     assert "sam2: drag.sam2" in scripts()["app.js"]  # Alt+click hands over
+
+
+# The player over stand-ins: every element and the canvas absorb what is done to them.
+PLAYER_PROBE = """
+const stub = () => new Proxy(function () {}, {
+  get: (t, k) => (k === Symbol.toPrimitive ? () => 0 : k === "then" ? undefined : k in t ? t[k] : stub()),
+  apply: () => stub(),
+  set: (t, k, v) => { t[k] = v; return true; },
+});
+const elements = new Map();
+const el = (id) => {
+  if (!elements.has(id)) { const e = stub(); e.dataset = {}; elements.set(id, e); }
+  return elements.get(id);
+};
+globalThis.window = globalThis;
+globalThis.document = { querySelector: el, body: { dataset: { mode: "video" } }, activeElement: null };
+globalThis.createImageBitmap = async () => stub();
+const { ApiError } = await import("./api.js");
+const { Player } = await import("./player.js");
+const { VideoSession } = await import("./video.js");
+
+const streams = %(streams)s;
+const said = [];
+const sent = [];
+const called = [];
+const api = {
+  retrying: (attempt) => attempt(),
+  stream: async (method, path, { json }) => {
+    sent.push(json);
+    const next = streams.shift();
+    if (next === null) throw new ApiError(409, "click_object", "clicks[0].obj_id 1 is not SAM 3's");
+    return new Response(next);
+  },
+  call: async (method, path, { json } = {}) => {
+    called.push([method, path]);
+    if (method !== "POST") return {};
+    const segmentation = { size: [2, 3], counts: [0, 2, 4] };
+    const object = { obj_id: json.obj_id, name: json.name ?? null, area: 2, bbox: [0, 0, 1, 2], segmentation };
+    return { frame_idx: json.frame_idx, objects: [object] };
+  },
+};
+const stage = stub();
+stage.width = 3;
+stage.scale = 1;
+const player = new Player({
+  api, stage,
+  say: (text, level) => said.push([text, level ?? null]),
+  fail: (error, what) => said.push([`${what}: ${error.describe?.() ?? error}`, "error"]),
+  busyNotice: () => () => {}, setState: () => {},
+});
+player.session = new VideoSession(api, { session_id: "s", num_frames: 3, width: 3, height: 2 }, "c.mp4");
+const out = {};
+const refineDisabled = () => el("#video-concept-refine").disabled;
+const click = (id, frame, point, sam2 = false) => {
+  player.activeId = id;
+  player.current = frame;
+  player.addPrompt({ point, sam2 });
+  return said.at(-1);
+};
+
+player.current = 1;
+await player.findInVideo("cat, dog", "0.1");
+out.refineBefore = refineDisabled();
+out.early = click(1, 0, { x: 1, y: 1, label: 1 });
+click(1, 1, { x: 1, y: 1, label: 1 });
+out.kept = click(1, 1, { x: 2.5, y: 0.5, label: 0 });
+out.otherPhrase = click(2, 1, { x: 1, y: 1, label: 1 });
+out.refineReady = refineDisabled();
+out.sentBefore = sent.length;
+
+// The route refuses (a 4xx): said in the error line, the clicks stay.
+player.activeId = 1;
+await player.refine();
+out.refused = said.at(-1);
+out.clicksAfterRefusal = player.objects[0].refine?.get(1)?.length ?? 0;
+
+await player.refine();
+out.sent = sent;
+out.done = said.at(-1);
+out.objects = player.objects.map((o) => [o.id, o.phrase, o.tracker, o.refine ?? null]);
+out.active = player.activeId;
+out.refineAfter = refineDisabled();
+out.state = document.body.dataset.video;
+
+// Clicks on both phrases' objects (as a page that kept them would have): said, not sent.
+player.objects[0].refine = new Map([[1, [{ x: 1, y: 1, label: 1 }]]]);
+player.objects[1].refine = new Map([[2, [{ x: 1, y: 1, label: 1 }]]]);
+const before = sent.length;
+await player.refine();
+out.several = said.at(-1);
+out.severalSent = sent.length - before;
+
+// Alt+click on a found object: handed to SAM 2.1 (SAM 3's object dropped, then prompts).
+click(1, 1, { x: 1, y: 1, label: 1 }, true);
+await player.queue;
+out.handOver = called.filter(([method]) => method !== "GET");
+out.handedOver = [player.objects[0].tracker, player.objects[0].refine];
+out.last = said.at(-1);
+console.log(JSON.stringify(out));
+"""
+
+
+def frame_event(frame_idx: int, *objects: dict[str, Any]) -> tuple[str, Any]:
+    return ("frame", {"frame_idx": frame_idx, "objects": list(objects)})
+
+
+@pytest.fixture(scope="module")
+def played(module_dir) -> dict[str, Any]:
+    cat, dog = found(1, 0, phrase="cat"), found(2, 1, name="dog", phrase="dog")
+    search = events(frame_event(1, cat, dog), frame_event(2, cat, dog), ("done", done(2)))
+    refined = events(
+        frame_event(1, cat),
+        frame_event(2, cat),
+        frame_event(1, found(1, 0, 1, phrase="cat")),
+        frame_event(1, found(1, 0, 1, 3, phrase="cat")),
+        frame_event(2, found(1, 2, phrase="cat")),
+        ("done", {**done(5), "clicks_applied": 2}),
+    )
+    ran = node(module_dir, PLAYER_PROBE % {"streams": json.dumps([search, None, refined])})
+    assert ran.returncode == 0, ran.stderr
+    return json.loads(ran.stdout)
+
+
+@needs_node
+def test_the_player_keeps_clicks_on_a_found_object_and_refines_them(played):
+    assert played["refineBefore"] is True and played["refineReady"] is False
+    assert played["early"] == [
+        'Click not kept: click on frame 1 or later: the search for "cat" started there.',
+        "error",
+    ]
+    assert played["kept"][0].startswith("cat: clicks for SAM 3 on frame 1; g (Refine with SAM 3)")
+    assert played["otherPhrase"] == [
+        'Click not kept: refine one phrase at a time: clicks on "cat" wait (g: refine them first).',
+        "error",
+    ]
+    assert played["sentBefore"] == 1  # the search only
+    find, refused, refine = played["sent"]
+    assert find["phrases"] == ["cat", "dog"] and find["score_thresh"] == 0.1
+    clicks = [{"frame_idx": 1, "obj_id": 1, "points": [[1, 1], [2.5, 0.5]], "labels": [1, 0]}]
+    assert (
+        refused
+        == refine
+        == {
+            "text": "cat",
+            "frame_idx": 1,
+            "mask_format": "uncompressed_rle",
+            "score_thresh": 0.1,
+            "clicks": clicks,
+        }
+    )
+    assert played["refused"] == [
+        'Refining "cat" with SAM 3: 409 click_object: clicks[0].obj_id 1 is not SAM 3\'s',
+        "error",
+    ]
+    assert played["clicksAfterRefusal"] == 2
+    assert played["done"][0].startswith(
+        'Refined "cat" with SAM 3 (2 clicks applied, on 1 object) from frame 1: 5 frames in'
+    )
+    # The list keeps its order and the selected object; the clicks went with the run.
+    assert played["objects"] == [[1, "cat", "sam3", None], [2, "dog", "sam3", None]]
+    assert played["active"] == 1
+    assert played["refineAfter"] is True and played["state"] == "ready"
+
+
+@needs_node
+def test_the_player_says_refine_one_phrase_at_a_time_before_sending(played):
+    assert played["several"] == [
+        'Not refined: refine one phrase at a time: clicks on objects of "cat", "dog".',
+        "error",
+    ]
+    assert played["severalSent"] == 0
+
+
+@needs_node
+def test_alt_click_still_hands_a_found_object_to_sam2(played):
+    drop, seed, prompt = played["handOver"]
+    assert drop == ["DELETE", "/v1/videos/s/objects/1"]
+    assert seed == prompt == ["POST", "/v1/videos/s/prompts"]
+    assert played["handedOver"] == ["sam2.1", None]
+    assert played["last"] == ["", None]  # the click's answer came: the status line cleared

@@ -420,6 +420,8 @@ export class Player {
     this.pause();
     const named = quoted([phrase]);
     const active = this.activeId;
+    const order = this.objects.map((object) => object.id); // the list keeps its order
+    const place = (object) => (order.includes(object.id) ? order.indexOf(object.id) : order.length);
     const run = new StreamRun({
       doing: `Refining ${named}`,
       noun: `Refinement of ${named}`,
@@ -436,7 +438,7 @@ export class Player {
         signal: run.signal,
         onAccepted: () => this.dropFound(phrase),
         onFrame: (frameIdx, count, objects) => {
-          adopt(this, objects, phrase);
+          if (adopt(this, objects, phrase).length) this.objects.sort((a, b) => place(a) - place(b));
           if (this.objects.some((object) => object.id === active)) this.activeId = active;
           this.follow(run, frameIdx, count);
         },
