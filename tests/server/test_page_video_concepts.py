@@ -382,9 +382,9 @@ def test_the_find_in_video_form_is_in_the_page_for_video_with_concepts():
     assert re.search(r"<kbd>t</kbd></td><td>find a phrase in the video", keys)
     assert "t: () => this.finder.focus()" in scripts()["player.js"]
     assert "player.finder.enable(ready.concepts === true)" in scripts()["app.js"]
-    # Propagation and the search share one run: the progress and Stop are propagate's.
+    # Propagation, the search and the refinement share one run: propagate's progress and Stop.
     player = scripts()["player.js"]
-    assert player.count("new StreamRun(") == 2 and player.count("await this.streamed(") == 2
+    assert player.count("new StreamRun(") == 3 and player.count("await this.streamed(") == 3
 
 
 @needs_node

@@ -9,9 +9,11 @@ frame the stream brought is drawn as it sent it (an object the stream leaves out
 frame has no mask there) with the phrase's name beside the mask, the object list names
 each object by the phrase, and the COCO export has the phrase as the category and the
 streamed masks; a second phrase the session has no room for shows the route's own error
-(413 too_many_objects) in the status line; a click on the found object hands it to SAM
-2.1 (SAM 3's object dropped, its mask on the frame SAM 2.1's mask prompt, then the click)
-and the page draws SAM 2.1's answer. SAM 3 takes seconds a frame on a busy 2-core
+(413 too_many_objects) in the status line; a click on the found object and `g` refine it
+with SAM 3 (the phrase run again with the click: POST .../concepts/track `clicks`, the
+frames answered again drawn as their last answer); an Alt+click on it hands it to SAM 2.1
+(SAM 3's object dropped, its mask on the frame SAM 2.1's mask prompt, then the click) and
+the page draws SAM 2.1's answer. SAM 3 takes seconds a frame on a busy 2-core
 machine: the second tier.
 """
 
@@ -108,7 +110,7 @@ def find(tab: Any, phrase: str) -> None:
     tab.keyboard.press("Enter")
 
 
-def test_a_phrase_is_found_drawn_named_exported_and_handed_to_sam2(
+def test_a_phrase_is_found_drawn_named_exported_refined_and_handed_to_sam2(
     page, concepts_video_server, tmp_path
 ):
     tab = page
@@ -211,8 +213,9 @@ def test_a_phrase_is_found_drawn_named_exported_and_handed_to_sam2(
     assert tab.evaluate("document.body.dataset.video") == "ready"
     assert rows.count() == len(found)
 
-    # A click on the found object, on a frame where it has a mask: SAM 3's object is
-    # dropped, its mask there is SAM 2.1's mask prompt (with its name), then the click.
+    # A click on the found object, on a frame where it has a mask, then g: SAM 3 runs the
+    # phrase again with the click (its frame and threshold: the search's), streamed; each
+    # frame drawn as its last answer.
     index, obj_id = min(expected_annotations)
     tab.keyboard.press("Home")
     wait_for_frame(tab, 0)
@@ -220,23 +223,65 @@ def test_a_phrase_is_found_drawn_named_exported_and_handed_to_sam2(
         tab.keyboard.press("ArrowRight")
     wait_for_frame(tab, index)
     tab.locator("#object-list li").nth(found.index(obj_id)).locator(".swatch").click()
-    mask = rle_mask(frames[index][obj_id]["segmentation"])
-    ys, xs = np.nonzero(mask)
+    ys, xs = np.nonzero(rle_mask(frames[index][obj_id]["segmentation"]))
     y, x = int(ys[len(ys) // 2]), int(xs[len(xs) // 2])
     canvas = tab.locator("#prompts")
     box = canvas.bounding_box()
-    before = len(sent)
     position = {"x": (x + 0.5) * box["width"] / SIZE[1], "y": (y + 0.5) * box["height"] / SIZE[0]}
+    before = len(sent)
+    canvas.click(position=position)
+    assert len(sent) == before  # kept for the refinement, nothing sent yet
+    assert "1 click to refine with SAM 3 (g)" in rows.nth(found.index(obj_id)).text_content()
+    assert not tab.evaluate("document.querySelector('#video-concept-refine').disabled")
+    tab.keyboard.press("g")
+    wait_until(tab, "document.body.dataset.video === 'refining'", timeout=10)
+    wait_until(tab, "document.body.dataset.video === 'ready'", timeout=PROPAGATION_TIMEOUT_S)
+    wait_until(tab, "window.testStreams.at(-1).text.includes('event: done')", timeout=10)
+    (refine,) = sent[before:]
+    assert refine["path"] == "concepts/track"
+    [clicked] = refine["json"].pop("clicks")
+    assert refine["json"] == track["json"]  # the search's phrase and frame
+    assert (clicked["frame_idx"], clicked["obj_id"], clicked["labels"]) == (index, obj_id, [1])
+    ((px, py),) = clicked["points"]
+    assert abs(px - (x + 0.5)) < 1 and abs(py - (y + 0.5)) < 1  # the video's pixels
+    stream = tab.evaluate("window.testStreams.at(-1).text")
+    assert stream.count("event: frame") > NUM_FRAMES  # frames answered again
+    assert '"clicks_applied": 1' in stream or '"clicks_applied":1' in stream
+    frames = streamed_objects(stream)  # each frame's last answer
+    message = tab.text_content("#message")
+    assert message.startswith(f'Refined "{PHRASE}" with SAM 3 (1 click applied'), message
+    tab.keyboard.press("Home")
+    wait_for_frame(tab, 0)
+    expected = np.zeros(SIZE, bool)
+    for obj in frames[0].values():
+        expected |= rle_mask(obj["segmentation"])
+    assert np.array_equal(drawn(tab)[..., 3] > 0, expected)
+
+    # An Alt+click on the object (still SAM 3's): SAM 3's object is dropped, its mask
+    # there (when the refinement left it one) is SAM 2.1's mask prompt (with its name),
+    # then the click.
+    for _ in range(index):
+        tab.keyboard.press("ArrowRight")
+    wait_for_frame(tab, index)
+    tab.locator("#object-list li").nth(found.index(obj_id)).locator(".swatch").click()
+    refined = frames[index].get(obj_id)
+    mask = rle_mask(refined["segmentation"]) if refined else np.zeros(SIZE, bool)
+    before = len(sent)
     with tab.expect_response(clicked_prompt) as answer:
-        canvas.click(position=position)
+        canvas.click(position=position, modifiers=["Alt"])
     wait_until(tab, f"{VIDEO_CLICKS} >= 1")
-    drop, seed, click = sent[before:]
+    drop, *seeded, click = sent[before:]
     assert (drop["method"], drop["path"]) == ("DELETE", f"objects/{obj_id}")
-    assert seed["path"] == click["path"] == "prompts"
-    assert seed["json"]["obj_id"] == click["json"]["obj_id"] == obj_id
-    assert seed["json"]["frame_idx"] == click["json"]["frame_idx"] == index
-    assert np.array_equal(rle_mask(seed["json"]["mask"]), mask)
-    assert seed["json"]["name"] == PHRASE and "name" not in click["json"]
+    assert click["path"] == "prompts" and click["json"]["obj_id"] == obj_id
+    assert click["json"]["frame_idx"] == index
+    if mask.any():
+        (seed,) = seeded
+        assert seed["path"] == "prompts" and seed["json"]["obj_id"] == obj_id
+        assert seed["json"]["frame_idx"] == index
+        assert np.array_equal(rle_mask(seed["json"]["mask"]), mask)
+        assert seed["json"]["name"] == PHRASE and "name" not in click["json"]
+    else:  # no mask to hand over: the click makes SAM 2.1's object, named
+        assert seeded == [] and click["json"]["name"] == PHRASE
     assert [p["label"] for p in click["json"]["points"]] == [1]
     objects = httpx.get(f"{url}/v1/videos/{track['session']}", headers=KEY).json()["objects"]
     # now SAM 2.1's object: the session lists it as {obj_id, name}, no SAM 3 fields

@@ -388,6 +388,7 @@ function onPointerDown(event) {
   const exemplar = !player.active && concepts.exemplars.drawing; // exemplars.js's drag
   state.drag = { x0: at.x, y0: at.y, x1: at.x, y1: at.y, start: event, label, boxing: false };
   state.drag.exemplar = exemplar;
+  state.drag.sam2 = event.altKey; // video: on an object SAM 3 found, hand it to SAM 2.1
 }
 
 function onPointerMove(event) {
@@ -438,7 +439,7 @@ function onPointerUp(event) {
     ];
     addPrompt({ box }, clickedAt);
   } else {
-    addPrompt({ point: { x: drag.x0, y: drag.y0, label: drag.label } }, clickedAt);
+    addPrompt({ point: { x: drag.x0, y: drag.y0, label: drag.label }, sam2: drag.sam2 }, clickedAt);
   }
   render();
 }

@@ -3,10 +3,11 @@
 // masks drawn as it streams in (the view follows the propagation), Stop (closing the
 // stream stops the server's propagation at its next frame), corrections on any frame
 // and propagation again, a phrase found and tracked through the clip by SAM 3
-// (video_concepts.js: each instance an object named by its phrase), and the export as
-// COCO or YouTube-VIS. A propagation and a search are both a streamed run (stream_run.js):
-// one at a time, with the same progress and Stop. app.js hands it the stage, the
-// pointer's prompts and the keys while a video is open.
+// (video_concepts.js: each instance an object named by its phrase), clicks on its objects
+// refining them with SAM 3 (video_refine.js: the search run again with the clicks), and
+// the export as COCO or YouTube-VIS. A propagation and a search (a refinement is one too)
+// are both a streamed run (stream_run.js): one at a time, with the same progress and Stop.
+// app.js hands it the stage, the pointer's prompts and the keys while a video is open.
 //
 // An object (video_objects.js) has its masks in the session, per frame. A name goes with
 // the object's first prompt, later ones as a rename (video_names.js), in the order of the
@@ -26,6 +27,7 @@ import { record } from "./timings.js";
 import { VideoSession } from "./video.js";
 import { FindInVideo, checkPhrases, checkThreshold, quoted } from "./video_concepts.js";
 import { adopt, foundBefore, objectOf } from "./video_objects.js";
+import { addClick, clicked, refinement } from "./video_refine.js";
 import { MAX_NAME_CHARS, checkName, displayName, drawNames, namesOf, renameObject } from "./video_names.js";
 
 const $ = (selector) => document.querySelector(selector);
@@ -46,7 +48,11 @@ export class Player {
     this.run = null; // the StreamRun in flight: a propagation or a search
     this.playing = null; // interval of play
     this.queue = Promise.resolve(); // prompts go one at a time: the session takes one
-    this.finder = new FindInVideo((text, thresh) => this.findInVideo(text, thresh));
+    this.finder = new FindInVideo(
+      (text, thresh) => this.findInVideo(text, thresh),
+      () => this.refine(),
+    );
+    this.searches = new Map(); // phrase -> {start, thresh} of its last search (refinements)
     this.wire();
   }
 
@@ -102,6 +108,7 @@ export class Player {
     this.activeId = null;
     this.nextId = 1;
     this.current = 0;
+    this.searches.clear();
     $("#video-bar").hidden = true;
     document.body.dataset.mode = "image";
     document.body.dataset.video = "none";
@@ -227,13 +234,25 @@ export class Player {
     this.render();
   }
 
-  /** A click ({point}) or a box ({box}) for the active object on the frame shown. */
+  /** A click ({point}) or a box ({box}) for the active object on the frame shown. On an
+   * object SAM 3 found, a click waits for a refinement with SAM 3 (g); a box, or a click
+   * with `sam2` (Alt+click), hands it to SAM 2.1. */
   addPrompt(prompt) {
     if (!this.session) return this.say("Wait until the video is open.");
     if (this.run) return this.say(`Stop ${this.run.the()} first (Esc), or wait for its end.`);
     this.pause();
     const object = this.activeObject() ?? this.newObject();
     const frame = this.current;
+    if (object.tracker === "sam3" && prompt.point && !prompt.sam2) {
+      const start = this.searches.get(object.phrase)?.start ?? 0;
+      const refused = addClick(this.objects, object, frame, prompt.point, start);
+      if (refused) return this.say(`Click not kept: ${refused}.`, "error");
+      this.render();
+      return this.say(
+        `${displayName(object)}: clicks for SAM 3 on frame ${frame}; g (Refine with SAM 3) ` +
+          `finds ${quoted([object.phrase])} again with them (Alt+click: hand it to SAM 2.1).`,
+      );
+    }
     // A found object's first click makes it SAM 2.1's there (handOver): no correction.
     if (object.tracker !== "sam3" && this.session.tracked[frame].has(object.id)) {
       object.corrections.add(frame);
@@ -278,6 +297,7 @@ export class Player {
     const session = this.session;
     const seeded = await session.handOver(frame, object.id, object.name);
     object.tracker = "sam2.1";
+    object.refine = null; // its clicks for SAM 3 go
     object.onServer = seeded !== null;
     object.serverName = seeded?.objects.find((o) => o.obj_id === object.id)?.name ?? null;
   }
@@ -290,7 +310,7 @@ export class Player {
     if (!session || this.run) return;
     if (!this.objects.some((object) => object.prompts.size)) {
       const found = this.objects.length
-        ? " (SAM 3's objects are tracked already; a click on one hands it to SAM 2.1)"
+        ? " (SAM 3's objects are tracked already; Alt+click on one hands it to SAM 2.1)"
         : "";
       return this.say(`Click an object first: there is nothing for SAM 2.1 to track yet${found}.`);
     }
@@ -359,7 +379,11 @@ export class Player {
         start,
         scoreThresh: thresh,
         signal: run.signal,
-        onAccepted: () => phrases.forEach((phrase) => this.dropFound(phrase)),
+        onAccepted: () =>
+          phrases.forEach((phrase) => {
+            this.dropFound(phrase);
+            this.searches.set(phrase, { start, thresh });
+          }),
         onFrame: (frameIdx, count, objects) => {
           found.push(...adopt(this, objects, phrases[0]));
           run.detail = ` · ${found.length} found`;
@@ -375,13 +399,60 @@ export class Player {
       this.say(
         `Found ${what} of ${named} from frame ${start} over ${summary(done)}` +
           (found.length
-            ? `: each an object ${each}. A click on one corrects it with SAM 2.1's ` +
-              "video prompts, like any object."
+            ? `: each an object ${each}. Clicks on one, then g, refine it with SAM 3 ` +
+              "(Alt+click or a box: SAM 2.1's video prompts, like any object)."
             : `: none scored over the threshold (${done.score_thresh}).`) +
           dropped,
       );
     };
     await this.streamed(run, request, finished, `Finding ${named} in the video`);
+  }
+
+  /** Refine the objects SAM 3 found with the clicks made on them (video_refine.js): their
+   * phrase's search runs again on the server (its first frame and threshold) with the
+   * clicks, streamed as a search; a frame answered again replaces its earlier masks. */
+  async refine() {
+    const session = this.session;
+    if (!session) return this.say("Open a video first.");
+    if (this.run) return this.say(`Stop ${this.run.the()} first (Esc), or wait for its end.`);
+    const { phrase, start, thresh, clicks, error } = refinement(this.objects, this.searches);
+    if (error) return this.say(`Not refined: ${error}.`, "error");
+    this.pause();
+    const named = quoted([phrase]);
+    const active = this.activeId;
+    const order = this.objects.map((object) => object.id); // the list keeps its order
+    const place = (object) => (order.includes(object.id) ? order.indexOf(object.id) : order.length);
+    const run = new StreamRun({
+      doing: `Refining ${named}`,
+      noun: `Refinement of ${named}`,
+      state: "refining",
+      // the pass, each click's frame, then the partial pass over the same frames
+      expected: 2 * (session.numFrames - start) + clicks.length,
+    });
+    const request = () =>
+      session.trackConcept({
+        text: phrase,
+        start,
+        scoreThresh: thresh,
+        clicks,
+        signal: run.signal,
+        onAccepted: () => this.dropFound(phrase),
+        onFrame: (frameIdx, count, objects) => {
+          if (adopt(this, objects, phrase).length) this.objects.sort((a, b) => place(a) - place(b));
+          if (this.objects.some((object) => object.id === active)) this.activeId = active;
+          this.follow(run, frameIdx, count);
+        },
+      });
+    const finished = (done) => {
+      const applied = done.clicks_applied === 1 ? "1 click" : `${done.clicks_applied} clicks`;
+      const objects = new Set(clicks.map((click) => click.obj_id)).size;
+      this.say(
+        `Refined ${named} with SAM 3 (${applied} applied, on ${objects} object` +
+          `${objects === 1 ? "" : "s"}) from frame ${start}: ${summary(done)}; frames answered ` +
+          "again replaced their masks.",
+      );
+    };
+    await this.streamed(run, request, finished, `Refining ${named} with SAM 3`);
   }
 
   /** The objects an earlier search for `phrase` found, still SAM 3's: the server replaced
@@ -465,7 +536,7 @@ export class Player {
     $("#propagate").disabled = !idle;
     $("#propagate-back").disabled = !idle;
     $("#propagate-stop").hidden = !this.run;
-    this.finder.render(idle);
+    this.finder.render(idle, clicked(this.objects).length > 0);
     const exportable = idle && this.objects.some((object) => session.framesWith(object.id) > 0);
     $("#export-video-coco").disabled = !exportable;
     $("#export-ytvis").disabled = !exportable;
@@ -516,7 +587,8 @@ export class Player {
         id: object.id,
         colour: object.colour,
         visible: object.visible,
-        points: prompts?.points ?? [],
+        // an object SAM 3 found: its clicks waiting for a refinement (video_refine.js)
+        points: [...(prompts?.points ?? []), ...(object.refine?.get(this.current) ?? [])],
         box: prompts?.box ?? null,
       };
     });
@@ -588,6 +660,7 @@ export class Player {
       " ": () => this.togglePlay(),
       f: () => this.propagate(false),
       t: () => this.finder.focus() || this.say("This server does not run concepts (serve --concepts)."),
+      g: () => this.refine(),
       b: () => this.propagate(true),
       Escape: () => (this.run ? this.stop() : this.pause()),
       n: () => this.newObject(),
@@ -628,5 +701,9 @@ export class Player {
 
 /** What the object list says of a found object's tracker. */
 function handedOver(object) {
-  return object.tracker === "sam3" ? ", a click hands it to SAM 2.1" : ", SAM 2.1's since a click";
+  if (object.tracker !== "sam3") return ", SAM 2.1's since a click";
+  const waiting = [...(object.refine?.values() ?? [])].reduce((sum, points) => sum + points.length, 0);
+  return waiting
+    ? `, ${waiting} click${waiting === 1 ? "" : "s"} to refine with SAM 3 (g)`
+    : ", clicks refine it with SAM 3 (g), Alt+click hands it to SAM 2.1";
 }

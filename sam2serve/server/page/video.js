@@ -129,16 +129,20 @@ export class VideoSession {
    * propagate() does. The server names each object by its phrase; a frame's answer holds
    * the phrases' objects (keep()). `maxFrames`,
    * `scoreThresh`: null for the server's. `onAccepted()`: the server took the request
-   * (and forgot the objects an earlier search for the phrases reported). */
+   * (and forgot the objects an earlier search for the phrases reported). `clicks` (one
+   * phrase; video_refine.js): the route's clicks on the phrase's objects, applied after
+   * its pass; a frame then comes more than once, and its last answer replaces the
+   * earlier ones (keep()). */
   async trackConcept(request) {
-    const { text, phrases, start, maxFrames = null, scoreThresh = null, signal, onAccepted, onFrame } =
-      request;
+    const { text, phrases, start, maxFrames = null, scoreThresh = null, clicks = null, signal } = request;
+    const { onAccepted, onFrame } = request;
     // one phrase as `text` (the route's first form), several as `phrases`
     const one = text ?? (phrases.length === 1 ? phrases[0] : null);
     const json = one !== null ? { text: one } : { phrases };
     Object.assign(json, { frame_idx: start, mask_format: "uncompressed_rle" });
     if (maxFrames !== null) json.max_frames = maxFrames;
     if (scoreThresh !== null) json.score_thresh = scoreThresh;
+    if (clicks) json.clicks = clicks;
     const response = await this.whenFree(() =>
       this.api.stream("POST", `/v1/videos/${encodeURIComponent(this.id)}/concepts/track`, {
         json,

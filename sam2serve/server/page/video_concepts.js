@@ -4,7 +4,8 @@
 // /v1/videos/{id}/concepts/track, one run per phrase: new instances picked up as they
 // appear, lost ones ended), streamed like a propagation (player.js runs both). Every
 // instance becomes one of the video's objects, named by its phrase (its category in the
-// export); a click on it afterwards goes to the session's SAM 2.1 video prompts like any
+// export); clicks on it afterwards refine it with SAM 3 (video_refine.js: the button and
+// g), or, with Alt or as a box, hand it to the session's SAM 2.1 video prompts like any
 // object's.
 
 import { checkName } from "./video_names.js";
@@ -43,10 +44,12 @@ export function checkThreshold(text) {
   return { thresh };
 }
 
-/** The form: the phrase, the threshold and the button; `onFind(text, thresholdText)`. */
+/** The form: the phrase, the threshold and the button; `onFind(text, thresholdText)`;
+ * Refine with SAM 3: `onRefine()`. */
 export class FindInVideo {
-  constructor(onFind) {
+  constructor(onFind, onRefine) {
     this.onFind = onFind;
+    this.onRefine = onRefine;
     this.enabled = false;
   }
 
@@ -56,6 +59,7 @@ export class FindInVideo {
       if (document.activeElement?.closest("#video-concept-form")) document.activeElement.blur();
       this.onFind($("#video-concept-text").value, $("#video-concept-thresh").value);
     });
+    $("#video-concept-refine").addEventListener("click", () => this.onRefine());
   }
 
   /** Shown only when the server runs the concept model. */
@@ -72,8 +76,10 @@ export class FindInVideo {
     return true;
   }
 
-  /** `idle`: a session is open and nothing runs on it. */
-  render(idle) {
+  /** `idle`: a session is open and nothing runs on it; `clicked`: clicks wait for a
+   * refinement. */
+  render(idle, clicked = false) {
     $("#video-concept-find").disabled = !idle;
+    $("#video-concept-refine").disabled = !idle || !clicked;
   }
 }
