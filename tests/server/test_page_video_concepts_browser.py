@@ -257,13 +257,37 @@ def test_a_phrase_is_found_drawn_named_exported_refined_and_handed_to_sam2(
         expected |= rle_mask(obj["segmentation"])
     assert np.array_equal(drawn(tab)[..., 3] > 0, expected)
 
-    # An Alt+click on the object (still SAM 3's): SAM 3's object is dropped, its mask
-    # there (when the refinement left it one) is SAM 2.1's mask prompt (with its name),
-    # then the click.
+    # The list is the objects the final answers kept (the server's done.objects): one the
+    # first pass found and the refinement left no mask on any frame is gone from both.
+    final_ids = sorted({obj for frame in frames.values() for obj in frame})
+    done = json.loads(stream.split("event: done\ndata: ")[1].split("\n")[0])
+    assert [span["obj_id"] for span in done["objects"]] == final_ids
+    assert rows.count() == len(final_ids)
+    if not final_ids:  # the refinement left nothing (random weights): find the phrase again
+        searches = tab.evaluate("window.testStreams.length")
+        find(tab, PHRASE)
+        wait_until(tab, "document.body.dataset.video === 'ready'", timeout=PROPAGATION_TIMEOUT_S)
+        wait_until(
+            tab,
+            f"window.testStreams.length > {searches} && "
+            "window.testStreams.at(-1).text.includes('event: done')",
+            timeout=10,
+        )
+        frames = streamed_objects(tab.evaluate("window.testStreams.at(-1).text"))
+        assert sorted({obj for frame in frames.values() for obj in frame}) == found
+    # An Alt+click on a kept object (still SAM 3's), on a frame where the final answers
+    # give it a mask: SAM 3's object is dropped, that mask is SAM 2.1's mask prompt (with
+    # its name), then the click.
+    index, obj_id = min((t, obj) for t, frame in frames.items() for obj in frame)
+    ys, xs = np.nonzero(rle_mask(frames[index][obj_id]["segmentation"]))
+    y, x = int(ys[len(ys) // 2]), int(xs[len(xs) // 2])
+    position = {"x": (x + 0.5) * box["width"] / SIZE[1], "y": (y + 0.5) * box["height"] / SIZE[0]}
+    tab.keyboard.press("Home")
+    wait_for_frame(tab, 0)
     for _ in range(index):
         tab.keyboard.press("ArrowRight")
     wait_for_frame(tab, index)
-    tab.locator("#object-list li").nth(found.index(obj_id)).locator(".swatch").click()
+    tab.locator(f'#object-list li[data-id="{obj_id}"]').locator(".swatch").click()
     refined = frames[index].get(obj_id)
     mask = rle_mask(refined["segmentation"]) if refined else np.zeros(SIZE, bool)
     before = len(sent)

@@ -333,7 +333,15 @@ def played(module_dir) -> dict[str, Any]:
         frame_event(1, found(1, 0, 1, phrase="cat")),
         frame_event(1, found(1, 0, 1, 3, phrase="cat")),
         frame_event(2, found(1, 2, phrase="cat")),
-        ("done", {**done(5), "clicks_applied": 2}),
+        # the server's objects after the refinement (the final answers'): cat is kept
+        (
+            "done",
+            {
+                **done(5),
+                "clicks_applied": 2,
+                "objects": [{"obj_id": 1, "name": "cat", "first_frame": 1, "last_frame": 2}],
+            },
+        ),
     )
     ran = node(module_dir, PLAYER_PROBE % {"streams": json.dumps([search, None, refined])})
     assert ran.returncode == 0, ran.stderr

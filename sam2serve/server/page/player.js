@@ -444,6 +444,7 @@ export class Player {
         },
       });
     const finished = (done) => {
+      this.keepReported(phrase, done.objects);
       const applied = done.clicks_applied === 1 ? "1 click" : `${done.clicks_applied} clicks`;
       const objects = new Set(clicks.map((click) => click.obj_id)).size;
       this.say(
@@ -453,6 +454,17 @@ export class Player {
       );
     };
     await this.streamed(run, request, finished, `Refining ${named} with SAM 3`);
+  }
+
+  /** After a refinement: the objects of `phrase` the server kept (`reported`, the final
+   * answers' objects); one the first pass found and the final answers do not have is gone
+   * from the session, so from the list too. */
+  keepReported(phrase, reported) {
+    const kept = new Set(reported.map((span) => span.obj_id));
+    const gone = foundBefore(this.objects, phrase).filter((object) => !kept.has(object.id));
+    for (const object of gone) this.session.forget(object.id);
+    this.objects = this.objects.filter((object) => !gone.includes(object));
+    if (gone.some((object) => object.id === this.activeId)) this.activeId = null;
   }
 
   /** The objects an earlier search for `phrase` found, still SAM 3's: the server replaced
