@@ -30,7 +30,12 @@ import numpy as np
 import torch
 
 from sam2serve.concepts.engine import ConceptEncoding, ExemplarBox
-from sam2serve.concepts.video_predictor import FrameResult, Sam3VideoPredictor, VideoState
+from sam2serve.concepts.video_predictor import (
+    FrameResult,
+    Sam3VideoPredictor,
+    VideoState,
+    hotstart_release,
+)
 from sam2serve.concepts.video_prompts import Direction, passes
 from sam2serve.concepts.video_tracker import TrackerFrame
 
@@ -213,12 +218,7 @@ def _propagate(
             held.append(predictor.step(phrase_state, frame_idx, encoding, tracker_frame, reverse))
         prompt = False
         pending.append(held)
-        if frame_idx == end or delay == 0:
-            ready, pending = pending, []
-        elif len(pending) >= delay:
-            ready, pending = pending[:1], pending[1:]
-        else:
-            ready = []
+        ready, pending = hotstart_release(pending, delay, frame_idx == end)
         for items in ready:
             yield _finish(predictor, state, items)
     for items in pending:  # a source shorter than announced

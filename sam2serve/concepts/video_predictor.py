@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -78,6 +78,20 @@ if TYPE_CHECKING:
     from transformers import Sam3Model
 
 REMOVED_SCORE = -1e4
+
+
+Held = TypeVar("Held")
+
+
+def hotstart_release(pending: list[Held], delay: int, last: bool) -> tuple[list[Held], list[Held]]:
+    """Meta's hot-start buffer after a frame is processed: (answers let out now, answers
+    still held). A frame's answer leaves once ``delay`` frames are held (0: at once);
+    ``last`` (the pass's end) lets every one out."""
+    if last or delay == 0:
+        return pending, []
+    if len(pending) >= delay:
+        return pending[:1], pending[1:]
+    return [], pending
 
 
 @dataclass
@@ -395,13 +409,7 @@ class Sam3VideoPredictor:
                 self.step(state, frame_idx, encoding, tracker_frame)  # add_prompt
                 prompt = False
             pending.append(self.step(state, frame_idx, encoding, tracker_frame, reverse))
-            last = frame_idx == end
-            if last or self.th.hotstart_delay == 0:
-                ready, pending = pending, []
-            elif len(pending) >= self.th.hotstart_delay:
-                ready, pending = pending[:1], pending[1:]
-            else:
-                ready = []
+            ready, pending = hotstart_release(pending, self.th.hotstart_delay, frame_idx == end)
             for item in ready:
                 tick = time.perf_counter()
                 result = self._let_out(state, item)
@@ -910,6 +918,7 @@ __all__ = [
     "Record",
     "Sam3VideoPredictor",
     "VideoState",
+    "hotstart_release",
     "memory_score",
     "unpack_masks",
 ]

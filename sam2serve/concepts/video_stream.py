@@ -41,6 +41,7 @@ from sam2serve.concepts.video_predictor import (
     Sam3VideoPredictor,
     VideoState,
     _Pending,
+    hotstart_release,
 )
 from sam2serve.concepts.video_tracker import TrackerFrame
 
@@ -124,12 +125,7 @@ class Sam3Stream:
         self.pushed += 1
         self.pending.append(predictor.step(state, frame_idx, encoding, tracker_frame))
         self._forget_settled(frame_idx)
-        if self.delay == 0:
-            ready, self.pending = self.pending, []
-        elif len(self.pending) >= self.delay:
-            ready, self.pending = self.pending[:1], self.pending[1:]
-        else:
-            ready = []
+        ready, self.pending = hotstart_release(self.pending, self.delay, last=False)
         return [self._finish(item) for item in ready]
 
     def check_next(self, frame_idx: int) -> None:
