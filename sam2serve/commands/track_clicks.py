@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from sam2serve.commands.common import UsageError
 
 if TYPE_CHECKING:
-    from sam2serve.concepts.video_predictor import FrameResult, Sam3VideoPredictor, VideoState
+    from sam2serve.concepts.video_phrases import PhrasesFrame, PhrasesState
+    from sam2serve.concepts.video_predictor import FrameResult, Sam3VideoPredictor
 
 CLICK_HELP = (
     "--tracker sam3: after the pass, click on object OBJ on frame FRAME at X,Y (the "
@@ -116,34 +117,6 @@ def check_clicks(
             raise UsageError(f"--click {click.text!r}: {exc}{hint}") from None
 
 
-@dataclass(frozen=True)
-class NamedFrame:
-    """One answer with its objects' phrase (the shape of a several-phrase run's frames)."""
-
-    frame: int
-    obj_ids: list[int]
-    phrases: list[str]
-    masks: Any  # bool (K, H, W)
-
-
-@dataclass
-class PhraseRun:
-    """One phrase's video state, read as a several-phrase run's state is."""
-
-    phrase: str
-    state: VideoState
-
-    def phrase_of(self, obj_id: int) -> str:
-        return self.phrase
-
-    def score_of(self, obj_id: int) -> float:
-        return self.state.scores[obj_id]
-
-    @property
-    def stage_seconds(self) -> dict[str, float]:
-        return self.state.stage_seconds
-
-
 def clicked_run(
     predictor: Sam3VideoPredictor,
     phrases: Sequence[str],
@@ -155,11 +128,12 @@ def clicked_run(
     width: int,
     start: int,
     direction: str,
-) -> tuple[PhraseRun, Iterator[NamedFrame]]:
+) -> tuple[PhrasesState, Iterator[PhrasesFrame]]:
     """The phrase's pass (an interactive state), then the clicks' answers in order, then
     Meta's next propagation (partial): every answer in that order, a frame answered again
     coming again. One phrase only (Meta's clicks are on one session's objects)."""
     from sam2serve.concepts.video_clicks import add_points, propagate
+    from sam2serve.concepts.video_phrases import PhrasesState, merge
     from sam2serve.concepts.video_prompts import check_direction
 
     if len(phrases) != 1:
@@ -182,10 +156,8 @@ def clicked_run(
                 raise UsageError(f"--click {click.text!r}: {exc}") from None
         yield from propagate(predictor, state, frame_at, start, way)
 
-    named = (
-        NamedFrame(r.frame, list(r.obj_ids), [phrase] * len(r.obj_ids), r.masks) for r in answers()
-    )
-    return PhraseRun(phrase, state), named
+    run = PhrasesState([phrase], [state])  # one phrase: its own ids, as a several-phrase run's
+    return run, (merge(run, [result]) for result in answers())
 
 
 def no_clicks_with(args: argparse.Namespace) -> None:
@@ -196,8 +168,6 @@ def no_clicks_with(args: argparse.Namespace) -> None:
 
 __all__ = [
     "ClickSpec",
-    "NamedFrame",
-    "PhraseRun",
     "add_click_argument",
     "check_clicks",
     "clicked_run",

@@ -23,8 +23,6 @@ from typing import TYPE_CHECKING, Any
 from sam2serve.commands.common import EXIT_OK, UsageError, info_line, warning_line
 from sam2serve.commands.track_clicks import (
     ClickSpec,
-    NamedFrame,
-    PhraseRun,
     check_clicks,
     parse_clicks,
 )
@@ -111,8 +109,8 @@ def track_sam3(
     from sam2serve.concepts.video_phrases import propagate_phrases, start_phrases
 
     boxes = [] if box is None else [ExemplarBox(box)]
-    state: PhraseRun | PhrasesState
-    run: Iterator[NamedFrame] | Iterator[PhrasesFrame]
+    state: PhrasesState
+    run: Iterator[PhrasesFrame]
     if clicks:  # the files of frames answered again are rewritten with the final answers
         from sam2serve.commands.track_clicks import clicked_run
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sam2serve.concepts.video_clicks import add_points, check_click, repropagate
-from sam2serve.concepts.video_phrases import PhrasesFrame
+from sam2serve.concepts.video_phrases import PhrasesFrame, PhrasesState, merge
 from sam2serve.concepts.video_predictor import FrameResult, Sam3VideoPredictor, VideoState
 from sam2serve.engine.video.predictor import VideoPromptError
 from sam2serve.server.concept_tracks import TrackIds
@@ -133,8 +133,13 @@ def clicked_answers(
     clicks' answers, then Meta's partial pass: every answer in that order with its phase.
     A new object's SAM 3 id is the next after every id SAM 3 and the plan know of; a
     click SAM 3 refuses (no room for a new object) ends the run with an error event."""
+    run = PhrasesState([plan.phrase], [state])  # one phrase: its own ids
+
+    def named(result: FrameResult) -> PhrasesFrame:
+        return merge(run, [result])
+
     for result in predictor.propagate_clip(state, frame_at, start, "forward"):
-        yield PASS, _named(result, plan.phrase)
+        yield PASS, named(result)
     sam3_of = dict(plan.sam3_of)
     for click in plan.clicks:
         sam3 = sam3_of.get(click.obj_id)
@@ -150,22 +155,9 @@ def clicked_answers(
             )
         except ValueError as exc:
             raise VideoPromptError(f"clicks on obj_id {click.obj_id}: {exc}") from None
-        yield CLICK, _named(result, plan.phrase)
+        yield CLICK, named(result)
     for result in repropagate(predictor, state, frame_at, start, "forward"):
-        yield REPASS, _named(result, plan.phrase)
-
-
-def _named(result: FrameResult, phrase: str) -> PhrasesFrame:
-    """One phrase's answer in a several-phrase run's shape."""
-    count = len(result.obj_ids)
-    return PhrasesFrame(
-        result.frame,
-        list(result.obj_ids),
-        [phrase] * count,
-        list(result.scores),
-        result.masks,
-        list(result.boxes),
-    )
+        yield REPASS, named(result)
 
 
 __all__ = ["CLICK", "PASS", "REPASS", "ClickPlan", "clicked_answers", "plan_clicks"]
